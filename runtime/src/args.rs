@@ -1,0 +1,65 @@
+//! Flag groups every binary flattens into its own clap arguments. Each flag
+//! also reads an environment variable, so a Deployment can set either.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+#[derive(Args, Clone, Debug)]
+pub struct LogArgs {
+    /// Log filter, in `tracing` EnvFilter syntax (e.g. `info,argocd_pull=debug`).
+    #[arg(long = "log-level", env = "ARGOCD_PULL_LOG", default_value = "info")]
+    pub level: String,
+    /// Log format: `plain` for people, `json` for log pipelines.
+    #[arg(long = "log-format", env = "ARGOCD_PULL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ClientArgs {
+    /// Kubeconfig of the cluster to manage; in-cluster configuration when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use (default: the current context).
+    #[arg(long, env = "ARGOCD_PULL_CONTEXT")]
+    pub context: Option<String>,
+}
+
+impl ClientArgs {
+    /// Builds a client from the flags, or from the in-cluster service account.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        use kube::config::{KubeConfigOptions, Kubeconfig};
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path).map_err(|e| {
+                    anyhow::anyhow!("cannot read kubeconfig {}: {e}", path.display())
+                })?;
+                kube::Config::from_custom_kubeconfig(kc, &options).await?
+            }
+            None => kube::Config::infer().await?,
+        };
+        Ok(kube::Client::try_from(config)?)
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct AdminArgs {
+    /// Address of the admin server: /healthz, /readyz and /metrics.
+    #[arg(
+        long = "admin-addr",
+        env = "ARGOCD_PULL_ADMIN_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub addr: SocketAddr,
+}

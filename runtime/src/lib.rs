@@ -1,0 +1,13 @@
+//! The runtime shared by argocd-pull's binaries, so that each `main.rs` only
+//! wires its own parts: logging, the Kubernetes client, the admin port and
+//! graceful shutdown behave the same in every component.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod args;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use admin::{Admin, Readiness};
+pub use args::{AdminArgs, ClientArgs, LogArgs};

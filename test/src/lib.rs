@@ -1,0 +1,92 @@
+//! Real Kubernetes clusters for tests, benchmarks and the demo.
+//!
+//! Each [`Cluster`] is its own etcd + kube-apiserver (+ kube-controller-manager)
+//! on free loopback ports, built from the upstream Go modules pinned in
+//! `test/tools/`. Start one per test with [`Cluster::start`], or share one
+//! among the tests of a binary with [`shared`] and give each test its own
+//! namespace with [`Cluster::namespace`]. Every process and data folder goes
+//! away when the cluster is dropped or, for shared clusters, when the test
+//! process exits, however it exits.
+
+#![forbid(unsafe_code)]
+
+mod cluster;
+mod crds;
+pub mod net;
+pub mod paths;
+pub mod pki;
+mod process;
+pub mod wait;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+pub use cluster::{Cluster, ClusterConfig, client_for};
+pub use crds::{CrdSet, install as install_crds, load as load_crds};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} is missing: run `make tools` (test/tools/build.sh) first")]
+    MissingTool(PathBuf),
+    #[error("{name} exited during start-up; its log ends with:\n{log}")]
+    Exited { name: &'static str, log: String },
+    #[error("{0} could not bind its port")]
+    PortClash(&'static str),
+    #[error("cluster {0} was not ready within {1:?}")]
+    NotReady(String, Duration),
+    #[error("CRD {0} was not established in time")]
+    CrdNotEstablished(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error(transparent)]
+    InferConfig(#[from] kube::config::InferConfigError),
+    #[error(transparent)]
+    Http(#[from] http::Error),
+    #[error(transparent)]
+    Yaml(#[from] serde_yaml::Error),
+    #[error(transparent)]
+    Cert(#[from] rcgen::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type Slot = Arc<tokio::sync::OnceCell<&'static Cluster>>;
+static SHARED: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(Default::default);
+
+/// A cluster shared by every test of this test binary that asks for the same
+/// `name`, started on first use. Its processes and data are removed when the
+/// test process exits. Tests that share it must keep to their own namespaces.
+pub async fn shared(name: &str, crds: CrdSet) -> Result<&'static Cluster> {
+    let slot = SHARED
+        .lock()
+        .expect("no test panics while holding this lock")
+        .entry(name.to_string())
+        .or_default()
+        .clone();
+    slot.get_or_try_init(|| async {
+        let cluster = Cluster::start(ClusterConfig::new(name, crds)).await?;
+        Ok(&*Box::leak(Box::new(cluster)))
+    })
+    .await
+    .copied()
+}
+
+/// Logs to the test output (captured per test by the test runner), once.
+pub fn init_tracing() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}

@@ -1,0 +1,34 @@
+//! Where the harness finds what `test/tools/build.sh` built, and where it
+//! keeps cluster data. Each can be moved with an environment variable.
+
+use std::path::PathBuf;
+
+/// `$ARGOCD_PULL_CACHE`, or `.cache/` at the top of the workspace.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("ARGOCD_PULL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("test/ sits inside the workspace")
+                .join(".cache")
+        })
+}
+
+/// The upstream binaries: etcd, kube-apiserver, kube-controller-manager, kubectl.
+pub fn bin_dir() -> PathBuf {
+    cache_dir().join("bin")
+}
+
+/// The upstream CRDs, in `hub/` and `managed/`.
+pub fn crd_dir() -> PathBuf {
+    cache_dir().join("crds")
+}
+
+/// Where throw-away clusters keep their data (`$ARGOCD_PULL_RUN_DIR`, or
+/// `<cache>/run`).
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("ARGOCD_PULL_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("run"))
+}

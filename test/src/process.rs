@@ -1,0 +1,166 @@
+//! The processes of a test cluster, and a reaper that cleans them up however
+//! the test process ends.
+//!
+//! A `Drop` impl is not enough: clusters shared by all the tests of one
+//! binary live in statics, which are never dropped, and a test process can be
+//! killed outright. So each cluster starts a tiny `sh` reaper in its own
+//! process group, tells it the PID of every child it starts, and keeps the
+//! write end of its stdin. When the test process goes away for any reason,
+//! the kernel closes that pipe, the reaper reads end-of-file, kills the
+//! children and removes the data folder.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+const REAPER: &str = r#"
+pids=""
+while read -r line; do
+  if [ "$line" = "-" ]; then pids=""; else pids="$pids $line"; fi
+done
+if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null; fi
+rm -rf "$1"
+"#;
+
+pub struct Reaper {
+    stdin: Option<ChildStdin>,
+    child: Child,
+}
+
+impl Reaper {
+    /// Starts a reaper that removes `dir` (and kills every watched PID)
+    /// when this process exits.
+    pub fn start(dir: &Path) -> std::io::Result<Self> {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(REAPER)
+            .arg("argocd-pull-reaper")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Own process group: a Ctrl-C aimed at the test run must not
+            // kill the reaper before it has cleaned up.
+            .process_group(0)
+            .spawn()?;
+        let stdin = child.stdin.take();
+        Ok(Self { stdin, child })
+    }
+
+    fn tell(&mut self, line: &str) {
+        if let Some(stdin) = self.stdin.as_mut() {
+            // The reaper only goes away when we close its stdin; a failed
+            // write means it was killed, and then there is nothing to tell.
+            let _ = writeln!(stdin, "{line}");
+            let _ = stdin.flush();
+        }
+    }
+
+    /// Stops the reaper once everything it watches is already gone, leaving
+    /// `dir` in place when `keep` is set.
+    fn finish(&mut self, keep: bool) {
+        if keep {
+            // Killing the reaper before it reads EOF keeps the folder.
+            let _ = self.child.kill();
+        } else {
+            self.tell("-");
+            self.stdin.take();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A long-running child process with its output in a log file.
+pub struct Proc {
+    pub name: &'static str,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Proc {
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn stop(&mut self) {
+        // SIGKILL: these are throw-away test servers whose data goes too.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The last lines the process logged, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        // Start-up flag dumps say nothing about why a process stopped.
+        let all: Vec<&str> = text.lines().filter(|l| !l.contains("] FLAG: ")).collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+/// The processes of one cluster and its data folder, all removed on drop or,
+/// failing that, by the reaper when the test process exits.
+pub struct Group {
+    dir: PathBuf,
+    keep: bool,
+    reaper: Reaper,
+    procs: Vec<Proc>,
+}
+
+impl Group {
+    pub fn new(dir: PathBuf, keep: bool) -> std::io::Result<Self> {
+        let reaper = Reaper::start(if keep { Path::new("") } else { &dir })?;
+        Ok(Self {
+            dir,
+            keep,
+            reaper,
+            procs: Vec::new(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Starts `cmd` with stdout and stderr going to `<dir>/<name>.log`.
+    pub fn spawn(&mut self, name: &'static str, mut cmd: Command) -> std::io::Result<&mut Proc> {
+        let log = self.dir.join(format!("{name}.log"));
+        let out = File::create(&log)?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .process_group(0)
+            .spawn()?;
+        self.reaper.tell(&child.id().to_string());
+        self.procs.push(Proc { name, log, child });
+        Ok(self.procs.last_mut().expect("just pushed"))
+    }
+
+    pub fn procs_mut(&mut self) -> &mut [Proc] {
+        &mut self.procs
+    }
+
+    /// Kills and forgets the processes named `name` (to restart them).
+    pub fn stop(&mut self, name: &str) {
+        for p in self.procs.iter_mut().filter(|p| p.name == name) {
+            p.stop();
+        }
+        self.procs.retain(|p| p.name != name);
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Stop in reverse order of start: the controller-manager before the
+        // API server, the API server before etcd.
+        for p in self.procs.iter_mut().rev() {
+            p.stop();
+        }
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        self.reaper.finish(self.keep);
+    }
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds the real components the tests run against, from their upstream Go
+# modules, into the git-ignored cache, and collects the upstream CRDs:
+#
+#   $CACHE/bin/{etcd,kube-apiserver,kube-controller-manager,kubectl}
+#   $CACHE/crds/{hub,managed}/*.yaml
+#
+# Each part is rebuilt only when its pins change (a stamp holds the hash of
+# what it was built from), so a warm run takes a second.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cache=${ARGOCD_PULL_CACHE:-$root/.cache}
+bin=$cache/bin
+mkdir -p "$bin" "$cache/stamps"
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+log() { printf '[tools] %s\n' "$*" >&2; }
+
+# stamp NAME FILES... : succeeds when NAME was already built from exactly these inputs.
+stamp_of() { { go version; cat "$@"; } | sha256sum | cut -c1-16; }
+fresh() {
+  local name=$1; shift
+  [ -f "$cache/stamps/$name" ] && [ "$(cat "$cache/stamps/$name")" = "$(stamp_of "$@")" ]
+}
+mark() { local name=$1; shift; stamp_of "$@" > "$cache/stamps/$name"; }
+
+build_etcd() {
+  local m=$here/etcd
+  if fresh etcd "$m/go.mod" "$m/go.sum" "$m/main.go" && [ -x "$bin/etcd" ]; then return; fi
+  log "building etcd from $(grep 'etcd/server/v3 ' "$m/go.mod" | xargs)"
+  local t0=$SECONDS
+  (cd "$m" && go build -trimpath -ldflags '-s -w' -o "$bin/etcd" .)
+  mark etcd "$m/go.mod" "$m/go.sum" "$m/main.go"
+  log "etcd built in $((SECONDS - t0))s"
+}
+
+build_kube() {
+  local m=$here/kube
+  if fresh kube "$m/go.mod" "$m/go.sum" "$here/build.sh" \
+    && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kubectl" ]; then
+    return
+  fi
+  local v minor
+  v=$(awk '$1 == "k8s.io/kubernetes" { print $2 }' "$m/go.mod")
+  minor=$(echo "$v" | cut -d. -f2)
+  log "building kube-apiserver, kube-controller-manager and kubectl $v (about 5 minutes on 2 cores when cold)"
+  local t0=$SECONDS
+  local pkg=k8s.io/component-base/version
+  (cd "$m" && go build -trimpath \
+    -ldflags "-s -w -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
+    -o "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
+  mark kube "$m/go.mod" "$m/go.sum" "$here/build.sh"
+  log "kubernetes built in $((SECONDS - t0))s"
+}
+
+# module_dir MODULE@VERSION : downloads (verified) and prints the module's directory.
+module_dir() {
+  (cd "$cache" && GOFLAGS= go mod download -json "$1") | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
+collect_crds() {
+  if fresh crds "$here/versions.env" "$here/build.sh" && [ -d "$cache/crds/hub" ]; then return; fi
+  log "collecting CRDs from open-cluster-management.io/api@$OCM_API_VERSION and github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION"
+  local ocm argo
+  ocm=$(module_dir "open-cluster-management.io/api@$OCM_API_VERSION")
+  argo=$(module_dir "github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION")
+  [ -n "$ocm" ] && [ -n "$argo" ] || { log "could not download the CRD modules"; exit 1; }
+  rm -rf "$cache/crds" && mkdir -p "$cache/crds/hub" "$cache/crds/managed"
+  local argocd_crds=("$argo"/manifests/crds/application-crd.yaml
+    "$argo"/manifests/crds/appproject-crd.yaml
+    "$argo"/manifests/crds/applicationset-crd.yaml)
+  # The hub gets what OCM's cluster-manager serves. The addon CRDs are taken
+  # in their v1alpha1-only form: the v1beta1 form needs OCM's conversion webhook.
+  cp "${argocd_crds[@]}" \
+    "$ocm"/cluster/v1/*managedclusters.crd.yaml \
+    "$ocm"/cluster/v1beta2/*managedclustersets.crd.yaml \
+    "$ocm"/cluster/v1beta2/*managedclustersetbindings.crd.yaml \
+    "$ocm"/cluster/v1beta1/*placements.crd.yaml \
+    "$ocm"/cluster/v1beta1/*placementdecisions.crd.yaml \
+    "$ocm"/cluster/v1alpha1/*addonplacementscores.crd.yaml \
+    "$ocm"/work/v1/*_manifestworks.crd.yaml \
+    "$ocm"/addon/v1alpha1/*.crd.yaml \
+    "$cache/crds/hub/"
+  # A managed cluster gets what the klusterlet installs, plus Argo CD's own.
+  cp "${argocd_crds[@]}" \
+    "$ocm"/work/v1/*appliedmanifestworks.crd.yaml \
+    "$ocm"/cluster/v1alpha1/*clusterclaims.crd.yaml \
+    "$cache/crds/managed/"
+  chmod -R u+w "$cache/crds"
+  mark crds "$here/versions.env" "$here/build.sh"
+}
+
+build_etcd
+build_kube
+collect_crds
+log "ready: $bin"
