@@ -4,6 +4,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod delivery;
+
 use argocd_pull_runtime::{AdminArgs, ClientArgs, LogArgs, Readiness, admin::Admin, shutdown};
 use clap::Parser;
 use prometheus_client::registry::Registry;

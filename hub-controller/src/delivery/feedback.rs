@@ -1,0 +1,316 @@
+//! ManifestWork feedback -> the status written onto the dormant hub copy.
+
+use argocd_pull_apis::ocm::{
+    ManifestWork, ManifestWorkStatusResourceStatusManifests,
+    ManifestWorkStatusResourceStatusManifestsStatusFeedbackValuesFieldValue as FieldValue,
+};
+use serde_json::{Map, Value, json};
+
+/// What the work agent reported about one delivered Application.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Feedback {
+    pub health: Option<String>,
+    pub sync: Option<String>,
+    pub revision: Option<String>,
+    pub phase: Option<String>,
+    pub started_at: Option<String>,
+    /// Only with the work agent's `RawFeedbackJsonString` feature gate.
+    pub conditions: Option<Value>,
+    pub operation_message: Option<String>,
+    pub health_message: Option<String>,
+}
+
+/// The manifest status of the Application `namespace/name`, found by its
+/// resource identity (never by position in the list).
+pub fn manifest_status<'a>(
+    work: &'a ManifestWork,
+    namespace: &str,
+    name: &str,
+) -> Option<&'a ManifestWorkStatusResourceStatusManifests> {
+    work.status
+        .as_ref()?
+        .resource_status
+        .as_ref()?
+        .manifests
+        .as_ref()?
+        .iter()
+        .find(|m| {
+            let r = &m.resource_meta;
+            r.group.as_deref() == Some("argoproj.io")
+                && r.resource.as_deref() == Some("applications")
+                && r.namespace.as_deref() == Some(namespace)
+                && r.name.as_deref() == Some(name)
+        })
+}
+
+/// The feedback for the Application `namespace/name`, if any was reported.
+pub fn feedback(work: &ManifestWork, namespace: &str, name: &str) -> Option<Feedback> {
+    let values = manifest_status(work, namespace, name)?
+        .status_feedback
+        .as_ref()?
+        .values
+        .as_ref()?;
+    let mut fb = Feedback::default();
+    for v in values {
+        let text = || scalar(&v.field_value);
+        match v.name.as_str() {
+            "healthStatus" => fb.health = text(),
+            "syncStatus" => fb.sync = text(),
+            "syncRevision" => fb.revision = text(),
+            "operationStatePhase" => fb.phase = text(),
+            "operationStateStartedAt" => fb.started_at = text(),
+            "operationStateMessage" => fb.operation_message = text(),
+            "healthMessage" => fb.health_message = text(),
+            "conditions" => {
+                fb.conditions = v
+                    .field_value
+                    .json_raw
+                    .as_deref()
+                    .and_then(|raw| serde_json::from_str(raw).ok())
+            }
+            _ => {}
+        }
+    }
+    Some(fb)
+}
+
+fn scalar(v: &FieldValue) -> Option<String> {
+    v.string
+        .clone()
+        .or_else(|| v.integer.map(|i| i.to_string()))
+        .or_else(|| v.boolean.map(|b| b.to_string()))
+        .or_else(|| {
+            // A JsonRaw scalar is a JSON string literal.
+            v.json_raw
+                .as_deref()
+                .and_then(|raw| serde_json::from_str::<String>(raw).ok())
+        })
+        .filter(|s| !s.is_empty())
+}
+
+/// A failure on the spoke that the hub Application should show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpokeProblem {
+    pub reason: String,
+    pub message: String,
+}
+
+/// Why the work agent could not apply the Application, if it says so:
+/// the work's or the manifest's `Applied=False`, or the work's `Degraded=True`.
+pub fn spoke_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option<SpokeProblem> {
+    let manifest = manifest_status(work, namespace, name)
+        .map(|m| m.conditions.as_slice())
+        .unwrap_or_default();
+    let work_conditions = work
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    manifest
+        .iter()
+        .chain(work_conditions)
+        .find(|c| {
+            (c.type_ == "Applied" && c.status == "False")
+                || (c.type_ == "Degraded" && c.status == "True")
+        })
+        .map(|c| SpokeProblem {
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+        })
+}
+
+/// The status fields to write onto the hub Application, given its current
+/// `.status` and fresh feedback.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusUpdate {
+    /// The `.status` fields argocd-pull owns.
+    pub status: Value,
+    /// Write again soon: a synthetic `Progressing` was written for a new
+    /// sync and the real health must follow.
+    pub requeue: bool,
+}
+
+/// Builds the status update. When a new sync has started (a new
+/// `operationState.startedAt`) and the spoke is already `Healthy`, the hub
+/// first gets `Progressing`, so that ApplicationSet RollingSync, which only
+/// sees the hub copy, observes the Progressing -> Healthy transition that a
+/// fast sync on the spoke went through between two feedback scrapes.
+pub fn status_update(hub_status: &Value, fb: &Feedback) -> StatusUpdate {
+    let hub_started = hub_status
+        .pointer("/operationState/startedAt")
+        .and_then(Value::as_str);
+    let new_sync = fb.started_at.is_some() && fb.started_at.as_deref() != hub_started;
+    let hub_health = hub_status.pointer("/health/status").and_then(Value::as_str);
+    let fake_progressing =
+        new_sync && fb.health.as_deref() == Some("Healthy") && hub_health != Some("Progressing");
+
+    let mut status = Map::new();
+    let health = if fake_progressing {
+        Some("Progressing".to_string())
+    } else {
+        fb.health.clone()
+    };
+    if let Some(h) = health {
+        let mut health = json!({ "status": h });
+        if let Some(m) = fb.health_message.as_ref().filter(|_| !fake_progressing) {
+            health["message"] = m.clone().into();
+        }
+        status.insert("health".into(), health);
+    }
+    if let Some(s) = &fb.sync {
+        let mut sync = json!({ "status": s });
+        if let Some(r) = &fb.revision {
+            sync["revision"] = r.clone().into();
+        }
+        status.insert("sync".into(), sync);
+    }
+    // phase and startedAt are required by the schema, and so is `operation`.
+    if let (Some(phase), Some(started)) = (&fb.phase, &fb.started_at) {
+        let mut op = json!({ "phase": phase, "startedAt": started, "operation": {} });
+        if let Some(m) = &fb.operation_message {
+            op["message"] = m.clone().into();
+        }
+        status.insert("operationState".into(), op);
+    }
+    if let Some(c) = &fb.conditions {
+        status.insert("conditions".into(), c.clone());
+    }
+    StatusUpdate {
+        status: Value::Object(status),
+        requeue: fake_progressing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work(manifests: Value) -> ManifestWork {
+        serde_json::from_value(json!({
+            "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": { "name": "w", "namespace": "cluster1" },
+            "spec": {},
+            "status": { "resourceStatus": { "manifests": manifests } }
+        }))
+        .unwrap()
+    }
+
+    fn meta(ns: &str, name: &str, ordinal: i32) -> Value {
+        json!({ "group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
+                "resource": "applications", "namespace": ns, "name": name, "ordinal": ordinal })
+    }
+
+    fn string(name: &str, v: &str) -> Value {
+        json!({ "name": name, "fieldValue": { "type": "String", "string": v } })
+    }
+
+    #[test]
+    fn finds_feedback_by_resource_identity_not_position() {
+        let w = work(json!([
+            { "conditions": [], "resourceMeta": { "group": "", "version": "v1", "kind": "ConfigMap",
+              "resource": "configmaps", "namespace": "argocd", "name": "guestbook", "ordinal": 0 },
+              "statusFeedback": { "values": [string("healthStatus", "Wrong")] } },
+            { "conditions": [], "resourceMeta": meta("argocd", "guestbook", 1),
+              "statusFeedback": { "values": [
+                  string("healthStatus", "Healthy"), string("syncStatus", "Synced"),
+                  string("syncRevision", "abc123"), string("operationStatePhase", "Succeeded"),
+                  string("operationStateStartedAt", "2026-11-21T10:00:00Z")
+              ] } }
+        ]));
+        let fb = feedback(&w, "argocd", "guestbook").unwrap();
+        assert_eq!(fb.health.as_deref(), Some("Healthy"));
+        assert_eq!(fb.sync.as_deref(), Some("Synced"));
+        assert_eq!(fb.revision.as_deref(), Some("abc123"));
+        assert_eq!(fb.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(fb.started_at.as_deref(), Some("2026-11-21T10:00:00Z"));
+        assert!(feedback(&w, "argocd", "other").is_none());
+        assert!(feedback(&w, "other-ns", "guestbook").is_none());
+    }
+
+    #[test]
+    fn reads_raw_json_feedback_when_the_agent_sends_it() {
+        let w = work(
+            json!([{ "conditions": [], "resourceMeta": meta("argocd", "a", 0),
+            "statusFeedback": { "values": [
+                { "name": "healthStatus", "fieldValue": { "type": "JsonRaw", "jsonRaw": "\"Degraded\"" } },
+                { "name": "conditions", "fieldValue": { "type": "JsonRaw",
+                  "jsonRaw": "[{\"type\":\"SyncError\",\"message\":\"boom\"}]" } },
+                { "name": "operationStateMessage", "fieldValue": { "type": "String", "string": "failed" } }
+            ] } }]),
+        );
+        let fb = feedback(&w, "argocd", "a").unwrap();
+        assert_eq!(fb.health.as_deref(), Some("Degraded"));
+        assert_eq!(
+            fb.conditions,
+            Some(json!([{ "type": "SyncError", "message": "boom" }]))
+        );
+        assert_eq!(fb.operation_message.as_deref(), Some("failed"));
+    }
+
+    #[test]
+    fn reports_apply_failures_from_the_spoke() {
+        let mut w = work(
+            json!([{ "resourceMeta": meta("argocd", "a", 0), "conditions": [{
+            "type": "Applied", "status": "False", "reason": "AppliedManifestFailed",
+            "message": "namespaces \"argocd\" not found",
+            "lastTransitionTime": "2026-11-21T10:00:00Z" }] }]),
+        );
+        let p = spoke_problem(&w, "argocd", "a").unwrap();
+        assert_eq!(p.reason, "AppliedManifestFailed");
+        assert!(p.message.contains("not found"));
+        w.status.as_mut().unwrap().resource_status = None;
+        assert!(spoke_problem(&w, "argocd", "a").is_none());
+    }
+
+    fn fb(health: &str, started: &str) -> Feedback {
+        Feedback {
+            health: Some(health.into()),
+            sync: Some("Synced".into()),
+            revision: Some("r1".into()),
+            phase: Some("Succeeded".into()),
+            started_at: Some(started.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_new_sync_shows_progressing_before_healthy() {
+        let hub = json!({ "health": { "status": "Healthy" },
+                          "operationState": { "startedAt": "T1", "phase": "Succeeded", "operation": {} } });
+        // The spoke already finished a new sync (T2) between two scrapes.
+        let first = status_update(&hub, &fb("Healthy", "T2"));
+        assert!(first.requeue);
+        assert_eq!(first.status["health"]["status"], "Progressing");
+        assert_eq!(first.status["operationState"]["startedAt"], "T2");
+        // Once the hub shows Progressing for T2, the real health follows.
+        let hub = json!({ "health": { "status": "Progressing" },
+                          "operationState": { "startedAt": "T2", "phase": "Succeeded", "operation": {} } });
+        let second = status_update(&hub, &fb("Healthy", "T2"));
+        assert!(!second.requeue);
+        assert_eq!(second.status["health"]["status"], "Healthy");
+        // No new sync: nothing synthetic.
+        let third = status_update(&second.status, &fb("Healthy", "T2"));
+        assert_eq!(third.status["health"]["status"], "Healthy");
+        assert!(!third.requeue);
+    }
+
+    #[test]
+    fn writes_the_schema_required_operation_fields_together() {
+        let u = status_update(&Value::Null, &fb("Progressing", "T1"));
+        assert_eq!(
+            u.status,
+            json!({
+                "health": { "status": "Progressing" },
+                "sync": { "status": "Synced", "revision": "r1" },
+                "operationState": { "phase": "Succeeded", "startedAt": "T1", "operation": {} }
+            })
+        );
+        let partial = Feedback {
+            health: Some("Missing".into()),
+            phase: Some("Running".into()),
+            ..Default::default()
+        };
+        let u = status_update(&Value::Null, &partial);
+        assert_eq!(u.status, json!({ "health": { "status": "Missing" } }));
+    }
+}

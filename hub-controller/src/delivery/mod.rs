@@ -1,0 +1,12 @@
+//! Pure transforms of the ManifestWork transport: hub Application ->
+//! target cluster -> delivered copy -> ManifestWork, and ManifestWork
+//! feedback -> hub status. No client, no I/O: everything here is tested
+//! with plain values.
+
+pub mod delivered;
+pub mod feedback;
+pub mod target;
+pub mod work;
+
+pub use delivered::delivered_copy;
+pub use target::{Target, TargetError, target};
