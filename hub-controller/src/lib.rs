@@ -4,9 +4,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod controller;
 pub mod delivery;
 
 use argocd_pull_runtime::{AdminArgs, ClientArgs, LogArgs, Readiness, admin::Admin, shutdown};
+use std::time::Duration;
+
 use clap::Parser;
 use prometheus_client::registry::Registry;
 
@@ -26,6 +29,31 @@ pub struct Args {
     /// Namespace of the hub's Argo CD.
     #[arg(long, env = "ARGOCD_PULL_ARGOCD_NAMESPACE", default_value = "argocd")]
     pub argocd_namespace: String,
+    /// How often to delete ManifestWorks whose hub Application is gone.
+    #[arg(long, env = "ARGOCD_PULL_SWEEP_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+    /// Ask the work agent for structured feedback (conditions, messages);
+    /// needs its `RawFeedbackJsonString` feature gate.
+    #[arg(long, env = "ARGOCD_PULL_RAW_FEEDBACK")]
+    pub raw_feedback: bool,
+}
+
+/// Durations like `30s`, `5m` or `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 30s, 5m or 1h"))?;
+    let secs = match unit {
+        "s" | "" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("{s:?} is not a duration such as 30s, 5m or 1h")),
+    };
+    if secs == 0 {
+        return Err("the duration must be positive".into());
+    }
+    Ok(Duration::from_secs(secs))
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -44,6 +72,26 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(server = %version.git_version, argocd_namespace = %args.argocd_namespace, "connected to the hub");
     readiness.set("hub-api", true);
 
+    let ctx = controller::Context::new(
+        client.clone(),
+        delivery::work::WorkOptions {
+            raw_feedback: args.raw_feedback,
+        },
+    );
+    let sweep = tokio::spawn(controller::sweep::run(
+        client,
+        args.sweep_interval,
+        shutdown.clone().wait(),
+    ));
+    let synced = readiness.clone();
+    synced.set("applications-synced", false);
+    controller::application::run(
+        ctx,
+        move || synced.set("applications-synced", true),
+        shutdown.clone(),
+    )
+    .await;
+    sweep.await?;
     server.await??;
     tracing::info!("stopped");
     Ok(())

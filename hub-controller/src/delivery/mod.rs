@@ -5,6 +5,7 @@
 
 pub mod delivered;
 pub mod feedback;
+pub mod operation;
 pub mod target;
 pub mod work;
 

@@ -1,0 +1,410 @@
+//! Reconciles one pull-model hub Application: delivers it in a ManifestWork,
+//! writes the fed-back status onto it, and on deletion removes the work
+//! before releasing Argo CD's finalizers.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{CONDITION, Context, Error, STATUS_MANAGER, WORK_MANAGER};
+use crate::delivery::delivered_copy;
+use crate::delivery::feedback::{feedback, spoke_problem, status_update};
+use crate::delivery::operation::{self, carried_operation};
+use crate::delivery::target::{is_pulled, target};
+use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL, manifest_work, work_name};
+
+/// How long in-flight reconciles get to finish once shutdown begins.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the controller until `shutdown` resolves. `ready` is called once the
+/// Application cache has its first full list, so that `/readyz` only passes
+/// when the controller sees every Application.
+pub async fn run(
+    ctx: Arc<Context>,
+    ready: impl FnOnce() + Send + 'static,
+    shutdown: argocd_pull_runtime::shutdown::Shutdown,
+) {
+    let ar = application_resource();
+    let apps: Api<Application> = Api::all_with(ctx.client.clone(), &ar);
+    let works: Api<ManifestWork> = Api::all(ctx.client.clone());
+    let controller = Controller::new_with(
+        apps,
+        watcher::Config::default().labels(keys::PULL_LABEL),
+        ar.clone(),
+    );
+    let store = controller.store();
+    tokio::spawn(async move {
+        // The store's readiness is a oneshot that wakes only its last poller
+        // (the controller's runner), so ask again now and then.
+        loop {
+            match tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready()).await {
+                Ok(Ok(())) => return ready(),
+                Ok(Err(_)) => return,
+                Err(_) => {}
+            }
+        }
+    });
+    let running = controller
+        .watches(
+            works,
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
+            move |work: ManifestWork| {
+                let a = work.annotations();
+                match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
+                    (Some(ns), Some(name)) => {
+                        Some(ObjectRef::new_with(name, application_resource()).within(ns))
+                    }
+                    _ => None,
+                }
+            },
+        )
+        .graceful_shutdown_on(shutdown.clone().wait())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        });
+    // kube-runtime's graceful shutdown waits for the first list of the cache;
+    // a shutdown that comes before it must not hang the process.
+    tokio::select! {
+        _ = running => {}
+        _ = async { shutdown.wait().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "controller did not stop in time; stopping anyway");
+        }
+    }
+}
+
+fn error_policy(app: Arc<Application>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.reconciles.fetch_add(1, Ordering::Relaxed);
+    let ns = app.namespace().unwrap_or_default();
+    let name = app.name_any();
+    let apps: Api<Application> =
+        Api::namespaced_with(ctx.client.clone(), &ns, &application_resource());
+
+    if app.metadata.deletion_timestamp.is_some() {
+        return finalize(&app, &apps, &ctx).await;
+    }
+    if !is_pulled(&app) {
+        return Ok(Action::await_change());
+    }
+    let target = match target(&app) {
+        Ok(t) => t,
+        Err(e) => {
+            refuse(&app, &apps, &ctx, "InvalidAnnotation", &e.to_string()).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let clusters: Api<ManagedCluster> = Api::all(ctx.client.clone());
+    if clusters.get_opt(&target.cluster).await?.is_none() {
+        let msg = format!(
+            "ManagedCluster {:?} does not exist: fix annotation {} or register the cluster with OCM",
+            target.cluster,
+            keys::MANAGED_CLUSTER
+        );
+        refuse(&app, &apps, &ctx, "UnknownCluster", &msg).await?;
+        // A cluster can join later; look again now and then.
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    let mut work = match manifest_work(&app, &target, delivered_copy(&app, &target), &ctx.options) {
+        Ok(w) => w,
+        Err(e) => {
+            refuse(&app, &apps, &ctx, "TooLarge", &e.to_string()).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let work_name = work.name_any();
+    let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
+    let existing = works.get_opt(&work_name).await?;
+    if let Some(existing) = &existing {
+        if existing.metadata.deletion_timestamp.is_some() {
+            // The work of a deleted Application of the same name is still
+            // being removed from the spoke; deliver once it is gone.
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        }
+        let a = existing.annotations();
+        if a.get(keys::HUB_APP_NAMESPACE) != Some(&ns) || a.get(keys::HUB_APP_NAME) != Some(&name) {
+            let msg = format!(
+                "ManifestWork {}/{work_name} already exists for another Application; rename this Application",
+                target.cluster
+            );
+            refuse(&app, &apps, &ctx, "WorkConflict", &msg).await?;
+            return Ok(Action::await_change());
+        }
+    }
+    let spoke_started = existing
+        .as_ref()
+        .and_then(|w| feedback(w, &target.app_namespace, &name))
+        .and_then(|f| f.started_at);
+    let carried = carried_operation(
+        app.data.get("operation"),
+        existing.as_ref(),
+        spoke_started.as_deref(),
+    );
+    operation::apply_to(&mut work, carried);
+    let applied = works
+        .patch(
+            &work_name,
+            &PatchParams::apply(WORK_MANAGER).force(),
+            &Patch::Apply(&work),
+        )
+        .await?;
+    tracing::debug!(namespace = %ns, name = %name, cluster = %target.cluster, work = %work_name, "delivered");
+
+    if app.data.get("operation").is_some_and(|o| !o.is_null()) {
+        // Handed over to the spoke in the work; the hub copy must not run it
+        // again. A merge patch removes only .operation.
+        apps.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "operation": null })),
+        )
+        .await?;
+        tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "sync operation handed over to the spoke");
+    }
+
+    let current = app.data.get("status").cloned().unwrap_or(Value::Null);
+    let mut status = Value::Object(Default::default());
+    let mut requeue = false;
+    if let Some(fb) = feedback(&applied, &target.app_namespace, &name) {
+        let update = status_update(&current, &fb);
+        status = update.status;
+        requeue = update.requeue;
+    }
+    let problem = spoke_problem(&applied, &target.app_namespace, &name);
+    set_condition(
+        &mut status,
+        problem
+            .as_ref()
+            .map(|p| format!("{}: {}", p.reason, p.message)),
+    );
+    write_status(&app, &apps, &current, status).await?;
+    Ok(if requeue {
+        Action::requeue(Duration::from_secs(1))
+    } else {
+        Action::await_change()
+    })
+}
+
+/// Records why the Application is not delivered: a condition on it and a
+/// Warning event, both saying what to fix.
+async fn refuse(
+    app: &Application,
+    apps: &Api<Application>,
+    ctx: &Context,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    tracing::warn!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), reason, message, "not delivered");
+    let current = app.data.get("status").cloned().unwrap_or(Value::Null);
+    // Keep whatever status the spoke reported last; add the condition.
+    let mut status = owned_status(&current);
+    set_condition(&mut status, Some(format!("{reason}: {message}")));
+    write_status(app, apps, &current, status).await?;
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(message.into()),
+        action: "Deliver".into(),
+        secondary: None,
+    };
+    let reference = app.object_ref(&application_resource());
+    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        tracing::warn!(error = %e, "could not publish event");
+    }
+    Ok(())
+}
+
+/// The status fields argocd-pull writes, taken from a current status.
+fn owned_status(current: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for key in ["health", "sync", "operationState"] {
+        if let Some(v) = current.get(key) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// Sets (or, with `None`, removes) argocd-pull's condition, keeping others.
+fn set_condition(status: &mut Value, message: Option<String>) {
+    let mut conditions: Vec<Value> = status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.get("type").and_then(Value::as_str) != Some(CONDITION))
+        .collect();
+    if let Some(message) = message {
+        conditions.push(json!({ "type": CONDITION, "message": message }));
+    }
+    if let Value::Object(map) = status {
+        if conditions.is_empty() {
+            map.remove("conditions");
+        } else {
+            map.insert("conditions".into(), conditions.into());
+        }
+    }
+}
+
+/// Server-side applies `status` (argocd-pull's fields only) unless the
+/// Application already shows exactly that, so that our own writes do not
+/// make more work.
+async fn write_status(
+    app: &Application,
+    apps: &Api<Application>,
+    current: &Value,
+    mut status: Value,
+) -> Result<(), Error> {
+    if let Value::Object(map) = &mut status
+        && map.is_empty()
+    {
+        // Applying an empty status would remove every field we own and
+        // leave `status: null`, which the schema refuses; an empty condition
+        // list says the same and is valid.
+        map.insert("conditions".into(), json!([]));
+    }
+    let keys = status
+        .as_object()
+        .map(|m| m.keys().cloned().collect::<Vec<_>>())
+        .unwrap_or_default();
+    let unchanged = keys
+        .iter()
+        .map(String::as_str)
+        .chain(["conditions"])
+        .all(|k| current.get(k) == status.get(k));
+    if unchanged {
+        return Ok(());
+    }
+    let patch = json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "status": status,
+    });
+    apps.patch(
+        &app.name_any(),
+        &PatchParams::apply(STATUS_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Argo CD's finalizers: the hub's Argo CD skips the dormant copy, so only
+/// argocd-pull can release them, once the spoke has deleted its copy.
+fn is_argocd_finalizer(f: &str) -> bool {
+    f.split('/')
+        .next()
+        .is_some_and(|domain| domain.ends_with("argocd.argoproj.io"))
+}
+
+async fn finalize(
+    app: &Application,
+    apps: &Api<Application>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let finalizers = app.finalizers();
+    if !finalizers.iter().any(|f| is_argocd_finalizer(f)) {
+        // Nothing of ours holds it; the sweep removes the work.
+        return Ok(Action::await_change());
+    }
+    if let Ok(t) = target(app) {
+        let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &t.cluster);
+        let name = work_name(&app.namespace().unwrap_or_default(), &app.name_any());
+        match works.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        if works.get_opt(&name).await?.is_some() {
+            // The work agent is still deleting the spoke's copy.
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        }
+    }
+    let remaining: Vec<&String> = finalizers
+        .iter()
+        .filter(|f| !is_argocd_finalizer(f))
+        .collect();
+    // The resourceVersion makes this fail instead of dropping a finalizer
+    // someone added meanwhile; the retry re-reads.
+    let patch = json!({ "metadata": {
+        "finalizers": remaining,
+        "resourceVersion": app.resource_version(),
+    }});
+    match apps
+        .patch(
+            &app.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), "spoke copy deleted; finalizers released");
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_every_argocd_finalizer() {
+        for f in [
+            "resources-finalizer.argocd.argoproj.io",
+            "resources-finalizer.argocd.argoproj.io/background",
+            "resources-finalizer.argocd.argoproj.io/foreground",
+            "post-delete-finalizer.argocd.argoproj.io",
+            "post-delete-finalizer.argocd.argoproj.io/cleanup",
+        ] {
+            assert!(is_argocd_finalizer(f), "{f}");
+        }
+        for f in [
+            "example.com/keep",
+            "kubernetes",
+            "argocd.argoproj.io.evil.com/x",
+        ] {
+            assert!(!is_argocd_finalizer(f), "{f}");
+        }
+    }
+
+    #[test]
+    fn condition_is_set_replaced_and_removed() {
+        let mut status = json!({ "conditions": [{ "type": "SyncError", "message": "x" }] });
+        set_condition(&mut status, Some("UnknownCluster: no".into()));
+        set_condition(&mut status, Some("TooLarge: big".into()));
+        assert_eq!(
+            status["conditions"],
+            json!([{ "type": "SyncError", "message": "x" }, { "type": CONDITION, "message": "TooLarge: big" }])
+        );
+        set_condition(&mut status, None);
+        assert_eq!(
+            status["conditions"],
+            json!([{ "type": "SyncError", "message": "x" }])
+        );
+        let mut empty = json!({});
+        set_condition(&mut empty, None);
+        assert_eq!(empty, json!({}));
+    }
+}

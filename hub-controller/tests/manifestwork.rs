@@ -1,0 +1,468 @@
+//! The ManifestWork transport against a real API server. The test plays the
+//! OCM work agent's part by writing ManifestWork status through the status
+//! subresource, exactly as the work agent does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
+use argocd_pull_hub_controller::controller::{self, CONDITION, Context};
+use argocd_pull_hub_controller::delivery::work::WorkOptions;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Hub {
+    cluster: Cluster,
+    client: kube::Client,
+    ctx: Arc<Context>,
+    stop: argocd_pull_runtime::shutdown::Trigger,
+}
+
+async fn hub_with_controller() -> Hub {
+    testenv::init_tracing();
+    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
+        .await
+        .unwrap();
+    let client = cluster.client().await.unwrap();
+    let ctx = Context::new(client.clone(), WorkOptions::default());
+    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(controller::application::run(
+        ctx.clone(),
+        move || {
+            let _ = synced_tx.send(());
+        },
+        shutdown,
+    ));
+    synced_rx.await.expect("the Application cache syncs");
+    Hub {
+        cluster,
+        client,
+        ctx,
+        stop,
+    }
+}
+
+async fn managed_cluster(client: &kube::Client, name: &str) {
+    let mc: ManagedCluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+        "metadata": { "name": name }, "spec": { "hubAcceptsClient": true }
+    }))
+    .unwrap();
+    Api::<ManagedCluster>::all(client.clone())
+        .create(&PostParams::default(), &mc)
+        .await
+        .unwrap();
+}
+
+fn app(name: &str, ns: &str, annotations: Value, extra: Value) -> Application {
+    let mut v = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": { "name": name, "namespace": ns,
+            "labels": { keys::PULL_LABEL: "true" },
+            "annotations": annotations },
+        "spec": {
+            "project": "default",
+            "source": { "repoURL": "https://git.example/repo.git", "path": "app", "targetRevision": "HEAD" },
+            "destination": { "server": "https://kubernetes.default.svc", "namespace": "guestbook" }
+        }
+    });
+    for (k, val) in extra.as_object().cloned().unwrap_or_default() {
+        if k == "finalizers" {
+            v["metadata"]["finalizers"] = val;
+        } else {
+            v[k] = val;
+        }
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn apps_api(client: &kube::Client, ns: &str) -> Api<Application> {
+    Api::namespaced_with(client.clone(), ns, &application_resource())
+}
+
+/// Writes feedback the way the work agent does: through /status.
+async fn feed_back(
+    works: &Api<ManifestWork>,
+    work: &str,
+    app_ns: &str,
+    app: &str,
+    values: &[(&str, &str)],
+) {
+    let values: Vec<Value> = values
+        .iter()
+        .map(|(n, v)| json!({ "name": n, "fieldValue": { "type": "String", "string": v } }))
+        .collect();
+    let now = "2026-11-21T10:00:00Z";
+    let status = json!({ "status": {
+        "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestWorkComplete",
+                         "message": "Apply manifest work complete", "lastTransitionTime": now }],
+        "resourceStatus": { "manifests": [{
+            "resourceMeta": { "group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
+                              "resource": "applications", "namespace": app_ns, "name": app, "ordinal": 0 },
+            "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestComplete",
+                             "message": "Apply manifest complete", "lastTransitionTime": now }],
+            "statusFeedback": { "values": values }
+        }]}
+    }});
+    works
+        .patch_status(work, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
+    let hub = hub_with_controller().await;
+    let client = &hub.client;
+    hub.cluster.ensure_namespace("cluster1").await.unwrap();
+    managed_cluster(client, "cluster1").await;
+    let ns = hub.cluster.namespace("apps").await.unwrap();
+    let apps = apps_api(client, &ns);
+    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
+
+    let annotations = json!({ keys::MANAGED_CLUSTER: "cluster1", keys::SKIP_RECONCILE: "true" });
+    let extra = json!({
+        "finalizers": [keys::RESOURCES_FINALIZER],
+        "operation": { "sync": { "revision": "HEAD" }, "initiatedBy": { "username": "alice" } }
+    });
+    apps.create(
+        &PostParams::default(),
+        &app("guestbook", &ns, annotations, extra),
+    )
+    .await
+    .unwrap();
+
+    let work_name = format!("{ns}.guestbook");
+    let work = wait::until("the ManifestWork", TIMEOUT, || async {
+        works
+            .get_opt(&work_name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("not yet".to_string())
+    })
+    .await;
+    let manifest = &work.spec.workload.unwrap().manifests.unwrap()[0];
+    assert_eq!(manifest["metadata"]["namespace"], json!(ns));
+    assert!(
+        manifest["metadata"]["annotations"]
+            .get(keys::SKIP_RECONCILE)
+            .is_none()
+    );
+    assert!(
+        manifest["metadata"]["labels"]
+            .get(keys::PULL_LABEL)
+            .is_none()
+    );
+
+    // The operation is handed over once: gone from the hub copy.
+    wait::until("operation removed from the hub copy", TIMEOUT, || async {
+        let a = apps.get("guestbook").await.map_err(|e| e.to_string())?;
+        if a.data.get("operation").is_none() {
+            Ok(())
+        } else {
+            Err("still there".to_string())
+        }
+    })
+    .await;
+
+    // The work keeps carrying the operation until the spoke has started it.
+    let carried = |w: ManifestWork| {
+        w.spec.workload.unwrap().manifests.unwrap()[0]
+            .get("operation")
+            .cloned()
+    };
+    let op = carried(works.get(&work_name).await.unwrap());
+    assert_eq!(op.unwrap()["sync"]["revision"], "HEAD");
+
+    feed_back(
+        &works,
+        &work_name,
+        &ns,
+        "guestbook",
+        &[
+            ("healthStatus", "Healthy"),
+            ("syncStatus", "Synced"),
+            ("syncRevision", "abc123"),
+            ("operationStatePhase", "Succeeded"),
+            ("operationStateStartedAt", "2026-11-21T10:00:00Z"),
+        ],
+    )
+    .await;
+    let status = wait::until("status on the hub copy", TIMEOUT, || async {
+        let a = apps.get("guestbook").await.map_err(|e| e.to_string())?;
+        let s = a.data.get("status").cloned().unwrap_or_default();
+        if s.pointer("/health/status") == Some(&json!("Healthy")) {
+            Ok(s)
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await;
+    assert_eq!(
+        status["sync"],
+        json!({ "status": "Synced", "revision": "abc123" })
+    );
+    assert_eq!(status["operationState"]["phase"], "Succeeded");
+    assert_eq!(
+        status["operationState"]["startedAt"],
+        "2026-11-21T10:00:00Z"
+    );
+    assert!(
+        status.get("conditions").is_none_or(|c| c == &json!([])),
+        "{status}"
+    );
+    // The spoke started it (a new startedAt): the work stops carrying it.
+    wait::until("the operation to leave the work", TIMEOUT, || async {
+        let w = works.get(&work_name).await.map_err(|e| e.to_string())?;
+        carried(w).map_or(Ok(()), |op| Err(op.to_string()))
+    })
+    .await;
+
+    // Converged: our own status writes do not rewrite the work or loop.
+    let rv = works
+        .get(&work_name)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    let count = hub.ctx.reconcile_count();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        works
+            .get(&work_name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        rv
+    );
+    assert_eq!(
+        hub.ctx.reconcile_count(),
+        count,
+        "no reconciles without changes"
+    );
+
+    // Deletion: the work goes first, then the Argo CD finalizer is released.
+    apps.delete("guestbook", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until("the Application to be gone", TIMEOUT, || async {
+        match apps.get_opt("guestbook").await {
+            Ok(None) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|a| a.map(|a| a.metadata.finalizers))
+            )),
+        }
+    })
+    .await;
+    assert!(works.get_opt(&work_name).await.unwrap().is_none());
+    hub.stop.fire();
+}
+
+#[tokio::test]
+async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
+    let hub = hub_with_controller().await;
+    let client = &hub.client;
+    hub.cluster.ensure_namespace("cluster1").await.unwrap();
+    managed_cluster(client, "cluster1").await;
+    let ns = hub.cluster.namespace("apps").await.unwrap();
+    let apps = apps_api(client, &ns);
+
+    let cases = [
+        (
+            "no-cluster",
+            json!({}),
+            "InvalidAnnotation",
+            keys::MANAGED_CLUSTER,
+        ),
+        (
+            "bad-cluster",
+            json!({ keys::MANAGED_CLUSTER: "Not_A_Name" }),
+            "InvalidAnnotation",
+            "lower-case",
+        ),
+        (
+            "unknown-cluster",
+            json!({ keys::MANAGED_CLUSTER: "nowhere" }),
+            "UnknownCluster",
+            "does not exist",
+        ),
+    ];
+    for (name, annotations, _, _) in &cases {
+        apps.create(
+            &PostParams::default(),
+            &app(name, &ns, annotations.clone(), json!({})),
+        )
+        .await
+        .unwrap();
+    }
+    let mut big = app(
+        "too-big",
+        &ns,
+        json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+        json!({}),
+    );
+    big.data["spec"]["source"]["helm"] = json!({ "values": "x".repeat(600 * 1024) });
+    apps.create(&PostParams::default(), &big).await.unwrap();
+    apps.create(
+        &PostParams::default(),
+        &app(
+            "good",
+            &ns,
+            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+            json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+
+    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
+    wait::until("the good Application's work", TIMEOUT, || async {
+        works
+            .get_opt(&format!("{ns}.good"))
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    for (name, _, reason, hint) in cases.iter().map(|(n, a, r, h)| (*n, a, *r, *h)).chain([(
+        "too-big",
+        &json!({}),
+        "TooLarge",
+        "500 KiB",
+    )]) {
+        let message = wait::until(&format!("condition on {name}"), TIMEOUT, || async {
+            let a = apps.get(name).await.map_err(|e| e.to_string())?;
+            a.data
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
+                .and_then(|c| c["message"].as_str().map(String::from))
+                .ok_or_else(|| "no condition yet".to_string())
+        })
+        .await;
+        assert!(message.starts_with(reason), "{name}: {message}");
+        assert!(message.contains(hint), "{name}: {message}");
+        wait::until(&format!("event on {name}"), TIMEOUT, || async {
+            let list = events
+                .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
+                })
+                .map(|_| ())
+                .ok_or_else(|| format!("{} events", list.items.len()))
+        })
+        .await;
+        assert!(
+            works
+                .get_opt(&format!("{ns}.{name}"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    // Fixing the annotation delivers it and clears the condition.
+    apps.patch(
+        "no-cluster",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({ "metadata": { "annotations": { keys::MANAGED_CLUSTER: "cluster1" } } }),
+        ),
+    )
+    .await
+    .unwrap();
+    wait::until("the fixed Application's work", TIMEOUT, || async {
+        works
+            .get_opt(&format!("{ns}.no-cluster"))
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    wait::until("the condition to clear", TIMEOUT, || async {
+        let a = apps.get("no-cluster").await.map_err(|e| e.to_string())?;
+        match a.data.pointer("/status/conditions") {
+            None => Ok(()),
+            Some(c) if c == &json!([]) => Ok(()),
+            Some(c) => Err(c.to_string()),
+        }
+    })
+    .await;
+    hub.stop.fire();
+}
+
+#[tokio::test]
+async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
+    let hub = hub_with_controller().await;
+    let client = &hub.client;
+    hub.cluster.ensure_namespace("cluster1").await.unwrap();
+    managed_cluster(client, "cluster1").await;
+    let ns = hub.cluster.namespace("apps").await.unwrap();
+    let apps = apps_api(client, &ns);
+    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
+    for name in ["kept", "gone"] {
+        apps.create(
+            &PostParams::default(),
+            &app(
+                name,
+                &ns,
+                json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+                json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+        wait::until("work", TIMEOUT, || async {
+            works
+                .get_opt(&format!("{ns}.{name}"))
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "not yet".to_string())
+        })
+        .await;
+    }
+    apps.delete("gone", &DeleteParams::default()).await.unwrap();
+    wait::until("app gone", TIMEOUT, || async {
+        apps.get_opt("gone")
+            .await
+            .map_err(|e| e.to_string())?
+            .map_or(Ok(()), |_| Err("still there".to_string()))
+    })
+    .await;
+    assert_eq!(controller::sweep::sweep_once(client).await.unwrap(), 1);
+    assert!(
+        works
+            .get_opt(&format!("{ns}.gone"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        works
+            .get_opt(&format!("{ns}.kept"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        controller::sweep::sweep_once(client).await.unwrap(),
+        0,
+        "idempotent"
+    );
+    hub.stop.fire();
+}
