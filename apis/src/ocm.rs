@@ -26,3 +26,27 @@ pub use generated::managedclustersetbinding::*;
 pub use generated::manifestwork::*;
 pub use generated::placement::*;
 pub use generated::placementdecision::*;
+
+/// PlacementDecision has no spec, so kopium emits only its status type; the
+/// kind is used through this API resource as a `DynamicObject`, with
+/// [`PlacementDecisionStatus`] parsed from its `status`.
+pub fn placement_decision_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk(
+            "cluster.open-cluster-management.io",
+            "v1beta1",
+            "PlacementDecision",
+        ),
+        "placementdecisions",
+    )
+}
+
+/// The cluster names a PlacementDecision (as a `DynamicObject`) selects.
+pub fn decided_clusters(decision: &kube::api::DynamicObject) -> Vec<String> {
+    decision
+        .data
+        .get("status")
+        .and_then(|s| serde_json::from_value::<PlacementDecisionStatus>(s.clone()).ok())
+        .map(|s| s.decisions.into_iter().map(|d| d.cluster_name).collect())
+        .unwrap_or_default()
+}

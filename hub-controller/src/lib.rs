@@ -36,6 +36,25 @@ pub struct Args {
     /// needs its `RawFeedbackJsonString` feature gate.
     #[arg(long, env = "ARGOCD_PULL_RAW_FEEDBACK")]
     pub raw_feedback: bool,
+    /// How a namespace is allowed to target a cluster: `placement` (a
+    /// PlacementDecision in the Application's namespace must select it) or
+    /// `none` (any namespace may target any cluster).
+    #[arg(long, env = "ARGOCD_PULL_AUTHORIZATION", value_enum, default_value_t = AuthorizationMode::Placement)]
+    pub authorization: AuthorizationMode,
+    /// Extra allowed targets, `NAMESPACE=CLUSTER` (either may be `*`);
+    /// repeat the flag or separate with commas.
+    #[arg(
+        long = "allowed-target",
+        env = "ARGOCD_PULL_ALLOWED_TARGETS",
+        value_delimiter = ','
+    )]
+    pub allowed_targets: Vec<delivery::authz::AllowRule>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthorizationMode {
+    Placement,
+    None,
 }
 
 /// Durations like `30s`, `5m` or `1h`.
@@ -76,6 +95,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         client.clone(),
         delivery::work::WorkOptions {
             raw_feedback: args.raw_feedback,
+        },
+        delivery::authz::Authorization {
+            require_placement: args.authorization == AuthorizationMode::Placement,
+            allow: args.allowed_targets.clone(),
         },
     );
     let sweep = tokio::spawn(controller::sweep::run(

@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::placement_decision_resource;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
 use argocd_pull_hub_controller::controller::{self, CONDITION, Context};
+use argocd_pull_hub_controller::delivery::authz::Authorization;
 use argocd_pull_hub_controller::delivery::work::WorkOptions;
 use k8s_openapi::api::core::v1::Event;
+use kube::api::DynamicObject;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::{Cluster, ClusterConfig, CrdSet, wait};
@@ -30,7 +33,11 @@ async fn hub_with_controller() -> Hub {
         .await
         .unwrap();
     let client = cluster.client().await.unwrap();
-    let ctx = Context::new(client.clone(), WorkOptions::default());
+    let ctx = Context::new(
+        client.clone(),
+        WorkOptions::default(),
+        Authorization::default(),
+    );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(controller::application::run(
@@ -59,6 +66,31 @@ async fn managed_cluster(client: &kube::Client, name: &str) {
         .create(&PostParams::default(), &mc)
         .await
         .unwrap();
+}
+
+/// What OCM's placement controller does for a Placement in `ns` that
+/// selects `clusters`: a PlacementDecision with the decisions in its status.
+async fn placement_selects(client: &kube::Client, ns: &str, clusters: &[&str]) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &placement_decision_resource());
+    let pd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
+        "metadata": { "name": "placement-decision-1", "namespace": ns,
+                      "labels": { keys::PLACEMENT_LABEL: "placement" } }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pd).await.unwrap();
+    let decisions: Vec<Value> = clusters
+        .iter()
+        .map(|c| json!({ "clusterName": c, "reason": "" }))
+        .collect();
+    api.patch_status(
+        "placement-decision-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "decisions": decisions } })),
+    )
+    .await
+    .unwrap();
 }
 
 fn app(name: &str, ns: &str, annotations: Value, extra: Value) -> Application {
@@ -124,6 +156,7 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
     hub.cluster.ensure_namespace("cluster1").await.unwrap();
     managed_cluster(client, "cluster1").await;
     let ns = hub.cluster.namespace("apps").await.unwrap();
+    placement_selects(client, &ns, &["cluster1"]).await;
     let apps = apps_api(client, &ns);
     let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
 
@@ -274,6 +307,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     hub.cluster.ensure_namespace("cluster1").await.unwrap();
     managed_cluster(client, "cluster1").await;
     let ns = hub.cluster.namespace("apps").await.unwrap();
+    placement_selects(client, &ns, &["cluster1"]).await;
     let apps = apps_api(client, &ns);
 
     let cases = [
@@ -413,6 +447,7 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
     hub.cluster.ensure_namespace("cluster1").await.unwrap();
     managed_cluster(client, "cluster1").await;
     let ns = hub.cluster.namespace("apps").await.unwrap();
+    placement_selects(client, &ns, &["cluster1"]).await;
     let apps = apps_api(client, &ns);
     let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     for name in ["kept", "gone"] {
@@ -464,5 +499,86 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
         0,
         "idempotent"
     );
+    hub.stop.fire();
+}
+
+#[tokio::test]
+async fn a_namespace_may_only_target_clusters_its_placements_select() {
+    let hub = hub_with_controller().await;
+    let client = &hub.client;
+    for c in ["cluster1", "cluster2"] {
+        hub.cluster.ensure_namespace(c).await.unwrap();
+        managed_cluster(client, c).await;
+    }
+    let ns = hub.cluster.namespace("team").await.unwrap();
+    placement_selects(client, &ns, &["cluster1"]).await;
+    let apps = apps_api(client, &ns);
+    for (name, cluster) in [("ok", "cluster1"), ("refused", "cluster2")] {
+        apps.create(
+            &PostParams::default(),
+            &app(
+                name,
+                &ns,
+                json!({ keys::MANAGED_CLUSTER: cluster }),
+                json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let works1: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
+    let works2: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster2");
+    wait::until("the allowed work", TIMEOUT, || async {
+        works1
+            .get_opt(&format!("{ns}.ok"))
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    let message = wait::until("the refusal", TIMEOUT, || async {
+        let a = apps.get("refused").await.map_err(|e| e.to_string())?;
+        a.data
+            .pointer("/status/conditions/0/message")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .ok_or_else(|| "no condition yet".to_string())
+    })
+    .await;
+    assert!(message.starts_with("NotAuthorized"), "{message}");
+    assert!(message.contains("create a Placement"), "{message}");
+    assert!(
+        works2
+            .get_opt(&format!("{ns}.refused"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Once a Placement in the namespace selects cluster2 too, it is delivered
+    // without anyone touching the Application.
+    let pds: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
+    pds.patch_status(
+        "placement-decision-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "decisions": [
+            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "cluster2", "reason": "" }
+        ] } })),
+    )
+    .await
+    .unwrap();
+    wait::until(
+        "delivery after the Placement selects it",
+        Duration::from_secs(45),
+        || async {
+            works2
+                .get_opt(&format!("{ns}.refused"))
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "not yet".to_string())
+        },
+    )
+    .await;
     hub.stop.fire();
 }

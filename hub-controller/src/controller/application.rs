@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
+use argocd_pull_apis::ocm::{
+    ManagedCluster, ManifestWork, decided_clusters, placement_decision_resource,
+};
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
@@ -19,6 +21,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::{CONDITION, Context, Error, STATUS_MANAGER, WORK_MANAGER};
+use crate::delivery::authz::{Authorization, selected_by_placement};
 use crate::delivery::delivered_copy;
 use crate::delivery::feedback::{feedback, spoke_problem, status_update};
 use crate::delivery::operation::{self, carried_operation};
@@ -123,6 +126,18 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
         // A cluster can join later; look again now and then.
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
+    if !authorized(&ctx, &ns, &target.cluster).await? {
+        refuse(
+            &app,
+            &apps,
+            &ctx,
+            "NotAuthorized",
+            &Authorization::refusal(&ns, &target.cluster),
+        )
+        .await?;
+        // A Placement may select the cluster later.
+        return Ok(Action::requeue(Duration::from_secs(15)));
+    }
     let mut work = match manifest_work(&app, &target, delivered_copy(&app, &target), &ctx.options) {
         Ok(w) => w,
         Err(e) => {
@@ -201,6 +216,18 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
     } else {
         Action::await_change()
     })
+}
+
+/// Whether namespace `ns` may deploy to `cluster` (see [`crate::delivery::authz`]).
+async fn authorized(ctx: &Context, ns: &str, cluster: &str) -> Result<bool, Error> {
+    if ctx.authorization.allowed_without_placement(ns, cluster) {
+        return Ok(true);
+    }
+    let decisions: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), ns, &placement_decision_resource());
+    let list = decisions.list(&ListParams::default()).await?;
+    let decided: Vec<String> = list.items.iter().flat_map(decided_clusters).collect();
+    Ok(selected_by_placement(cluster, &decided))
 }
 
 /// Records why the Application is not delivered: a condition on it and a

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 
+use crate::delivery::authz::Authorization;
 use crate::delivery::work::WorkOptions;
 
 /// Field manager of the ManifestWorks.
@@ -26,11 +27,12 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub options: WorkOptions,
+    pub authorization: Authorization,
     pub reconciles: AtomicU64,
 }
 
 impl Context {
-    pub fn new(client: Client, options: WorkOptions) -> Arc<Self> {
+    pub fn new(client: Client, options: WorkOptions, authorization: Authorization) -> Arc<Self> {
         let reporter = Reporter {
             controller: "argocd-pull-hub-controller".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -39,6 +41,7 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             options,
+            authorization,
             reconciles: AtomicU64::new(0),
         })
     }

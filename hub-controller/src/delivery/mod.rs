@@ -3,6 +3,7 @@
 //! feedback -> hub status. No client, no I/O: everything here is tested
 //! with plain values.
 
+pub mod authz;
 pub mod delivered;
 pub mod feedback;
 pub mod operation;
