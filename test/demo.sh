@@ -4,7 +4,7 @@
 # as the transports land.
 set -euo pipefail
 dir=${1:?clusters folder}
-kubectl=$(dirname "$0")/../.cache/bin/kubectl
+kubectl=$(cd "$(dirname "$0")/.." && pwd)/.cache/bin/kubectl
 echo
 echo "== argocd-pull demo: local clusters"
 for c in hub cluster1 cluster2; do
