@@ -173,14 +173,7 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
     .unwrap();
 
     let work_name = format!("{ns}.guestbook");
-    let work = wait::until("the ManifestWork", TIMEOUT, || async {
-        works
-            .get_opt(&work_name)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("not yet".to_string())
-    })
-    .await;
+    let work = wait::exists(&works, &work_name, TIMEOUT).await;
     let manifest = &work.spec.workload.unwrap().manifests.unwrap()[0];
     assert_eq!(manifest["metadata"]["namespace"], json!(ns));
     assert!(
@@ -359,14 +352,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     .unwrap();
 
     let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
-    wait::until("the good Application's work", TIMEOUT, || async {
-        works
-            .get_opt(&format!("{ns}.good"))
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    wait::exists(&works, &format!("{ns}.good"), TIMEOUT).await;
 
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
     for (name, _, reason, hint) in cases.iter().map(|(n, a, r, h)| (*n, a, *r, *h)).chain([(
@@ -420,14 +406,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     )
     .await
     .unwrap();
-    wait::until("the fixed Application's work", TIMEOUT, || async {
-        works
-            .get_opt(&format!("{ns}.no-cluster"))
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    wait::exists(&works, &format!("{ns}.no-cluster"), TIMEOUT).await;
     wait::until("the condition to clear", TIMEOUT, || async {
         let a = apps.get("no-cluster").await.map_err(|e| e.to_string())?;
         match a.data.pointer("/status/conditions") {
@@ -462,14 +441,7 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
         )
         .await
         .unwrap();
-        wait::until("work", TIMEOUT, || async {
-            works
-                .get_opt(&format!("{ns}.{name}"))
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "not yet".to_string())
-        })
-        .await;
+        wait::exists(&works, &format!("{ns}.{name}"), TIMEOUT).await;
     }
     apps.delete("gone", &DeleteParams::default()).await.unwrap();
     wait::until("app gone", TIMEOUT, || async {
@@ -528,14 +500,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     }
     let works1: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     let works2: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster2");
-    wait::until("the allowed work", TIMEOUT, || async {
-        works1
-            .get_opt(&format!("{ns}.ok"))
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    wait::exists(&works1, &format!("{ns}.ok"), TIMEOUT).await;
     let message = wait::until("the refusal", TIMEOUT, || async {
         let a = apps.get("refused").await.map_err(|e| e.to_string())?;
         a.data

@@ -22,3 +22,18 @@ where
         }
     }
 }
+
+/// Waits until `api` has an object called `name`, and returns it.
+pub async fn exists<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> K
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    until(&format!("{name} to exist"), timeout, || async {
+        match api.get_opt(name).await {
+            Ok(Some(obj)) => Ok(obj),
+            Ok(None) => Err("not found".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+}
