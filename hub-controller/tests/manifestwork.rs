@@ -56,7 +56,11 @@ async fn hub_with_controller() -> Hub {
     }
 }
 
-async fn managed_cluster(client: &kube::Client, name: &str) {
+/// What OCM registration leaves on the hub for a joined cluster: the
+/// ManagedCluster and its namespace.
+async fn managed_cluster(hub: &Hub, name: &str) {
+    let client = &hub.client;
+    hub.cluster.ensure_namespace(name).await.unwrap();
     let mc: ManagedCluster = serde_json::from_value(json!({
         "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
         "metadata": { "name": name }, "spec": { "hubAcceptsClient": true }
@@ -66,6 +70,13 @@ async fn managed_cluster(client: &kube::Client, name: &str) {
         .create(&PostParams::default(), &mc)
         .await
         .unwrap();
+}
+
+/// A fresh namespace for Applications whose Placement selects `clusters`.
+async fn team_namespace(hub: &Hub, clusters: &[&str]) -> String {
+    let ns = hub.cluster.namespace("team").await.unwrap();
+    placement_selects(&hub.client, &ns, clusters).await;
+    ns
 }
 
 /// What OCM's placement controller does for a Placement in `ns` that
@@ -153,10 +164,8 @@ async fn feed_back(
 async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
     let hub = hub_with_controller().await;
     let client = &hub.client;
-    hub.cluster.ensure_namespace("cluster1").await.unwrap();
-    managed_cluster(client, "cluster1").await;
-    let ns = hub.cluster.namespace("apps").await.unwrap();
-    placement_selects(client, &ns, &["cluster1"]).await;
+    managed_cluster(&hub, "cluster1").await;
+    let ns = team_namespace(&hub, &["cluster1"]).await;
     let apps = apps_api(client, &ns);
     let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
 
@@ -297,10 +306,8 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
 async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     let hub = hub_with_controller().await;
     let client = &hub.client;
-    hub.cluster.ensure_namespace("cluster1").await.unwrap();
-    managed_cluster(client, "cluster1").await;
-    let ns = hub.cluster.namespace("apps").await.unwrap();
-    placement_selects(client, &ns, &["cluster1"]).await;
+    managed_cluster(&hub, "cluster1").await;
+    let ns = team_namespace(&hub, &["cluster1"]).await;
     let apps = apps_api(client, &ns);
 
     let cases = [
@@ -423,10 +430,8 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
 async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
     let hub = hub_with_controller().await;
     let client = &hub.client;
-    hub.cluster.ensure_namespace("cluster1").await.unwrap();
-    managed_cluster(client, "cluster1").await;
-    let ns = hub.cluster.namespace("apps").await.unwrap();
-    placement_selects(client, &ns, &["cluster1"]).await;
+    managed_cluster(&hub, "cluster1").await;
+    let ns = team_namespace(&hub, &["cluster1"]).await;
     let apps = apps_api(client, &ns);
     let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     for name in ["kept", "gone"] {
@@ -479,11 +484,9 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     let hub = hub_with_controller().await;
     let client = &hub.client;
     for c in ["cluster1", "cluster2"] {
-        hub.cluster.ensure_namespace(c).await.unwrap();
-        managed_cluster(client, c).await;
+        managed_cluster(&hub, c).await;
     }
-    let ns = hub.cluster.namespace("team").await.unwrap();
-    placement_selects(client, &ns, &["cluster1"]).await;
+    let ns = team_namespace(&hub, &["cluster1"]).await;
     let apps = apps_api(client, &ns);
     for (name, cluster) in [("ok", "cluster1"), ("refused", "cluster2")] {
         apps.create(
