@@ -101,6 +101,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             allow: args.allowed_targets.clone(),
         },
     );
+    let secrets = tokio::spawn(controller::clusters::run(
+        client.clone(),
+        args.argocd_namespace.clone(),
+        shutdown.clone().wait(),
+    ));
     let sweep = tokio::spawn(controller::sweep::run(
         client,
         args.sweep_interval,
@@ -115,6 +120,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await;
     sweep.await?;
+    secrets.await?;
     server.await??;
     tracing::info!("stopped");
     Ok(())

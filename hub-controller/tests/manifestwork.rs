@@ -260,7 +260,10 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
     })
     .await;
 
-    // Converged: our own status writes do not rewrite the work or loop.
+    // Converged: our own status writes do not rewrite the work or loop. Each
+    // write of ours may cause one no-op reconcile, so let those settle, then
+    // nothing may happen at all.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let rv = works
         .get(&work_name)
         .await
@@ -549,4 +552,59 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     )
     .await;
     hub.stop.fire();
+}
+
+#[tokio::test]
+async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
+    testenv::init_tracing();
+    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
+        .await
+        .unwrap();
+    let client = cluster.client().await.unwrap();
+    cluster.ensure_namespace("argocd").await.unwrap();
+    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    tokio::spawn(controller::clusters::run(
+        client.clone(),
+        "argocd".into(),
+        shutdown.wait(),
+    ));
+
+    let mc: ManagedCluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+        "metadata": { "name": "edge-7" },
+        "spec": { "hubAcceptsClient": true, "managedClusterClientConfigs": [{ "url": "https://edge-7.example:6443" }] }
+    }))
+    .unwrap();
+    let clusters: Api<ManagedCluster> = Api::all(client.clone());
+    clusters.create(&PostParams::default(), &mc).await.unwrap();
+
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "argocd");
+    let secret = wait::exists(&secrets, "edge-7-cluster-secret", TIMEOUT).await;
+    assert_eq!(
+        secret.metadata.labels.unwrap()[keys::ARGOCD_SECRET_TYPE],
+        "cluster"
+    );
+    let data = secret.data.unwrap();
+    assert_eq!(data["name"].0, b"edge-7");
+    assert_eq!(data["server"].0, b"https://edge-7.example:6443");
+
+    // Removing the cluster from OCM removes the Secret (garbage collection
+    // by the real controller-manager, through the owner reference).
+    clusters
+        .delete("edge-7", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(
+        "the cluster Secret to go",
+        Duration::from_secs(60),
+        || async {
+            match secrets.get_opt("edge-7-cluster-secret").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{:?}", other.map(|s| s.is_some()))),
+            }
+        },
+    )
+    .await;
+    stop.fire();
 }

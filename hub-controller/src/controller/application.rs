@@ -164,6 +164,15 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
             return Ok(Action::await_change());
         }
     }
+    if existing.is_none() {
+        // About to create a work: make sure the Application is really still
+        // there, not a stale cache entry of one just deleted (the sweep would
+        // have removed its work, and we would bring it back).
+        let fresh = apps.get_opt(&name).await?;
+        if fresh.is_none_or(|f| f.metadata.uid != app.metadata.uid) {
+            return Ok(Action::await_change());
+        }
+    }
     let spoke_started = existing
         .as_ref()
         .and_then(|w| feedback(w, &target.app_namespace, &name))

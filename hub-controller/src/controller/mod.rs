@@ -3,6 +3,7 @@
 //! Every decision is made by the pure functions in [`crate::delivery`].
 
 pub mod application;
+pub mod clusters;
 pub mod sweep;
 
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 //! with plain values.
 
 pub mod authz;
+pub mod cluster_secret;
 pub mod delivered;
 pub mod feedback;
 pub mod operation;

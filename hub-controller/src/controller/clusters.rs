@@ -1,0 +1,67 @@
+//! Keeps one Argo CD cluster Secret per ManagedCluster in the hub's Argo CD
+//! namespace. Removal is left to Kubernetes garbage collection through the
+//! Secret's owner reference to its ManagedCluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_apis::ocm::ManagedCluster;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use super::WORK_MANAGER;
+use crate::delivery::cluster_secret::cluster_secret;
+use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL};
+
+struct Ctx {
+    client: Client,
+    namespace: String,
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    argocd_namespace: String,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let clusters: Api<ManagedCluster> = Api::all(client.clone());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &argocd_namespace);
+    let ctx = Arc::new(Ctx {
+        client,
+        namespace: argocd_namespace,
+    });
+    Controller::new(clusters, watcher::Config::default())
+        .owns(
+            secrets,
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let secret = cluster_secret(&cluster, &ctx.namespace);
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    api.patch(
+        &secret.name_any(),
+        &PatchParams::apply(WORK_MANAGER).force(),
+        &Patch::Apply(&secret),
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
+fn error_policy(cluster: Arc<ManagedCluster>, error: &kube::Error, ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(cluster = %cluster.name_any(), namespace = %ctx.namespace, %error,
+        "cannot write the Argo CD cluster Secret (does the Argo CD namespace exist?); retrying");
+    Action::requeue(Duration::from_secs(15))
+}
