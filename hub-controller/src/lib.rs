@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod delivery;
+pub mod metrics;
 
 use argocd_pull_runtime::{AdminArgs, ClientArgs, LogArgs, Readiness, admin::Admin, shutdown};
 use std::time::Duration;
@@ -79,7 +80,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals()?;
     let readiness = Readiness::default();
-    let registry = Registry::with_prefix("argocd_pull_hub");
+    let mut registry = Registry::with_prefix("argocd_pull_hub");
+    let metrics = metrics::Metrics::register(&mut registry);
     let admin = Admin::new(readiness.clone(), registry);
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 
@@ -100,6 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             require_placement: args.authorization == AuthorizationMode::Placement,
             allow: args.allowed_targets.clone(),
         },
+        metrics.clone(),
     );
     let secrets = tokio::spawn(controller::clusters::run(
         client.clone(),
@@ -108,6 +111,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ));
     let sweep = tokio::spawn(controller::sweep::run(
         client,
+        metrics,
         args.sweep_interval,
         shutdown.clone().wait(),
     ));

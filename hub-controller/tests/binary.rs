@@ -26,8 +26,15 @@ async fn starts_serves_admin_endpoints_and_stops_on_sigterm() {
     })
     .await;
     assert_eq!(net::http_get(admin, "/healthz").await.unwrap().0, 200);
-    let (code, _) = net::http_get(admin, "/metrics").await.unwrap();
+    let (code, body) = net::http_get(admin, "/metrics").await.unwrap();
     assert_eq!(code, 200);
+    for metric in [
+        "argocd_pull_hub_application_reconciles_total",
+        "argocd_pull_hub_application_reconcile_duration_seconds",
+        "argocd_pull_hub_manifestworks",
+    ] {
+        assert!(body.contains(metric), "{metric} missing from:\n{body}");
+    }
 
     let status = net::terminate(&mut child, Duration::from_secs(10)).await;
     assert!(status.success(), "exit status {status:?}");

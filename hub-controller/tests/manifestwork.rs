@@ -12,6 +12,7 @@ use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
 use argocd_pull_hub_controller::controller::{self, CONDITION, Context};
 use argocd_pull_hub_controller::delivery::authz::Authorization;
 use argocd_pull_hub_controller::delivery::work::WorkOptions;
+use argocd_pull_hub_controller::metrics::Metrics;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::DynamicObject;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -37,6 +38,7 @@ async fn hub_with_controller() -> Hub {
         client.clone(),
         WorkOptions::default(),
         Authorization::default(),
+        Metrics::default(),
     );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
@@ -459,7 +461,12 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
             .map_or(Ok(()), |_| Err("still there".to_string()))
     })
     .await;
-    assert_eq!(controller::sweep::sweep_once(client).await.unwrap(), 1);
+    assert_eq!(
+        controller::sweep::sweep_once(client, &hub.ctx.metrics)
+            .await
+            .unwrap(),
+        1
+    );
     assert!(
         works
             .get_opt(&format!("{ns}.gone"))
@@ -475,7 +482,9 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
             .is_some()
     );
     assert_eq!(
-        controller::sweep::sweep_once(client).await.unwrap(),
+        controller::sweep::sweep_once(client, &hub.ctx.metrics)
+            .await
+            .unwrap(),
         0,
         "idempotent"
     );

@@ -3,7 +3,6 @@
 //! before releasing Argo CD's finalizers.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
@@ -96,22 +95,34 @@ fn error_policy(app: Arc<Application>, error: &Error, _ctx: Arc<Context>) -> Act
 }
 
 pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.reconciles.fetch_add(1, Ordering::Relaxed);
+    ctx.metrics.reconciles.inc();
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(&app, &ctx).await;
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_err() {
+        ctx.metrics.reconcile_errors.inc();
+    }
+    result
+}
+
+async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Error> {
     let ns = app.namespace().unwrap_or_default();
     let name = app.name_any();
     let apps: Api<Application> =
         Api::namespaced_with(ctx.client.clone(), &ns, &application_resource());
 
     if app.metadata.deletion_timestamp.is_some() {
-        return finalize(&app, &apps, &ctx).await;
+        return finalize(app, &apps, ctx).await;
     }
-    if !is_pulled(&app) {
+    if !is_pulled(app) {
         return Ok(Action::await_change());
     }
-    let target = match target(&app) {
+    let target = match target(app) {
         Ok(t) => t,
         Err(e) => {
-            refuse(&app, &apps, &ctx, "InvalidAnnotation", &e.to_string()).await?;
+            refuse(app, &apps, ctx, "InvalidAnnotation", &e.to_string()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -122,15 +133,15 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
             target.cluster,
             keys::MANAGED_CLUSTER
         );
-        refuse(&app, &apps, &ctx, "UnknownCluster", &msg).await?;
+        refuse(app, &apps, ctx, "UnknownCluster", &msg).await?;
         // A cluster can join later; look again now and then.
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
-    if !authorized(&ctx, &ns, &target.cluster).await? {
+    if !authorized(ctx, &ns, &target.cluster).await? {
         refuse(
-            &app,
+            app,
             &apps,
-            &ctx,
+            ctx,
             "NotAuthorized",
             &Authorization::refusal(&ns, &target.cluster),
         )
@@ -138,10 +149,10 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
         // A Placement may select the cluster later.
         return Ok(Action::requeue(Duration::from_secs(15)));
     }
-    let mut work = match manifest_work(&app, &target, delivered_copy(&app, &target), &ctx.options) {
+    let mut work = match manifest_work(app, &target, delivered_copy(app, &target), &ctx.options) {
         Ok(w) => w,
         Err(e) => {
-            refuse(&app, &apps, &ctx, "TooLarge", &e.to_string()).await?;
+            refuse(app, &apps, ctx, "TooLarge", &e.to_string()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -160,7 +171,7 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
                 "ManifestWork {}/{work_name} already exists for another Application; rename this Application",
                 target.cluster
             );
-            refuse(&app, &apps, &ctx, "WorkConflict", &msg).await?;
+            refuse(app, &apps, ctx, "WorkConflict", &msg).await?;
             return Ok(Action::await_change());
         }
     }
@@ -219,7 +230,7 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
             .as_ref()
             .map(|p| format!("{}: {}", p.reason, p.message)),
     );
-    write_status(&app, &apps, &current, status).await?;
+    write_status(app, &apps, &current, status).await?;
     Ok(if requeue {
         Action::requeue(Duration::from_secs(1))
     } else {
@@ -249,6 +260,12 @@ async fn refuse(
     message: &str,
 ) -> Result<(), Error> {
     tracing::warn!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), reason, message, "not delivered");
+    ctx.metrics
+        .refused
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: reason.into(),
+        })
+        .inc();
     let current = app.data.get("status").cloned().unwrap_or(Value::Null);
     // Keep whatever status the spoke reported last; add the condition.
     let mut status = owned_status(&current);

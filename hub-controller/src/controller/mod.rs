@@ -7,13 +7,13 @@ pub mod clusters;
 pub mod sweep;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 
 use crate::delivery::authz::Authorization;
 use crate::delivery::work::WorkOptions;
+use crate::metrics::Metrics;
 
 /// Field manager of the ManifestWorks.
 pub const WORK_MANAGER: &str = "argocd-pull-hub";
@@ -29,11 +29,16 @@ pub struct Context {
     pub recorder: Recorder,
     pub options: WorkOptions,
     pub authorization: Authorization,
-    pub reconciles: AtomicU64,
+    pub metrics: Metrics,
 }
 
 impl Context {
-    pub fn new(client: Client, options: WorkOptions, authorization: Authorization) -> Arc<Self> {
+    pub fn new(
+        client: Client,
+        options: WorkOptions,
+        authorization: Authorization,
+        metrics: Metrics,
+    ) -> Arc<Self> {
         let reporter = Reporter {
             controller: "argocd-pull-hub-controller".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -43,12 +48,12 @@ impl Context {
             client,
             options,
             authorization,
-            reconciles: AtomicU64::new(0),
+            metrics,
         })
     }
 
     pub fn reconcile_count(&self) -> u64 {
-        self.reconciles.load(Ordering::Relaxed)
+        self.metrics.reconciles.get()
     }
 }
 

@@ -13,6 +13,7 @@ use kube::{Client, ResourceExt};
 
 use crate::delivery::target::{is_pulled, target};
 use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::metrics::Metrics;
 
 /// Whether a work should go, given its hub Application (if it still exists).
 pub fn is_orphan(work: &ManifestWork, app: Option<&Application>) -> bool {
@@ -33,11 +34,12 @@ pub fn is_orphan(work: &ManifestWork, app: Option<&Application>) -> bool {
 }
 
 /// One pass; returns how many works were deleted.
-pub async fn sweep_once(client: &Client) -> Result<usize, kube::Error> {
+pub async fn sweep_once(client: &Client, metrics: &Metrics) -> Result<usize, kube::Error> {
     let works: Api<ManifestWork> = Api::all(client.clone());
     let list = works
         .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")))
         .await?;
+    metrics.works_managed.set(list.items.len() as i64);
     let mut deleted = 0;
     for work in list.items {
         let a = work.annotations();
@@ -52,7 +54,10 @@ pub async fn sweep_once(client: &Client) -> Result<usize, kube::Error> {
             let wns = work.namespace().unwrap_or_default();
             let api: Api<ManifestWork> = Api::namespaced(client.clone(), &wns);
             match api.delete(&work.name_any(), &DeleteParams::default()).await {
-                Ok(_) => deleted += 1,
+                Ok(_) => {
+                    deleted += 1;
+                    metrics.works_swept.inc();
+                }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(e),
             }
@@ -65,6 +70,7 @@ pub async fn sweep_once(client: &Client) -> Result<usize, kube::Error> {
 /// Sweeps every `interval` until `shutdown` resolves.
 pub async fn run(
     client: Client,
+    metrics: Metrics,
     interval: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -74,7 +80,7 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => return,
             _ = tick.tick() => {
-                if let Err(e) = sweep_once(&client).await {
+                if let Err(e) = sweep_once(&client, &metrics).await {
                     tracing::warn!(error = %e, "sweep of orphaned ManifestWorks failed; will retry");
                 }
             }
