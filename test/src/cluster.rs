@@ -310,14 +310,6 @@ impl Cluster {
             Err(e) => Err(e.into()),
         }
     }
-
-    /// Writes a kubeconfig for a client-certificate identity issued by the
-    /// cluster CA (e.g. a restricted user, to test RBAC).
-    pub fn kubeconfig_for(&self, user: &str, group: Option<&str>, path: &Path) -> Result<PathBuf> {
-        let cert = self.ca.client(user, group)?;
-        write_kubeconfig(path, &self.name, &self.server, &self.ca.pem.cert_pem, &cert)?;
-        Ok(path.to_path_buf())
-    }
 }
 
 /// A client from a kubeconfig file.

@@ -33,7 +33,7 @@ impl CrdSet {
 }
 
 /// Reads every CRD of a set from disk.
-pub fn load(set: CrdSet) -> Result<Vec<CustomResourceDefinition>> {
+fn load(set: CrdSet) -> Result<Vec<CustomResourceDefinition>> {
     let Some(dir) = set.folder() else {
         return Ok(Vec::new());
     };

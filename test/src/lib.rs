@@ -24,7 +24,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 pub use cluster::{Cluster, ClusterConfig, client_for};
-pub use crds::{CrdSet, install as install_crds, load as load_crds};
+pub use crds::CrdSet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -44,8 +44,6 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error(transparent)]
     Kubeconfig(#[from] kube::config::KubeconfigError),
-    #[error(transparent)]
-    InferConfig(#[from] kube::config::InferConfigError),
     #[error(transparent)]
     Http(#[from] http::Error),
     #[error(transparent)]

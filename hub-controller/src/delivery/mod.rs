@@ -12,4 +12,3 @@ pub mod target;
 pub mod work;
 
 pub use delivered::delivered_copy;
-pub use target::{Target, TargetError, target};
