@@ -111,18 +111,7 @@ mod tests {
     use prometheus_client::metrics::counter::Counter;
 
     async fn get_text(addr: SocketAddr, path: &str) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        let code = out[9..12].parse().unwrap();
-        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-        (code, body)
+        testenv::net::http_get(addr, path).await.unwrap()
     }
 
     #[tokio::test]
@@ -134,9 +123,7 @@ mod tests {
         let readiness = Readiness::default();
         let admin = Admin::new(readiness.clone(), registry);
         let (trigger, shutdown) = crate::shutdown::channel();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
+        let addr = testenv::net::free_addr().unwrap();
         let server = tokio::spawn(admin.serve(addr, shutdown));
         // Wait for the listener.
         for _ in 0..100 {

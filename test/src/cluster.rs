@@ -3,7 +3,6 @@
 //! listening on free loopback ports, with an admin kubeconfig on disk.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::crds::{self, CrdSet};
+use crate::net::free_addr;
 use crate::pki::{self, Ca, CertKey};
 use crate::process::Group;
 use crate::{Error, Result, paths};
@@ -136,9 +136,9 @@ impl Cluster {
 
     async fn start_control_plane(&mut self, admin: &CertKey, bin: &Path) -> Result<()> {
         let dir = self.group.dir().to_path_buf();
-        let etcd_port = free_port()?;
-        let peer_port = free_port()?;
-        let api_port = free_port()?;
+        let etcd_port = free_addr()?.port();
+        let peer_port = free_addr()?.port();
+        let api_port = free_addr()?.port();
         let etcd_data = dir.join("etcd");
         let _ = std::fs::remove_dir_all(&etcd_data);
 
@@ -294,6 +294,18 @@ impl Cluster {
         Ok(created.metadata.name.expect("the server names it"))
     }
 
+    /// Writes a kubeconfig for this cluster that authenticates as `identity`
+    /// (a client certificate the cluster trusts, e.g. one signed through a CSR).
+    pub fn write_kubeconfig_for(&self, identity: &CertKey, path: &Path) -> Result<()> {
+        write_kubeconfig(
+            path,
+            &self.name,
+            &self.server,
+            &self.ca.pem.cert_pem,
+            identity,
+        )
+    }
+
     /// Creates a namespace with exactly this name, if it is not there yet.
     pub async fn ensure_namespace(&self, name: &str) -> Result<()> {
         let api: Api<Namespace> = Api::all(self.client().await?);
@@ -363,8 +375,4 @@ fn write_kubeconfig(
     });
     std::fs::write(path, serde_yaml::to_string(&config)?)?;
     Ok(())
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

@@ -302,15 +302,11 @@ async fn controller_manager_signs_approved_client_csrs() {
     // The signed certificate authenticates against the same API server.
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    let server = hub.server();
-    let b64 = |s: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, s);
-    let config = json!({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{ "name": "c", "cluster": { "server": server, "certificate-authority-data": b64(hub.ca().cert_pem.as_bytes()) }}],
-        "users": [{ "name": "u", "user": { "client-certificate-data": b64(&cert.0), "client-key-data": b64(key.serialize_pem().as_bytes()) }}],
-        "contexts": [{ "name": "c", "context": { "cluster": "c", "user": "u" }}],
-    });
-    std::fs::write(&kubeconfig, serde_json::to_string(&config).unwrap()).unwrap();
+    let identity = testenv::pki::CertKey {
+        cert_pem: String::from_utf8(cert.0).unwrap(),
+        key_pem: key.serialize_pem(),
+    };
+    hub.write_kubeconfig_for(&identity, &kubeconfig).unwrap();
     let user_client = testenv::client_for(&kubeconfig).await.unwrap();
     let review: serde_json::Value = user_client
         .request(

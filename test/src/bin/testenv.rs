@@ -89,12 +89,17 @@ async fn up(dir: PathBuf, hub: String, managed: Vec<String>) -> Result<()> {
 
     let mut specs = vec![(hub, CrdSet::Hub)];
     specs.extend(managed.into_iter().map(|m| (m, CrdSet::Managed)));
-    let starts = specs.iter().map(|(name, crds)| {
-        let mut config = ClusterConfig::new(name.clone(), *crds);
-        config.dir = Some(dir.join(name));
-        Cluster::start(config)
-    });
-    let clusters = futures_join_all(starts).await?;
+    // One after another: on two cores starting API servers in parallel is
+    // not faster, and the first failure names its cluster.
+    let mut clusters = Vec::new();
+    for (name, crds) in specs {
+        let mut config = ClusterConfig::new(name.clone(), crds);
+        config.dir = Some(dir.join(&name));
+        let cluster = Cluster::start(config)
+            .await
+            .with_context(|| format!("starting cluster {name}"))?;
+        clusters.push(cluster);
+    }
 
     let mut summary = String::new();
     for c in &clusters {
@@ -119,19 +124,6 @@ async fn up(dir: PathBuf, hub: String, managed: Vec<String>) -> Result<()> {
     let _ = std::fs::remove_file(&pid_file);
     let _ = std::fs::remove_file(dir.join("ready"));
     Ok(())
-}
-
-async fn futures_join_all<F, T>(futs: impl Iterator<Item = F>) -> Result<Vec<T>>
-where
-    F: std::future::Future<Output = testenv::Result<T>>,
-{
-    // Started one after another: on two cores, starting API servers in
-    // parallel is not faster, and the error of the first failure is clearer.
-    let mut out = Vec::new();
-    for f in futs {
-        out.push(f.await.context("starting a cluster")?);
-    }
-    Ok(out)
 }
 
 async fn down(dir: PathBuf, timeout: Duration) -> Result<()> {
