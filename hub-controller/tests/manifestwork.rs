@@ -74,6 +74,18 @@ async fn managed_cluster(hub: &Hub, name: &str) {
         .unwrap();
 }
 
+/// The usual set-up: the controller on a hub with `cluster1` joined, and a
+/// team namespace whose Placement selects it; with its Applications and
+/// cluster1's ManifestWorks.
+async fn one_cluster_team() -> (Hub, String, Api<Application>, Api<ManifestWork>) {
+    let hub = hub_with_controller().await;
+    managed_cluster(&hub, "cluster1").await;
+    let ns = team_namespace(&hub, &["cluster1"]).await;
+    let apps = apps_api(&hub.client, &ns);
+    let works = Api::namespaced(hub.client.clone(), "cluster1");
+    (hub, ns, apps, works)
+}
+
 /// A fresh namespace for Applications whose Placement selects `clusters`.
 async fn team_namespace(hub: &Hub, clusters: &[&str]) -> String {
     let ns = hub.cluster.namespace("team").await.unwrap();
@@ -164,12 +176,7 @@ async fn feed_back(
 
 #[tokio::test]
 async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
-    let hub = hub_with_controller().await;
-    let client = &hub.client;
-    managed_cluster(&hub, "cluster1").await;
-    let ns = team_namespace(&hub, &["cluster1"]).await;
-    let apps = apps_api(client, &ns);
-    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
+    let (hub, ns, apps, works) = one_cluster_team().await;
 
     let annotations = json!({ keys::MANAGED_CLUSTER: "cluster1", keys::SKIP_RECONCILE: "true" });
     let extra = json!({
@@ -309,11 +316,8 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
 
 #[tokio::test]
 async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
-    let hub = hub_with_controller().await;
+    let (hub, ns, apps, works) = one_cluster_team().await;
     let client = &hub.client;
-    managed_cluster(&hub, "cluster1").await;
-    let ns = team_namespace(&hub, &["cluster1"]).await;
-    let apps = apps_api(client, &ns);
 
     let cases = [
         (
@@ -363,7 +367,6 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     .await
     .unwrap();
 
-    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     wait::exists(&works, &format!("{ns}.good"), TIMEOUT).await;
 
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
@@ -433,12 +436,8 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
 
 #[tokio::test]
 async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
-    let hub = hub_with_controller().await;
+    let (hub, ns, apps, works) = one_cluster_team().await;
     let client = &hub.client;
-    managed_cluster(&hub, "cluster1").await;
-    let ns = team_namespace(&hub, &["cluster1"]).await;
-    let apps = apps_api(client, &ns);
-    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     for name in ["kept", "gone"] {
         apps.create(
             &PostParams::default(),
