@@ -20,6 +20,7 @@ pub struct Metrics {
     pub refused: Family<ReasonLabel, Counter>,
     pub works_swept: Counter,
     pub works_managed: Gauge,
+    pub queue_depth: Gauge,
 }
 
 impl Default for Metrics {
@@ -34,6 +35,7 @@ impl Default for Metrics {
             refused: Family::default(),
             works_swept: Counter::default(),
             works_managed: Gauge::default(),
+            queue_depth: Gauge::default(),
         }
     }
 }
@@ -71,6 +73,11 @@ impl Metrics {
             "manifestworks",
             "ManifestWorks managed by argocd-pull, as of the last sweep",
             m.works_managed.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Applications triggered for a reconcile that has not started yet",
+            m.queue_depth.clone(),
         );
         m
     }

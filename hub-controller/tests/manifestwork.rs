@@ -431,6 +431,23 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
         }
     })
     .await;
+
+    // A cluster that joins later gets the Applications waiting for it at
+    // once, without anyone touching them.
+    let pds: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
+    pds.patch_status(
+        "placement-decision-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "decisions": [
+            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "nowhere", "reason": "" }
+        ] } })),
+    )
+    .await
+    .unwrap();
+    managed_cluster(&hub, "nowhere").await;
+    let nowhere: Api<ManifestWork> = Api::namespaced(client.clone(), "nowhere");
+    wait::exists(&nowhere, &format!("{ns}.unknown-cluster"), TIMEOUT).await;
     hub.stop.fire();
 }
 
@@ -549,7 +566,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     .unwrap();
     wait::until(
         "delivery after the Placement selects it",
-        Duration::from_secs(45),
+        TIMEOUT,
         || async {
             works2
                 .get_opt(&format!("{ns}.refused"))

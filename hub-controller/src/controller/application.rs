@@ -7,25 +7,24 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{
-    ManagedCluster, ManifestWork, decided_clusters, placement_decision_resource,
-};
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{ObjectRef, reflector};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::caches::{self, Lookup};
 use super::{CONDITION, Context, Error, STATUS_MANAGER, WORK_MANAGER};
 use crate::delivery::authz::{Authorization, selected_by_placement};
 use crate::delivery::delivered_copy;
 use crate::delivery::feedback::{feedback, spoke_problem, status_update};
 use crate::delivery::operation::{self, carried_operation};
 use crate::delivery::target::{is_pulled, target};
-use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL, manifest_work, work_name};
+use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL, is_applied, manifest_work, work_name};
 
 /// How long in-flight reconciles get to finish once shutdown begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -38,40 +37,126 @@ pub async fn run(
     ready: impl FnOnce() + Send + 'static,
     shutdown: argocd_pull_runtime::shutdown::Shutdown,
 ) {
+    let Some(writers) = ctx.take_writers() else {
+        tracing::error!("the Application controller of this context is already running");
+        return;
+    };
     let ar = application_resource();
-    let apps: Api<Application> = Api::all_with(ctx.client.clone(), &ar);
-    let works: Api<ManifestWork> = Api::all(ctx.client.clone());
-    let controller = Controller::new_with(
-        apps,
-        watcher::Config::default().labels(keys::PULL_LABEL),
-        ar.clone(),
-    );
-    let store = controller.store();
+    let client = ctx.client.clone();
+    let app_store = writers.apps.as_reader();
+    let queue = ctx.queue.clone();
+
+    // Applications with the pull label: the primary trigger.
+    let q = queue.clone();
+    let apps = reflector(
+        writers.apps,
+        watcher::watcher(
+            Api::<Application>::all_with(client.clone(), &ar),
+            watcher::Config::default().labels(keys::PULL_LABEL),
+        )
+        .default_backoff(),
+    )
+    .inspect(move |event| {
+        if let Ok(watcher::Event::Apply(a) | watcher::Event::InitApply(a)) = event {
+            q.triggered(ObjectRef::from_obj_with(a, application_resource()));
+        }
+    })
+    .applied_objects();
+
+    // argocd-pull's works: feedback and deletions re-reconcile their owner.
+    let works = reflector(
+        writers.works,
+        watcher::watcher(
+            Api::<ManifestWork>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
+        )
+        .default_backoff(),
+    )
+    .touched_objects();
+    let (q, store) = (queue.clone(), app_store.clone());
+    let work_owner = move |work: ManifestWork| {
+        let owner = caches::work_owner(&work).filter(|o| store.get(o).is_some());
+        if let Some(o) = &owner {
+            q.triggered(o.clone());
+        }
+        owner
+    };
+
+    // A cluster joining delivers the Applications that were waiting for it.
+    let clusters = reflector(
+        writers.clusters,
+        watcher::watcher(
+            Api::<PartialObjectMeta<ManagedCluster>>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    )
+    .applied_objects()
+    .predicate_filter(predicates::generation, Default::default());
+    let (q, store) = (queue.clone(), app_store.clone());
+    let cluster_apps = move |mc: PartialObjectMeta<ManagedCluster>| {
+        let refs = caches::apps_targeting(&store, &mc.name_any());
+        refs.iter().for_each(|r| q.triggered(r.clone()));
+        refs
+    };
+
+    // A Placement's decisions changing re-checks its namespace's Applications.
+    let pdr = placement_decision_resource();
+    let decisions = reflector(
+        writers.decisions,
+        watcher::watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &pdr),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    )
+    .touched_objects();
+    let (q, store) = (queue.clone(), app_store.clone());
+    let namespace_apps = move |pd: DynamicObject| {
+        let refs = caches::apps_in(&store, &pd.namespace().unwrap_or_default());
+        refs.iter().for_each(|r| q.triggered(r.clone()));
+        refs
+    };
+
+    let controller = Controller::for_stream_with(apps, app_store.clone(), ar.clone())
+        .watches_stream(works, work_owner)
+        .watches_stream(clusters, cluster_apps)
+        .watches_stream_with(decisions, namespace_apps, pdr);
+
+    let caches_ready = {
+        let c = ctx.caches.clone();
+        let apps = app_store.clone();
+        async move {
+            let _ = apps.wait_until_ready().await;
+            let _ = c.works.wait_until_ready().await;
+            let _ = c.clusters.wait_until_ready().await;
+            let _ = c.decisions.wait_until_ready().await;
+        }
+    };
     tokio::spawn(async move {
-        // The store's readiness is a oneshot that wakes only its last poller
+        // The stores' readiness is a oneshot that wakes only its last poller
         // (the controller's runner), so ask again now and then.
+        tokio::pin!(caches_ready);
         loop {
-            match tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready()).await {
-                Ok(Ok(())) => return ready(),
-                Ok(Err(_)) => return,
-                Err(_) => {}
+            tokio::select! {
+                _ = &mut caches_ready => return ready(),
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
         }
     });
+    let (q, store) = (queue.clone(), app_store);
+    let down = shutdown.clone().wait();
+    tokio::spawn(async move {
+        tokio::pin!(down);
+        loop {
+            tokio::select! {
+                _ = &mut down => return,
+                _ = tokio::time::sleep(Duration::from_secs(10)) => q.prune(&store),
+            }
+        }
+    });
+
     let running = controller
-        .watches(
-            works,
-            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
-            move |work: ManifestWork| {
-                let a = work.annotations();
-                match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
-                    (Some(ns), Some(name)) => {
-                        Some(ObjectRef::new_with(name, application_resource()).within(ns))
-                    }
-                    _ => None,
-                }
-            },
-        )
         .graceful_shutdown_on(shutdown.clone().wait())
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -95,6 +180,10 @@ fn error_policy(app: Arc<Application>, error: &Error, _ctx: Arc<Context>) -> Act
 }
 
 pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.queue.started(&ObjectRef::from_obj_with(
+        app.as_ref(),
+        application_resource(),
+    ));
     ctx.metrics.reconciles.inc();
     let started = std::time::Instant::now();
     let result = reconcile_inner(&app, &ctx).await;
@@ -126,18 +215,17 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             return Ok(Action::await_change());
         }
     };
-    let clusters: Api<ManagedCluster> = Api::all(ctx.client.clone());
-    if clusters.get_opt(&target.cluster).await?.is_none() {
+    if !ctx.caches.cluster_exists(&target.cluster) {
         let msg = format!(
             "ManagedCluster {:?} does not exist: fix annotation {} or register the cluster with OCM",
             target.cluster,
             keys::MANAGED_CLUSTER
         );
         refuse(app, &apps, ctx, "UnknownCluster", &msg).await?;
-        // A cluster can join later; look again now and then.
-        return Ok(Action::requeue(Duration::from_secs(60)));
+        // The cluster joining triggers a reconcile.
+        return Ok(Action::await_change());
     }
-    if !authorized(ctx, &ns, &target.cluster).await? {
+    if !authorized(ctx, &ns, &target.cluster) {
         refuse(
             app,
             &apps,
@@ -146,8 +234,8 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             &Authorization::refusal(&ns, &target.cluster),
         )
         .await?;
-        // A Placement may select the cluster later.
-        return Ok(Action::requeue(Duration::from_secs(15)));
+        // A PlacementDecision changing in the namespace triggers a reconcile.
+        return Ok(Action::await_change());
     }
     let mut work = match manifest_work(app, &target, delivered_copy(app, &target), &ctx.options) {
         Ok(w) => w,
@@ -158,7 +246,10 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     };
     let work_name = work.name_any();
     let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
-    let existing = works.get_opt(&work_name).await?;
+    let existing = match ctx.caches.work(&target.cluster, &work_name) {
+        Lookup::Known(w) => w.map(Arc::unwrap_or_clone),
+        Lookup::Stale => works.get_opt(&work_name).await?,
+    };
     if let Some(existing) = &existing {
         if existing.metadata.deletion_timestamp.is_some() {
             // The work of a deleted Application of the same name is still
@@ -194,14 +285,21 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         spoke_started.as_deref(),
     );
     operation::apply_to(&mut work, carried);
-    let applied = works
-        .patch(
-            &work_name,
-            &PatchParams::apply(WORK_MANAGER).force(),
-            &Patch::Apply(&work),
-        )
-        .await?;
-    tracing::debug!(namespace = %ns, name = %name, cluster = %target.cluster, work = %work_name, "delivered");
+    let applied = match existing.filter(|e| is_applied(&work, e)) {
+        Some(unchanged) => unchanged,
+        None => {
+            let applied = works
+                .patch(
+                    &work_name,
+                    &PatchParams::apply(WORK_MANAGER).force(),
+                    &Patch::Apply(&work),
+                )
+                .await?;
+            ctx.caches.written.record(&applied);
+            tracing::debug!(namespace = %ns, name = %name, cluster = %target.cluster, work = %work_name, "delivered");
+            applied
+        }
+    };
 
     if app.data.get("operation").is_some_and(|o| !o.is_null()) {
         // Handed over to the spoke in the work; the hub copy must not run it
@@ -239,15 +337,9 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
 }
 
 /// Whether namespace `ns` may deploy to `cluster` (see [`crate::delivery::authz`]).
-async fn authorized(ctx: &Context, ns: &str, cluster: &str) -> Result<bool, Error> {
-    if ctx.authorization.allowed_without_placement(ns, cluster) {
-        return Ok(true);
-    }
-    let decisions: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), ns, &placement_decision_resource());
-    let list = decisions.list(&ListParams::default()).await?;
-    let decided: Vec<String> = list.items.iter().flat_map(decided_clusters).collect();
-    Ok(selected_by_placement(cluster, &decided))
+fn authorized(ctx: &Context, ns: &str, cluster: &str) -> bool {
+    ctx.authorization.allowed_without_placement(ns, cluster)
+        || selected_by_placement(cluster, &ctx.caches.decided_in(ns))
 }
 
 /// Records why the Application is not delivered: a condition on it and a
@@ -387,6 +479,9 @@ async fn finalize(
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
+        ctx.caches
+            .written
+            .forget(&ObjectRef::new(&name).within(&t.cluster));
         if works.get_opt(&name).await?.is_some() {
             // The work agent is still deleting the spoke's copy.
             return Ok(Action::requeue(Duration::from_secs(2)));

@@ -3,13 +3,20 @@
 //! Every decision is made by the pure functions in [`crate::delivery`].
 
 pub mod application;
+pub mod caches;
 pub mod clusters;
 pub mod sweep;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
 use kube::Client;
+use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::store::Writer;
+
+use caches::{Caches, Queue, Written};
 
 use crate::delivery::authz::Authorization;
 use crate::delivery::work::WorkOptions;
@@ -30,6 +37,18 @@ pub struct Context {
     pub options: WorkOptions,
     pub authorization: Authorization,
     pub metrics: Metrics,
+    pub caches: Caches,
+    pub queue: Queue,
+    /// The write sides of the caches, taken once by the controller's run.
+    writers: Mutex<Option<Writers>>,
+}
+
+/// Write sides of the watch-fed caches.
+pub struct Writers {
+    pub apps: Writer<Application>,
+    pub clusters: Writer<PartialObjectMeta<ManagedCluster>>,
+    pub decisions: Writer<DynamicObject>,
+    pub works: Writer<ManifestWork>,
 }
 
 impl Context {
@@ -43,13 +62,33 @@ impl Context {
             controller: "argocd-pull-hub-controller".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let writers = Writers {
+            apps: Writer::new(application_resource()),
+            clusters: Writer::default(),
+            decisions: Writer::new(placement_decision_resource()),
+            works: Writer::default(),
+        };
+        let caches = Caches {
+            clusters: writers.clusters.as_reader(),
+            decisions: writers.decisions.as_reader(),
+            works: writers.works.as_reader(),
+            written: Written::default(),
+        };
         Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             options,
             authorization,
+            queue: Queue::new(metrics.queue_depth.clone()),
             metrics,
+            caches,
+            writers: Mutex::new(Some(writers)),
         })
+    }
+
+    /// The caches' write sides; `None` after the first call.
+    pub fn take_writers(&self) -> Option<Writers> {
+        self.writers.lock().expect("lock").take()
     }
 
     pub fn reconcile_count(&self) -> u64 {

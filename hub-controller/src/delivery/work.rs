@@ -14,6 +14,7 @@ use argocd_pull_apis::ocm::{
     ManifestWorkManifestConfigsUpdateStrategyServerSideApplyIgnoreFieldsCondition,
     ManifestWorkManifestConfigsUpdateStrategyType, ManifestWorkSpec, ManifestWorkWorkload,
 };
+use kube::ResourceExt;
 use kube::api::ObjectMeta;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -189,6 +190,50 @@ pub fn manifest_work(
     })
 }
 
+/// Whether `existing` already holds everything `desired` says, so that
+/// applying it again would change nothing. The delivered manifests must be
+/// equal (the API server stores them as they are, and a removed
+/// `.operation` must count); elsewhere the server may add defaults, so the
+/// desired fields only need to be present.
+pub fn is_applied(desired: &ManifestWork, existing: &ManifestWork) -> bool {
+    let (d, e) = match (
+        serde_json::to_value(&desired.spec),
+        serde_json::to_value(&existing.spec),
+    ) {
+        (Ok(d), Ok(e)) => (d, e),
+        _ => return false,
+    };
+    let carried = |w: &ManifestWork| {
+        w.annotations()
+            .contains_key(super::operation::PREVIOUS_STARTED_AT)
+    };
+    d.get("workload") == e.get("workload")
+        && contains(&e, &d)
+        && desired
+            .labels()
+            .iter()
+            .all(|(k, v)| existing.labels().get(k) == Some(v))
+        && desired
+            .annotations()
+            .iter()
+            .all(|(k, v)| existing.annotations().get(k) == Some(v))
+        && carried(desired) == carried(existing)
+}
+
+/// Whether `big` has every field of `small` with the same value; lists must
+/// have the same length.
+fn contains(big: &Value, small: &Value) -> bool {
+    match (big, small) {
+        (Value::Object(b), Value::Object(s)) => s
+            .iter()
+            .all(|(k, v)| v.is_null() || b.get(k).is_some_and(|bv| contains(bv, v))),
+        (Value::Array(b), Value::Array(s)) => {
+            b.len() == s.len() && b.iter().zip(s).all(|(bv, sv)| contains(bv, sv))
+        }
+        _ => big == small,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,5 +374,52 @@ mod tests {
             manifest_work(&app, &t, delivered_copy(&app, &t), &WorkOptions::default()).unwrap_err();
         assert!(matches!(err, WorkError::TooLarge { size } if size > MAX_MANIFESTS_BYTES));
         assert!(err.to_string().contains("500 KiB"), "{err}");
+    }
+
+    #[test]
+    fn applied_when_nothing_would_change() {
+        let a = app("guestbook");
+        let desired = manifest_work(
+            &a,
+            &target(),
+            delivered_copy(&a, &target()),
+            &WorkOptions::default(),
+        )
+        .unwrap();
+        // The server adds defaults and its own metadata: still applied.
+        let mut stored = serde_json::to_value(&desired).unwrap();
+        stored["metadata"]["resourceVersion"] = json!("7");
+        stored["metadata"]["labels"]["extra"] = json!("x");
+        stored["spec"]["deleteOption"] = json!({ "propagationPolicy": "Foreground" });
+        let stored: ManifestWork = serde_json::from_value(stored).unwrap();
+        assert!(is_applied(&desired, &stored));
+
+        // A changed or removed field of the delivered Application is not.
+        let mut op = serde_json::to_value(&stored).unwrap();
+        op["spec"]["workload"]["manifests"][0]["operation"] = json!({ "sync": {} });
+        let with_op: ManifestWork = serde_json::from_value(op).unwrap();
+        assert!(!is_applied(&desired, &with_op));
+
+        // A feedback rule more or less is not.
+        let raw = manifest_work(
+            &a,
+            &target(),
+            delivered_copy(&a, &target()),
+            &WorkOptions { raw_feedback: true },
+        )
+        .unwrap();
+        assert!(!is_applied(&raw, &stored));
+        assert!(!is_applied(&desired, &raw));
+
+        // Nor is a missing label, or a handover annotation left behind.
+        let mut bare = stored.clone();
+        bare.labels_mut().remove(MANAGED_BY_LABEL);
+        assert!(!is_applied(&desired, &bare));
+        let mut left = stored.clone();
+        left.annotations_mut().insert(
+            super::super::operation::PREVIOUS_STARTED_AT.into(),
+            String::new(),
+        );
+        assert!(!is_applied(&desired, &left));
     }
 }

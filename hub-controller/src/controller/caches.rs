@@ -1,0 +1,275 @@
+//! Watch-fed caches of what the reconciler reads, so that a steady-state
+//! reconcile makes no API call at all: ManagedClusters (metadata only),
+//! PlacementDecisions and argocd-pull's ManifestWorks. Each cache is also a
+//! trigger: a cluster joining, a Placement changing its decisions or the work
+//! agent writing feedback re-reconciles exactly the Applications concerned.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, decided_clusters};
+use kube::ResourceExt;
+use kube::api::{DynamicObject, PartialObjectMeta};
+use kube::runtime::reflector::{ObjectRef, Store};
+use prometheus_client::metrics::gauge::Gauge;
+
+/// Read side of the caches.
+#[derive(Clone)]
+pub struct Caches {
+    pub clusters: Store<PartialObjectMeta<ManagedCluster>>,
+    pub decisions: Store<DynamicObject>,
+    pub works: Store<ManifestWork>,
+    /// Works this process wrote and the cache has not shown yet.
+    pub written: Written,
+}
+
+impl Caches {
+    pub fn cluster_exists(&self, name: &str) -> bool {
+        self.clusters.get(&ObjectRef::new(name)).is_some()
+    }
+
+    /// Clusters selected by the PlacementDecisions in namespace `ns`.
+    pub fn decided_in(&self, ns: &str) -> Vec<String> {
+        self.decisions
+            .state_filter(|pd| pd.namespace().as_deref() == Some(ns))
+            .iter()
+            .flat_map(|pd| decided_clusters(pd))
+            .collect()
+    }
+
+    /// The cached work, unless this process has written a newer one that
+    /// the cache does not show yet; `None` in the answer means "read it from
+    /// the API server".
+    pub fn work(&self, cluster: &str, name: &str) -> Lookup {
+        let key = ObjectRef::new(name).within(cluster);
+        let cached = self.works.get(&key);
+        match self.written.pending(&key) {
+            None => Lookup::Known(cached),
+            Some(rv)
+                if cached.as_ref().and_then(|w| w.resource_version()).as_ref() == Some(&rv) =>
+            {
+                self.written.caught_up(&key);
+                Lookup::Known(cached)
+            }
+            Some(_) => Lookup::Stale,
+        }
+    }
+}
+
+pub enum Lookup {
+    /// What the cache holds is at least as new as anything written here.
+    Known(Option<Arc<ManifestWork>>),
+    /// The cache lags behind a write of this process.
+    Stale,
+}
+
+/// The resourceVersion of each work this process wrote, until the cache
+/// shows it. Reading a work the cache does not show yet would otherwise lose
+/// an operation handed over a moment ago. Bounded by the writes in flight.
+#[derive(Clone, Default)]
+pub struct Written(Arc<Mutex<HashMap<ObjectRef<ManifestWork>, String>>>);
+
+impl Written {
+    pub fn record(&self, work: &ManifestWork) {
+        if let Some(rv) = work.resource_version() {
+            let key = ObjectRef::from_obj(work);
+            self.0.lock().expect("lock").insert(key, rv);
+        }
+    }
+
+    fn pending(&self, key: &ObjectRef<ManifestWork>) -> Option<String> {
+        self.0.lock().expect("lock").get(key).cloned()
+    }
+
+    fn caught_up(&self, key: &ObjectRef<ManifestWork>) {
+        self.0.lock().expect("lock").remove(key);
+    }
+
+    pub fn forget(&self, key: &ObjectRef<ManifestWork>) {
+        self.caught_up(key);
+    }
+}
+
+/// The hub Application a work delivers, from its back-pointer annotations.
+pub fn work_owner(work: &ManifestWork) -> Option<ObjectRef<Application>> {
+    let a = work.annotations();
+    match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
+        (Some(ns), Some(name)) => Some(
+            ObjectRef::new_with(name, argocd_pull_apis::argocd::application_resource()).within(ns),
+        ),
+        _ => None,
+    }
+}
+
+/// Applications in `apps` that target `cluster`.
+pub fn apps_targeting(apps: &Store<Application>, cluster: &str) -> Vec<ObjectRef<Application>> {
+    apps.state_filter(|a| {
+        a.annotations()
+            .get(keys::MANAGED_CLUSTER)
+            .map(String::as_str)
+            == Some(cluster)
+    })
+    .iter()
+    .map(|a| ObjectRef::from_obj_with(a.as_ref(), argocd_pull_apis::argocd::application_resource()))
+    .collect()
+}
+
+/// Applications in `apps` that live in namespace `ns`.
+pub fn apps_in(apps: &Store<Application>, ns: &str) -> Vec<ObjectRef<Application>> {
+    apps.state_filter(|a| a.namespace().as_deref() == Some(ns))
+        .iter()
+        .map(|a| {
+            ObjectRef::from_obj_with(a.as_ref(), argocd_pull_apis::argocd::application_resource())
+        })
+        .collect()
+}
+
+/// The reconcile queue's depth: Applications that something triggered and
+/// whose reconcile has not started yet (retries scheduled for later are not
+/// counted). kube-runtime keeps its queue private, so the triggers are
+/// counted on their way in.
+#[derive(Clone)]
+pub struct Queue {
+    pending: Arc<Mutex<HashSet<ObjectRef<Application>>>>,
+    gauge: Gauge,
+}
+
+impl Queue {
+    pub fn new(gauge: Gauge) -> Self {
+        Self {
+            pending: Arc::default(),
+            gauge,
+        }
+    }
+
+    pub fn triggered(&self, key: ObjectRef<Application>) {
+        let mut p = self.pending.lock().expect("lock");
+        p.insert(key);
+        self.gauge.set(p.len() as i64);
+    }
+
+    pub fn started(&self, key: &ObjectRef<Application>) {
+        let mut p = self.pending.lock().expect("lock");
+        p.remove(key);
+        self.gauge.set(p.len() as i64);
+    }
+
+    /// Drops entries whose Application is gone: kube-runtime never
+    /// reconciles those, so they would otherwise count forever.
+    pub fn prune(&self, apps: &Store<Application>) {
+        let mut p = self.pending.lock().expect("lock");
+        p.retain(|k| apps.get(k).is_some());
+        self.gauge.set(p.len() as i64);
+    }
+
+    pub fn depth(&self) -> usize {
+        self.pending.lock().expect("lock").len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::store;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn application(ns: &str, name: &str, cluster: &str) -> Application {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": { "name": name, "namespace": ns,
+                          "annotations": { keys::MANAGED_CLUSTER: cluster } },
+            "spec": {}
+        }))
+        .unwrap()
+    }
+
+    fn app_store(apps: &[Application]) -> Store<Application> {
+        let mut writer = store::Writer::new(argocd_pull_apis::argocd::application_resource());
+        let reader = writer.as_reader();
+        for a in apps {
+            writer.apply_watcher_event(&Event::Apply(a.clone()));
+        }
+        reader
+    }
+
+    fn work(rv: &str) -> ManifestWork {
+        serde_json::from_value(json!({
+            "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": { "name": "ns.app", "namespace": "c1", "resourceVersion": rv,
+                "annotations": { keys::HUB_APP_NAMESPACE: "ns", keys::HUB_APP_NAME: "app" } },
+            "spec": {}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn triggers_map_to_the_applications_concerned() {
+        let apps = app_store(&[
+            application("a", "one", "c1"),
+            application("a", "two", "c2"),
+            application("b", "three", "c1"),
+        ]);
+        let mut names: Vec<String> = apps_targeting(&apps, "c1")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        names.sort();
+        assert_eq!(names, ["one", "three"]);
+        assert_eq!(apps_in(&apps, "a").len(), 2);
+        assert!(apps_targeting(&apps, "c9").is_empty());
+        let owner = work_owner(&work("1")).unwrap();
+        assert_eq!(
+            (owner.namespace.as_deref(), owner.name.as_str()),
+            (Some("ns"), "app")
+        );
+    }
+
+    #[test]
+    fn a_work_written_here_is_read_live_until_the_cache_shows_it() {
+        let (reader, mut writer) = store::store::<ManifestWork>();
+        let caches = Caches {
+            clusters: store::store().0,
+            decisions: store::Writer::new(argocd_pull_apis::ocm::placement_decision_resource())
+                .as_reader(),
+            works: reader,
+            written: Written::default(),
+        };
+        writer.apply_watcher_event(&Event::Apply(work("1")));
+        assert!(matches!(
+            caches.work("c1", "ns.app"),
+            Lookup::Known(Some(_))
+        ));
+        caches.written.record(&work("2"));
+        assert!(matches!(caches.work("c1", "ns.app"), Lookup::Stale));
+        writer.apply_watcher_event(&Event::Apply(work("2")));
+        assert!(
+            matches!(caches.work("c1", "ns.app"), Lookup::Known(Some(w)) if w.resource_version().as_deref() == Some("2"))
+        );
+        // Caught up: the record is gone, later cache versions are trusted.
+        writer.apply_watcher_event(&Event::Apply(work("3")));
+        assert!(
+            matches!(caches.work("c1", "ns.app"), Lookup::Known(Some(w)) if w.resource_version().as_deref() == Some("3"))
+        );
+    }
+
+    #[test]
+    fn queue_depth_counts_each_application_once_until_it_starts() {
+        let gauge = Gauge::default();
+        let q = Queue::new(gauge.clone());
+        let apps = app_store(&[application("a", "one", "c1")]);
+        let one = apps_in(&apps, "a").remove(0);
+        let gone = ObjectRef::new_with("gone", argocd_pull_apis::argocd::application_resource())
+            .within("a");
+        q.triggered(one.clone());
+        q.triggered(one.clone());
+        q.triggered(gone);
+        assert_eq!((q.depth(), gauge.get()), (2, 2));
+        q.prune(&apps);
+        assert_eq!((q.depth(), gauge.get()), (1, 1));
+        q.started(&one);
+        assert_eq!((q.depth(), gauge.get()), (0, 0));
+    }
+}
