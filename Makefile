@@ -28,13 +28,15 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-## generate: regenerate the OCM types from the pinned upstream CRDs
+## generate: regenerate the OCM types from the pinned upstream CRDs, and the wire contract's Rust from proto/
 generate: tools
 	@bash apis/generate.sh
+	@bash proto/generate.sh
 
 ## check-generated: fail when checked-in generated code drifts from its source
 check-generated: tools
 	@bash apis/generate.sh --check
+	@bash proto/generate.sh --check
 
 ## test: everything (unit, real-API-server integration, lint, drift checks)
 test: tools

@@ -1,7 +1,14 @@
 //! The wire contract between the hub-controller and the spoke-agents.
 //!
-//! Empty until the gRPC transport lands: the `.proto` files and the code
-//! generated from them will live here, so that the hub and the agent can
-//! only disagree on the protocol through an explicit version negotiation.
+//! [`v1`] is generated from `proto/argocd_pull/v1/transport.proto` (read its
+//! header for the protocol itself) and checked in; `proto/generate.sh --check`
+//! fails when it drifts.
 
 #![forbid(unsafe_code)]
+
+/// Messages and the gRPC client and server of protocol package
+/// `argocd_pull.v1`. Generated: never edit by hand.
+#[path = "gen/argocd_pull.v1.rs"]
+// Generated code is not edited to please a newer clippy.
+#[allow(clippy::all)]
+pub mod v1;
