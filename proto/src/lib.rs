@@ -2,9 +2,15 @@
 //!
 //! [`v1`] is generated from `proto/argocd_pull/v1/transport.proto` (read its
 //! header for the protocol itself) and checked in; `proto/generate.sh --check`
-//! fails when it drifts.
+//! fails when it drifts. The other modules are the protocol logic both sides
+//! share, pure and without I/O, so that the hub and the agent cannot disagree
+//! on it: version negotiation, size limits, message validation, the
+//! coalescing outbox and the anti-entropy digests.
 
 #![forbid(unsafe_code)]
+
+pub mod limits;
+pub mod version;
 
 /// Messages and the gRPC client and server of protocol package
 /// `argocd_pull.v1`. Generated: never edit by hand.
