@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod coalesce;
 pub mod limits;
 pub mod version;
 
