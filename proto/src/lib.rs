@@ -10,7 +10,9 @@
 #![forbid(unsafe_code)]
 
 pub mod coalesce;
+pub mod digest;
 pub mod limits;
+pub mod validate;
 pub mod version;
 
 /// Messages and the gRPC client and server of protocol package

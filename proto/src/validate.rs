@@ -1,0 +1,479 @@
+//! Structural checks of received messages.
+//!
+//! A message that breaks the contract (no body, no key, a zero seq, an
+//! unknown enum value) ends the stream with `INVALID_ARGUMENT` and a message
+//! naming the field, so a broken peer is found at once instead of being
+//! retried forever. Problems of one object's content (its JSON, its size, its
+//! mode) are not checked here: they are answered per object with a REJECTED
+//! acknowledgement.
+
+use crate::{
+    digest::SetDigest,
+    v1::{
+        AckOutcome, AgentMessage, HubMessage, ObjectKey, RefreshKind, agent_message, hub_message,
+        operation_request, status_report,
+    },
+};
+
+/// The longest namespace and name Kubernetes allows.
+const MAX_NAMESPACE_LEN: usize = 63;
+const MAX_NAME_LEN: usize = 253;
+/// The longest operation id accepted.
+pub const MAX_OPERATION_ID_LEN: usize = 253;
+
+/// A message that breaks the contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed {0}")]
+pub struct Malformed(String);
+
+impl From<Malformed> for tonic::Status {
+    fn from(e: Malformed) -> Self {
+        tonic::Status::invalid_argument(e.to_string())
+    }
+}
+
+fn malformed(what: &str, reason: impl std::fmt::Display) -> Malformed {
+    Malformed(format!("{what}: {reason}"))
+}
+
+/// The first message of a stream must be a Hello.
+pub fn first_agent_message(m: &AgentMessage) -> Result<&crate::v1::Hello, Malformed> {
+    match &m.kind {
+        Some(agent_message::Kind::Hello(h)) => Ok(h),
+        _ => Err(Malformed(
+            "stream: the first message must be a Hello".to_string(),
+        )),
+    }
+}
+
+/// Checks a message received by the hub (after the handshake).
+pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
+    use agent_message::Kind;
+    match &m.kind {
+        None => Err(Malformed(
+            "AgentMessage: no body (unknown to this protocol version)".into(),
+        )),
+        Some(Kind::Hello(_)) => Err(Malformed("AgentMessage: Hello after the handshake".into())),
+        Some(Kind::Status(s)) => {
+            const W: &str = "StatusReport";
+            key(W, s.key.as_ref())?;
+            seq(W, s.seq)?;
+            match &s.state {
+                None => Err(malformed(W, "no state (observed or gone)")),
+                Some(status_report::State::Observed(o)) => {
+                    let Some(meta) = &o.meta else {
+                        return Err(malformed(W, "observed.meta is missing"));
+                    };
+                    if meta.version.is_empty() {
+                        return Err(malformed(W, "observed.meta.version is empty"));
+                    }
+                    Ok(())
+                }
+                Some(status_report::State::Gone(_)) => Ok(()),
+            }
+        }
+        Some(Kind::ObjectAck(a)) => {
+            const W: &str = "ObjectAck";
+            key(W, a.key.as_ref())?;
+            seq(W, a.seq)?;
+            match outcome(W, a.outcome)? {
+                AckOutcome::Duplicate => Err(malformed(W, "DUPLICATE is for operations only")),
+                _ => Ok(()),
+            }
+        }
+        Some(Kind::OperationAck(a)) => {
+            const W: &str = "OperationAck";
+            operation_id(W, &a.operation_id)?;
+            key(W, a.key.as_ref())?;
+            outcome(W, a.outcome).map(drop)
+        }
+        Some(Kind::Digest(d)) => SetDigest::from_proto(d)
+            .map(drop)
+            .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
+        // Checked in full where it is answered (digest::repairs_for).
+        Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
+    }
+}
+
+/// Checks a message received by the agent (after the handshake).
+pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
+    use hub_message::Kind;
+    match &m.kind {
+        None => Err(Malformed(
+            "HubMessage: no body (unknown to this protocol version)".into(),
+        )),
+        Some(Kind::Welcome(_)) => Err(Malformed("HubMessage: Welcome after the handshake".into())),
+        Some(Kind::Upsert(u)) => {
+            const W: &str = "ApplicationUpsert";
+            key(W, u.key.as_ref())?;
+            seq(W, u.seq)?;
+            let Some(meta) = &u.meta else {
+                return Err(malformed(W, "meta is missing"));
+            };
+            if meta.version.is_empty() {
+                return Err(malformed(W, "meta.version is empty"));
+            }
+            if u.application_json.is_empty() {
+                return Err(malformed(W, "application_json is empty"));
+            }
+            Ok(())
+        }
+        Some(Kind::Delete(d)) => {
+            const W: &str = "ApplicationDelete";
+            key(W, d.key.as_ref())?;
+            seq(W, d.seq)?;
+            if d.hub_uid.is_empty() {
+                return Err(malformed(W, "hub_uid is empty"));
+            }
+            Ok(())
+        }
+        Some(Kind::Operation(o)) => {
+            const W: &str = "OperationRequest";
+            operation_id(W, &o.operation_id)?;
+            key(W, o.key.as_ref())?;
+            match &o.kind {
+                None => Err(malformed(W, "no kind (sync, refresh or terminate)")),
+                Some(operation_request::Kind::Sync(s)) if s.operation_json.is_empty() => {
+                    Err(malformed(W, "sync.operation_json is empty"))
+                }
+                Some(operation_request::Kind::Refresh(r)) => match RefreshKind::try_from(r.kind) {
+                    Ok(RefreshKind::Normal | RefreshKind::Hard) => Ok(()),
+                    _ => Err(malformed(
+                        W,
+                        format!("refresh.kind {} is not normal or hard", r.kind),
+                    )),
+                },
+                Some(_) => Ok(()),
+            }
+        }
+        Some(Kind::ObjectAck(a)) => {
+            const W: &str = "ObjectAck";
+            key(W, a.key.as_ref())?;
+            seq(W, a.seq)?;
+            match outcome(W, a.outcome)? {
+                AckOutcome::Duplicate => Err(malformed(W, "DUPLICATE is for operations only")),
+                _ => Ok(()),
+            }
+        }
+        Some(Kind::Digest(d)) => SetDigest::from_proto(d)
+            .map(drop)
+            .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
+        Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
+    }
+}
+
+fn key(what: &str, key: Option<&ObjectKey>) -> Result<(), Malformed> {
+    let Some(key) = key else {
+        return Err(malformed(what, "key is missing"));
+    };
+    if key.namespace.is_empty() || key.namespace.len() > MAX_NAMESPACE_LEN {
+        return Err(malformed(
+            what,
+            format!("key.namespace {:?} is empty or too long", key.namespace),
+        ));
+    }
+    if key.name.is_empty() || key.name.len() > MAX_NAME_LEN {
+        return Err(malformed(
+            what,
+            format!("key.name {:?} is empty or too long", key.name),
+        ));
+    }
+    Ok(())
+}
+
+fn seq(what: &str, seq: u64) -> Result<(), Malformed> {
+    if seq == 0 {
+        return Err(malformed(what, "seq is 0 (sequence numbers start at 1)"));
+    }
+    Ok(())
+}
+
+fn operation_id(what: &str, id: &str) -> Result<(), Malformed> {
+    if id.is_empty() || id.len() > MAX_OPERATION_ID_LEN {
+        return Err(malformed(
+            what,
+            format!("operation_id {id:?} is empty or longer than {MAX_OPERATION_ID_LEN}"),
+        ));
+    }
+    Ok(())
+}
+
+fn outcome(what: &str, raw: i32) -> Result<AckOutcome, Malformed> {
+    match AckOutcome::try_from(raw) {
+        Ok(AckOutcome::Unspecified) | Err(_) => Err(malformed(
+            what,
+            format!("outcome {raw} is not a known outcome"),
+        )),
+        Ok(o) => Ok(o),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        digest::Entries,
+        v1::{
+            ApplicationDelete, ApplicationUpsert, DigestSet, Gone, Heartbeat, Hello, ObjectAck,
+            ObjectMeta, OperationAck, OperationRequest, RefreshRequest, StatusReport,
+            SyncOperation, TerminateOperation,
+        },
+    };
+
+    fn k() -> Option<ObjectKey> {
+        Some(ObjectKey {
+            namespace: "argocd".into(),
+            name: "guestbook".into(),
+        })
+    }
+
+    fn meta() -> Option<ObjectMeta> {
+        Some(ObjectMeta {
+            uid: "u".into(),
+            resource_version: "1".into(),
+            generation: 1,
+            version: "v".into(),
+        })
+    }
+
+    fn agent(kind: agent_message::Kind) -> AgentMessage {
+        AgentMessage { kind: Some(kind) }
+    }
+
+    fn hub(kind: hub_message::Kind) -> HubMessage {
+        HubMessage { kind: Some(kind) }
+    }
+
+    fn upsert() -> ApplicationUpsert {
+        ApplicationUpsert {
+            key: k(),
+            seq: 1,
+            meta: meta(),
+            application_json: b"{}".to_vec(),
+        }
+    }
+
+    fn op(kind: operation_request::Kind) -> OperationRequest {
+        OperationRequest {
+            operation_id: "op-1".into(),
+            key: k(),
+            kind: Some(kind),
+        }
+    }
+
+    #[test]
+    fn agent_messages() {
+        use agent_message::Kind;
+        let gone = StatusReport {
+            key: k(),
+            seq: 1,
+            state: Some(status_report::State::Gone(Gone::default())),
+        };
+        let ack = ObjectAck {
+            key: k(),
+            seq: 1,
+            outcome: AckOutcome::Applied as i32,
+            message: String::new(),
+        };
+        let op_ack = OperationAck {
+            operation_id: "op-1".into(),
+            key: k(),
+            outcome: AckOutcome::Duplicate as i32,
+            message: String::new(),
+        };
+        let digest = crate::digest::SetDigest::of(&Entries::new()).to_proto(DigestSet::Observed);
+        let cases: Vec<(AgentMessage, Result<(), &str>)> = vec![
+            (agent(Kind::Status(gone.clone())), Ok(())),
+            (agent(Kind::ObjectAck(ack.clone())), Ok(())),
+            (agent(Kind::OperationAck(op_ack.clone())), Ok(())),
+            (agent(Kind::Digest(digest.clone())), Ok(())),
+            (agent(Kind::Heartbeat(Heartbeat::default())), Ok(())),
+            (
+                AgentMessage { kind: None },
+                Err("malformed AgentMessage: no body (unknown to this protocol version)"),
+            ),
+            (
+                agent(Kind::Hello(Hello::default())),
+                Err("malformed AgentMessage: Hello after the handshake"),
+            ),
+            (
+                agent(Kind::Status(StatusReport {
+                    key: None,
+                    ..gone.clone()
+                })),
+                Err("malformed StatusReport: key is missing"),
+            ),
+            (
+                agent(Kind::Status(StatusReport {
+                    key: Some(ObjectKey {
+                        namespace: String::new(),
+                        name: "x".into(),
+                    }),
+                    ..gone.clone()
+                })),
+                Err("malformed StatusReport: key.namespace \"\" is empty or too long"),
+            ),
+            (
+                agent(Kind::Status(StatusReport {
+                    seq: 0,
+                    ..gone.clone()
+                })),
+                Err("malformed StatusReport: seq is 0 (sequence numbers start at 1)"),
+            ),
+            (
+                agent(Kind::Status(StatusReport {
+                    state: None,
+                    ..gone.clone()
+                })),
+                Err("malformed StatusReport: no state (observed or gone)"),
+            ),
+            (
+                agent(Kind::Status(StatusReport {
+                    state: Some(status_report::State::Observed(Default::default())),
+                    ..gone.clone()
+                })),
+                Err("malformed StatusReport: observed.meta is missing"),
+            ),
+            (
+                agent(Kind::ObjectAck(ObjectAck {
+                    outcome: 0,
+                    ..ack.clone()
+                })),
+                Err("malformed ObjectAck: outcome 0 is not a known outcome"),
+            ),
+            (
+                agent(Kind::ObjectAck(ObjectAck {
+                    outcome: AckOutcome::Duplicate as i32,
+                    ..ack.clone()
+                })),
+                Err("malformed ObjectAck: DUPLICATE is for operations only"),
+            ),
+            (
+                agent(Kind::OperationAck(OperationAck {
+                    operation_id: String::new(),
+                    ..op_ack.clone()
+                })),
+                Err("malformed OperationAck: operation_id \"\" is empty or longer than 253"),
+            ),
+            (
+                agent(Kind::Digest(crate::v1::Digest {
+                    total: vec![],
+                    ..digest
+                })),
+                Err("malformed Digest: total is 0 bytes, not 32"),
+            ),
+        ];
+        for (m, want) in cases {
+            let got = agent_message(&m).map_err(|e| e.to_string());
+            assert_eq!(got, want.map_err(str::to_string), "{m:?}");
+            if let Err(e) = agent_message(&m) {
+                assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
+            }
+        }
+    }
+
+    #[test]
+    fn hub_messages() {
+        use hub_message::Kind;
+        use operation_request::Kind as Op;
+        let cases: Vec<(HubMessage, Result<(), &str>)> = vec![
+            (hub(Kind::Upsert(upsert())), Ok(())),
+            (
+                hub(Kind::Delete(ApplicationDelete {
+                    key: k(),
+                    seq: 2,
+                    hub_uid: "u".into(),
+                })),
+                Ok(()),
+            ),
+            (
+                hub(Kind::Operation(op(Op::Sync(SyncOperation {
+                    operation_json: b"{\"sync\":{}}".to_vec(),
+                })))),
+                Ok(()),
+            ),
+            (
+                hub(Kind::Operation(op(Op::Refresh(RefreshRequest {
+                    kind: RefreshKind::Hard as i32,
+                })))),
+                Ok(()),
+            ),
+            (
+                hub(Kind::Operation(op(Op::Terminate(TerminateOperation {})))),
+                Ok(()),
+            ),
+            (
+                HubMessage { kind: None },
+                Err("malformed HubMessage: no body (unknown to this protocol version)"),
+            ),
+            (
+                hub(Kind::Upsert(ApplicationUpsert {
+                    application_json: vec![],
+                    ..upsert()
+                })),
+                Err("malformed ApplicationUpsert: application_json is empty"),
+            ),
+            (
+                hub(Kind::Upsert(ApplicationUpsert {
+                    meta: None,
+                    ..upsert()
+                })),
+                Err("malformed ApplicationUpsert: meta is missing"),
+            ),
+            (
+                hub(Kind::Upsert(ApplicationUpsert {
+                    key: Some(ObjectKey {
+                        namespace: "argocd".into(),
+                        name: "x".repeat(254),
+                    }),
+                    ..upsert()
+                })),
+                Err("is empty or too long"),
+            ),
+            (
+                hub(Kind::Delete(ApplicationDelete {
+                    key: k(),
+                    seq: 2,
+                    hub_uid: String::new(),
+                })),
+                Err("malformed ApplicationDelete: hub_uid is empty"),
+            ),
+            (
+                hub(Kind::Operation(OperationRequest {
+                    kind: None,
+                    ..op(Op::Terminate(TerminateOperation {}))
+                })),
+                Err("malformed OperationRequest: no kind (sync, refresh or terminate)"),
+            ),
+            (
+                hub(Kind::Operation(op(Op::Sync(SyncOperation::default())))),
+                Err("malformed OperationRequest: sync.operation_json is empty"),
+            ),
+            (
+                hub(Kind::Operation(op(Op::Refresh(RefreshRequest { kind: 0 })))),
+                Err("malformed OperationRequest: refresh.kind 0 is not normal or hard"),
+            ),
+        ];
+        for (m, want) in cases {
+            let got = hub_message(&m).map_err(|e| e.to_string());
+            match want {
+                Ok(()) => assert_eq!(got, Ok(()), "{m:?}"),
+                Err(want) => {
+                    let got = got.unwrap_err();
+                    assert!(got.contains(want), "{got} does not contain {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn first_message_must_be_hello() {
+        let hello = agent(agent_message::Kind::Hello(Hello::default()));
+        assert!(first_agent_message(&hello).is_ok());
+        let other = agent(agent_message::Kind::Heartbeat(Heartbeat::default()));
+        assert_eq!(
+            first_agent_message(&other).unwrap_err().to_string(),
+            "malformed stream: the first message must be a Hello"
+        );
+    }
+}
