@@ -72,6 +72,16 @@ demo: clusters
 
 demo-down: clusters-down
 
+## bench-manifestwork: our hub-controller next to upstream's Go controller on one real hub (docs/benchmarks.md)
+.PHONY: bench-manifestwork
+BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream
+bench-manifestwork: tools
+	@bash test/tools/build-upstream.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
+	  echo "bench-manifestwork: upstream's controller is not available; the table will say so"; }
+	$(CARGO) build --release --locked -p argocd-pull-hub-controller -p argocd-pull-test \
+	  --bin hub-controller --bin bench-manifestwork
+	$(CURDIR)/target/release/bench-manifestwork $(BENCH_ARGS)
+
 clean:
 	$(CARGO) clean
 	rm -rf $(CACHE)
