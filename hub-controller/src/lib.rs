@@ -8,7 +8,9 @@ pub mod controller;
 pub mod delivery;
 pub mod metrics;
 
-use argocd_pull_runtime::{AdminArgs, ClientArgs, LogArgs, Readiness, admin::Admin, shutdown};
+use argocd_pull_runtime::{
+    AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs, Readiness, admin::Admin, lease, shutdown,
+};
 use std::time::Duration;
 
 use clap::Parser;
@@ -27,6 +29,8 @@ pub struct Args {
     pub client: ClientArgs,
     #[command(flatten)]
     pub admin: AdminArgs,
+    #[command(flatten)]
+    pub leader: LeaderElectionArgs,
     /// Namespace of the hub's Argo CD.
     #[arg(long, env = "ARGOCD_PULL_ARGOCD_NAMESPACE", default_value = "argocd")]
     pub argocd_namespace: String,
@@ -76,23 +80,94 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-/// Runs until SIGTERM or SIGINT.
+/// Name of the leader Lease unless `--leader-election-id` says otherwise.
+pub const LEASE_NAME: &str = "argocd-pull-hub-controller";
+
+/// Runs until SIGTERM or SIGINT, or until the leader Lease is lost (an
+/// error, so that the process restarts and stands by).
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let shutdown = shutdown::on_signals()?;
+    let signals = shutdown::on_signals()?;
+    let (stop, shutdown) = shutdown::channel();
     let readiness = Readiness::default();
     let mut registry = Registry::with_prefix("argocd_pull_hub");
     let metrics = metrics::Metrics::register(&mut registry);
     let admin = Admin::new(readiness.clone(), registry);
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 
-    let client = args.client.client().await?;
-    let version = client
-        .apiserver_version()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the hub API server: {e}"))?;
+    let client = match args.client.client().await {
+        Ok(c) => c,
+        Err(e) => {
+            stop.fire();
+            return Err(e);
+        }
+    };
+    let version = match client.apiserver_version().await {
+        Ok(v) => v,
+        Err(e) => {
+            stop.fire();
+            anyhow::bail!("cannot reach the hub API server: {e}");
+        }
+    };
     tracing::info!(server = %version.git_version, argocd_namespace = %args.argocd_namespace, "connected to the hub");
     readiness.set("hub-api", true);
 
+    let leadership = if args.leader.enabled {
+        match lease::acquire(
+            client.clone(),
+            args.leader.config(LEASE_NAME),
+            signals.clone(),
+        )
+        .await
+        {
+            Some(l) => Some(l),
+            None => {
+                stop.fire();
+                server.await??;
+                tracing::info!("stopped while standing by");
+                return Ok(());
+            }
+        }
+    } else {
+        None
+    };
+    metrics.leader.set(1);
+    let lost = leadership.as_ref().map(|l| l.lost());
+    let watchdog = tokio::spawn(async move {
+        let lost = async {
+            match lost {
+                Some(l) => l.await,
+                None => std::future::pending().await,
+            }
+        };
+        let was_lost = tokio::select! {
+            _ = signals.wait() => false,
+            _ = lost => true,
+        };
+        stop.fire();
+        was_lost
+    });
+    run_controllers(&args, client, metrics.clone(), readiness, shutdown).await?;
+    let was_lost = watchdog.await?;
+    metrics.leader.set(0);
+    server.await??;
+    if was_lost {
+        anyhow::bail!("lost the leader Lease; exiting so that this replica restarts and stands by");
+    }
+    if let Some(l) = leadership {
+        l.release().await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The leader's work, until `shutdown` resolves.
+async fn run_controllers(
+    args: &Args,
+    client: kube::Client,
+    metrics: metrics::Metrics,
+    readiness: Readiness,
+    shutdown: shutdown::Shutdown,
+) -> anyhow::Result<()> {
     let ctx = controller::Context::new(
         client.clone(),
         delivery::work::WorkOptions {
@@ -125,7 +200,5 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await;
     sweep.await?;
     secrets.await?;
-    server.await??;
-    tracing::info!("stopped");
     Ok(())
 }

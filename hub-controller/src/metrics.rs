@@ -21,6 +21,7 @@ pub struct Metrics {
     pub works_swept: Counter,
     pub works_managed: Gauge,
     pub queue_depth: Gauge,
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -36,6 +37,7 @@ impl Default for Metrics {
             works_swept: Counter::default(),
             works_managed: Gauge::default(),
             queue_depth: Gauge::default(),
+            leader: Gauge::default(),
         }
     }
 }
@@ -78,6 +80,11 @@ impl Metrics {
             "queue_depth",
             "Applications triggered for a reconcile that has not started yet",
             m.queue_depth.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and runs the controllers",
+            m.leader.clone(),
         );
         m
     }

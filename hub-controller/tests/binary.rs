@@ -8,6 +8,8 @@ use testenv::{CrdSet, net, wait};
 #[tokio::test]
 async fn starts_serves_admin_endpoints_and_stops_on_sigterm() {
     let hub = testenv::shared("hub", CrdSet::Hub).await.unwrap();
+    // The leader Lease's default namespace, as deploy/ creates it.
+    hub.ensure_namespace("argocd-pull").await.unwrap();
     let admin = net::free_addr().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
         .arg("--kubeconfig")
@@ -26,12 +28,20 @@ async fn starts_serves_admin_endpoints_and_stops_on_sigterm() {
     })
     .await;
     assert_eq!(net::http_get(admin, "/healthz").await.unwrap().0, 200);
-    let (code, body) = net::http_get(admin, "/metrics").await.unwrap();
-    assert_eq!(code, 200);
+    // A single replica leads after its first Lease round.
+    let body = wait::until("the replica to lead", Duration::from_secs(30), || async {
+        match net::http_get(admin, "/metrics").await {
+            Ok((200, body)) if body.contains("argocd_pull_hub_leader 1") => Ok(body),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     for metric in [
         "argocd_pull_hub_application_reconciles_total",
         "argocd_pull_hub_application_reconcile_duration_seconds",
         "argocd_pull_hub_manifestworks",
+        "argocd_pull_hub_queue_depth",
+        "argocd_pull_hub_leader 1",
     ] {
         assert!(body.contains(metric), "{metric} missing from:\n{body}");
     }

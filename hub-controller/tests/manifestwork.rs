@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::placement_decision_resource;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
@@ -18,6 +18,9 @@ use kube::api::DynamicObject;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+
+mod common;
+use common::{app, apps_api, feed_back, managed_cluster, placement_selects};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -58,28 +61,12 @@ async fn hub_with_controller() -> Hub {
     }
 }
 
-/// What OCM registration leaves on the hub for a joined cluster: the
-/// ManagedCluster and its namespace.
-async fn managed_cluster(hub: &Hub, name: &str) {
-    let client = &hub.client;
-    hub.cluster.ensure_namespace(name).await.unwrap();
-    let mc: ManagedCluster = serde_json::from_value(json!({
-        "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
-        "metadata": { "name": name }, "spec": { "hubAcceptsClient": true }
-    }))
-    .unwrap();
-    Api::<ManagedCluster>::all(client.clone())
-        .create(&PostParams::default(), &mc)
-        .await
-        .unwrap();
-}
-
 /// The usual set-up: the controller on a hub with `cluster1` joined, and a
 /// team namespace whose Placement selects it; with its Applications and
 /// cluster1's ManifestWorks.
 async fn one_cluster_team() -> (Hub, String, Api<Application>, Api<ManifestWork>) {
     let hub = hub_with_controller().await;
-    managed_cluster(&hub, "cluster1").await;
+    managed_cluster(&hub.cluster, "cluster1").await;
     let ns = team_namespace(&hub, &["cluster1"]).await;
     let apps = apps_api(&hub.client, &ns);
     let works = Api::namespaced(hub.client.clone(), "cluster1");
@@ -91,87 +78,6 @@ async fn team_namespace(hub: &Hub, clusters: &[&str]) -> String {
     let ns = hub.cluster.namespace("team").await.unwrap();
     placement_selects(&hub.client, &ns, clusters).await;
     ns
-}
-
-/// What OCM's placement controller does for a Placement in `ns` that
-/// selects `clusters`: a PlacementDecision with the decisions in its status.
-async fn placement_selects(client: &kube::Client, ns: &str, clusters: &[&str]) {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), ns, &placement_decision_resource());
-    let pd: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
-        "metadata": { "name": "placement-decision-1", "namespace": ns,
-                      "labels": { keys::PLACEMENT_LABEL: "placement" } }
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &pd).await.unwrap();
-    let decisions: Vec<Value> = clusters
-        .iter()
-        .map(|c| json!({ "clusterName": c, "reason": "" }))
-        .collect();
-    api.patch_status(
-        "placement-decision-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "decisions": decisions } })),
-    )
-    .await
-    .unwrap();
-}
-
-fn app(name: &str, ns: &str, annotations: Value, extra: Value) -> Application {
-    let mut v = json!({
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": { "name": name, "namespace": ns,
-            "labels": { keys::PULL_LABEL: "true" },
-            "annotations": annotations },
-        "spec": {
-            "project": "default",
-            "source": { "repoURL": "https://git.example/repo.git", "path": "app", "targetRevision": "HEAD" },
-            "destination": { "server": "https://kubernetes.default.svc", "namespace": "guestbook" }
-        }
-    });
-    for (k, val) in extra.as_object().cloned().unwrap_or_default() {
-        if k == "finalizers" {
-            v["metadata"]["finalizers"] = val;
-        } else {
-            v[k] = val;
-        }
-    }
-    serde_json::from_value(v).unwrap()
-}
-
-fn apps_api(client: &kube::Client, ns: &str) -> Api<Application> {
-    Api::namespaced_with(client.clone(), ns, &application_resource())
-}
-
-/// Writes feedback the way the work agent does: through /status.
-async fn feed_back(
-    works: &Api<ManifestWork>,
-    work: &str,
-    app_ns: &str,
-    app: &str,
-    values: &[(&str, &str)],
-) {
-    let values: Vec<Value> = values
-        .iter()
-        .map(|(n, v)| json!({ "name": n, "fieldValue": { "type": "String", "string": v } }))
-        .collect();
-    let now = "2026-11-21T10:00:00Z";
-    let status = json!({ "status": {
-        "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestWorkComplete",
-                         "message": "Apply manifest work complete", "lastTransitionTime": now }],
-        "resourceStatus": { "manifests": [{
-            "resourceMeta": { "group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
-                              "resource": "applications", "namespace": app_ns, "name": app, "ordinal": 0 },
-            "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestComplete",
-                             "message": "Apply manifest complete", "lastTransitionTime": now }],
-            "statusFeedback": { "values": values }
-        }]}
-    }});
-    works
-        .patch_status(work, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
@@ -445,7 +351,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     )
     .await
     .unwrap();
-    managed_cluster(&hub, "nowhere").await;
+    managed_cluster(&hub.cluster, "nowhere").await;
     let nowhere: Api<ManifestWork> = Api::namespaced(client.clone(), "nowhere");
     wait::exists(&nowhere, &format!("{ns}.unknown-cluster"), TIMEOUT).await;
     hub.stop.fire();
@@ -512,7 +418,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     let hub = hub_with_controller().await;
     let client = &hub.client;
     for c in ["cluster1", "cluster2"] {
-        managed_cluster(&hub, c).await;
+        managed_cluster(&hub.cluster, c).await;
     }
     let ns = team_namespace(&hub, &["cluster1"]).await;
     let apps = apps_api(client, &ns);

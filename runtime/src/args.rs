@@ -63,3 +63,32 @@ pub struct AdminArgs {
     )]
     pub addr: SocketAddr,
 }
+
+#[derive(Args, Clone, Debug)]
+pub struct LeaderElectionArgs {
+    /// Run only while holding the leader Lease, so that replicas can stand
+    /// by; `--leader-elect=false` for a single replica outside Kubernetes.
+    #[arg(long = "leader-elect", env = "ARGOCD_PULL_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// Namespace of the leader Lease (the Deployment sets it to its own).
+    #[arg(
+        long = "leader-election-namespace",
+        env = "POD_NAMESPACE",
+        default_value = "argocd-pull"
+    )]
+    pub namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long = "leader-election-id", env = "ARGOCD_PULL_LEADER_ELECTION_ID")]
+    pub id: Option<String>,
+}
+
+impl LeaderElectionArgs {
+    /// The lease configuration, named `default_id` unless `--leader-election-id` is set.
+    pub fn config(&self, default_id: &str) -> crate::lease::LeaseConfig {
+        crate::lease::LeaseConfig::new(
+            &self.namespace,
+            self.id.as_deref().unwrap_or(default_id),
+            &crate::lease::identity(),
+        )
+    }
+}

@@ -6,8 +6,9 @@
 
 pub mod admin;
 pub mod args;
+pub mod lease;
 pub mod shutdown;
 pub mod telemetry;
 
 pub use admin::{Admin, Readiness};
-pub use args::{AdminArgs, ClientArgs, LogArgs};
+pub use args::{AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs};

@@ -125,12 +125,14 @@ pub async fn run(
 
     let caches_ready = {
         let c = ctx.caches.clone();
+        let synced = ctx.caches.synced.clone();
         let apps = app_store.clone();
         async move {
             let _ = apps.wait_until_ready().await;
             let _ = c.works.wait_until_ready().await;
             let _ = c.clusters.wait_until_ready().await;
             let _ = c.decisions.wait_until_ready().await;
+            synced.send_replace(true);
         }
     };
     tokio::spawn(async move {
@@ -197,6 +199,7 @@ pub async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Actio
 }
 
 async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Error> {
+    ctx.caches.wait_synced().await;
     let ns = app.namespace().unwrap_or_default();
     let name = app.name_any();
     let apps: Api<Application> =
@@ -439,6 +442,7 @@ async fn write_status(
     if unchanged {
         return Ok(());
     }
+    tracing::debug!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), from = %current, to = %status, "writing status");
     let patch = json!({
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Application",

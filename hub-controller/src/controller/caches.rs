@@ -23,9 +23,18 @@ pub struct Caches {
     pub works: Store<ManifestWork>,
     /// Works this process wrote and the cache has not shown yet.
     pub written: Written,
+    /// True once every cache has its first full list.
+    pub synced: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Caches {
+    /// Waits until every cache has its first full list: deciding from a
+    /// half-listed cache would, say, take an existing work for a missing one.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|synced| *synced).await;
+    }
+
     pub fn cluster_exists(&self, name: &str) -> bool {
         self.clusters.get(&ObjectRef::new(name)).is_some()
     }
@@ -47,14 +56,25 @@ impl Caches {
         let cached = self.works.get(&key);
         match self.written.pending(&key) {
             None => Lookup::Known(cached),
-            Some(rv)
-                if cached.as_ref().and_then(|w| w.resource_version()).as_ref() == Some(&rv) =>
+            Some(written)
+                if at_least(cached.as_ref().and_then(|w| w.resource_version()), &written) =>
             {
                 self.written.caught_up(&key);
                 Lookup::Known(cached)
             }
             Some(_) => Lookup::Stale,
         }
+    }
+}
+
+/// Whether a cached resourceVersion is the written one or newer. Versions
+/// are compared as numbers when both are (etcd revisions are); otherwise
+/// only equality counts, and the work is read live until then.
+fn at_least(cached: Option<String>, written: &str) -> bool {
+    let Some(cached) = cached else { return false };
+    match (cached.parse::<u64>(), written.parse::<u64>()) {
+        (Ok(c), Ok(w)) => c >= w,
+        _ => cached == written,
     }
 }
 
@@ -236,6 +256,7 @@ mod tests {
                 .as_reader(),
             works: reader,
             written: Written::default(),
+            synced: Default::default(),
         };
         writer.apply_watcher_event(&Event::Apply(work("1")));
         assert!(matches!(
@@ -253,6 +274,15 @@ mod tests {
         assert!(
             matches!(caches.work("c1", "ns.app"), Lookup::Known(Some(w)) if w.resource_version().as_deref() == Some("3"))
         );
+        // A cache that jumps past the written version has caught up too
+        // (the work agent wrote status right after us).
+        caches.written.record(&work("5"));
+        assert!(matches!(caches.work("c1", "ns.app"), Lookup::Stale));
+        writer.apply_watcher_event(&Event::Apply(work("6")));
+        assert!(matches!(
+            caches.work("c1", "ns.app"),
+            Lookup::Known(Some(_))
+        ));
     }
 
     #[test]

@@ -73,6 +73,7 @@ impl Context {
             decisions: writers.decisions.as_reader(),
             works: writers.works.as_reader(),
             written: Written::default(),
+            synced: Default::default(),
         };
         Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),

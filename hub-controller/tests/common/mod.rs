@@ -1,0 +1,139 @@
+//! Fixtures shared by the hub-controller's integration tests: what OCM and
+//! the work agent would do on a real hub, done by hand.
+#![allow(dead_code)]
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::placement_decision_resource;
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
+use kube::api::DynamicObject;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testenv::Cluster;
+
+/// What OCM registration leaves on the hub for a joined cluster: the
+/// ManagedCluster and its namespace.
+pub async fn managed_cluster(hub: &Cluster, name: &str) {
+    let client = &hub.client().await.unwrap();
+    hub.ensure_namespace(name).await.unwrap();
+    let mc: ManagedCluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+        "metadata": { "name": name }, "spec": { "hubAcceptsClient": true }
+    }))
+    .unwrap();
+    Api::<ManagedCluster>::all(client.clone())
+        .create(&PostParams::default(), &mc)
+        .await
+        .unwrap();
+}
+
+/// What OCM's placement controller does for a Placement in `ns` that
+/// selects `clusters`: a PlacementDecision with the decisions in its status.
+pub async fn placement_selects(client: &kube::Client, ns: &str, clusters: &[&str]) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &placement_decision_resource());
+    let pd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
+        "metadata": { "name": "placement-decision-1", "namespace": ns,
+                      "labels": { keys::PLACEMENT_LABEL: "placement" } }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pd).await.unwrap();
+    let decisions: Vec<Value> = clusters
+        .iter()
+        .map(|c| json!({ "clusterName": c, "reason": "" }))
+        .collect();
+    api.patch_status(
+        "placement-decision-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "decisions": decisions } })),
+    )
+    .await
+    .unwrap();
+}
+
+pub fn app(name: &str, ns: &str, annotations: Value, extra: Value) -> Application {
+    let mut v = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": { "name": name, "namespace": ns,
+            "labels": { keys::PULL_LABEL: "true" },
+            "annotations": annotations },
+        "spec": {
+            "project": "default",
+            "source": { "repoURL": "https://git.example/repo.git", "path": "app", "targetRevision": "HEAD" },
+            "destination": { "server": "https://kubernetes.default.svc", "namespace": "guestbook" }
+        }
+    });
+    for (k, val) in extra.as_object().cloned().unwrap_or_default() {
+        if k == "finalizers" {
+            v["metadata"]["finalizers"] = val;
+        } else {
+            v[k] = val;
+        }
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+pub fn apps_api(client: &kube::Client, ns: &str) -> Api<Application> {
+    Api::namespaced_with(client.clone(), ns, &application_resource())
+}
+
+/// Writes feedback the way the work agent does: through /status.
+pub async fn feed_back(
+    works: &Api<ManifestWork>,
+    work: &str,
+    app_ns: &str,
+    app: &str,
+    values: &[(&str, &str)],
+) {
+    let values: Vec<Value> = values
+        .iter()
+        .map(|(n, v)| json!({ "name": n, "fieldValue": { "type": "String", "string": v } }))
+        .collect();
+    let now = "2026-11-21T10:00:00Z";
+    let status = json!({ "status": {
+        "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestWorkComplete",
+                         "message": "Apply manifest work complete", "lastTransitionTime": now }],
+        "resourceStatus": { "manifests": [{
+            "resourceMeta": { "group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
+                              "resource": "applications", "namespace": app_ns, "name": app, "ordinal": 0 },
+            "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestComplete",
+                             "message": "Apply manifest complete", "lastTransitionTime": now }],
+            "statusFeedback": { "values": values }
+        }]}
+    }});
+    works
+        .patch_status(work, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+}
+
+/// The hub-controller binary against `hub`, with its admin port; killed
+/// when dropped.
+pub struct Binary {
+    pub child: tokio::process::Child,
+    pub admin: std::net::SocketAddr,
+}
+
+impl Binary {
+    pub fn start(hub: &Cluster, args: &[&str]) -> Self {
+        let admin = testenv::net::free_addr().unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
+            .arg("--kubeconfig")
+            .arg(hub.kubeconfig())
+            .arg("--admin-addr")
+            .arg(admin.to_string())
+            .args(args)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self { child, admin }
+    }
+
+    /// The value of an unlabelled metric, if the admin port answers.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = testenv::net::http_get(self.admin, "/metrics").await.ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+}

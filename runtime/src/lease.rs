@@ -1,0 +1,382 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, the way client-go
+//! does it, so that several replicas can run and only one acts.
+//!
+//! A lease held by someone else is taken over only after it has not changed
+//! for its whole duration, measured on this process's own clock from the
+//! moment the change was seen: clocks of different machines are never
+//! compared. Every write carries the resourceVersion that was read, so two
+//! candidates can never both win.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::watch;
+
+use crate::shutdown::Shutdown;
+
+/// Which Lease to use and how fast to move.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub namespace: String,
+    pub name: String,
+    /// This candidate's name in `holderIdentity`; unique per process.
+    pub identity: String,
+    /// How long a lease stays valid without renewal.
+    pub duration: Duration,
+    /// The leader gives up when it could not renew for this long (must be
+    /// shorter than `duration`, so that it stops before anyone takes over).
+    pub renew_deadline: Duration,
+    /// How often to try to acquire or renew.
+    pub retry_period: Duration,
+}
+
+impl LeaseConfig {
+    /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retries.
+    pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            identity: identity.into(),
+            duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What a candidate should do about the lease it just read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// No lease yet: create it, holding it.
+    Create,
+    /// Free or expired: take it over.
+    Take,
+    /// Ours: renew it.
+    Renew,
+    /// Someone else holds it and it is still valid.
+    Wait { holder: String },
+}
+
+/// Decides from the lease's holder and whether it has gone unchanged for
+/// its whole duration ([`Observer`] measures that).
+pub fn decide(holder: Option<&str>, me: &str, expired: bool) -> Next {
+    match holder {
+        _ if expired => Next::Take,
+        None | Some("") => Next::Take,
+        Some(h) if h == me => Next::Renew,
+        Some(h) => Next::Wait { holder: h.into() },
+    }
+}
+
+/// Remembers when the lease record last changed, on the local clock.
+#[derive(Debug, Default)]
+pub struct Observer {
+    last: Option<(Record, Instant)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    holder: Option<String>,
+    renew: Option<String>,
+    transitions: Option<i32>,
+}
+
+impl Observer {
+    /// Records `spec` as seen at `now`; returns whether it has gone
+    /// unchanged for longer than its lease duration (or `fallback`).
+    pub fn observe(&mut self, spec: &LeaseSpec, now: Instant, fallback: Duration) -> bool {
+        let record = Record {
+            holder: spec.holder_identity.clone(),
+            renew: spec.renew_time.as_ref().map(|t| t.0.to_string()),
+            transitions: spec.lease_transitions,
+        };
+        let since = match &self.last {
+            Some((r, at)) if *r == record => *at,
+            _ => {
+                self.last = Some((record, now));
+                now
+            }
+        };
+        let duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs)
+            .unwrap_or(fallback);
+        now.duration_since(since) > duration
+    }
+}
+
+/// A held lease. Dropping it does not release the lease; call
+/// [`Leadership::release`] on a graceful stop.
+pub struct Leadership {
+    lost: watch::Receiver<bool>,
+    renewer: tokio::task::JoinHandle<()>,
+    api: Api<Lease>,
+    config: LeaseConfig,
+}
+
+impl Leadership {
+    /// Resolves when the lease is lost (not renewed in time, or taken).
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.lost.clone();
+        async move {
+            let _ = rx.wait_for(|lost| *lost).await;
+        }
+    }
+
+    /// Stops renewing and hands the lease back, so that another replica
+    /// takes over at once instead of after the lease duration.
+    pub async fn release(self) {
+        self.renewer.abort();
+        if *self.lost.borrow() {
+            return;
+        }
+        match self.api.get(&self.config.name).await {
+            Ok(mut lease) => {
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                if spec.holder_identity.as_deref() != Some(&self.config.identity) {
+                    return;
+                }
+                spec.holder_identity = None;
+                spec.lease_duration_seconds = Some(1);
+                spec.renew_time = Some(MicroTime(Timestamp::now()));
+                match self
+                    .api
+                    .replace(&self.config.name, &PostParams::default(), &lease)
+                    .await
+                {
+                    Ok(_) => tracing::info!(lease = %self.config.name, "leader lease released"),
+                    Err(e) => tracing::warn!(error = %e, "could not release the leader lease"),
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not release the leader lease"),
+        }
+    }
+}
+
+/// Waits until this candidate holds the lease; `None` if `shutdown` came
+/// first. The lease is then renewed in the background.
+pub async fn acquire(
+    client: kube::Client,
+    config: LeaseConfig,
+    shutdown: Shutdown,
+) -> Option<Leadership> {
+    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let mut observer = Observer::default();
+    let mut last_holder = String::new();
+    loop {
+        match try_acquire_or_renew(&api, &config, &mut observer).await {
+            Ok(Next::Wait { holder }) => {
+                if holder != last_holder {
+                    tracing::info!(lease = %config.name, %holder, "another replica leads; standing by");
+                    last_holder = holder;
+                }
+            }
+            Ok(_) => {
+                tracing::info!(lease = %config.name, identity = %config.identity, "became the leader");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(lease = %config.name, namespace = %config.namespace, error = %e,
+                "cannot read or write the leader lease; check the namespace exists and the RBAC allows leases")
+            }
+        }
+        if sleep_or_shutdown(config.retry_period, &shutdown).await {
+            return None;
+        }
+    }
+    let (tx, lost) = watch::channel(false);
+    let renewer = tokio::spawn(renew(api.clone(), config.clone(), observer, tx));
+    Some(Leadership {
+        lost,
+        renewer,
+        api,
+        config,
+    })
+}
+
+async fn renew(
+    api: Api<Lease>,
+    config: LeaseConfig,
+    mut observer: Observer,
+    lost: watch::Sender<bool>,
+) {
+    let mut renewed = Instant::now();
+    loop {
+        tokio::time::sleep(config.retry_period).await;
+        match try_acquire_or_renew(&api, &config, &mut observer).await {
+            Ok(Next::Wait { holder }) => {
+                tracing::error!(lease = %config.name, %holder, "leader lease taken by another replica");
+                break;
+            }
+            Ok(_) => renewed = Instant::now(),
+            Err(e) if renewed.elapsed() < config.renew_deadline => {
+                tracing::warn!(error = %e, "could not renew the leader lease; retrying");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, deadline = ?config.renew_deadline, "could not renew the leader lease in time");
+                break;
+            }
+        }
+    }
+    let _ = lost.send(true);
+}
+
+/// One round: read the lease and create, take or renew it when that is the
+/// decision. Returns the decision that was carried out.
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    config: &LeaseConfig,
+    observer: &mut Observer,
+) -> Result<Next, kube::Error> {
+    let now = Timestamp::now();
+    let seconds = i32::try_from(config.duration.as_secs()).unwrap_or(i32::MAX);
+    let Some(mut lease) = api.get_opt(&config.name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(config.name.clone()),
+                namespace: Some(config.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(config.identity.clone()),
+                lease_duration_seconds: Some(seconds),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        api.create(&PostParams::default(), &lease).await?;
+        return Ok(Next::Create);
+    };
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    let expired = observer.observe(spec, Instant::now(), config.duration);
+    let next = decide(spec.holder_identity.as_deref(), &config.identity, expired);
+    match &next {
+        Next::Wait { .. } => return Ok(next),
+        Next::Take => {
+            spec.holder_identity = Some(config.identity.clone());
+            spec.acquire_time = Some(MicroTime(now));
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        Next::Renew | Next::Create => {}
+    }
+    spec.lease_duration_seconds = Some(seconds);
+    spec.renew_time = Some(MicroTime(now));
+    // The resourceVersion read above makes a concurrent write fail (409).
+    api.replace(&config.name, &PostParams::default(), &lease)
+        .await?;
+    Ok(next)
+}
+
+/// Sleeps for `d`; returns true when `shutdown` began meanwhile.
+async fn sleep_or_shutdown(d: Duration, shutdown: &Shutdown) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => shutdown.is_down(),
+        _ = shutdown.clone().wait() => true,
+    }
+}
+
+/// A unique identity for this process: the pod name when set, else the
+/// host name, plus a random suffix so two processes never share one.
+pub fn identity() -> String {
+    let base = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "argocd-pull".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{base}_{:08x}", nanos ^ std::process::id().rotate_left(16))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_table() {
+        let cases = [
+            (None, false, Next::Take),
+            (Some(""), false, Next::Take),
+            (Some("me"), false, Next::Renew),
+            (Some("me"), true, Next::Take),
+            (
+                Some("other"),
+                false,
+                Next::Wait {
+                    holder: "other".into(),
+                },
+            ),
+            (Some("other"), true, Next::Take),
+        ];
+        for (holder, expired, want) in cases {
+            assert_eq!(
+                decide(holder, "me", expired),
+                want,
+                "{holder:?} expired={expired}"
+            );
+        }
+    }
+
+    #[test]
+    fn expiry_is_measured_on_the_local_clock_from_the_last_change() {
+        let mut obs = Observer::default();
+        let t0 = Instant::now();
+        let fallback = Duration::from_secs(15);
+        let spec = |renew: &str| LeaseSpec {
+            holder_identity: Some("other".into()),
+            lease_duration_seconds: Some(10),
+            renew_time: Some(MicroTime(renew.parse().unwrap())),
+            ..Default::default()
+        };
+        // A renewTime far in the past means nothing by itself: clocks differ.
+        assert!(!obs.observe(&spec("2000-01-01T00:00:00Z"), t0, fallback));
+        assert!(!obs.observe(
+            &spec("2000-01-01T00:00:00Z"),
+            t0 + Duration::from_secs(9),
+            fallback
+        ));
+        assert!(obs.observe(
+            &spec("2000-01-01T00:00:00Z"),
+            t0 + Duration::from_secs(11),
+            fallback
+        ));
+        // A renewal restarts the count.
+        assert!(!obs.observe(
+            &spec("2000-01-01T00:00:05Z"),
+            t0 + Duration::from_secs(12),
+            fallback
+        ));
+        assert!(!obs.observe(
+            &spec("2000-01-01T00:00:05Z"),
+            t0 + Duration::from_secs(21),
+            fallback
+        ));
+        assert!(obs.observe(
+            &spec("2000-01-01T00:00:05Z"),
+            t0 + Duration::from_secs(23),
+            fallback
+        ));
+        // Without a duration on the lease, the configured one applies.
+        let mut obs = Observer::default();
+        let bare = LeaseSpec {
+            holder_identity: Some("other".into()),
+            ..Default::default()
+        };
+        assert!(!obs.observe(&bare, t0, fallback));
+        assert!(!obs.observe(&bare, t0 + Duration::from_secs(14), fallback));
+        assert!(obs.observe(&bare, t0 + Duration::from_secs(16), fallback));
+    }
+}
