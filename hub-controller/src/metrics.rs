@@ -19,6 +19,7 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     pub refused: Family<ReasonLabel, Counter>,
     pub works_swept: Counter,
+    pub works_adopted: Counter,
     pub works_managed: Gauge,
     pub queue_depth: Gauge,
     pub leader: Gauge,
@@ -35,6 +36,7 @@ impl Default for Metrics {
             ),
             refused: Family::default(),
             works_swept: Counter::default(),
+            works_adopted: Counter::default(),
             works_managed: Gauge::default(),
             queue_depth: Gauge::default(),
             leader: Gauge::default(),
@@ -70,6 +72,11 @@ impl Metrics {
             "manifestworks_swept",
             "Orphaned ManifestWorks deleted by the sweep",
             m.works_swept.clone(),
+        );
+        registry.register(
+            "manifestworks_adopted",
+            "argocd-pull-integration ManifestWorks whose Application was taken over (orphan-deleted)",
+            m.works_adopted.clone(),
         );
         registry.register(
             "manifestworks",

@@ -539,3 +539,81 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
     .await;
     stop.fire();
 }
+
+/// Switching from argocd-pull-integration: its work (`<app>-<uid prefix>`,
+/// same back-pointers, no managed-by label) is orphan-deleted once ours
+/// delivers the same Application, so the work agent leaves the Application
+/// on the spoke; works of other Applications are left alone.
+#[tokio::test]
+async fn adopts_applications_from_argocd_pull_integration_without_deleting_them() {
+    let (hub, ns, apps, works) = one_cluster_team().await;
+    let client = &hub.client;
+    let legacy = |name: &str, app_name: &str| -> ManifestWork {
+        serde_json::from_value(json!({
+            "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": { "name": name, "namespace": "cluster1",
+                // The work agent's finalizer keeps a deleted work visible
+                // until the spoke side is handled.
+                "finalizers": ["cluster.open-cluster-management.io/manifest-work-cleanup"],
+                "annotations": { keys::HUB_APP_NAMESPACE: &ns, keys::HUB_APP_NAME: app_name } },
+            "spec": { "workload": { "manifests": [] } }
+        }))
+        .unwrap()
+    };
+    for (work, app_name) in [("guestbook-1a2b3", "guestbook"), ("other-9f8e7", "other")] {
+        works
+            .create(&PostParams::default(), &legacy(work, app_name))
+            .await
+            .unwrap();
+    }
+    apps.create(
+        &PostParams::default(),
+        &app(
+            "guestbook",
+            &ns,
+            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+            json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+    wait::exists(&works, &format!("{ns}.guestbook"), TIMEOUT).await;
+
+    assert_eq!(
+        controller::sweep::sweep_once(client, &hub.ctx.metrics)
+            .await
+            .unwrap(),
+        0,
+        "nothing of ours is an orphan"
+    );
+    let old = works.get("guestbook-1a2b3").await.unwrap();
+    assert!(
+        old.metadata.deletion_timestamp.is_some(),
+        "the old work is deleted"
+    );
+    assert_eq!(
+        serde_json::to_value(&old.spec.delete_option).unwrap(),
+        json!({ "propagationPolicy": "Orphan" }),
+        "and orphans what it applied"
+    );
+    assert_eq!(hub.ctx.metrics.works_adopted.get(), 1);
+    // A work of an Application we do not deliver is not ours to touch.
+    let other = works.get("other-9f8e7").await.unwrap();
+    assert!(other.metadata.deletion_timestamp.is_none());
+    assert!(other.spec.delete_option.is_none());
+    // Our work is untouched and the next pass has nothing to do.
+    assert!(
+        works
+            .get(&format!("{ns}.guestbook"))
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    controller::sweep::sweep_once(client, &hub.ctx.metrics)
+        .await
+        .unwrap();
+    assert_eq!(hub.ctx.metrics.works_adopted.get(), 1);
+    hub.stop.fire();
+}

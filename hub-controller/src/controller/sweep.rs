@@ -2,6 +2,12 @@
 //! longer targets that cluster. Applications created by an ApplicationSet
 //! with `preserveResourcesOnDeletion` have no finalizer, so their deletion
 //! is never seen by the reconciler; this is how their works go.
+//!
+//! The sweep also adopts the works of argocd-pull-integration (named
+//! `<app>-<uid prefix>`, with the same back-pointer annotations but not our
+//! managed-by label) once our own work delivers the same Application: the
+//! old work is switched to `deleteOption: Orphan` and deleted, so the work
+//! agent leaves the Application on the spoke to our work.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -9,7 +15,7 @@ use std::time::Duration;
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use crate::delivery::target::{is_pulled, target};
@@ -34,6 +40,81 @@ pub fn is_orphan(work: &ManifestWork, app: Option<&Application>) -> bool {
     }
 }
 
+/// Whether `work` (metadata) is a work of argocd-pull-integration delivering
+/// the same Application that our work `ours` now delivers.
+pub fn is_adoptable(work: &PartialObjectMeta<ManifestWork>, ours: &ManifestWork) -> bool {
+    let (a, o) = (work.annotations(), ours.annotations());
+    work.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY)
+        && work.name_any() != ours.name_any()
+        && work.namespace() == ours.namespace()
+        && a.get(keys::HUB_APP_NAMESPACE).is_some()
+        && a.get(keys::HUB_APP_NAMESPACE) == o.get(keys::HUB_APP_NAMESPACE)
+        && a.get(keys::HUB_APP_NAME) == o.get(keys::HUB_APP_NAME)
+        && work.metadata.deletion_timestamp.is_none()
+}
+
+/// Orphan-deletes the works of argocd-pull-integration that our `works`
+/// replace; returns how many.
+async fn adopt_legacy(
+    client: &Client,
+    ours: &[ManifestWork],
+    metrics: &Metrics,
+) -> Result<usize, kube::Error> {
+    // Only metadata: the hub may hold many works that are not ours.
+    let all: Api<ManifestWork> = Api::all(client.clone());
+    let mut ours_by_app: HashMap<(String, String, String), &ManifestWork> = HashMap::new();
+    for w in ours {
+        let a = w.annotations();
+        if let (Some(ns), Some(name)) = (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME))
+        {
+            ours_by_app.insert(
+                (w.namespace().unwrap_or_default(), ns.clone(), name.clone()),
+                w,
+            );
+        }
+    }
+    let mut adopted = 0;
+    for work in all.list_metadata(&ListParams::default()).await?.items {
+        let a = work.annotations();
+        let key = (
+            work.namespace().unwrap_or_default(),
+            a.get(keys::HUB_APP_NAMESPACE).cloned().unwrap_or_default(),
+            a.get(keys::HUB_APP_NAME).cloned().unwrap_or_default(),
+        );
+        let Some(our) = ours_by_app.get(&key) else {
+            continue;
+        };
+        if !is_adoptable(&work, our) {
+            continue;
+        }
+        let api: Api<ManifestWork> = Api::namespaced(client.clone(), &key.0);
+        let orphan =
+            serde_json::json!({ "spec": { "deleteOption": { "propagationPolicy": "Orphan" } } });
+        match api
+            .patch(
+                &work.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(orphan),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => continue,
+            Err(e) => return Err(e),
+        }
+        match api.delete(&work.name_any(), &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        adopted += 1;
+        metrics.works_adopted.inc();
+        tracing::info!(cluster = %key.0, legacy = %work.name_any(), work = %our.name_any(),
+            namespace = %key.1, name = %key.2, "adopted the Application from an argocd-pull-integration ManifestWork; orphan-deleted the old work");
+    }
+    Ok(adopted)
+}
+
 /// One pass; returns how many works were deleted. Two LIST calls whatever
 /// the fleet size: the works first, then the labelled Applications (in that
 /// order, so an Application created in between is still seen).
@@ -54,6 +135,21 @@ pub async fn sweep_once(client: &Client, metrics: &Metrics) -> Result<usize, kub
         .map(|a| ((a.namespace().unwrap_or_default(), a.name_any()), a))
         .collect();
     let mut deleted = 0;
+    let delivering: Vec<ManifestWork> = list
+        .items
+        .iter()
+        .filter(|w| {
+            let a = w.annotations();
+            match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
+                (Some(ns), Some(name)) => !is_orphan(w, apps.get(&(ns.clone(), name.clone()))),
+                _ => false,
+            }
+        })
+        .cloned()
+        .collect();
+    if let Err(e) = adopt_legacy(client, &delivering, metrics).await {
+        tracing::warn!(error = %e, "could not adopt argocd-pull-integration ManifestWorks; will retry");
+    }
     for work in list.items {
         let a = work.annotations();
         let (Some(ns), Some(name)) = (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME))
@@ -155,6 +251,61 @@ mod tests {
         ];
         for (a, want, why) in cases {
             assert_eq!(is_orphan(&w, a.as_ref()), want, "{why}");
+        }
+    }
+
+    #[test]
+    fn adopts_only_legacy_works_of_the_same_application() {
+        let mut ours = work_in("c1");
+        ours.annotations_mut().extend([
+            (keys::HUB_APP_NAMESPACE.to_string(), "ns".to_string()),
+            (keys::HUB_APP_NAME.to_string(), "app".to_string()),
+        ]);
+        ours.labels_mut()
+            .insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+        let meta = |name: &str, ns: &str, app_ns: &str, app: &str, label: bool| {
+            let mut v = json!({ "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+                "metadata": { "name": name, "namespace": ns,
+                    "annotations": { keys::HUB_APP_NAMESPACE: app_ns, keys::HUB_APP_NAME: app } } });
+            if label {
+                v["metadata"]["labels"] = json!({ MANAGED_BY_LABEL: MANAGED_BY });
+            }
+            serde_json::from_value::<PartialObjectMeta<ManifestWork>>(v).unwrap()
+        };
+        let cases = [
+            (
+                meta("app-1a2b3", "c1", "ns", "app", false),
+                true,
+                "upstream's work",
+            ),
+            (
+                meta("ns.app", "c1", "ns", "app", false),
+                false,
+                "our own name",
+            ),
+            (
+                meta("app-1a2b3", "c2", "ns", "app", false),
+                false,
+                "another cluster",
+            ),
+            (
+                meta("app-1a2b3", "c1", "ns", "other", false),
+                false,
+                "another Application",
+            ),
+            (
+                meta("app-1a2b3", "c1", "other", "app", false),
+                false,
+                "another namespace",
+            ),
+            (
+                meta("app-1a2b3", "c1", "ns", "app", true),
+                false,
+                "carries our label",
+            ),
+        ];
+        for (w, want, why) in cases {
+            assert_eq!(is_adoptable(&w, &ours), want, "{why}");
         }
     }
 }
