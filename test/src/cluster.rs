@@ -306,6 +306,15 @@ impl Cluster {
         )
     }
 
+    /// Writes a kubeconfig that authenticates as `user` in `group` with a
+    /// client certificate signed by this cluster's CA. A service account's
+    /// user name (`system:serviceaccount:<ns>:<name>`) gets exactly the
+    /// RBAC of that service account.
+    pub fn write_kubeconfig_as(&self, user: &str, group: Option<&str>, path: &Path) -> Result<()> {
+        let identity = self.ca.client(user, group)?;
+        self.write_kubeconfig_for(&identity, path)
+    }
+
     /// Creates a namespace with exactly this name, if it is not there yet.
     pub async fn ensure_namespace(&self, name: &str) -> Result<()> {
         let api: Api<Namespace> = Api::all(self.client().await?);

@@ -117,13 +117,23 @@ pub struct Binary {
 
 impl Binary {
     pub fn start(hub: &Cluster, args: &[&str]) -> Self {
+        Self::start_as(hub.kubeconfig(), args, std::process::Stdio::inherit())
+    }
+
+    /// With `kubeconfig`'s identity, logging to `stderr`.
+    pub fn start_as(
+        kubeconfig: &std::path::Path,
+        args: &[&str],
+        stderr: impl Into<std::process::Stdio>,
+    ) -> Self {
         let admin = testenv::net::free_addr().unwrap();
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
             .arg("--kubeconfig")
-            .arg(hub.kubeconfig())
+            .arg(kubeconfig)
             .arg("--admin-addr")
             .arg(admin.to_string())
             .args(args)
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .unwrap();

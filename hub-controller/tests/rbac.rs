@@ -1,0 +1,182 @@
+//! `deploy/hub` installs with `kubectl apply -k`, and its RBAC is enough
+//! for everything the hub-controller does, and no more: the binary runs
+//! with exactly the service account's permissions (a client certificate for
+//! its user name) through a whole delivery, refusal and deletion.
+
+use std::path::Path;
+use std::time::Duration;
+
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::ManifestWork;
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+
+mod common;
+use common::{Binary, app, apps_api, feed_back, managed_cluster, placement_selects};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const SA_USER: &str = "system:serviceaccount:argocd-pull:argocd-pull-hub-controller";
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(testenv::paths::bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn can_i(kubeconfig: &Path, args: &[&str]) -> bool {
+    let mut all = vec!["auth", "can-i"];
+    all.extend(args);
+    let out = kubectl(kubeconfig, &all);
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+#[tokio::test]
+async fn the_deployed_rbac_is_enough_and_no_more() {
+    testenv::init_tracing();
+    let hub = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
+        .await
+        .unwrap();
+    let client = hub.client().await.unwrap();
+    // Argo CD's namespace exists on a hub with Argo CD installed.
+    hub.ensure_namespace("argocd").await.unwrap();
+
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/hub");
+    let out = kubectl(hub.kubeconfig(), &["apply", "-k", deploy.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "kubectl apply -k deploy/hub: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let sa = hub.dir().join("hub-controller-sa.kubeconfig");
+    hub.write_kubeconfig_as(SA_USER, Some("system:serviceaccounts"), &sa)
+        .unwrap();
+    // Least privilege: what it must not be able to do.
+    for denied in [
+        &["list", "secrets", "--all-namespaces"][..],
+        &["get", "secrets", "-n", "kube-system"],
+        &["create", "applications.argoproj.io", "-n", "default"],
+        &["delete", "applications.argoproj.io", "-n", "default"],
+        &[
+            "update",
+            "managedclusters.cluster.open-cluster-management.io",
+        ],
+        &["create", "leases.coordination.k8s.io", "-n", "default"],
+    ] {
+        assert!(!can_i(&sa, denied), "the service account may {denied:?}");
+    }
+    assert!(can_i(&sa, &["patch", "secrets", "-n", "argocd"]));
+
+    managed_cluster(&hub, "cluster1").await;
+    let ns = hub.namespace("team").await.unwrap();
+    placement_selects(&client, &ns, &["cluster1"]).await;
+    let apps = apps_api(&client, &ns);
+
+    let log = hub.dir().join("hub-controller.log");
+    let controller = Binary::start_as(
+        &sa,
+        &["--sweep-interval=2s"],
+        std::fs::File::create(&log).unwrap(),
+    );
+    wait::until("the controller to lead", TIMEOUT, || async {
+        match controller.metric("argocd_pull_hub_leader").await {
+            Some(1.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // Delivery with a sync operation, status back, and a refusal event.
+    let extra = json!({
+        "finalizers": [keys::RESOURCES_FINALIZER],
+        "operation": { "sync": { "revision": "HEAD" } }
+    });
+    apps.create(
+        &PostParams::default(),
+        &app(
+            "guestbook",
+            &ns,
+            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+            extra,
+        ),
+    )
+    .await
+    .unwrap();
+    apps.create(
+        &PostParams::default(),
+        &app(
+            "lost",
+            &ns,
+            json!({ keys::MANAGED_CLUSTER: "nowhere" }),
+            json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
+    let work = format!("{ns}.guestbook");
+    wait::exists(&works, &work, TIMEOUT).await;
+    feed_back(
+        &works,
+        &work,
+        &ns,
+        "guestbook",
+        &[("healthStatus", "Healthy"), ("syncStatus", "Synced")],
+    )
+    .await;
+    wait::until(
+        "status and the hand-over on the hub copy",
+        TIMEOUT,
+        || async {
+            let a = apps.get("guestbook").await.map_err(|e| e.to_string())?;
+            let healthy = a.data.pointer("/status/health/status") == Some(&json!("Healthy"));
+            let handed_over = a.data.get("operation").is_none_or(Value::is_null);
+            if healthy && handed_over {
+                Ok(())
+            } else {
+                Err(a.data.to_string())
+            }
+        },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    wait::until("the refusal event", TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=lost"))
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("UnknownCluster"))
+            .map(|_| ())
+            .ok_or_else(|| format!("{} events", list.items.len()))
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "argocd");
+    wait::exists(&secrets, "cluster1-cluster-secret", TIMEOUT).await;
+
+    // Deletion: the work goes, then Argo CD's finalizer is released.
+    apps.delete("guestbook", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until("the Application to be gone", TIMEOUT, || async {
+        match apps.get_opt("guestbook").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|a| a.is_some()))),
+        }
+    })
+    .await;
+    assert!(works.get_opt(&work).await.unwrap().is_none());
+
+    drop(controller);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "the controller hit a permission it does not have:\n{log}"
+    );
+}
