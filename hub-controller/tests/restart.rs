@@ -178,7 +178,11 @@ async fn a_replacement_converges_without_duplicates_and_a_restart_writes_nothing
             .manifests
             .as_ref()
             .unwrap()[0];
-        assert_eq!(manifest.get("operation").is_some(), i.is_multiple_of(3), "{name}");
+        assert_eq!(
+            manifest.get("operation").is_some(),
+            i.is_multiple_of(3),
+            "{name}"
+        );
         let hub_copy = apps.get(&name).await.unwrap();
         assert!(
             hub_copy.data.get("operation").is_none_or(Value::is_null),
