@@ -5,11 +5,12 @@
 //! fails when it drifts. The other modules are the protocol logic both sides
 //! share, pure and without I/O, so that the hub and the agent cannot disagree
 //! on it: version negotiation, size limits, message validation, the
-//! coalescing outbox and the anti-entropy digests.
+//! coalescing outbox, content versions and the anti-entropy digests.
 
 #![forbid(unsafe_code)]
 
 pub mod coalesce;
+pub mod content;
 pub mod digest;
 pub mod limits;
 pub mod validate;

@@ -166,6 +166,13 @@ pub struct ApplicationUpsert {
 /// Managed mode, hub -> agent: delete the Application. The agent answers with
 /// an ObjectAck once the delete is requested, and later a StatusReport with
 /// `gone` once the Application no longer exists.
+///
+/// With `release` set, the agent instead stops managing the Application and
+/// leaves it running: it removes its own markers, reports nothing more about
+/// it and answers with an ObjectAck only. The hub sends this when the
+/// Application moves to the ManifestWork transport, so that the hand-over
+/// never deletes anything on the managed cluster. (Part of protocol 1 since
+/// before its first release.)
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ApplicationDelete {
     #[prost(message, optional, tag = "1")]
@@ -177,6 +184,9 @@ pub struct ApplicationDelete {
     /// the same name is someone else's).
     #[prost(string, tag = "3")]
     pub hub_uid: ::prost::alloc::string::String,
+    /// Leave the Application in place and stop managing it.
+    #[prost(bool, tag = "4")]
+    pub release: bool,
 }
 /// Agent -> hub: the latest observed state of one Application.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
