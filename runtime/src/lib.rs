@@ -9,6 +9,7 @@ pub mod args;
 pub mod lease;
 pub mod shutdown;
 pub mod telemetry;
+pub mod workqueue;
 
 pub use admin::{Admin, Readiness};
 pub use args::{AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs};
