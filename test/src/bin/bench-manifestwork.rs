@@ -31,11 +31,12 @@ use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
 use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt, stream};
+use kube::ResourceExt;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch,
+    PatchParams, PostParams,
 };
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use testenv::{Cluster, ClusterConfig, CrdSet, net, paths};
 use tokio::io::AsyncReadExt;
@@ -121,6 +122,8 @@ struct Figures {
     app_writes: usize,
     work_writes: usize,
     peak_rss_kib: Option<u64>,
+    /// Resident set once converged and settled.
+    end_rss_kib: Option<u64>,
     cpu: Option<Duration>,
     log_errors: Option<usize>,
 }
@@ -411,7 +414,8 @@ async fn one_run(
         .work_events
         .load(Ordering::Relaxed)
         .saturating_sub(n);
-    figures.peak_rss_kib = controller.peak_rss_kib();
+    figures.peak_rss_kib = controller.rss_kib("VmHWM:");
+    figures.end_rss_kib = controller.rss_kib("VmRSS:");
     figures.cpu = controller.cpu_time();
     controller.stop().await;
     figures.log_errors = count_error_lines(&log).ok();
@@ -458,9 +462,12 @@ fn manifestwork_resource() -> ApiResource {
 }
 
 /// Records every ManifestWork that points back at a hub Application in one of
-/// `team` namespaces: whatever its name, whoever wrote it.
+/// `team` namespaces: whatever its name, whoever wrote it. A metadata-only
+/// watch keeps the benchmark's own load on the API server low; the delivered
+/// Application has the hub copy's namespace and name (the benchmark sets no
+/// `ocm-managed-cluster-app-namespace`), which is what the feedback matches.
 async fn watch_works(client: kube::Client, team: HashSet<String>, progress: Arc<Progress>) {
-    let api: Api<DynamicObject> = Api::all_with(client, &manifestwork_resource());
+    let api: Api<PartialObjectMeta<ManifestWork>> = Api::all(client);
     let mut events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .applied_objects()
@@ -474,24 +481,17 @@ async fn watch_works(client: kube::Client, team: HashSet<String>, progress: Arc<
         ) else {
             continue;
         };
-        if !team.contains(app_ns) || work.meta().deletion_timestamp.is_some() {
+        if !team.contains(app_ns) || work.metadata.deletion_timestamp.is_some() {
             continue;
         }
         progress.work_events.fetch_add(1, Ordering::Relaxed);
-        let key = format!("{app_ns}/{app_name}");
-        let manifest = work.data.pointer("/spec/workload/manifests/0/metadata");
-        let field = |f: &str| {
-            manifest
-                .and_then(|m| m.get(f))
-                .and_then(Value::as_str)
-                .map(String::from)
-        };
         let seen = SeenWork {
             namespace: work.namespace().unwrap_or_default(),
             name: work.name_any(),
-            app_namespace: field("namespace").unwrap_or_else(|| app_ns.clone()),
-            app_name: field("name").unwrap_or_else(|| app_name.clone()),
+            app_namespace: app_ns.clone(),
+            app_name: app_name.clone(),
         };
+        let key = format!("{app_ns}/{app_name}");
         let new = progress.works.lock().unwrap().insert(key, seen).is_none();
         if new {
             progress.changed.notify_waiters();
@@ -764,12 +764,13 @@ impl Controller {
         })
     }
 
-    /// The controller's peak resident set (VmHWM), in KiB.
-    fn peak_rss_kib(&self) -> Option<u64> {
+    /// A memory figure of the controller from /proc (`VmHWM:` is the peak
+    /// resident set, `VmRSS:` the current one), in KiB.
+    fn rss_kib(&self, field: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
     }
@@ -896,7 +897,7 @@ fn render(
         }
         out.push('\n');
         type Row = (&'static str, fn(&Figures, usize) -> (String, Option<f64>));
-        let rows: [Row; 11] = [
+        let rows: Vec<Row> = vec![
             (
                 "Applications created (benchmark, not timed against the controller)",
                 |f, _| (secs(f.create), None),
@@ -908,6 +909,10 @@ fn render(
                     None => (format!("timed out, {}/{n}", f.works_seen), None),
                 },
             ),
+            ("… of which after the last create", |f, _| {
+                let lag = f.works.zip(f.create).map(|(w, c)| w.saturating_sub(c));
+                (secs(lag), lag.map(|d| d.as_secs_f64()))
+            }),
             ("work agent's feedback written (benchmark)", |f, _| {
                 (secs(f.feedback_written), None)
             }),
@@ -918,6 +923,13 @@ fn render(
                     None => (format!("timed out, {}/{n}", f.status_seen), None),
                 },
             ),
+            ("… of which after the last feedback write", |f, _| {
+                let lag = f
+                    .status
+                    .zip(f.feedback_written)
+                    .map(|(s, w)| s.saturating_sub(w));
+                (secs(lag), lag.map(|d| d.as_secs_f64()))
+            }),
             (
                 "reconciles per Application (until every work exists + after)",
                 |f, n| {
@@ -953,6 +965,12 @@ fn render(
             ("controller peak RSS (VmHWM)", |f, _| match f.peak_rss_kib {
                 Some(k) => (format!("{:.0} MiB", k as f64 / 1024.0), Some(k as f64)),
                 None => ("–".into(), None),
+            }),
+            ("controller RSS once converged (VmRSS)", |f, _| {
+                match f.end_rss_kib {
+                    Some(k) => (format!("{:.0} MiB", k as f64 / 1024.0), Some(k as f64)),
+                    None => ("–".into(), None),
+                }
             }),
             ("controller CPU time (user + system)", |f, _| {
                 (secs(f.cpu), f.cpu.map(|d| d.as_secs_f64()))
