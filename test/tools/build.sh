@@ -3,10 +3,14 @@
 # modules, into the git-ignored cache, and collects the upstream CRDs:
 #
 #   $CACHE/bin/{etcd,kube-apiserver,kube-controller-manager,kubectl}
+#   $CACHE/bin/ocm/{registration,work,placement,addon}   (OCM hub and klusterlet)
+#   $CACHE/bin/clusteradm
 #   $CACHE/crds/{hub,managed}/*.yaml
+#   $CACHE/ocm/*.yaml                                    (OCM's bootstrap RBAC)
 #
 # Each part is rebuilt only when its pins change (a stamp holds the hash of
-# what it was built from), so a warm run takes a second.
+# what it was built from: its go.mod, go.sum and the function that builds
+# it), so a warm run takes a second.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,7 +45,7 @@ build_etcd() {
 
 build_kube() {
   local m=$here/kube
-  if fresh kube "$m/go.mod" "$m/go.sum" "$here/build.sh" \
+  if fresh kube "$m/go.mod" "$m/go.sum" <(declare -f build_kube) \
     && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kubectl" ]; then
     return
   fi
@@ -54,7 +58,7 @@ build_kube() {
   (cd "$m" && go build -trimpath \
     -ldflags "-s -w -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
     -o "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
-  mark kube "$m/go.mod" "$m/go.sum" "$here/build.sh"
+  mark kube "$m/go.mod" "$m/go.sum" <(declare -f build_kube)
   log "kubernetes built in $((SECONDS - t0))s"
 }
 
@@ -64,7 +68,7 @@ module_dir() {
 }
 
 collect_crds() {
-  if fresh crds "$here/versions.env" "$here/build.sh" && [ -d "$cache/crds/hub" ]; then return; fi
+  if fresh crds "$here/versions.env" <(declare -f collect_crds) && [ -d "$cache/crds/hub" ]; then return; fi
   log "collecting CRDs from open-cluster-management.io/api@$OCM_API_VERSION and github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION"
   local ocm argo
   ocm=$(module_dir "open-cluster-management.io/api@$OCM_API_VERSION")
@@ -92,10 +96,65 @@ collect_crds() {
     "$ocm"/cluster/v1alpha1/*clusterclaims.crd.yaml \
     "$cache/crds/managed/"
   chmod -R u+w "$cache/crds"
-  mark crds "$here/versions.env" "$here/build.sh"
+  mark crds "$here/versions.env" <(declare -f collect_crds)
+}
+
+# The OCM hub components and klusterlet agents, run by the harness as
+# processes (testenv::ocm). Their OCM API release must be the one whose CRDs
+# collect_crds installs.
+build_ocm() {
+  local m=$here/ocm out=$bin/ocm
+  local api
+  api=$(awk '$1 == "open-cluster-management.io/api" { print $2 }' "$m/go.mod")
+  if [ "$api" != "$OCM_API_VERSION" ]; then
+    log "test/tools/ocm/go.mod uses open-cluster-management.io/api $api but versions.env installs the CRDs of $OCM_API_VERSION: make them agree"
+    exit 1
+  fi
+  if fresh ocm "$m/go.mod" "$m/go.sum" <(declare -f build_ocm) \
+    && [ -x "$out/registration" ] && [ -x "$out/work" ] && [ -x "$out/placement" ] && [ -x "$out/addon" ] \
+    && [ -f "$cache/ocm/bootstrap-clusterrole.yaml" ]; then
+    return
+  fi
+  local v dir
+  v=$(awk '$1 == "open-cluster-management.io/ocm" { print $2 }' "$m/go.mod")
+  log "building OCM $v: registration, work, placement, addon (about 8 minutes on 2 cores when cold)"
+  local t0=$SECONDS
+  local pkg=open-cluster-management.io/ocm/pkg/version
+  local major minor
+  major=$(echo "${v#v}" | cut -d. -f1)
+  minor=$(echo "$v" | cut -d. -f2)
+  mkdir -p "$out"
+  (cd "$m" && go build -trimpath \
+    -ldflags "-s -w -X $pkg.versionFromGit=$v -X $pkg.majorFromGit=$major -X $pkg.minorFromGit=$minor" \
+    -o "$out/" open-cluster-management.io/ocm/cmd/registration open-cluster-management.io/ocm/cmd/work \
+    open-cluster-management.io/ocm/cmd/placement open-cluster-management.io/ocm/cmd/addon)
+  # The bootstrap ClusterRole that OCM's cluster-manager chart gives the
+  # identity in a klusterlet's bootstrap kubeconfig (create CSRs and its
+  # ManagedCluster); the chart's template lines only switch it on.
+  dir=$(cd "$m" && go list -m -f '{{.Dir}}' open-cluster-management.io/ocm)
+  mkdir -p "$cache/ocm"
+  sed '/^{{/d' "$dir/deploy/cluster-manager/chart/cluster-manager/templates/bootstrap_cluster_role.yaml" \
+    > "$cache/ocm/bootstrap-clusterrole.yaml"
+  mark ocm "$m/go.mod" "$m/go.sum" <(declare -f build_ocm)
+  log "OCM built in $((SECONDS - t0))s"
+}
+
+build_clusteradm() {
+  local m=$here/clusteradm
+  if fresh clusteradm "$m/go.mod" "$m/go.sum" <(declare -f build_clusteradm) && [ -x "$bin/clusteradm" ]; then
+    return
+  fi
+  log "building clusteradm $(awk '$1 == "open-cluster-management.io/clusteradm" { print $2 }' "$m/go.mod") (about 3 minutes on 2 cores when cold)"
+  local t0=$SECONDS
+  # clusteradm reads its version from the module's build information.
+  (cd "$m" && go build -trimpath -ldflags '-s -w' -o "$bin/" open-cluster-management.io/clusteradm/cmd/clusteradm)
+  mark clusteradm "$m/go.mod" "$m/go.sum" <(declare -f build_clusteradm)
+  log "clusteradm built in $((SECONDS - t0))s"
 }
 
 build_etcd
 build_kube
 collect_crds
+build_ocm
+build_clusteradm
 log "ready: $bin"
