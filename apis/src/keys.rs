@@ -32,6 +32,41 @@ pub const ARGOCD_SECRET_TYPE: &str = "argocd.argoproj.io/secret-type";
 /// Label selecting the PlacementDecisions of a Placement.
 pub const PLACEMENT_LABEL: &str = "cluster.open-cluster-management.io/placement";
 
+/// Name of the OCM addon of the gRPC transport: its ManagedClusterAddOn in a
+/// cluster's namespace on the hub says the cluster runs a spoke-agent, and
+/// its client certificates name it (`...:addon:argocd-pull:agent:...`).
+pub const ADDON_NAME: &str = "argocd-pull";
+/// Annotation on a hub Application forcing its transport: `grpc` or
+/// `manifestwork` (otherwise: gRPC where the addon is enabled).
+pub const TRANSPORT: &str = "argocd-pull.io/transport";
+/// Annotation on a hub Application: the sync operation handed to the gRPC
+/// transport, as `<operation id> <hash of .operation>`; the id stays the
+/// same across restarts, so the spoke runs it once.
+pub const SYNC_REQUEST: &str = "argocd-pull.io/sync-request";
+/// Annotation on a hub Application: the refresh handed to the gRPC
+/// transport, as `<operation id> <normal|hard>`.
+pub const REFRESH_REQUEST: &str = "argocd-pull.io/refresh-request";
+/// Label on a read-only hub mirror of an autonomous agent's Application:
+/// the cluster it mirrors.
+pub const MIRROR_OF: &str = "argocd-pull.io/mirror-of";
+/// Annotation on a mirror: `namespace/name` of the Application on the spoke.
+pub const MIRROR_SOURCE: &str = "argocd-pull.io/mirror-source";
+/// Label (`"true"`) on a spoke Application the spoke-agent manages for the hub.
+pub const HUB_MANAGED: &str = "argocd-pull.io/hub-managed";
+/// Annotation on a managed spoke Application: the uid of its hub Application.
+pub const HUB_UID: &str = "argocd-pull.io/hub-uid";
+/// Annotation on a managed spoke Application: the version of the hub's
+/// desired state last applied.
+pub const DESIRED_VERSION: &str = "argocd-pull.io/desired-version";
+/// Annotation on a managed spoke Application: hash of its `.spec` as last
+/// applied; a different hash means someone edited it locally.
+pub const SPEC_HASH: &str = "argocd-pull.io/spec-hash";
+/// Annotation on a spoke Application: ids of the last operations the
+/// spoke-agent started on it (newest last), so none runs twice.
+pub const OPERATION_IDS: &str = "argocd-pull.io/operation-ids";
+/// Prefix of argocd-pull's own bookkeeping annotations, never delivered.
+pub const OWN_PREFIX: &str = "argocd-pull.io/";
+
 /// Go's `strconv.ParseBool` truth values, which the pull label accepts.
 pub fn parse_bool(value: &str) -> Option<bool> {
     match value {

@@ -9,6 +9,7 @@ pub mod delivered;
 pub mod feedback;
 pub mod operation;
 pub mod target;
+pub mod transport;
 pub mod work;
 
 pub use delivered::delivered_copy;
