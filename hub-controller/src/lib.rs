@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod delivery;
+pub mod grpc;
 pub mod metrics;
 
 use argocd_pull_runtime::{
@@ -54,6 +55,8 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub allowed_targets: Vec<delivery::authz::AllowRule>,
+    #[command(flatten)]
+    pub grpc: grpc::GrpcArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -91,6 +94,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let mut registry = Registry::with_prefix("argocd_pull_hub");
     let metrics = metrics::Metrics::register(&mut registry);
+    let grpc_metrics = grpc::metrics::GrpcMetrics::register(&mut registry);
     let admin = Admin::new(readiness.clone(), registry);
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 
@@ -146,7 +150,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         stop.fire();
         was_lost
     });
-    run_controllers(&args, client, metrics.clone(), readiness, shutdown).await?;
+    run_controllers(
+        &args,
+        client,
+        metrics.clone(),
+        grpc_metrics,
+        readiness,
+        shutdown,
+    )
+    .await?;
     let was_lost = watchdog.await?;
     metrics.leader.set(0);
     server.await??;
@@ -165,19 +177,42 @@ async fn run_controllers(
     args: &Args,
     client: kube::Client,
     metrics: metrics::Metrics,
+    grpc_metrics: grpc::metrics::GrpcMetrics,
     readiness: Readiness,
     shutdown: shutdown::Shutdown,
 ) -> anyhow::Result<()> {
-    let ctx = controller::Context::new(
+    let authorization = delivery::authz::Authorization {
+        require_placement: args.authorization == AuthorizationMode::Placement,
+        allow: args.allowed_targets.clone(),
+    };
+    // The gRPC transport runs only on the leader, like the controllers: one
+    // replica decides and writes.
+    let grpc = args
+        .grpc
+        .config(authorization.clone())
+        .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics));
+    let grpc_server = match &grpc {
+        Some(hub) => {
+            let server = grpc::start(hub.clone(), shutdown.clone().wait()).await?;
+            // Agents are welcomed only once the hub sees everything.
+            readiness.set("grpc-synced", false);
+            let (hub, ready) = (hub.clone(), readiness.clone());
+            tokio::spawn(async move {
+                hub.wait_synced().await;
+                ready.set("grpc-synced", true);
+            });
+            Some(server)
+        }
+        None => None,
+    };
+    let ctx = controller::Context::with_grpc(
         client.clone(),
         delivery::work::WorkOptions {
             raw_feedback: args.raw_feedback,
         },
-        delivery::authz::Authorization {
-            require_placement: args.authorization == AuthorizationMode::Placement,
-            allow: args.allowed_targets.clone(),
-        },
+        authorization,
         metrics.clone(),
+        grpc,
     );
     let secrets = tokio::spawn(controller::clusters::run(
         client.clone(),
@@ -200,5 +235,8 @@ async fn run_controllers(
     .await;
     sweep.await?;
     secrets.await?;
+    if let Some(server) = grpc_server {
+        server.await?;
+    }
     Ok(())
 }

@@ -65,6 +65,37 @@ pub fn hash_bytes(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// The JSON merge patch (RFC 7386) that turns `from` into `to`, or `None`
+/// when they are equal. Used to take back fields someone else added to an
+/// object whose content one side owns, which server-side apply leaves alone.
+pub fn merge_diff(from: &Value, to: &Value) -> Option<Value> {
+    if from == to {
+        return None;
+    }
+    match (from, to) {
+        (Value::Object(f), Value::Object(t)) => {
+            let mut patch = serde_json::Map::new();
+            for (k, tv) in t {
+                match f.get(k) {
+                    Some(fv) => {
+                        if let Some(d) = merge_diff(fv, tv) {
+                            patch.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), tv.clone());
+                    }
+                }
+            }
+            for k in f.keys().filter(|k| !t.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            Some(Value::Object(patch))
+        }
+        _ => Some(to.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +128,64 @@ mod tests {
         }
         // Array order is content.
         assert_ne!(hash(&json!([1, 2])), hash(&json!([2, 1])));
+    }
+
+    /// RFC 7386 applied by hand, to check the diff against.
+    fn apply(target: &Value, patch: &Value) -> Value {
+        match (target, patch) {
+            (Value::Object(t), Value::Object(p)) => {
+                let mut out = t.clone();
+                for (k, v) in p {
+                    if v.is_null() {
+                        out.remove(k);
+                    } else {
+                        let cur = out.get(k).cloned().unwrap_or(Value::Null);
+                        out.insert(k.clone(), apply(&cur, v));
+                    }
+                }
+                Value::Object(out)
+            }
+            (_, Value::Object(p)) => apply(&json!({}), &Value::Object(p.clone())),
+            (_, p) => p.clone(),
+        }
+    }
+
+    #[test]
+    fn merge_diff_turns_one_value_into_the_other() {
+        let cases = [
+            (json!({ "a": 1 }), json!({ "a": 1 }), None),
+            (
+                json!({ "a": 1, "extra": { "x": 1 } }),
+                json!({ "a": 1 }),
+                Some(json!({ "extra": null })),
+            ),
+            (
+                json!({ "s": { "rev": "a", "path": "p" } }),
+                json!({ "s": { "rev": "b", "path": "p" } }),
+                Some(json!({ "s": { "rev": "b" } })),
+            ),
+            (
+                json!({ "l": [1, 2] }),
+                json!({ "l": [2] }),
+                Some(json!({ "l": [2] })),
+            ),
+            (
+                json!({}),
+                json!({ "n": { "m": 1 } }),
+                Some(json!({ "n": { "m": 1 } })),
+            ),
+            (
+                json!({ "a": "x" }),
+                json!({ "a": { "b": 1 } }),
+                Some(json!({ "a": { "b": 1 } })),
+            ),
+        ];
+        for (from, to, want) in cases {
+            let got = merge_diff(&from, &to);
+            assert_eq!(got, want, "{from} -> {to}");
+            if let Some(p) = got {
+                assert_eq!(apply(&from, &p), to, "{from} + {p}");
+            }
+        }
     }
 }

@@ -1,12 +1,35 @@
 //! The spoke-agent: dials the hub, applies the Applications it is sent for
 //! the local Argo CD, and streams their status back.
+//!
+//! - [`apply`]: what is applied, reported, and how commands run once (pure);
+//! - [`state`]: what the agent holds across connections;
+//! - [`worker`]: the writes to this cluster, parallel across Applications;
+//! - [`session`]: the connection to the hub;
+//! - [`tls`], [`backoff`]: certificates reloaded from disk, reconnect delays.
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+pub mod apply;
+pub mod backoff;
+pub mod metrics;
+pub mod session;
+pub mod state;
+pub mod tls;
+pub mod worker;
 
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_runtime::workqueue::WorkQueue;
 use argocd_pull_runtime::{AdminArgs, ClientArgs, LogArgs, Readiness, admin::Admin, shutdown};
 use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 use prometheus_client::registry::Registry;
 
 #[derive(Parser, Clone, Debug)]
@@ -56,6 +79,72 @@ pub struct Args {
     /// Who owns the Applications: the hub (`managed`) or this cluster (`autonomous`).
     #[arg(long, env = "ARGOCD_PULL_MODE", value_enum, default_value_t = Mode::Managed)]
     pub mode: Mode,
+    /// Shortest wait before reconnecting to the hub; it doubles with every
+    /// failed attempt, with jitter, up to `--reconnect-max`.
+    #[arg(long, env = "ARGOCD_PULL_RECONNECT_MIN", default_value = "500ms", value_parser = parse_duration)]
+    pub reconnect_min: Duration,
+    /// Longest wait before reconnecting to the hub.
+    #[arg(long, env = "ARGOCD_PULL_RECONNECT_MAX", default_value = "30s", value_parser = parse_duration)]
+    pub reconnect_max: Duration,
+    /// How often the certificate files are checked for a renewal.
+    #[arg(long, env = "ARGOCD_PULL_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub tls_reload_interval: Duration,
+    /// Writers to this cluster's API server, in parallel across Applications.
+    #[arg(long, env = "ARGOCD_PULL_WORKERS", default_value_t = 16)]
+    pub workers: usize,
+}
+
+/// Durations like `500ms`, `30s`, `5m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 500ms, 30s or 5m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("{s:?} is not a duration such as 500ms, 30s or 5m")),
+    };
+    if d.is_zero() {
+        return Err("the duration must be positive".into());
+    }
+    Ok(d)
+}
+
+/// What [`run_agent`] needs, from the flags (or a test).
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub cluster_name: String,
+    pub hub_address: String,
+    pub tls: tls::TlsFiles,
+    pub argocd_namespace: String,
+    pub mode: Mode,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    pub tls_reload_interval: Duration,
+    pub workers: usize,
+}
+
+impl Args {
+    pub fn config(&self) -> AgentConfig {
+        AgentConfig {
+            cluster_name: self.cluster_name.clone(),
+            hub_address: self.hub_address.clone(),
+            tls: tls::TlsFiles {
+                cert: self.tls_cert.clone(),
+                key: self.tls_key.clone(),
+                ca: self.hub_ca.clone(),
+            },
+            argocd_namespace: self.argocd_namespace.clone(),
+            mode: self.mode,
+            backoff_min: self.reconnect_min,
+            backoff_max: self.reconnect_max,
+            tls_reload_interval: self.tls_reload_interval,
+            workers: self.workers,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -70,7 +159,8 @@ pub enum Mode {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals()?;
     let readiness = Readiness::default();
-    let registry = Registry::with_prefix("argocd_pull_agent");
+    let mut registry = Registry::with_prefix("argocd_pull_agent");
+    let metrics = metrics::AgentMetrics::register(&mut registry);
     let admin = Admin::new(readiness.clone(), registry);
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 
@@ -82,7 +172,121 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(cluster = %args.cluster_name, server = %version.git_version, mode = ?args.mode, "connected to the managed cluster");
     readiness.set("cluster-api", true);
 
+    run_agent(args.config(), client, metrics, readiness, shutdown).await;
     server.await??;
     tracing::info!("stopped");
     Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Watched {
+    Managed,
+    Namespace,
+}
+
+/// The agent proper, until `shutdown`: the watch of this cluster's
+/// Applications, the workers, and the connection to the hub. Everything it
+/// starts stops when it returns or is dropped.
+pub async fn run_agent(
+    config: AgentConfig,
+    client: kube::Client,
+    metrics: metrics::AgentMetrics,
+    readiness: Readiness,
+    shutdown: shutdown::Shutdown,
+) {
+    readiness.set(session::HUB_CONNECTED, false);
+    let ar = application_resource();
+    let (api, watch_config, watched) = match config.mode {
+        // Only what it manages for the hub.
+        Mode::Managed => (
+            Api::<Application>::all_with(client.clone(), &ar),
+            watcher::Config::default().labels(&format!("{}=true", keys::HUB_MANAGED)),
+            Watched::Managed,
+        ),
+        // Everything the cluster's Argo CD reconciles.
+        Mode::Autonomous => (
+            Api::<Application>::namespaced_with(client.clone(), &config.argocd_namespace, &ar),
+            watcher::Config::default(),
+            Watched::Namespace,
+        ),
+    };
+    tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, "starting");
+    let writer = reflector::store::Writer::new(ar);
+    let store = writer.as_reader();
+    let state = Arc::new(state::AgentState::default());
+    let queue = WorkQueue::new();
+    let worker = Arc::new(worker::Worker {
+        client,
+        state: state.clone(),
+        store: store.clone(),
+        mode: config.mode,
+        metrics,
+        queue: queue.clone(),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    let q = queue.clone();
+    let (st, wk) = (store.clone(), worker.clone());
+    tasks.spawn(async move {
+        let events = reflector(writer, watcher::watcher(api, watch_config)).default_backoff();
+        tokio::pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(
+                    watcher::Event::Apply(a)
+                    | watcher::Event::InitApply(a)
+                    | watcher::Event::Delete(a),
+                ) => {
+                    q.add(apply::key_of(&a));
+                }
+                Ok(watcher::Event::InitDone) => {
+                    // Applications gone while the watch was down have no
+                    // delete event: look at everything known again.
+                    for key in wk.state.reported_keys() {
+                        q.add(key);
+                    }
+                    for a in st.state() {
+                        q.add(apply::key_of(&a));
+                    }
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(e) => tracing::warn!(error = %e, "watch of Applications failed; retrying"),
+            }
+        }
+    });
+    tasks.spawn(worker.clone().run(config.workers));
+    let _ = store.wait_until_ready().await;
+    let connection = Arc::new(session::Connection {
+        config,
+        worker,
+        readiness,
+    });
+    tasks.spawn(connection.run(shutdown.clone()));
+    shutdown.wait().await;
+    queue.close();
+    tasks.abort_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_parse_with_their_defaults() {
+        Args::command().debug_assert();
+        let args = Args::parse_from([
+            "spoke-agent",
+            "--cluster-name",
+            "c1",
+            "--hub-address",
+            "https://hub:8443",
+            "--reconnect-min",
+            "250ms",
+        ]);
+        let config = args.config();
+        assert_eq!(config.backoff_min, Duration::from_millis(250));
+        assert_eq!(config.backoff_max, Duration::from_secs(30));
+        assert_eq!(config.mode, Mode::Managed);
+        assert!(parse_duration("0s").is_err() && parse_duration("1d").is_err());
+    }
 }

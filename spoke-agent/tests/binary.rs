@@ -24,12 +24,18 @@ async fn starts_serves_admin_endpoints_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
 
-    wait::until("/readyz to answer ok", Duration::from_secs(60), || async {
-        match net::http_get(admin, "/readyz").await {
-            Ok((200, body)) if body == "ok" => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    // Up, but not ready: readiness reflects the connection to the hub,
+    // which is unreachable here.
+    wait::until(
+        "/readyz to name the missing hub connection",
+        Duration::from_secs(60),
+        || async {
+            match net::http_get(admin, "/readyz").await {
+                Ok((503, body)) if body == "not ready: hub-connected" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
     .await;
     assert_eq!(net::http_get(admin, "/healthz").await.unwrap().0, 200);
     let (code, _) = net::http_get(admin, "/metrics").await.unwrap();

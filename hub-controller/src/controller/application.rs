@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
+use argocd_pull_apis::ocm::{
+    ManagedCluster, ManifestWork, ManifestWorkDeleteOptionPropagationPolicy,
+    placement_decision_resource,
+};
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -23,7 +26,8 @@ use crate::delivery::authz::{Authorization, selected_by_placement};
 use crate::delivery::delivered_copy;
 use crate::delivery::feedback::{feedback, spoke_problem, status_update};
 use crate::delivery::operation::{self, carried_operation};
-use crate::delivery::target::{is_pulled, target};
+use crate::delivery::target::{Target, is_pulled, target};
+use crate::delivery::transport::{Transport, TransportError, choose};
 use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL, is_applied, manifest_work, work_name};
 
 /// How long in-flight reconciles get to finish once shutdown begins.
@@ -118,10 +122,22 @@ pub async fn run(
         refs
     };
 
-    let controller = Controller::for_stream_with(apps, app_store.clone(), ar.clone())
+    let mut controller = Controller::for_stream_with(apps, app_store.clone(), ar.clone())
         .watches_stream(works, work_owner)
         .watches_stream(clusters, cluster_apps)
         .watches_stream_with(decisions, namespace_apps, pdr);
+    // Applications moving to or from the gRPC transport: deliver by work, or
+    // hand the work over.
+    if let Some(switches) = ctx.grpc.as_ref().and_then(|g| g.transport_switches()) {
+        let q = queue.clone();
+        let switched =
+            tokio_stream::wrappers::UnboundedReceiverStream::new(switches).map(move |r| {
+                let r = ObjectRef::new_with(&r.name, application_resource()).within(&r.namespace);
+                q.triggered(r.clone());
+                r
+            });
+        controller = controller.reconcile_on(switched);
+    }
 
     let caches_ready = {
         let c = ctx.caches.clone();
@@ -206,6 +222,13 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         Api::namespaced_with(ctx.client.clone(), &ns, &application_resource());
 
     if app.metadata.deletion_timestamp.is_some() {
+        if let Ok(t) = target(app)
+            && is_pulled(app)
+            && transport_of(app, &t, ctx).await == Ok(Transport::Grpc)
+        {
+            // The gRPC side deletes it on the spoke and releases it.
+            return hand_over_to_grpc(app, &t, ctx).await;
+        }
         return finalize(app, &apps, ctx).await;
     }
     if !is_pulled(app) {
@@ -218,6 +241,18 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             return Ok(Action::await_change());
         }
     };
+    match transport_of(app, &target, ctx).await {
+        Ok(Transport::ManifestWork) => {}
+        Ok(Transport::Grpc) => return hand_over_to_grpc(app, &target, ctx).await,
+        Err(e) => {
+            let reason = match e {
+                TransportError::Invalid(_) => "InvalidAnnotation",
+                TransportError::GrpcDisabled => "TransportUnavailable",
+            };
+            refuse(app, &apps, ctx, reason, &e.to_string()).await?;
+            return Ok(Action::await_change());
+        }
+    }
     if !ctx.caches.cluster_exists(&target.cluster) {
         let msg = format!(
             "ManagedCluster {:?} does not exist: fix annotation {} or register the cluster with OCM",
@@ -339,6 +374,78 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     })
 }
 
+/// The transport of `app` (see [`crate::delivery::transport`]); waits for
+/// the gRPC side's view of the addons, so a cluster's Applications are never
+/// delivered by work just because that view is still loading.
+async fn transport_of(
+    app: &Application,
+    target: &Target,
+    ctx: &Context,
+) -> Result<Transport, TransportError> {
+    let addon_enabled = match &ctx.grpc {
+        Some(hub) => {
+            hub.wait_synced().await;
+            hub.addon_enabled(&target.cluster)
+        }
+        None => false,
+    };
+    choose(
+        app.metadata.annotations.as_ref(),
+        addon_enabled,
+        ctx.grpc.is_some(),
+    )
+}
+
+/// The gRPC transport delivers `app`: a ManifestWork left from before the
+/// switch is deleted with `deleteOption: Orphan` first, so that the work
+/// agent leaves the Application running on the spoke for the spoke-agent
+/// to take over; nothing is ever deleted there by the switch.
+async fn hand_over_to_grpc(
+    app: &Application,
+    target: &Target,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let name = work_name(&app.namespace().unwrap_or_default(), &app.name_any());
+    let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
+    let existing = match ctx.caches.work(&target.cluster, &name) {
+        Lookup::Known(w) => w.map(Arc::unwrap_or_clone),
+        Lookup::Stale => works.get_opt(&name).await?,
+    };
+    let Some(work) = existing else {
+        return Ok(Action::await_change());
+    };
+    let orphaned = work
+        .spec
+        .delete_option
+        .as_ref()
+        .and_then(|d| d.propagation_policy.as_ref())
+        == Some(&ManifestWorkDeleteOptionPropagationPolicy::Orphan);
+    if !orphaned {
+        let orphan = json!({ "spec": { "deleteOption": { "propagationPolicy": "Orphan" } } });
+        match works
+            .patch(&name, &PatchParams::default(), &Patch::Merge(orphan))
+            .await
+        {
+            Ok(w) => ctx.caches.written.record(&w),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if work.metadata.deletion_timestamp.is_none() {
+        match works.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        ctx.caches
+            .written
+            .forget(&ObjectRef::new(&name).within(&target.cluster));
+        tracing::info!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), cluster = %target.cluster, work = %name,
+            "handed over to the gRPC transport; ManifestWork deleted with the Application orphaned on the spoke");
+    }
+    Ok(Action::await_change())
+}
+
 /// Whether namespace `ns` may deploy to `cluster` (see [`crate::delivery::authz`]).
 fn authorized(ctx: &Context, ns: &str, cluster: &str) -> bool {
     ctx.authorization.allowed_without_placement(ns, cluster)
@@ -392,7 +499,7 @@ fn owned_status(current: &Value) -> Value {
 }
 
 /// Sets (or, with `None`, removes) argocd-pull's condition, keeping others.
-fn set_condition(status: &mut Value, message: Option<String>) {
+pub(crate) fn set_condition(status: &mut Value, message: Option<String>) {
     let mut conditions: Vec<Value> = status
         .get("conditions")
         .and_then(Value::as_array)
@@ -459,7 +566,7 @@ async fn write_status(
 
 /// Argo CD's finalizers: the hub's Argo CD skips the dormant copy, so only
 /// argocd-pull can release them, once the spoke has deleted its copy.
-fn is_argocd_finalizer(f: &str) -> bool {
+pub(crate) fn is_argocd_finalizer(f: &str) -> bool {
     f.split('/')
         .next()
         .is_some_and(|domain| domain.ends_with("argocd.argoproj.io"))

@@ -39,6 +39,9 @@ pub struct Context {
     pub metrics: Metrics,
     pub caches: Caches,
     pub queue: Queue,
+    /// The gRPC transport, when this hub serves it: Applications it
+    /// delivers are left to it (see [`crate::delivery::transport`]).
+    pub grpc: Option<Arc<crate::grpc::Hub>>,
     /// The write sides of the caches, taken once by the controller's run.
     writers: Mutex<Option<Writers>>,
 }
@@ -57,6 +60,17 @@ impl Context {
         options: WorkOptions,
         authorization: Authorization,
         metrics: Metrics,
+    ) -> Arc<Self> {
+        Self::with_grpc(client, options, authorization, metrics, None)
+    }
+
+    /// A context whose controller shares the clusters with the gRPC transport.
+    pub fn with_grpc(
+        client: Client,
+        options: WorkOptions,
+        authorization: Authorization,
+        metrics: Metrics,
+        grpc: Option<Arc<crate::grpc::Hub>>,
     ) -> Arc<Self> {
         let reporter = Reporter {
             controller: "argocd-pull-hub-controller".into(),
@@ -83,6 +97,7 @@ impl Context {
             queue: Queue::new(metrics.queue_depth.clone()),
             metrics,
             caches,
+            grpc,
             writers: Mutex::new(Some(writers)),
         })
     }

@@ -1,0 +1,556 @@
+//! The gRPC transport end to end: one hub and two managed clusters (real
+//! API servers), the hub-controller binary serving gRPC, a spoke-agent per
+//! managed cluster (in-process, so that a test can kill it), certificates
+//! from a test CA, and a stand-in for each managed cluster's Argo CD that
+//! does what Argo CD does to an Application: reports health, runs a sync
+//! set in `.operation` (recording it in `status.history`), honours a
+//! refresh request, and releases its finalizer on deletion.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::ManagedClusterAddOn;
+use argocd_pull_runtime::Readiness;
+use argocd_pull_runtime::shutdown::{self, Trigger};
+use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics, tls::TlsFiles};
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use testenv::pki::{Ca, CertKey};
+use testenv::{Cluster, ClusterConfig, CrdSet, net, wait};
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+/// Where delivered Applications go on the managed clusters.
+pub const SPOKE_NS: &str = "argocd";
+
+/// The certificate subject OCM issues to the argocd-pull addon's agent.
+pub fn agent_subject(cluster: &str) -> String {
+    format!("system:open-cluster-management:cluster:{cluster}:addon:argocd-pull:agent:spoke-agent")
+}
+
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub ca: Ca,
+    pub hub: Cluster,
+    pub hub_client: kube::Client,
+    pub spokes: Vec<Spoke>,
+    /// Namespace of the test's Applications; its Placement selects both clusters.
+    pub team: String,
+    pub grpc_addr: SocketAddr,
+    pub hub_process: Option<HubProcess>,
+}
+
+pub struct Spoke {
+    pub name: String,
+    pub cluster: Cluster,
+    pub client: kube::Client,
+    pub agent: Option<Agent>,
+    pub argocd: FakeArgoCd,
+    pub certs: TlsFiles,
+}
+
+pub struct HubProcess {
+    pub child: tokio::process::Child,
+    pub admin: SocketAddr,
+}
+
+impl HubProcess {
+    pub async fn metrics(&self) -> String {
+        net::http_get(self.admin, "/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    }
+}
+
+/// An in-process spoke-agent; dropping or [`Agent::kill`]ing it stops
+/// everything it runs at once, as a crash would.
+pub struct Agent {
+    trigger: Trigger,
+    task: tokio::task::JoinHandle<()>,
+    pub readiness: Readiness,
+    pub metrics: AgentMetrics,
+}
+
+impl Agent {
+    /// Stops it the way a crash would: every task dropped mid-flight.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+
+    pub async fn stop(mut self) {
+        self.trigger.fire();
+        let task = std::mem::replace(&mut self.task, tokio::spawn(async {}));
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+
+    pub fn connected(&self) -> bool {
+        self.readiness.report().0
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Writes a PEM pair to `dir/name.{crt,key}` and returns the paths.
+pub fn write_pair(dir: &Path, name: &str, pair: &CertKey) -> (PathBuf, PathBuf) {
+    let (crt, key) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&crt, &pair.cert_pem).unwrap();
+    std::fs::write(&key, &pair.key_pem).unwrap();
+    (crt, key)
+}
+
+impl Env {
+    /// A hub and `clusters` managed clusters, their ManagedClusters and
+    /// addons on the hub, a team namespace whose Placement selects them, and
+    /// the certificates; nothing running yet.
+    pub async fn new(clusters: &[&str]) -> Env {
+        testenv::init_tracing();
+        let mut starts = vec![Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))];
+        for c in clusters {
+            starts.push(Cluster::start(ClusterConfig::new(*c, CrdSet::Managed)));
+        }
+        let mut started = futures::future::join_all(starts).await.into_iter();
+        let hub = started.next().unwrap().unwrap();
+        let hub_client = hub.client().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("argocd-pull-test-grpc-ca").unwrap();
+        std::fs::write(dir.path().join("ca.crt"), &ca.pem.cert_pem).unwrap();
+        let serving = ca
+            .serving(
+                &["localhost"],
+                &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+            )
+            .unwrap();
+        write_pair(dir.path(), "hub", &serving);
+
+        let mut spokes = Vec::new();
+        for (name, cluster) in clusters.iter().zip(started) {
+            let cluster = cluster.unwrap();
+            cluster.ensure_namespace(SPOKE_NS).await.unwrap();
+            super::common::managed_cluster(&hub, name).await;
+            enable_addon(&hub_client, name).await;
+            let (cert, key) = write_pair(
+                dir.path(),
+                name,
+                &ca.client(&agent_subject(name), None).unwrap(),
+            );
+            let client = cluster.client().await.unwrap();
+            spokes.push(Spoke {
+                name: name.to_string(),
+                argocd: FakeArgoCd::start(client.clone()),
+                client,
+                cluster,
+                agent: None,
+                certs: TlsFiles {
+                    cert,
+                    key,
+                    ca: dir.path().join("ca.crt"),
+                },
+            });
+        }
+        let team = hub.namespace("team").await.unwrap();
+        super::common::placement_selects(&hub_client, &team, clusters).await;
+        Env {
+            dir,
+            ca,
+            hub,
+            hub_client,
+            spokes,
+            team,
+            grpc_addr: net::free_addr().unwrap(),
+            hub_process: None,
+        }
+    }
+
+    /// Starts the hub-controller binary serving gRPC, waits until ready.
+    pub async fn start_hub(&mut self, extra: &[&str]) {
+        let admin = net::free_addr().unwrap();
+        let d = self.dir.path();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
+            .arg("--kubeconfig")
+            .arg(self.hub.kubeconfig())
+            .args(["--admin-addr", &admin.to_string(), "--leader-elect=false"])
+            .args(["--grpc-addr", &self.grpc_addr.to_string()])
+            .arg("--grpc-tls-cert")
+            .arg(d.join("hub.crt"))
+            .arg("--grpc-tls-key")
+            .arg(d.join("hub.key"))
+            .arg("--grpc-client-ca")
+            .arg(d.join("ca.crt"))
+            .args(["--grpc-heartbeat", "2s", "--grpc-digest-interval", "5s"])
+            .args(extra)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let process = HubProcess { child, admin };
+        wait::until("the hub-controller to be ready", TIMEOUT, || async {
+            match net::http_get(admin, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        self.hub_process = Some(process);
+    }
+
+    /// Kills the hub-controller with SIGKILL: no goodbye to anyone.
+    pub async fn kill_hub(&mut self) {
+        if let Some(mut p) = self.hub_process.take() {
+            p.child.start_kill().unwrap();
+            let _ = p.child.wait().await;
+        }
+    }
+
+    pub fn hub_address(&self) -> String {
+        format!("https://{}", self.grpc_addr)
+    }
+
+    /// The agent configuration of spoke `i`, dialling `address`.
+    pub fn agent_config(&self, i: usize, address: &str, mode: Mode) -> AgentConfig {
+        let s = &self.spokes[i];
+        AgentConfig {
+            cluster_name: s.name.clone(),
+            hub_address: address.to_string(),
+            tls: s.certs.clone(),
+            argocd_namespace: SPOKE_NS.into(),
+            mode,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+            tls_reload_interval: Duration::from_millis(500),
+            workers: 8,
+        }
+    }
+
+    /// Starts spoke `i`'s agent with `config`.
+    pub fn start_agent_with(&mut self, i: usize, config: AgentConfig) {
+        let (trigger, stop) = shutdown::channel();
+        let readiness = Readiness::default();
+        readiness.set("cluster-api", true);
+        let metrics = AgentMetrics::default();
+        let task = tokio::spawn(argocd_pull_spoke_agent::run_agent(
+            config,
+            self.spokes[i].client.clone(),
+            metrics.clone(),
+            readiness.clone(),
+            stop,
+        ));
+        self.spokes[i].agent = Some(Agent {
+            trigger,
+            task,
+            readiness,
+            metrics,
+        });
+    }
+
+    pub fn start_agent(&mut self, i: usize, mode: Mode) {
+        let config = self.agent_config(i, &self.hub_address(), mode);
+        self.start_agent_with(i, config);
+    }
+
+    /// Waits until every running agent is connected.
+    pub async fn wait_connected(&self) {
+        wait::until("the agents to connect", TIMEOUT, || async {
+            let down: Vec<&str> = self
+                .spokes
+                .iter()
+                .filter(|s| s.agent.as_ref().is_some_and(|a| !a.connected()))
+                .map(|s| s.name.as_str())
+                .collect();
+            if down.is_empty() {
+                Ok(())
+            } else {
+                Err(down.join(","))
+            }
+        })
+        .await;
+    }
+
+    pub fn hub_apps(&self) -> Api<Application> {
+        Api::namespaced_with(self.hub_client.clone(), &self.team, &application_resource())
+    }
+
+    pub fn spoke_apps(&self, i: usize) -> Api<Application> {
+        Api::namespaced_with(
+            self.spokes[i].client.clone(),
+            SPOKE_NS,
+            &application_resource(),
+        )
+    }
+
+    /// A pull-model Application for cluster `i`, delivered to `argocd` there.
+    pub fn app(&self, name: &str, i: usize, extra: Value) -> Application {
+        let mut annotations = json!({
+            keys::MANAGED_CLUSTER: self.spokes[i].name,
+            keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NS,
+            keys::SKIP_RECONCILE: "true",
+        });
+        if let Some(Value::Object(more)) = extra.pointer("/metadata/annotations") {
+            for (k, v) in more {
+                annotations[k] = v.clone();
+            }
+        }
+        let mut rest = extra.clone();
+        if let Some(Value::Object(m)) = rest.get_mut("metadata") {
+            m.remove("annotations");
+        }
+        super::common::app(name, &self.team, annotations, rest)
+    }
+
+    /// Every hub Application of the team, by name.
+    pub async fn hub_state(&self) -> BTreeMap<String, Application> {
+        self.hub_apps()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|a| (a.name_any(), a))
+            .collect()
+    }
+
+    /// Converged: for every hub Application of the team on a spoke in
+    /// `expected` (name -> spoke index), the spoke copy exists with the hub's
+    /// spec, the hub copy shows the spoke's status and carries no command;
+    /// no other Application is managed for the hub on any spoke.
+    pub async fn converged(&self, expected: &BTreeMap<String, usize>) -> Result<(), String> {
+        let hub = self.hub_state().await;
+        if hub.keys().collect::<Vec<_>>() != expected.keys().collect::<Vec<_>>() {
+            return Err(format!("hub has {:?}", hub.keys().collect::<Vec<_>>()));
+        }
+        for (i, _) in self.spokes.iter().enumerate() {
+            let spoke: BTreeMap<String, Application> = self
+                .spoke_apps(i)
+                .list(
+                    &kube::api::ListParams::default()
+                        .labels(&format!("{}=true", keys::HUB_MANAGED)),
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .map(|a| (a.name_any(), a))
+                .collect();
+            let want: Vec<&String> = expected
+                .iter()
+                .filter(|(_, s)| **s == i)
+                .map(|(n, _)| n)
+                .collect();
+            if spoke.keys().collect::<Vec<_>>() != want {
+                return Err(format!(
+                    "spoke {i} has {:?}, want {want:?}",
+                    spoke.keys().collect::<Vec<_>>()
+                ));
+            }
+            for name in want {
+                let (h, s) = (&hub[name], &spoke[name]);
+                let mut hub_spec = h.data["spec"].clone();
+                hub_spec["destination"] = json!({ "server": "https://kubernetes.default.svc", "namespace": hub_spec["destination"]["namespace"] });
+                if s.data["spec"] != hub_spec {
+                    return Err(format!(
+                        "{name}: spoke spec {} != hub spec {}",
+                        s.data["spec"], hub_spec
+                    ));
+                }
+                if s.metadata.deletion_timestamp.is_some() {
+                    return Err(format!("{name}: being deleted on spoke {i}"));
+                }
+                let hub_status = h.data.get("status").cloned().unwrap_or_default();
+                let spoke_status = s.data.get("status").cloned().unwrap_or_default();
+                if hub_status != spoke_status {
+                    return Err(format!(
+                        "{name}: hub status {hub_status} != spoke status {spoke_status}"
+                    ));
+                }
+                if h.data.get("operation").is_some_and(|o| !o.is_null())
+                    || h.annotations().contains_key(keys::REFRESH)
+                    || h.annotations().contains_key(keys::SYNC_REQUEST)
+                {
+                    return Err(format!("{name}: a command is still pending on the hub"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What OCM's `clusteradm addon enable` does: a ManagedClusterAddOn named
+/// after the addon in the cluster's namespace.
+pub async fn enable_addon(hub: &kube::Client, cluster: &str) {
+    let addon: ManagedClusterAddOn = serde_json::from_value(json!({
+        "apiVersion": "addon.open-cluster-management.io/v1alpha1", "kind": "ManagedClusterAddOn",
+        "metadata": { "name": keys::ADDON_NAME, "namespace": cluster },
+        "spec": {}
+    }))
+    .unwrap();
+    match Api::<ManagedClusterAddOn>::namespaced(hub.clone(), cluster)
+        .create(&PostParams::default(), &addon)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("{e}"),
+    }
+}
+
+pub async fn disable_addon(hub: &kube::Client, cluster: &str) {
+    Api::<ManagedClusterAddOn>::namespaced(hub.clone(), cluster)
+        .delete(keys::ADDON_NAME, &Default::default())
+        .await
+        .unwrap();
+}
+
+/// A stand-in for a managed cluster's Argo CD, acting on every Application
+/// of the cluster as its application controller would.
+pub struct FakeArgoCd {
+    task: tokio::task::JoinHandle<()>,
+    /// Sync operations run, by Application name, in order (their revisions).
+    pub syncs: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
+    /// Refreshes done, by Application name.
+    pub refreshes: Arc<Mutex<BTreeMap<String, u32>>>,
+}
+
+impl Drop for FakeArgoCd {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeArgoCd {
+    pub fn start(client: kube::Client) -> Self {
+        let syncs: Arc<Mutex<BTreeMap<String, Vec<String>>>> = Arc::default();
+        let refreshes: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+        let (s, r) = (syncs.clone(), refreshes.clone());
+        let task = tokio::spawn(async move {
+            let api: Api<Application> = Api::all_with(client.clone(), &application_resource());
+            let events = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects();
+            tokio::pin!(events);
+            while let Some(Ok(app)) = events.next().await {
+                act(&client, &app, &s, &r).await;
+            }
+        });
+        Self {
+            task,
+            syncs,
+            refreshes,
+        }
+    }
+
+    pub fn syncs_of(&self, name: &str) -> Vec<String> {
+        self.syncs
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn refreshes_of(&self, name: &str) -> u32 {
+        self.refreshes
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+async fn act(
+    client: &kube::Client,
+    app: &Application,
+    syncs: &Mutex<BTreeMap<String, Vec<String>>>,
+    refreshes: &Mutex<BTreeMap<String, u32>>,
+) {
+    let api: Api<Application> = Api::namespaced_with(
+        client.clone(),
+        &app.namespace().unwrap_or_default(),
+        &application_resource(),
+    );
+    let name = app.name_any();
+    let rv = app.resource_version();
+    let patch = if app.metadata.deletion_timestamp.is_some() {
+        if app.finalizers().is_empty() {
+            return;
+        }
+        // Cascade-deleted the resources; lets the Application go.
+        json!({ "metadata": { "finalizers": null, "resourceVersion": rv } })
+    } else if let Some(op) = app.data.get("operation").filter(|o| !o.is_null()) {
+        let revision = op
+            .pointer("/sync/revision")
+            .and_then(Value::as_str)
+            .unwrap_or("HEAD")
+            .to_string();
+        let mut history = app
+            .data
+            .pointer("/status/history")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let id = history.len() as i64 + 1;
+        let started = format!("2026-01-01T00:{:02}:{:02}Z", id / 60 % 60, id % 60);
+        history.push(json!({ "id": id, "revision": revision, "deployedAt": started }));
+        json!({
+            "metadata": { "resourceVersion": rv },
+            "operation": null,
+            "status": {
+                "health": { "status": "Healthy" },
+                "sync": { "status": "Synced", "revision": revision },
+                "operationState": { "operation": op, "phase": "Succeeded", "startedAt": started, "finishedAt": started },
+                "history": history,
+            }
+        })
+    } else if let Some(kind) = app.annotations().get(keys::REFRESH) {
+        let _ = kind;
+        json!({
+            "metadata": { "resourceVersion": rv, "annotations": { keys::REFRESH: null } },
+            "status": { "reconciledAt": "2026-01-01T01:00:00Z" },
+        })
+    } else if app.data.pointer("/status/health").is_none() {
+        json!({
+            "metadata": { "resourceVersion": rv },
+            "status": { "health": { "status": "Healthy" }, "sync": { "status": "Synced" } },
+        })
+    } else {
+        return;
+    };
+    let ran_sync = patch.get("operation").is_some();
+    let ran_refresh = patch.pointer("/status/reconciledAt").is_some();
+    if api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .is_ok()
+    {
+        if ran_sync {
+            let revision = app
+                .data
+                .pointer("/operation/sync/revision")
+                .and_then(Value::as_str)
+                .unwrap_or("HEAD");
+            syncs
+                .lock()
+                .unwrap()
+                .entry(name.clone())
+                .or_default()
+                .push(revision.to_string());
+        }
+        if ran_refresh {
+            *refreshes.lock().unwrap().entry(name).or_default() += 1;
+        }
+    }
+}

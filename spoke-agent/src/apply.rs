@@ -1,0 +1,398 @@
+//! Pure decisions of the agent: what it applies for the hub, how it tells a
+//! local edit from its own write, what it reports, and how a command runs
+//! exactly once. No client: the worker feeds them objects from its cache.
+
+use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::keys;
+use argocd_pull_proto::content;
+use argocd_pull_proto::v1::{ObjectKey, ObjectMeta, ObservedApplication, RefreshKind};
+use kube::ResourceExt;
+use serde_json::{Map, Value, json};
+
+/// Field manager of everything the agent applies.
+pub const MANAGER: &str = "argocd-pull-agent";
+
+/// How many operation ids an Application remembers.
+pub const OPERATION_MEMORY: usize = 16;
+
+/// The key of an Application.
+pub fn key_of(app: &Application) -> ObjectKey {
+    ObjectKey {
+        namespace: app.namespace().unwrap_or_default(),
+        name: app.name_any(),
+    }
+}
+
+/// Why a delivered Application cannot be applied as sent.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("application_json is not JSON: {0}")]
+    Json(String),
+    #[error("application_json is not an argoproj.io Application")]
+    NotAnApplication,
+    #[error("application_json names {got}, but the message is for {want}")]
+    WrongKey { got: String, want: String },
+}
+
+/// What the agent applies for the hub's desired state: the delivered copy,
+/// marked as managed for the hub, with the version and the hash of its spec
+/// (to tell a local edit from the agent's own write).
+pub fn applied_config(
+    key: &ObjectKey,
+    json: &[u8],
+    hub_uid: &str,
+    version: &str,
+) -> Result<Value, Invalid> {
+    let mut app: Value = serde_json::from_slice(json).map_err(|e| Invalid::Json(e.to_string()))?;
+    if app.get("kind").and_then(Value::as_str) != Some("Application")
+        || !app
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| v.starts_with("argoproj.io/"))
+    {
+        return Err(Invalid::NotAnApplication);
+    }
+    let name = app
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let ns = app
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if name != key.name || ns != key.namespace {
+        return Err(Invalid::WrongKey {
+            got: format!("{ns}/{name}"),
+            want: format!("{}/{}", key.namespace, key.name),
+        });
+    }
+    let spec_hash = content::hash(app.get("spec").unwrap_or(&Value::Null));
+    let meta = app
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .expect("checked above");
+    let labels = meta.entry("labels").or_insert_with(|| json!({}));
+    if let Value::Object(l) = labels {
+        l.insert(keys::HUB_MANAGED.into(), "true".into());
+    }
+    let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+    if let Value::Object(a) = annotations {
+        a.insert(keys::HUB_UID.into(), hub_uid.into());
+        a.insert(keys::DESIRED_VERSION.into(), version.into());
+        a.insert(keys::SPEC_HASH.into(), spec_hash.into());
+    }
+    // Operations travel as commands and status is the spoke's.
+    if let Value::Object(m) = &mut app {
+        m.remove("operation");
+        m.remove("status");
+    }
+    Ok(app)
+}
+
+/// Whether `app` is managed for the hub.
+pub fn is_managed(app: &Application) -> bool {
+    app.labels().get(keys::HUB_MANAGED).map(String::as_str) == Some("true")
+}
+
+/// Whether the spec differs from what the agent last wrote.
+pub fn is_edited(app: &Application) -> bool {
+    let hash = content::hash(app.data.get("spec").unwrap_or(&Value::Null));
+    app.annotations().get(keys::SPEC_HASH) != Some(&hash)
+}
+
+/// The agent's entry for `app` in its replica of the hub's desired set:
+/// the version it applied, or nothing that can match when it was edited
+/// locally (so that the hub sends it again) or is being deleted.
+pub fn replica_version(app: &Application) -> Option<String> {
+    if !is_managed(app) || app.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    if is_edited(app) {
+        return Some(String::new());
+    }
+    app.annotations().get(keys::DESIRED_VERSION).cloned()
+}
+
+/// The ids of the operations started on `app`, oldest first.
+pub fn operation_ids(app: &Application) -> Vec<String> {
+    app.annotations()
+        .get(keys::OPERATION_IDS)
+        .map(|ids| {
+            ids.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the agent reports about `app`, and its version. In autonomous mode
+/// the Application itself travels too, for the hub's read-only mirror.
+pub fn observed(app: &Application, autonomous: bool) -> (String, ObservedApplication) {
+    let status = content::canonical(app.data.get("status").unwrap_or(&json!({})));
+    let application = if autonomous {
+        content::canonical(&mirror_source(app))
+    } else {
+        Vec::new()
+    };
+    let last_operation_id = operation_ids(app).pop().unwrap_or_default();
+    let version = content::hash_bytes(
+        &[
+            status.as_slice(),
+            b"\0",
+            application.as_slice(),
+            b"\0",
+            last_operation_id.as_bytes(),
+        ]
+        .concat(),
+    );
+    let observed = ObservedApplication {
+        meta: Some(ObjectMeta {
+            uid: app.metadata.uid.clone().unwrap_or_default(),
+            resource_version: app.resource_version().unwrap_or_default(),
+            generation: app.metadata.generation.unwrap_or_default(),
+            version: version.clone(),
+        }),
+        status_json: status,
+        application_json: application,
+        last_operation_id,
+    };
+    (version, observed)
+}
+
+/// The Application without status, operation and server-set metadata.
+fn mirror_source(app: &Application) -> Value {
+    let mut meta = Map::new();
+    meta.insert("name".into(), app.name_any().into());
+    meta.insert(
+        "namespace".into(),
+        app.namespace().unwrap_or_default().into(),
+    );
+    let labels = app.labels();
+    if !labels.is_empty() {
+        meta.insert("labels".into(), json!(labels));
+    }
+    let annotations = app.annotations();
+    if !annotations.is_empty() {
+        meta.insert("annotations".into(), json!(annotations));
+    }
+    let mut out = Map::new();
+    out.insert("apiVersion".into(), "argoproj.io/v1alpha1".into());
+    out.insert("kind".into(), "Application".into());
+    out.insert("metadata".into(), meta.into());
+    if let Value::Object(fields) = &app.data {
+        for (k, v) in fields {
+            if !matches!(
+                k.as_str(),
+                "status" | "operation" | "apiVersion" | "kind" | "metadata"
+            ) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// A command, as the agent runs it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    Sync(Value),
+    Refresh(RefreshKind),
+    Terminate,
+}
+
+/// The outcome of deciding a command against the Application as it is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Run {
+    /// Already carried out: never again.
+    Duplicate,
+    /// Nothing to do (terminate without a running operation).
+    Nothing,
+    /// Write this merge patch (it records the id in the same write).
+    Patch(Value),
+}
+
+/// Runs a command at most once: the id is recorded on the Application in
+/// the same write that starts it, and the write carries the
+/// resourceVersion it was decided on, so two deliveries of the same
+/// command can never both succeed.
+pub fn run_command(app: &Application, id: &str, command: &Command) -> Run {
+    let mut ids = operation_ids(app);
+    if ids.iter().any(|i| i == id) {
+        return Run::Duplicate;
+    }
+    ids.push(id.to_string());
+    let skip = ids.len().saturating_sub(OPERATION_MEMORY);
+    let ids = ids[skip..].join(",");
+    let rv = app.resource_version();
+    match command {
+        Command::Sync(op) => Run::Patch(json!({
+            "metadata": { "resourceVersion": rv, "annotations": { keys::OPERATION_IDS: ids } },
+            "operation": op,
+        })),
+        Command::Refresh(kind) => Run::Patch(json!({
+            "metadata": { "resourceVersion": rv, "annotations": {
+                keys::OPERATION_IDS: ids,
+                keys::REFRESH: match kind { RefreshKind::Hard => "hard", _ => "normal" },
+            } },
+        })),
+        Command::Terminate => {
+            let running = app
+                .data
+                .pointer("/status/operationState/phase")
+                .and_then(Value::as_str)
+                == Some("Running");
+            if !running {
+                return Run::Nothing;
+            }
+            // What Argo CD's API server does for `argocd app terminate-op`.
+            Run::Patch(json!({
+                "metadata": { "resourceVersion": rv, "annotations": { keys::OPERATION_IDS: ids } },
+                "status": { "operationState": { "phase": "Terminating" } },
+            }))
+        }
+    }
+}
+
+/// The merge patch that stops managing `app` for the hub, leaving it running.
+pub fn release_patch() -> Value {
+    json!({ "metadata": {
+        "labels": { keys::HUB_MANAGED: null },
+        "annotations": { keys::HUB_UID: null, keys::DESIRED_VERSION: null, keys::SPEC_HASH: null },
+    }})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> ObjectKey {
+        ObjectKey {
+            namespace: "argocd".into(),
+            name: "gb".into(),
+        }
+    }
+
+    fn delivered() -> Value {
+        json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": { "name": "gb", "namespace": "argocd", "labels": { "team": "a" } },
+            "spec": { "project": "default", "source": { "path": "p" } },
+        })
+    }
+
+    fn app(v: Value) -> Application {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_applied_config_is_marked_and_hashed() {
+        let config = applied_config(
+            &key(),
+            &serde_json::to_vec(&delivered()).unwrap(),
+            "u1",
+            "u1.abc",
+        )
+        .unwrap();
+        assert_eq!(
+            config["metadata"]["labels"],
+            json!({ "team": "a", keys::HUB_MANAGED: "true" })
+        );
+        assert_eq!(
+            config["metadata"]["annotations"][keys::DESIRED_VERSION],
+            "u1.abc"
+        );
+        let a = app(config.clone());
+        assert!(is_managed(&a) && !is_edited(&a));
+        assert_eq!(replica_version(&a).as_deref(), Some("u1.abc"));
+
+        let mut edited = config.clone();
+        edited["spec"]["source"]["path"] = json!("other");
+        let edited = app(edited);
+        assert!(is_edited(&edited));
+        assert_eq!(
+            replica_version(&edited).as_deref(),
+            Some(""),
+            "never matches the hub"
+        );
+    }
+
+    #[test]
+    fn bad_deliveries_are_refused_with_a_reason() {
+        let cases = [
+            (b"not json".to_vec(), "not JSON"),
+            (
+                serde_json::to_vec(&json!({ "kind": "ConfigMap", "apiVersion": "v1" })).unwrap(),
+                "not an argoproj.io Application",
+            ),
+            (
+                serde_json::to_vec(&{
+                    let mut d = delivered();
+                    d["metadata"]["name"] = json!("x");
+                    d
+                })
+                .unwrap(),
+                "names argocd/x, but the message is for argocd/gb",
+            ),
+        ];
+        for (json, want) in cases {
+            let err = applied_config(&key(), &json, "u", "v")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err}");
+        }
+    }
+
+    #[test]
+    fn commands_run_once_and_remember_a_bounded_history() {
+        let mut a = delivered();
+        a["metadata"]["resourceVersion"] = json!("5");
+        let a = app(a);
+        let sync = Command::Sync(json!({ "sync": { "revision": "r" } }));
+        let Run::Patch(p) = run_command(&a, "op-1", &sync) else {
+            panic!()
+        };
+        assert_eq!(p["operation"], json!({ "sync": { "revision": "r" } }));
+        assert_eq!(p["metadata"]["annotations"][keys::OPERATION_IDS], "op-1");
+        assert_eq!(p["metadata"]["resourceVersion"], "5");
+
+        let mut done = delivered();
+        let ids: Vec<String> = (0..OPERATION_MEMORY).map(|i| format!("op-{i}")).collect();
+        done["metadata"]["annotations"] = json!({ keys::OPERATION_IDS: ids.join(",") });
+        let done = app(done);
+        assert_eq!(run_command(&done, "op-3", &sync), Run::Duplicate);
+        let Run::Patch(p) = run_command(&done, "new", &Command::Refresh(RefreshKind::Hard)) else {
+            panic!()
+        };
+        let recorded = p["metadata"]["annotations"][keys::OPERATION_IDS]
+            .as_str()
+            .unwrap();
+        assert_eq!(recorded.split(',').count(), OPERATION_MEMORY);
+        assert!(recorded.ends_with(",new") && !recorded.contains("op-0,"));
+        assert_eq!(p["metadata"]["annotations"][keys::REFRESH], "hard");
+        assert_eq!(run_command(&a, "t", &Command::Terminate), Run::Nothing);
+    }
+
+    #[test]
+    fn reports_change_exactly_when_what_they_carry_changes() {
+        let mut a = delivered();
+        a["status"] = json!({ "health": { "status": "Healthy" } });
+        a["metadata"]["resourceVersion"] = json!("1");
+        let (v1, o) = observed(&app(a.clone()), false);
+        assert!(o.application_json.is_empty());
+        a["metadata"]["resourceVersion"] = json!("2");
+        assert_eq!(
+            observed(&app(a.clone()), false).0,
+            v1,
+            "a new resourceVersion alone is no change"
+        );
+        a["status"]["health"]["status"] = json!("Degraded");
+        assert_ne!(observed(&app(a.clone()), false).0, v1);
+
+        let (_, auto) = observed(&app(a.clone()), true);
+        let mirrored: Value = serde_json::from_slice(&auto.application_json).unwrap();
+        assert!(mirrored.get("status").is_none() && mirrored.get("operation").is_none());
+        assert_eq!(mirrored["spec"], a["spec"]);
+        assert!(mirrored["metadata"].get("resourceVersion").is_none());
+    }
+}

@@ -1,0 +1,505 @@
+//! The agent's connection to the hub: dial with jittered exponential
+//! backoff, handshake, then receive and send side by side until the stream
+//! ends. The cluster keeps working while the hub is away (the Applications
+//! are the cluster's own Argo CD's business); reports queue up, coalesced,
+//! and the digests after the next handshake repair whatever was missed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use argocd_pull_proto::digest::{Entries, Repair, SetDigest, repairs_for, resync_requests};
+use argocd_pull_proto::limits::{self, MAX_MESSAGE_BYTES};
+use argocd_pull_proto::v1::transport_client::TransportClient;
+use argocd_pull_proto::v1::{
+    AckOutcome, AgentMessage, AgentMode, DigestSet, Heartbeat, HubMessage, ObjectAck, ObjectKey,
+    agent_message, hub_message,
+};
+use argocd_pull_proto::{validate, version};
+use argocd_pull_runtime::Readiness;
+use argocd_pull_runtime::shutdown::Shutdown;
+use tokio::sync::mpsc;
+use tonic::transport::Endpoint;
+
+use crate::apply;
+use crate::backoff::Backoff;
+use crate::state::{AgentState, Instruction, RETRY_PAUSE, Report};
+use crate::tls::TlsFiles;
+use crate::worker::Worker;
+use crate::{AgentConfig, Mode};
+
+/// Readiness check that is true while a stream to the hub is open.
+pub const HUB_CONNECTED: &str = "hub-connected";
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection that lasted this long was healthy: back off from the start.
+const HEALTHY: Duration = Duration::from_secs(30);
+const BATCH: usize = 64;
+
+static SESSIONS: AtomicU64 = AtomicU64::new(1);
+
+enum End {
+    Shutdown,
+    CertificateChanged,
+    Lost(String),
+}
+
+pub struct Connection {
+    pub config: AgentConfig,
+    pub worker: Arc<Worker>,
+    pub readiness: Readiness,
+}
+
+impl Connection {
+    fn state(&self) -> &Arc<AgentState> {
+        &self.worker.state
+    }
+
+    fn mode(&self) -> AgentMode {
+        match self.config.mode {
+            Mode::Managed => AgentMode::Managed,
+            Mode::Autonomous => AgentMode::Autonomous,
+        }
+    }
+
+    /// Connects, and reconnects, until shutdown.
+    pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
+        let mut backoff = Backoff::new(self.config.backoff_min, self.config.backoff_max);
+        let metrics = self.worker.metrics.clone();
+        let mut attempts = 0u64;
+        loop {
+            if attempts > 0 {
+                metrics.reconnects.inc();
+            }
+            attempts += 1;
+            let started = Instant::now();
+            let end = tokio::select! {
+                _ = shutdown.clone().wait() => End::Shutdown,
+                end = self.session(&shutdown) => end,
+            };
+            self.readiness.set(HUB_CONNECTED, false);
+            metrics.connected.set(0);
+            match end {
+                End::Shutdown => return,
+                End::CertificateChanged => {
+                    tracing::info!(cluster = %self.config.cluster_name, "client certificate changed on disk; reconnecting with it");
+                    metrics.certificate_reloads.inc();
+                    backoff.reset();
+                    continue;
+                }
+                End::Lost(reason) => {
+                    tracing::warn!(cluster = %self.config.cluster_name, hub = %self.config.hub_address, %reason, "no connection to the hub; the cluster keeps running, changes are sent on reconnect");
+                }
+            }
+            if started.elapsed() > HEALTHY {
+                backoff.reset();
+            }
+            let delay = backoff.delay();
+            tracing::debug!(?delay, "reconnecting after");
+            // A renewed certificate is worth trying at once.
+            let fingerprint = self.config.tls.fingerprint();
+            let changed = async {
+                loop {
+                    tokio::time::sleep(self.config.tls_reload_interval).await;
+                    if self.config.tls.fingerprint() != fingerprint {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = shutdown.clone().wait() => return,
+                _ = tokio::time::sleep(delay) => {}
+                _ = changed => {}
+            }
+        }
+    }
+
+    async fn session(&self, shutdown: &Shutdown) -> End {
+        let files: &TlsFiles = &self.config.tls;
+        let loaded = match files.load() {
+            Ok(l) => l,
+            Err(e) => return End::Lost(format!("{e:#}")),
+        };
+        let endpoint = match Endpoint::from_shared(self.config.hub_address.clone())
+            .and_then(|e| e.tls_config(loaded.config))
+        {
+            Ok(e) => e
+                .connect_timeout(Duration::from_secs(10))
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(20))
+                .keep_alive_timeout(Duration::from_secs(20))
+                .keep_alive_while_idle(true),
+            Err(e) => return End::Lost(format!("hub address {}: {e}", self.config.hub_address)),
+        };
+        let channel = match endpoint.connect().await {
+            Ok(c) => c,
+            Err(e) => return End::Lost(error_chain(&e)),
+        };
+        let mut client = TransportClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::channel::<AgentMessage>(128);
+        let hello = version::hello(self.mode(), env!("CARGO_PKG_VERSION"));
+        let _ = tx
+            .send(AgentMessage {
+                kind: Some(agent_message::Kind::Hello(hello.clone())),
+            })
+            .await;
+        let response = match client
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        {
+            Ok(r) => r,
+            Err(status) => return End::Lost(status_text(&status)),
+        };
+        let mut inbound = response.into_inner();
+        let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.message()).await {
+            Err(_) => return End::Lost("no Welcome from the hub within 30s".into()),
+            Ok(Err(status)) => return End::Lost(status_text(&status)),
+            Ok(Ok(None)) => {
+                return End::Lost("the hub closed the stream during the handshake".into());
+            }
+            Ok(Ok(Some(HubMessage {
+                kind: Some(hub_message::Kind::Welcome(w)),
+            }))) => w,
+            Ok(Ok(Some(_))) => {
+                return End::Lost(
+                    "the hub's first message is not a Welcome: it does not follow the protocol"
+                        .into(),
+                );
+            }
+        };
+        let negotiated = match version::accept_welcome(&hello, &welcome) {
+            Ok(n) => n,
+            Err(e) => return End::Lost(e.to_string()),
+        };
+        let heartbeat = Duration::from_secs(welcome.heartbeat_interval_seconds.max(1) as u64);
+        let digest_interval = Duration::from_secs(welcome.digest_interval_seconds.max(1) as u64);
+        let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
+        self.state().attach(id);
+        self.readiness.set(HUB_CONNECTED, true);
+        let metrics = &self.worker.metrics;
+        metrics.connected.set(1);
+        tracing::info!(cluster = %self.config.cluster_name, hub = %self.config.hub_address, protocol = negotiated.version,
+            subject = %loaded.subject, "connected to the hub");
+        // Compare right away: whatever a broken stream lost is repaired now.
+        self.state().control(self.observed_digest());
+        let sender = tokio::spawn(send_loop(
+            self.state().clone(),
+            self.worker.clone(),
+            id,
+            tx,
+            heartbeat,
+            digest_interval,
+            self.config.mode == Mode::Autonomous,
+        ));
+        let end = self
+            .receive(&mut inbound, shutdown, heartbeat, &loaded.fingerprint)
+            .await;
+        sender.abort();
+        self.state().detach(id);
+        end
+    }
+
+    async fn receive(
+        &self,
+        inbound: &mut tonic::Streaming<HubMessage>,
+        shutdown: &Shutdown,
+        heartbeat: Duration,
+        fingerprint: &str,
+    ) -> End {
+        let mut reload = tokio::time::interval(self.config.tls_reload_interval);
+        reload.tick().await;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.clone().wait() => return End::Shutdown,
+                _ = reload.tick() => {
+                    if self.config.tls.fingerprint().is_some_and(|f| f != fingerprint) {
+                        return End::CertificateChanged;
+                    }
+                    continue;
+                }
+                m = tokio::time::timeout(heartbeat * 3, inbound.message()) => m,
+            };
+            let m = match next {
+                Err(_) => {
+                    return End::Lost(format!("nothing from the hub for {:?}", heartbeat * 3));
+                }
+                Ok(Ok(Some(m))) => m,
+                Ok(Ok(None)) => return End::Lost("the hub closed the stream".into()),
+                Ok(Err(status)) => return End::Lost(status_text(&status)),
+            };
+            let metrics = &self.worker.metrics;
+            metrics.last_seen.set(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            );
+            metrics.message("in", hub_kind(&m));
+            if let Err(e) = validate::hub_message(&m) {
+                return End::Lost(format!("the hub sent a malformed message: {e}"));
+            }
+            if let Err(e) = self.handle(m) {
+                return End::Lost(e);
+            }
+        }
+    }
+
+    fn handle(&self, m: HubMessage) -> Result<(), String> {
+        use hub_message::Kind;
+        let state = self.state();
+        let queue = &self.worker.queue;
+        let managed = self.config.mode == Mode::Managed;
+        match m.kind.expect("validated") {
+            Kind::Welcome(_) => unreachable!("validated"),
+            Kind::Heartbeat(_) => {}
+            Kind::Upsert(u) => {
+                let key = u.key.clone().expect("validated");
+                let refusal = if !managed {
+                    Some(
+                        "this agent runs in autonomous mode: the cluster owns its Applications"
+                            .to_string(),
+                    )
+                } else {
+                    limits::check_object_json(
+                        &format!("Application {}/{}", key.namespace, key.name),
+                        u.application_json.len(),
+                    )
+                    .err()
+                    .map(|e| e.to_string())
+                };
+                match refusal {
+                    Some(message) => reject(state, key, u.seq, message),
+                    None => {
+                        state.instruct(key.clone(), u.seq, Instruction::Upsert(Arc::new(u)));
+                        queue.add(key);
+                    }
+                }
+            }
+            Kind::Delete(d) => {
+                let key = d.key.clone().expect("validated");
+                if !managed {
+                    reject(
+                        state,
+                        key,
+                        d.seq,
+                        "this agent runs in autonomous mode: the cluster owns its Applications"
+                            .into(),
+                    );
+                } else {
+                    let instruction = if d.release {
+                        Instruction::Release { hub_uid: d.hub_uid }
+                    } else {
+                        Instruction::Delete { hub_uid: d.hub_uid }
+                    };
+                    state.instruct(key.clone(), d.seq, instruction);
+                    queue.add(key);
+                }
+            }
+            Kind::Operation(op) => {
+                let key = op.key.clone().expect("validated");
+                state.add_op(key.clone(), op);
+                queue.add(key);
+            }
+            Kind::ObjectAck(a) => {
+                let key = a.key.expect("validated");
+                match AckOutcome::try_from(a.outcome).unwrap_or(AckOutcome::Retry) {
+                    AckOutcome::Retry => {
+                        let (state, seq) = (state.clone(), a.seq);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(RETRY_PAUSE).await;
+                            state.retry(&key, seq);
+                        });
+                    }
+                    AckOutcome::Rejected => {
+                        tracing::warn!(namespace = %key.namespace, name = %key.name, message = %a.message, "the hub refused a status report");
+                        state.acked(&key, a.seq);
+                    }
+                    _ => state.acked(&key, a.seq),
+                }
+            }
+            Kind::Digest(d) => {
+                let (set, theirs) = SetDigest::from_proto(&d).map_err(|e| e.to_string())?;
+                if set != DigestSet::Desired || !managed {
+                    return Ok(());
+                }
+                let ours = self.desired_replica();
+                let buckets = SetDigest::of(&ours).differing_buckets(&theirs);
+                if !buckets.is_empty() {
+                    tracing::info!(
+                        buckets = buckets.len(),
+                        "the hub's desired set differs from what is applied; asking for repairs"
+                    );
+                    self.worker.metrics.resyncs.inc();
+                    for r in resync_requests(DigestSet::Desired, &ours, &buckets) {
+                        state.control(AgentMessage {
+                            kind: Some(agent_message::Kind::ResyncRequest(r)),
+                        });
+                    }
+                }
+            }
+            Kind::ResyncRequest(r) => {
+                let repairs =
+                    repairs_for(&self.observed_entries(), &r).map_err(|e| e.to_string())?;
+                if !repairs.is_empty() {
+                    tracing::info!(
+                        repairs = repairs.len(),
+                        "the hub's view of this cluster differs; sending repairs"
+                    );
+                    self.worker.metrics.resyncs.inc();
+                }
+                for repair in repairs {
+                    match repair {
+                        Repair::Send(key) => self.worker.report(&key, true),
+                        Repair::Remove(key) => {
+                            state.report(&key, Report::Gone { uid: String::new() }, true)
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent's replica of the hub's desired set, from its cache.
+    fn desired_replica(&self) -> Entries {
+        self.worker
+            .store
+            .state()
+            .iter()
+            .filter_map(|a| Some((apply::key_of(a), apply::replica_version(a)?)))
+            .collect()
+    }
+
+    /// The observed set the agent owns, from its cache.
+    fn observed_entries(&self) -> Entries {
+        observed_entries(&self.worker)
+    }
+
+    fn observed_digest(&self) -> AgentMessage {
+        observed_digest(&self.worker)
+    }
+}
+
+fn observed_entries(worker: &Worker) -> Entries {
+    let autonomous = worker.mode == Mode::Autonomous;
+    worker
+        .store
+        .state()
+        .iter()
+        .filter(|a| autonomous || apply::is_managed(a))
+        .map(|a| (apply::key_of(a), apply::observed(a, autonomous).0))
+        .collect()
+}
+
+fn observed_digest(worker: &Worker) -> AgentMessage {
+    AgentMessage {
+        kind: Some(agent_message::Kind::Digest(
+            SetDigest::of(&observed_entries(worker)).to_proto(DigestSet::Observed),
+        )),
+    }
+}
+
+fn reject(state: &AgentState, key: ObjectKey, seq: u64, message: String) {
+    tracing::warn!(namespace = %key.namespace, name = %key.name, %message, "refused the hub's message");
+    state.control(AgentMessage {
+        kind: Some(agent_message::Kind::ObjectAck(ObjectAck {
+            key: Some(key),
+            seq,
+            outcome: AckOutcome::Rejected as i32,
+            message,
+        })),
+    });
+}
+
+async fn send_loop(
+    state: Arc<AgentState>,
+    worker: Arc<Worker>,
+    id: u64,
+    tx: mpsc::Sender<AgentMessage>,
+    heartbeat: Duration,
+    digest_interval: Duration,
+    _autonomous: bool,
+) {
+    let mut digest = tokio::time::interval(digest_interval);
+    digest.tick().await;
+    let mut last_sent = tokio::time::Instant::now();
+    loop {
+        let notified = state.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let batch = state.next_messages(id, BATCH);
+        if batch.is_empty() {
+            let (lag, pending) = state.lag();
+            worker.metrics.lag.set(lag);
+            worker.metrics.pending.set(pending as i64);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = digest.tick() => state.control(observed_digest(&worker)),
+                _ = tokio::time::sleep_until(last_sent + heartbeat) => {
+                    let hb = AgentMessage { kind: Some(agent_message::Kind::Heartbeat(Heartbeat {
+                        sent_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as i64,
+                    })) };
+                    if tx.send(hb).await.is_err() {
+                        return;
+                    }
+                    last_sent = tokio::time::Instant::now();
+                }
+            }
+            continue;
+        }
+        for m in batch {
+            worker.metrics.message("out", agent_kind(&m));
+            if tx.send(m).await.is_err() {
+                return;
+            }
+        }
+        last_sent = tokio::time::Instant::now();
+    }
+}
+
+/// A status as an operator reads it.
+fn status_text(status: &tonic::Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
+
+/// Connection errors hide the useful part (a TLS alert) in their sources.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+fn agent_kind(m: &AgentMessage) -> &'static str {
+    use agent_message::Kind;
+    match &m.kind {
+        None => "unknown",
+        Some(Kind::Hello(_)) => "hello",
+        Some(Kind::Status(_)) => "status",
+        Some(Kind::ObjectAck(_)) => "object_ack",
+        Some(Kind::OperationAck(_)) => "operation_ack",
+        Some(Kind::Digest(_)) => "digest",
+        Some(Kind::ResyncRequest(_)) => "resync_request",
+        Some(Kind::Heartbeat(_)) => "heartbeat",
+    }
+}
+
+fn hub_kind(m: &HubMessage) -> &'static str {
+    use hub_message::Kind;
+    match &m.kind {
+        None => "unknown",
+        Some(Kind::Welcome(_)) => "welcome",
+        Some(Kind::Upsert(_)) => "upsert",
+        Some(Kind::Delete(_)) => "delete",
+        Some(Kind::Operation(_)) => "operation",
+        Some(Kind::ObjectAck(_)) => "object_ack",
+        Some(Kind::Digest(_)) => "digest",
+        Some(Kind::ResyncRequest(_)) => "resync_request",
+        Some(Kind::Heartbeat(_)) => "heartbeat",
+    }
+}

@@ -1,0 +1,318 @@
+//! What the agent holds across its connections to the hub: the hub's
+//! instructions not yet carried out, the last desired state applied per
+//! Application (to revert local edits), commands to run, and the outbox of
+//! status reports. No I/O: the session and the workers move things in and
+//! out.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use argocd_pull_proto::coalesce::Outbox;
+use argocd_pull_proto::v1::{
+    AgentMessage, ApplicationUpsert, Gone, ObjectKey, ObservedApplication, OperationRequest,
+    StatusReport, agent_message, status_report,
+};
+use tokio::sync::Notify;
+
+/// At most this many status reports in flight to the hub.
+pub const WINDOW: usize = 512;
+
+/// What the hub asked for one Application.
+#[derive(Clone, Debug)]
+pub enum Instruction {
+    Upsert(Arc<ApplicationUpsert>),
+    Delete { hub_uid: String },
+    Release { hub_uid: String },
+}
+
+/// One status report.
+#[derive(Clone, Debug)]
+pub enum Report {
+    Observed(Arc<ObservedApplication>),
+    Gone { uid: String },
+}
+
+#[derive(Default)]
+pub struct Inner {
+    outbox: Option<Outbox<ObjectKey, Report>>,
+    /// The version last put in the outbox per key (`None` inside: gone).
+    reported: HashMap<ObjectKey, Option<String>>,
+    instructions: HashMap<ObjectKey, (u64, Instruction)>,
+    remembered: HashMap<ObjectKey, Arc<ApplicationUpsert>>,
+    ops: HashMap<ObjectKey, Vec<OperationRequest>>,
+    control: VecDeque<AgentMessage>,
+    session: Option<u64>,
+    in_flight: HashMap<ObjectKey, (u64, Instant)>,
+}
+
+impl Inner {
+    fn outbox(&mut self) -> &mut Outbox<ObjectKey, Report> {
+        self.outbox.get_or_insert_with(|| Outbox::new(WINDOW))
+    }
+}
+
+#[derive(Default)]
+pub struct AgentState {
+    inner: Mutex<Inner>,
+    /// Wakes the session's sender.
+    pub wake: Notify,
+}
+
+impl AgentState {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .expect("never poisoned: no code panics holding it")
+    }
+
+    // -- from the hub ---------------------------------------------------------
+
+    /// Records the hub's latest instruction for `key` (a newer one replaces
+    /// one not carried out yet).
+    pub fn instruct(&self, key: ObjectKey, seq: u64, instruction: Instruction) {
+        self.lock().instructions.insert(key, (seq, instruction));
+    }
+
+    pub fn take_instruction(&self, key: &ObjectKey) -> Option<(u64, Instruction)> {
+        self.lock().instructions.remove(key)
+    }
+
+    /// The desired state last applied for `key`, to revert a local edit.
+    pub fn remembered(&self, key: &ObjectKey) -> Option<Arc<ApplicationUpsert>> {
+        self.lock().remembered.get(key).cloned()
+    }
+
+    pub fn remember(&self, key: &ObjectKey, upsert: Arc<ApplicationUpsert>) {
+        self.lock().remembered.insert(key.clone(), upsert);
+    }
+
+    pub fn forget(&self, key: &ObjectKey) {
+        self.lock().remembered.remove(key);
+    }
+
+    pub fn add_op(&self, key: ObjectKey, op: OperationRequest) {
+        let mut inner = self.lock();
+        let ops = inner.ops.entry(key).or_default();
+        if !ops.iter().any(|o| o.operation_id == op.operation_id) {
+            ops.push(op);
+        }
+    }
+
+    pub fn take_ops(&self, key: &ObjectKey) -> Vec<OperationRequest> {
+        self.lock().ops.remove(key).unwrap_or_default()
+    }
+
+    // -- to the hub -----------------------------------------------------------
+
+    /// Queues a report unless the same version was queued last (`force`:
+    /// queue it anyway, a repair the hub asked for).
+    pub fn report(&self, key: &ObjectKey, report: Report, force: bool) {
+        let version = match &report {
+            Report::Observed(o) => Some(
+                o.meta
+                    .as_ref()
+                    .map(|m| m.version.clone())
+                    .unwrap_or_default(),
+            ),
+            Report::Gone { .. } => None,
+        };
+        let mut inner = self.lock();
+        if !force && inner.reported.get(key) == Some(&version) {
+            return;
+        }
+        inner.reported.insert(key.clone(), version);
+        inner.outbox().upsert(key.clone(), report);
+        drop(inner);
+        self.wake.notify_one();
+    }
+
+    /// Stops reporting `key` without telling the hub it is gone (released).
+    pub fn unreport(&self, key: &ObjectKey) {
+        self.lock().reported.insert(key.clone(), None);
+    }
+
+    /// Keys the agent has reported as existing.
+    pub fn reported_keys(&self) -> Vec<ObjectKey> {
+        self.lock()
+            .reported
+            .iter()
+            .filter(|(_, v)| v.is_some())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Queues a control message (acknowledgement, digest, resync request).
+    pub fn control(&self, m: AgentMessage) {
+        self.lock().control.push_back(m);
+        self.wake.notify_one();
+    }
+
+    // -- sessions -------------------------------------------------------------
+
+    /// A new stream: reports in flight on the old one go back to the outbox.
+    pub fn attach(&self, id: u64) {
+        let mut inner = self.lock();
+        inner.session = Some(id);
+        inner.outbox().requeue_in_flight();
+        inner.in_flight.clear();
+        inner.control.clear();
+    }
+
+    pub fn detach(&self, id: u64) {
+        let mut inner = self.lock();
+        if inner.session == Some(id) {
+            inner.session = None;
+            inner.outbox().requeue_in_flight();
+            inner.in_flight.clear();
+            inner.control.clear();
+        }
+    }
+
+    /// Up to `max` messages for session `id`, control messages first.
+    pub fn next_messages(&self, id: u64, max: usize) -> Vec<AgentMessage> {
+        let mut inner = self.lock();
+        if inner.session != Some(id) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        while out.len() < max {
+            match inner.control.pop_front() {
+                Some(m) => out.push(m),
+                None => break,
+            }
+        }
+        let now = Instant::now();
+        while out.len() < max {
+            let Some(m) = inner.outbox().next_ready() else {
+                break;
+            };
+            inner.in_flight.insert(m.key.clone(), (m.seq, now));
+            let state = match m.value {
+                Report::Observed(o) => status_report::State::Observed(o.as_ref().clone()),
+                Report::Gone { uid } => status_report::State::Gone(Gone { uid }),
+            };
+            out.push(AgentMessage {
+                kind: Some(agent_message::Kind::Status(StatusReport {
+                    key: Some(m.key),
+                    seq: m.seq,
+                    state: Some(state),
+                })),
+            });
+        }
+        out
+    }
+
+    /// The hub took (key, seq), or refused it for good.
+    pub fn acked(&self, key: &ObjectKey, seq: u64) {
+        let mut inner = self.lock();
+        if inner.outbox().ack(key, seq) {
+            inner.in_flight.remove(key);
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The hub could not take (key, seq) now: it goes again.
+    pub fn retry(&self, key: &ObjectKey, seq: u64) {
+        let mut inner = self.lock();
+        if inner.outbox().nack(key, seq) {
+            inner.in_flight.remove(key);
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Seconds the oldest unacknowledged report has waited, and how many
+    /// Applications have a report pending or in flight.
+    pub fn lag(&self) -> (f64, usize) {
+        let mut inner = self.lock();
+        let oldest = inner
+            .in_flight
+            .values()
+            .map(|(_, t)| t.elapsed().as_secs_f64())
+            .fold(0.0, f64::max);
+        (oldest, inner.outbox().len())
+    }
+
+    /// Whether every report has been taken by the hub.
+    pub fn drained(&self) -> bool {
+        self.lock().outbox().is_empty()
+    }
+}
+
+/// How long to wait before sending a report the hub asked to retry.
+pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_pull_proto::v1::ObjectMeta;
+
+    fn key(n: &str) -> ObjectKey {
+        ObjectKey {
+            namespace: "ns".into(),
+            name: n.into(),
+        }
+    }
+
+    fn observed(version: &str) -> Report {
+        Report::Observed(Arc::new(ObservedApplication {
+            meta: Some(ObjectMeta {
+                version: version.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    fn seqs(ms: &[AgentMessage]) -> Vec<(String, u64)> {
+        ms.iter()
+            .filter_map(|m| match &m.kind {
+                Some(agent_message::Kind::Status(s)) => Some((s.key.clone().unwrap().name, s.seq)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reports_coalesce_and_survive_a_reconnect() {
+        let s = AgentState::default();
+        s.report(&key("a"), observed("1"), false);
+        s.report(&key("a"), observed("2"), false);
+        s.report(&key("a"), observed("2"), false);
+        s.report(&key("b"), observed("1"), false);
+        assert!(s.next_messages(1, 10).is_empty(), "no session");
+        s.attach(1);
+        let first = seqs(&s.next_messages(1, 10));
+        assert_eq!(first.len(), 2, "one per Application: {first:?}");
+        // The stream breaks before the acknowledgements.
+        s.attach(2);
+        let again = seqs(&s.next_messages(2, 10));
+        assert_eq!(again.len(), 2);
+        s.acked(&key("a"), first[0].1);
+        assert!(
+            !s.drained(),
+            "an acknowledgement of the old stream does not count"
+        );
+        for (name, seq) in again {
+            s.acked(&key(&name), seq);
+        }
+        assert!(s.drained());
+        // A repair re-sends even an unchanged version.
+        s.report(&key("a"), observed("2"), false);
+        assert!(s.next_messages(2, 10).is_empty());
+        s.report(&key("a"), observed("2"), true);
+        assert_eq!(seqs(&s.next_messages(2, 10)).len(), 1);
+    }
+
+    #[test]
+    fn control_messages_go_first() {
+        let s = AgentState::default();
+        s.attach(1);
+        s.report(&key("a"), observed("1"), false);
+        s.control(AgentMessage::default());
+        let ms = s.next_messages(1, 10);
+        assert!(ms[0].kind.is_none() && ms.len() == 2);
+    }
+}

@@ -1,0 +1,410 @@
+//! The agent's writes to its own cluster: one key at a time per
+//! Application, many Applications in parallel. Each pass carries out the
+//! hub's latest instruction for the key (apply, delete, release), reverts a
+//! local edit, runs the commands, and queues a status report when what the
+//! hub should see has changed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_proto::content;
+use argocd_pull_proto::digest::{Entries, bucket_of, resync_requests};
+use argocd_pull_proto::v1::{
+    AckOutcome, AgentMessage, ApplicationUpsert, DigestSet, ObjectAck, ObjectKey, OperationAck,
+    OperationRequest, agent_message, operation_request,
+};
+use argocd_pull_runtime::workqueue::WorkQueue;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::Value;
+
+use crate::Mode;
+use crate::apply::{self, Command, MANAGER, Run};
+use crate::metrics::{AgentMetrics, OutcomeLabel};
+use crate::state::{AgentState, Instruction, Report};
+
+pub struct Worker {
+    pub client: kube::Client,
+    pub state: Arc<AgentState>,
+    pub store: Store<Application>,
+    pub mode: Mode,
+    pub metrics: AgentMetrics,
+    pub queue: WorkQueue<ObjectKey>,
+}
+
+type Outcome = (AckOutcome, String);
+
+fn applied() -> Outcome {
+    (AckOutcome::Applied, String::new())
+}
+
+impl Worker {
+    fn api(&self, key: &ObjectKey) -> Api<Application> {
+        Api::namespaced_with(self.client.clone(), &key.namespace, &application_resource())
+    }
+
+    fn cached(&self, key: &ObjectKey) -> Option<Arc<Application>> {
+        self.store
+            .get(&ObjectRef::new_with(&key.name, application_resource()).within(&key.namespace))
+    }
+
+    /// Runs `n` workers until the queue closes.
+    pub async fn run(self: Arc<Self>, n: usize) {
+        let workers: Vec<_> = (0..n.max(1))
+            .map(|_| {
+                let w = self.clone();
+                tokio::spawn(async move {
+                    while let Some(key) = w.queue.next().await {
+                        w.reconcile(&key).await;
+                        w.queue.done(&key);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.await;
+        }
+    }
+
+    pub async fn reconcile(&self, key: &ObjectKey) {
+        let api = self.api(key);
+        if let Some((seq, instruction)) = self.state.take_instruction(key) {
+            let (outcome, message) = match instruction {
+                Instruction::Upsert(u) => self.upsert(&api, key, u).await,
+                Instruction::Delete { hub_uid } => self.delete(&api, key, &hub_uid).await,
+                Instruction::Release { hub_uid } => self.release(&api, key, &hub_uid).await,
+            };
+            self.state.control(AgentMessage {
+                kind: Some(agent_message::Kind::ObjectAck(ObjectAck {
+                    key: Some(key.clone()),
+                    seq,
+                    outcome: outcome as i32,
+                    message,
+                })),
+            });
+        } else if self.mode == Mode::Managed {
+            self.revert_edit(&api, key).await;
+        }
+        for op in self.state.take_ops(key) {
+            let (outcome, message) = self.run_op(&api, key, &op).await;
+            if outcome == AckOutcome::Applied {
+                tracing::info!(namespace = %key.namespace, name = %key.name, id = %op.operation_id, "command started");
+            }
+            self.state.control(AgentMessage {
+                kind: Some(agent_message::Kind::OperationAck(OperationAck {
+                    operation_id: op.operation_id,
+                    key: Some(key.clone()),
+                    outcome: outcome as i32,
+                    message,
+                })),
+            });
+        }
+        self.report(key, false);
+    }
+
+    /// Queues the report of `key` as the cache shows it.
+    pub fn report(&self, key: &ObjectKey, force: bool) {
+        match self.cached(key) {
+            Some(app) if self.mode == Mode::Autonomous || apply::is_managed(&app) => {
+                let (_, observed) = apply::observed(&app, self.mode == Mode::Autonomous);
+                self.state
+                    .report(key, Report::Observed(Arc::new(observed)), force);
+            }
+            _ => {
+                if force || self.state.reported_keys().contains(key) {
+                    self.state
+                        .report(key, Report::Gone { uid: String::new() }, force);
+                }
+            }
+        }
+    }
+
+    async fn upsert(
+        &self,
+        api: &Api<Application>,
+        key: &ObjectKey,
+        u: Arc<ApplicationUpsert>,
+    ) -> Outcome {
+        let meta = u.meta.clone().unwrap_or_default();
+        let config = match apply::applied_config(key, &u.application_json, &meta.uid, &meta.version)
+        {
+            Ok(c) => c,
+            Err(e) => return self.counted((AckOutcome::Rejected, e.to_string())),
+        };
+        if let Some(current) = self.cached(key) {
+            if current.metadata.deletion_timestamp.is_some() {
+                return self.counted((
+                    AckOutcome::Retry,
+                    "the Application is being deleted on the cluster; it is created again once gone".into(),
+                ));
+            }
+            let unchanged = apply::is_managed(&current)
+                && !apply::is_edited(&current)
+                && current.annotations().get(keys::DESIRED_VERSION) == Some(&meta.version)
+                && current.annotations().get(keys::HUB_UID) == Some(&meta.uid);
+            if unchanged {
+                self.state.remember(key, u);
+                return applied();
+            }
+        }
+        let outcome = self.write(api, key, &config).await;
+        if outcome.0 == AckOutcome::Applied {
+            self.state.remember(key, u);
+        }
+        self.counted(outcome)
+    }
+
+    fn counted(&self, outcome: Outcome) -> Outcome {
+        let label = match outcome.0 {
+            AckOutcome::Applied => "applied",
+            AckOutcome::Rejected => "rejected",
+            _ => "retry",
+        };
+        self.metrics
+            .applies
+            .get_or_create(&OutcomeLabel { outcome: label })
+            .inc();
+        outcome
+    }
+
+    /// Server-side applies `config`, then takes out spec fields someone else
+    /// added (server-side apply leaves fields it does not own alone), and
+    /// records the hash of the spec as the API server stored it.
+    async fn write(&self, api: &Api<Application>, key: &ObjectKey, config: &Value) -> Outcome {
+        let mut stored = match api
+            .patch(
+                &key.name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(config),
+            )
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => return write_error(e),
+        };
+        let wanted = config.get("spec").cloned().unwrap_or(Value::Null);
+        if let Some(diff) =
+            content::merge_diff(stored.data.get("spec").unwrap_or(&Value::Null), &wanted)
+        {
+            let patch = serde_json::json!({
+                "metadata": { "resourceVersion": stored.resource_version() },
+                "spec": diff,
+            });
+            match api
+                .patch(
+                    &key.name,
+                    &PatchParams::apply(MANAGER),
+                    &Patch::Merge(patch),
+                )
+                .await
+            {
+                Ok(a) => stored = a,
+                Err(e) => return write_error(e),
+            }
+        }
+        let hash = content::hash(stored.data.get("spec").unwrap_or(&Value::Null));
+        if stored.annotations().get(keys::SPEC_HASH) != Some(&hash) {
+            // The API server changed the spec (a field this cluster's Argo CD
+            // does not know): remember what it keeps, or the agent would
+            // take its own write for a local edit forever.
+            let patch =
+                serde_json::json!({ "metadata": { "annotations": { keys::SPEC_HASH: hash } } });
+            if let Err(e) = api
+                .patch(
+                    &key.name,
+                    &PatchParams::apply(MANAGER),
+                    &Patch::Merge(patch),
+                )
+                .await
+            {
+                return write_error(e);
+            }
+        }
+        tracing::debug!(namespace = %key.namespace, name = %key.name, "applied");
+        applied()
+    }
+
+    async fn revert_edit(&self, api: &Api<Application>, key: &ObjectKey) {
+        let Some(current) = self.cached(key) else {
+            return;
+        };
+        if !apply::is_managed(&current)
+            || current.metadata.deletion_timestamp.is_some()
+            || !apply::is_edited(&current)
+        {
+            return;
+        }
+        match self.state.remembered(key) {
+            Some(u) => {
+                tracing::info!(namespace = %key.namespace, name = %key.name, "reverting a local edit of an Application the hub manages");
+                let meta = u.meta.clone().unwrap_or_default();
+                let Ok(config) =
+                    apply::applied_config(key, &u.application_json, &meta.uid, &meta.version)
+                else {
+                    return;
+                };
+                let (outcome, message) = self.write(api, key, &config).await;
+                if outcome != AckOutcome::Applied {
+                    tracing::warn!(namespace = %key.namespace, name = %key.name, %message, "could not revert a local edit; retrying");
+                    self.queue.add_after(key.clone(), Duration::from_secs(2));
+                }
+            }
+            None => {
+                // Not applied by this process (it restarted): the hub sends
+                // it again when asked for this bucket.
+                tracing::info!(namespace = %key.namespace, name = %key.name, "local edit of an Application the hub manages; asking the hub for it");
+                let bucket = bucket_of(key);
+                let entries: Entries = self
+                    .store
+                    .state()
+                    .iter()
+                    .filter_map(|a| Some((apply::key_of(a), apply::replica_version(a)?)))
+                    .filter(|(k, _)| bucket_of(k) == bucket)
+                    .collect();
+                for r in resync_requests(DigestSet::Desired, &entries, &[bucket]) {
+                    self.state.control(AgentMessage {
+                        kind: Some(agent_message::Kind::ResyncRequest(r)),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn delete(&self, api: &Api<Application>, key: &ObjectKey, hub_uid: &str) -> Outcome {
+        self.state.forget(key);
+        let current = match api.get_opt(&key.name).await {
+            Ok(c) => c,
+            Err(e) => return write_error(e),
+        };
+        match current {
+            Some(app)
+                if app.annotations().get(keys::HUB_UID).map(String::as_str) == Some(hub_uid) =>
+            {
+                if app.metadata.deletion_timestamp.is_none() {
+                    let dp = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: app.metadata.uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..Default::default()
+                    };
+                    match api.delete(&key.name, &dp).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                        Err(e) => return write_error(e),
+                    }
+                    tracing::info!(namespace = %key.namespace, name = %key.name, "deleted for the hub");
+                }
+                // `gone` follows when the watch sees it disappear.
+                applied()
+            }
+            _ => {
+                // Nothing delivered for that hub Application is here.
+                self.state
+                    .report(key, Report::Gone { uid: String::new() }, true);
+                applied()
+            }
+        }
+    }
+
+    async fn release(&self, api: &Api<Application>, key: &ObjectKey, hub_uid: &str) -> Outcome {
+        self.state.forget(key);
+        let current = match api.get_opt(&key.name).await {
+            Ok(c) => c,
+            Err(e) => return write_error(e),
+        };
+        if let Some(app) = current
+            && app.annotations().get(keys::HUB_UID).map(String::as_str) == Some(hub_uid)
+        {
+            if let Err(e) = api
+                .patch(
+                    &key.name,
+                    &PatchParams::apply(MANAGER),
+                    &Patch::Merge(apply::release_patch()),
+                )
+                .await
+            {
+                return write_error(e);
+            }
+            tracing::info!(namespace = %key.namespace, name = %key.name, "released: left running, no longer managed for the hub");
+        }
+        self.state.unreport(key);
+        applied()
+    }
+
+    async fn run_op(
+        &self,
+        api: &Api<Application>,
+        key: &ObjectKey,
+        op: &OperationRequest,
+    ) -> Outcome {
+        let command = match &op.kind {
+            Some(operation_request::Kind::Sync(s)) => {
+                match serde_json::from_slice(&s.operation_json) {
+                    Ok(v) => Command::Sync(v),
+                    Err(e) => {
+                        return (
+                            AckOutcome::Rejected,
+                            format!("operation_json is not JSON: {e}"),
+                        );
+                    }
+                }
+            }
+            Some(operation_request::Kind::Refresh(r)) => Command::Refresh(
+                argocd_pull_proto::v1::RefreshKind::try_from(r.kind).unwrap_or_default(),
+            ),
+            Some(operation_request::Kind::Terminate(_)) => Command::Terminate,
+            None => return (AckOutcome::Rejected, "no command".into()),
+        };
+        for _ in 0..5 {
+            let current = match api.get_opt(&key.name).await {
+                Ok(Some(c)) => c,
+                Ok(None) if self.mode == Mode::Autonomous => {
+                    return (
+                        AckOutcome::Rejected,
+                        format!(
+                            "no Application {}/{} on the cluster",
+                            key.namespace, key.name
+                        ),
+                    );
+                }
+                Ok(None) => {
+                    return (
+                        AckOutcome::Retry,
+                        "the Application is not applied yet".into(),
+                    );
+                }
+                Err(e) => return write_error(e),
+            };
+            match apply::run_command(&current, &op.operation_id, &command) {
+                Run::Duplicate => return (AckOutcome::Duplicate, String::new()),
+                Run::Nothing => return applied(),
+                Run::Patch(p) => match api
+                    .patch(&key.name, &PatchParams::apply(MANAGER), &Patch::Merge(p))
+                    .await
+                {
+                    Ok(_) => return applied(),
+                    // Changed meanwhile: decide again on the new version.
+                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                    Err(e) => return write_error(e),
+                },
+            }
+        }
+        (AckOutcome::Retry, "the Application keeps changing".into())
+    }
+}
+
+/// What the hub should do about a failed write: a request the API server
+/// will never accept is refused with its message; anything else is retried.
+fn write_error(e: kube::Error) -> Outcome {
+    match e {
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 404 | 422) => (
+            AckOutcome::Rejected,
+            format!("the cluster's API server refused it: {}", s.message),
+        ),
+        e => (AckOutcome::Retry, e.to_string()),
+    }
+}
