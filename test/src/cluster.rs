@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -54,7 +55,10 @@ pub struct Cluster {
     kubeconfig: PathBuf,
     version: String,
     ca: Ca,
-    group: Group,
+    dir: PathBuf,
+    // Behind a lock so that components started later (OCM's, by
+    // `crate::ocm`) can join a shared cluster's processes.
+    group: Mutex<Group>,
 }
 
 const START_ATTEMPTS: usize = 3;
@@ -93,7 +97,8 @@ impl Cluster {
             kubeconfig: dir.join("kubeconfig"),
             version: String::new(),
             ca,
-            group,
+            dir,
+            group: Mutex::new(group),
         };
 
         // Ports are picked free but can be taken before the server binds
@@ -106,8 +111,8 @@ impl Cluster {
                     break;
                 }
                 Err(e @ Error::PortClash(_)) => {
-                    cluster.group.stop("kube-apiserver");
-                    cluster.group.stop("etcd");
+                    cluster.stop("kube-apiserver");
+                    cluster.stop("etcd");
                     last = Some(e);
                 }
                 Err(e) => return Err(e),
@@ -135,7 +140,7 @@ impl Cluster {
     }
 
     async fn start_control_plane(&mut self, admin: &CertKey, bin: &Path) -> Result<()> {
-        let dir = self.group.dir().to_path_buf();
+        let dir = self.dir.clone();
         let etcd_port = free_addr()?.port();
         let peer_port = free_addr()?.port();
         let api_port = free_addr()?.port();
@@ -155,7 +160,7 @@ impl Cluster {
             // Test data is thrown away; fsync only slows the tests down.
             .arg("--unsafe-no-fsync")
             .arg("--log-level=warn");
-        self.group.spawn("etcd", etcd)?;
+        self.spawn("etcd", etcd)?;
 
         let p = |f: &str| dir.join(f).display().to_string();
         let mut api = Command::new(bin.join("kube-apiserver"));
@@ -167,6 +172,17 @@ impl Cluster {
             .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
             .arg(format!("--tls-private-key-file={}", p("apiserver.key")))
             .arg(format!("--client-ca-file={}", p("ca.crt")))
+            // Only so that aggregated-API style servers (OCM's components
+            // serve their health endpoints that way) find a request-header
+            // CA; nothing holds its key, so no proxy can use it.
+            .arg(format!(
+                "--requestheader-client-ca-file={}",
+                p("front-proxy-ca.crt")
+            ))
+            .arg("--requestheader-allowed-names=front-proxy-client")
+            .arg("--requestheader-username-headers=X-Remote-User")
+            .arg("--requestheader-group-headers=X-Remote-Group")
+            .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
             .arg("--authorization-mode=RBAC")
             .arg("--service-cluster-ip-range=10.0.0.0/24")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
@@ -178,7 +194,7 @@ impl Cluster {
             .arg("--allow-privileged=true")
             .arg("--profiling=false")
             .arg("--v=1");
-        self.group.spawn("kube-apiserver", api)?;
+        self.spawn("kube-apiserver", api)?;
 
         self.server = format!("https://127.0.0.1:{api_port}");
         write_kubeconfig(
@@ -192,7 +208,7 @@ impl Cluster {
     }
 
     fn start_controller_manager(&mut self, bin: &Path) -> Result<()> {
-        let dir = self.group.dir().to_path_buf();
+        let dir = self.dir.clone();
         let p = |f: &str| dir.join(f).display().to_string();
         let mut kcm = Command::new(bin.join("kube-controller-manager"));
         kcm.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
@@ -210,25 +226,63 @@ impl Cluster {
             .arg(format!("--cluster-signing-key-file={}", p("ca.key")))
             .arg("--use-service-account-credentials=false")
             .arg("--v=1");
-        self.group.spawn("kube-controller-manager", kcm)?;
+        self.spawn("kube-controller-manager", kcm)
+    }
+
+    fn group(&self) -> MutexGuard<'_, Group> {
+        // A panic while holding the lock leaves the group consistent: every
+        // change to it is a single push or retain.
+        self.group.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts `cmd` as one more process of this cluster, logging to
+    /// `<dir>/<name>.log`: stopped when the cluster stops, and reaped with it.
+    pub(crate) fn spawn(&self, name: &'static str, cmd: Command) -> Result<()> {
+        self.group().spawn(name, cmd)?;
         Ok(())
+    }
+
+    /// Kills and forgets the processes called `name`.
+    pub(crate) fn stop(&self, name: &str) {
+        self.group().stop(name);
+    }
+
+    /// Why the process `name` (or, with `None`, any process of this cluster)
+    /// is no longer running, if it is not.
+    pub(crate) fn exited(&self, name: Option<&str>) -> Option<Error> {
+        let mut group = self.group();
+        let proc = group
+            .procs_mut()
+            .iter_mut()
+            .filter(|p| name.is_none_or(|n| p.name == n))
+            .find_map(|p| (!p.is_running()).then_some(p))?;
+        let tail = proc.log_tail(30);
+        Some(if tail.contains("address already in use") {
+            Error::PortClash(proc.name)
+        } else {
+            Error::Exited {
+                name: proc.name,
+                log: tail,
+            }
+        })
+    }
+
+    /// The last lines the process `name` logged.
+    pub(crate) fn log_tail(&self, name: &str, lines: usize) -> String {
+        self.group()
+            .procs()
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let client = self.client().await?;
         loop {
-            for proc in self.group.procs_mut() {
-                if !proc.is_running() {
-                    let tail = proc.log_tail(30);
-                    if tail.contains("address already in use") {
-                        return Err(Error::PortClash(proc.name));
-                    }
-                    return Err(Error::Exited {
-                        name: proc.name,
-                        log: tail,
-                    });
-                }
+            if let Some(e) = self.exited(None) {
+                return Err(e);
             }
             let req = http::Request::get("/readyz").body(Vec::new())?;
             if let Ok(body) = client.request_text(req).await
@@ -277,7 +331,7 @@ impl Cluster {
 
     /// The cluster's data folder (logs, certificates, kubeconfig).
     pub fn dir(&self) -> &Path {
-        self.group.dir()
+        &self.dir
     }
 
     /// Creates a namespace with a server-generated name starting with `prefix`.
@@ -303,6 +357,18 @@ impl Cluster {
             &self.server,
             &self.ca.pem.cert_pem,
             identity,
+        )
+    }
+
+    /// Writes a kubeconfig for this cluster that authenticates with a bearer
+    /// token (e.g. a service account's, from the TokenRequest API).
+    pub fn write_kubeconfig_with_token(&self, token: &str, path: &Path) -> Result<()> {
+        write_kubeconfig_user(
+            path,
+            &self.name,
+            &self.server,
+            &self.ca.pem.cert_pem,
+            serde_json::json!({ "token": token }),
         )
     }
 
@@ -347,8 +413,10 @@ fn write_pki(dir: &Path) -> Result<(Ca, CertKey)> {
     let serving = ca.serving(&dns, &ips)?;
     let admin = ca.client("argocd-pull-admin", Some("system:masters"))?;
     let (sa_key, sa_pub) = pki::signing_key()?;
+    let front_proxy = Ca::new("argocd-pull-test-front-proxy-ca")?;
     let files = [
         ("ca.crt", &ca.pem.cert_pem),
+        ("front-proxy-ca.crt", &front_proxy.pem.cert_pem),
         ("ca.key", &ca.pem.key_pem),
         ("apiserver.crt", &serving.cert_pem),
         ("apiserver.key", &serving.key_pem),
@@ -368,6 +436,20 @@ fn write_kubeconfig(
     ca_pem: &str,
     user: &CertKey,
 ) -> Result<()> {
+    let user = serde_json::json!({
+        "client-certificate-data": B64.encode(&user.cert_pem),
+        "client-key-data": B64.encode(&user.key_pem),
+    });
+    write_kubeconfig_user(path, name, server, ca_pem, user)
+}
+
+fn write_kubeconfig_user(
+    path: &Path,
+    name: &str,
+    server: &str,
+    ca_pem: &str,
+    user: serde_json::Value,
+) -> Result<()> {
     let config = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -375,10 +457,7 @@ fn write_kubeconfig(
             "server": server,
             "certificate-authority-data": B64.encode(ca_pem),
         }}],
-        "users": [{ "name": name, "user": {
-            "client-certificate-data": B64.encode(&user.cert_pem),
-            "client-key-data": B64.encode(&user.key_pem),
-        }}],
+        "users": [{ "name": name, "user": user }],
         "contexts": [{ "name": name, "context": { "cluster": name, "user": name }}],
         "current-context": name,
     });

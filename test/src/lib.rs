@@ -6,13 +6,15 @@
 //! among the tests of a binary with [`shared`] and give each test its own
 //! namespace with [`Cluster::namespace`]. Every process and data folder goes
 //! away when the cluster is dropped or, for shared clusters, when the test
-//! process exits, however it exits.
+//! process exits, however it exits. [`ocm`] runs real Open Cluster
+//! Management on such clusters: a hub and managed clusters joined to it.
 
 #![forbid(unsafe_code)]
 
 mod cluster;
 mod crds;
 pub mod net;
+pub mod ocm;
 pub mod paths;
 pub mod pki;
 mod process;
@@ -38,6 +40,8 @@ pub enum Error {
     NotReady(String, Duration),
     #[error("CRD {0} was not established in time")]
     CrdNotEstablished(String),
+    #[error("managed cluster {cluster} did not join the hub: {why}")]
+    NotJoined { cluster: String, why: String },
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]

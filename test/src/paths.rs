@@ -15,9 +15,20 @@ pub fn cache_dir() -> PathBuf {
         })
 }
 
-/// The upstream binaries: etcd, kube-apiserver, kube-controller-manager, kubectl.
+/// The upstream binaries: etcd, kube-apiserver, kube-controller-manager,
+/// kubectl, clusteradm.
 pub fn bin_dir() -> PathBuf {
     cache_dir().join("bin")
+}
+
+/// OCM's components (`registration`, `work`, `placement`, `addon`).
+pub fn ocm_bin_dir() -> PathBuf {
+    bin_dir().join("ocm")
+}
+
+/// What else the harness takes from the OCM module (its bootstrap RBAC).
+pub fn ocm_dir() -> PathBuf {
+    cache_dir().join("ocm")
 }
 
 /// The upstream CRDs, in `hub/` and `managed/`.

@@ -119,10 +119,6 @@ impl Group {
         })
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Starts `cmd` with stdout and stderr going to `<dir>/<name>.log`.
     pub fn spawn(&mut self, name: &'static str, mut cmd: Command) -> std::io::Result<&mut Proc> {
         let log = self.dir.join(format!("{name}.log"));
@@ -136,6 +132,10 @@ impl Group {
         self.reaper.tell(&child.id().to_string());
         self.procs.push(Proc { name, log, child });
         Ok(self.procs.last_mut().expect("just pushed"))
+    }
+
+    pub fn procs(&self) -> &[Proc] {
+        &self.procs
     }
 
     pub fn procs_mut(&mut self) -> &mut [Proc] {

@@ -1,16 +1,19 @@
 //! `testenv`: real local clusters from the shell, for `make clusters`,
 //! `make demo` and debugging.
 //!
-//! `testenv up` starts a hub and managed clusters, writes a kubeconfig per
-//! cluster under `--dir`, prints how to reach them, and keeps them running
-//! until it gets SIGINT or SIGTERM (then everything is stopped and the
-//! folder emptied). `testenv down` stops a running `testenv up`.
+//! `testenv up` starts a hub and managed clusters, runs Open Cluster
+//! Management on them (the managed clusters join the hub for real, unless
+//! `--ocm=false`), writes a kubeconfig per cluster under `--dir`, prints how
+//! to reach them, and keeps them running until it gets SIGINT or SIGTERM
+//! (then everything is stopped and the folder emptied). `testenv down` stops
+//! a running `testenv up`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use testenv::ocm::{Hub, JoinOptions};
 use testenv::{Cluster, ClusterConfig, CrdSet};
 
 #[derive(Parser)]
@@ -45,6 +48,13 @@ enum Cmd {
             default_value = "cluster1,cluster2"
         )]
         managed: Vec<String>,
+        /// Run OCM: its hub components on the hub, and each managed cluster
+        /// joined with its registration and work agents.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        ocm: bool,
+        /// Start the work agents with feature gate `RawFeedbackJsonString`.
+        #[arg(long)]
+        raw_feedback: bool,
     },
     /// Stop the clusters of a running `testenv up` in --dir.
     Down {
@@ -67,12 +77,30 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     let dir = std::path::absolute(&args.dir)?;
     match args.command {
-        Cmd::Up { hub, managed } => up(dir, hub, managed).await,
+        Cmd::Up {
+            hub,
+            managed,
+            ocm,
+            raw_feedback,
+        } => {
+            up(
+                dir,
+                hub,
+                managed,
+                ocm.then_some(JoinOptions { raw_feedback }),
+            )
+            .await
+        }
         Cmd::Down { timeout } => down(dir, timeout).await,
     }
 }
 
-async fn up(dir: PathBuf, hub: String, managed: Vec<String>) -> Result<()> {
+async fn up(
+    dir: PathBuf,
+    hub: String,
+    managed: Vec<String>,
+    ocm: Option<JoinOptions>,
+) -> Result<()> {
     let pid_file = dir.join("testenv.pid");
     if let Ok(pid) = std::fs::read_to_string(&pid_file)
         && is_alive(pid.trim())
@@ -87,28 +115,58 @@ async fn up(dir: PathBuf, hub: String, managed: Vec<String>) -> Result<()> {
     let _ = std::fs::remove_file(dir.join("ready"));
     std::fs::write(&pid_file, std::process::id().to_string())?;
 
-    let mut specs = vec![(hub, CrdSet::Hub)];
-    specs.extend(managed.into_iter().map(|m| (m, CrdSet::Managed)));
     // One after another: on two cores starting API servers in parallel is
     // not faster, and the first failure names its cluster.
+    let config = |name: &str, crds| {
+        let mut config = ClusterConfig::new(name, crds);
+        config.dir = Some(dir.join(name));
+        config
+    };
+    let (hub, hub_cluster) = if ocm.is_some() {
+        let hub = Hub::start_with(config(&hub, CrdSet::Hub))
+            .await
+            .with_context(|| format!("starting hub {hub} with OCM"))?;
+        (Some(hub), None)
+    } else {
+        let cluster = Cluster::start(config(&hub, CrdSet::Hub))
+            .await
+            .with_context(|| format!("starting cluster {hub}"))?;
+        (None, Some(cluster))
+    };
     let mut clusters = Vec::new();
-    for (name, crds) in specs {
-        let mut config = ClusterConfig::new(name.clone(), crds);
-        config.dir = Some(dir.join(&name));
-        let cluster = Cluster::start(config)
+    for name in managed {
+        let cluster = Cluster::start(config(&name, CrdSet::Managed))
             .await
             .with_context(|| format!("starting cluster {name}"))?;
+        if let (Some(hub), Some(options)) = (&hub, ocm) {
+            hub.join(&cluster, options)
+                .await
+                .with_context(|| format!("joining {name} to the hub"))?;
+        }
         clusters.push(cluster);
     }
 
     let mut summary = String::new();
-    for c in &clusters {
+    let hub_ref = hub.as_ref().map(Hub::cluster).or(hub_cluster.as_ref());
+    for c in hub_ref.into_iter().chain(&clusters) {
         summary.push_str(&format!(
             "{:<10} {}  kube-apiserver {}\n           kubectl --kubeconfig {} get ns\n",
             c.name(),
             c.server(),
             c.version(),
             c.kubeconfig().display()
+        ));
+    }
+    if let Some(options) = ocm {
+        summary.push_str(&format!(
+            "OCM: {} joined to {} (work agents with RawFeedbackJsonString={})\n",
+            clusters
+                .iter()
+                .map(Cluster::name)
+                .collect::<Vec<_>>()
+                .join(", "),
+            hub_ref.map(Cluster::name).unwrap_or_default(),
+            options.raw_feedback
         ));
     }
     std::fs::write(dir.join("ready"), &summary)?;
@@ -121,6 +179,8 @@ async fn up(dir: PathBuf, hub: String, managed: Vec<String>) -> Result<()> {
     shutdown_signal().await;
     eprintln!("stopping clusters");
     drop(clusters);
+    drop(hub);
+    drop(hub_cluster);
     let _ = std::fs::remove_file(&pid_file);
     let _ = std::fs::remove_file(dir.join("ready"));
     Ok(())
