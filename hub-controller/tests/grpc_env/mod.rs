@@ -554,3 +554,69 @@ async fn act(
         }
     }
 }
+
+/// A TCP proxy between agents and the hub that a test can cut: every
+/// connection through it is dropped at once, as a broken network would.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.cut();
+    }
+}
+
+impl Proxy {
+    pub async fn start(to: SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (c, r) = (conns.clone(), refuse.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if r.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                        let _ = inbound.set_nodelay(true);
+                        let _ = outbound.set_nodelay(true);
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                c.lock().unwrap().push(conn.abort_handle());
+            }
+        });
+        Proxy {
+            addr,
+            conns,
+            refuse,
+            task,
+        }
+    }
+
+    /// Drops every open connection.
+    pub fn cut(&self) {
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    /// While down, new connections are dropped as soon as accepted.
+    pub fn set_down(&self, down: bool) {
+        self.refuse.store(down, std::sync::atomic::Ordering::SeqCst);
+        if down {
+            self.cut();
+        }
+    }
+
+    pub fn address(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
