@@ -1,0 +1,489 @@
+//! The hub-controller against real OCM: a hub running OCM's controllers,
+//! managed clusters joined to it for real, each with the real work agent.
+//! Nothing plays the work agent here: the delivered Application is applied
+//! onto the managed API server by the work agent, and its status comes back
+//! through the work agent's real feedback. The test plays only the spoke's
+//! Argo CD (not in the harness yet): it writes the Application's status on
+//! the managed cluster, clears the operation it ran, and releases its
+//! finalizer when the Application is deleted.
+
+use std::fs::File;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::ManifestWork;
+use argocd_pull_hub_controller::controller::CONDITION;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::discovery::ApiResource;
+use serde_json::json;
+use testenv::ocm::{Fleet, JoinOptions};
+use testenv::{Cluster, wait};
+
+mod common;
+use common::{Binary, app, apps_api};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// Where the spoke's Argo CD keeps its Applications.
+const SPOKE_NAMESPACE: &str = "argocd";
+/// The field manager Argo CD's application-controller writes status with.
+const ARGOCD: &str = "argocd-application-controller";
+
+/// A fleet with the hub-controller binary running against its hub, and a
+/// team namespace whose real Placement selects every managed cluster.
+struct Setup {
+    fleet: Fleet,
+    _controller: Binary,
+    ns: String,
+}
+
+async fn setup(clusters: &[(&str, JoinOptions)], controller_args: &[&str]) -> Setup {
+    testenv::init_tracing();
+    let fleet = Fleet::start("hub", clusters)
+        .await
+        .expect("the hub starts and the clusters join");
+    let hub = fleet.hub.cluster();
+    let client = hub.client().await.unwrap();
+    hub.ensure_namespace("argocd").await.unwrap();
+    for managed in &fleet.clusters {
+        managed.ensure_namespace(SPOKE_NAMESPACE).await.unwrap();
+    }
+
+    // Authorization by the real placement controller's decisions: the team
+    // namespace binds OCM's `global` cluster set and places on all of it.
+    let ns = hub.namespace("team").await.unwrap();
+    let ocm = |version: &str, kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("cluster.open-cluster-management.io", version, kind),
+            plural,
+        )
+    };
+    for (resource, object) in [
+        (
+            ocm(
+                "v1beta2",
+                "ManagedClusterSetBinding",
+                "managedclustersetbindings",
+            ),
+            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta2",
+                    "kind": "ManagedClusterSetBinding",
+                    "metadata": { "name": "global" }, "spec": { "clusterSet": "global" } }),
+        ),
+        (
+            ocm("v1beta1", "Placement", "placements"),
+            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+                    "metadata": { "name": "all" }, "spec": { "clusterSets": ["global"] } }),
+        ),
+    ] {
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+
+    let log = File::create(hub.dir().join("hub-controller.log")).unwrap();
+    let mut args = vec!["--leader-elect=false"];
+    args.extend(controller_args);
+    let controller = Binary::start_as(hub.kubeconfig(), &args, log);
+    Setup {
+        fleet,
+        _controller: controller,
+        ns,
+    }
+}
+
+impl Setup {
+    fn controller_log(&self) -> String {
+        let text =
+            std::fs::read_to_string(self.fleet.hub.cluster().dir().join("hub-controller.log"))
+                .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+fn spoke_apps(client: &kube::Client) -> Api<Application> {
+    Api::namespaced_with(client.clone(), SPOKE_NAMESPACE, &application_resource())
+}
+
+/// What the work agent's feedback brings back beyond the scalar status
+/// (health, sync, revision, operation phase and start).
+#[derive(Clone, Copy, PartialEq)]
+enum Extra {
+    /// Nothing: the controller asks for nothing more (no `--raw-feedback`).
+    Nothing,
+    /// The messages, which are strings, but not the conditions, a list that
+    /// only a work agent with `RawFeedbackJsonString` returns (as JsonRaw).
+    Messages,
+    /// Messages and conditions.
+    MessagesAndConditions,
+}
+
+/// Delivers one Application to `managed` through the real work agent,
+/// reports status from there as the spoke's Argo CD would, checks what comes
+/// back on the hub copy, updates and deletes it.
+async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
+    let name = managed.name();
+    let hub = setup.fleet.hub.cluster().client().await.unwrap();
+    let apps = apps_api(&hub, &setup.ns);
+    let works: Api<ManifestWork> = Api::namespaced(hub.clone(), name);
+    let spoke = spoke_apps(&managed.client().await.unwrap());
+    let app_name = format!("guestbook-{name}");
+
+    // The Argo CD cluster Secret carries the URL the real registration agent
+    // reported for its cluster.
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), "argocd");
+    let secret = wait::exists(&secrets, &format!("{name}-cluster-secret"), TIMEOUT).await;
+    assert_eq!(
+        secret.data.unwrap()["server"].0,
+        managed.server().as_bytes(),
+        "{name}"
+    );
+
+    let annotations = json!({
+        keys::MANAGED_CLUSTER: name,
+        keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NAMESPACE,
+        keys::SKIP_RECONCILE: "true",
+    });
+    let fields = json!({
+        "finalizers": [keys::RESOURCES_FINALIZER],
+        "operation": { "sync": { "revision": "HEAD" }, "initiatedBy": { "username": "alice" } }
+    });
+    apps.create(
+        &PostParams::default(),
+        &app(&app_name, &setup.ns, annotations, fields),
+    )
+    .await
+    .unwrap();
+
+    // Applied onto the managed API server by the real work agent.
+    let delivered = wait::until(&format!("{app_name} on {name}"), TIMEOUT, || async {
+        spoke
+            .get_opt(&app_name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("not there yet; controller log:\n{}", setup.controller_log()))
+    })
+    .await;
+    let annotations = delivered.metadata.annotations.clone().unwrap_or_default();
+    assert!(!annotations.contains_key(keys::SKIP_RECONCILE), "{name}");
+    assert!(!annotations.contains_key(keys::MANAGED_CLUSTER), "{name}");
+    assert!(
+        !delivered
+            .metadata
+            .labels
+            .clone()
+            .unwrap_or_default()
+            .contains_key(keys::PULL_LABEL)
+    );
+    assert_eq!(
+        delivered.metadata.finalizers.as_deref(),
+        Some(&[keys::RESOURCES_FINALIZER.to_string()][..])
+    );
+    assert_eq!(delivered.data["spec"]["source"]["path"], "app");
+    assert_eq!(delivered.data["operation"]["sync"]["revision"], "HEAD");
+
+    // The spoke's Argo CD runs the operation: it clears `.operation` and
+    // reports the result, with the same write.
+    let started_at = "2026-11-21T10:00:00Z";
+    let status = json!({
+        "health": { "status": "Healthy", "message": "all pods ready" },
+        "sync": { "status": "Synced", "revision": "abc123" },
+        "operationState": {
+            "phase": "Succeeded", "startedAt": started_at, "finishedAt": "2026-11-21T10:00:05Z",
+            "message": "successfully synced (all tasks run)",
+            "operation": { "sync": { "revision": "HEAD" } }
+        },
+        "conditions": [{ "type": "SyncError", "message": "one warning",
+                         "lastTransitionTime": "2026-11-21T10:00:05Z" }]
+    });
+    spoke
+        .patch(
+            &app_name,
+            &PatchParams {
+                field_manager: Some(ARGOCD.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({ "operation": null, "status": status })),
+        )
+        .await
+        .unwrap();
+
+    // ... and the status comes back through the work agent's feedback.
+    let hub_status = wait::until(
+        &format!("the spoke's status on the hub copy of {app_name}"),
+        TIMEOUT,
+        || async {
+            let a = apps.get(&app_name).await.map_err(|e| e.to_string())?;
+            let s = a.data.get("status").cloned().unwrap_or_default();
+            let complete = s.pointer("/health/status") == Some(&json!("Healthy"))
+                && (extra != Extra::MessagesAndConditions
+                    || s.get("conditions").is_some_and(|c| c != &json!([])));
+            if complete {
+                Ok(s)
+            } else {
+                let work = works
+                    .get_opt(&setup.work_name(&app_name))
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|w| serde_json::to_value(w.status).unwrap());
+                Err(format!("hub status {s}\nwork status {work:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        hub_status["sync"]["status"], "Synced",
+        "{name}: {hub_status}"
+    );
+    assert_eq!(
+        hub_status["sync"]["revision"], "abc123",
+        "{name}: {hub_status}"
+    );
+    assert_eq!(
+        hub_status["operationState"]["phase"], "Succeeded",
+        "{name}: {hub_status}"
+    );
+    assert_eq!(
+        hub_status["operationState"]["startedAt"], started_at,
+        "{name}: {hub_status}"
+    );
+    let messages = (
+        hub_status["operationState"]["message"].as_str(),
+        hub_status["health"]["message"].as_str(),
+    );
+    if extra == Extra::Nothing {
+        assert_eq!(messages, (None, None), "{name}: {hub_status}");
+    } else {
+        assert_eq!(
+            messages,
+            (
+                Some("successfully synced (all tasks run)"),
+                Some("all pods ready")
+            ),
+            "{name}: {hub_status}"
+        );
+    }
+    let conditions = hub_status["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if extra == Extra::MessagesAndConditions {
+        assert_eq!(conditions.len(), 1, "{name}: {hub_status}");
+        assert_eq!(conditions[0]["type"], "SyncError", "{name}: {hub_status}");
+        assert_eq!(
+            conditions[0]["message"], "one warning",
+            "{name}: {hub_status}"
+        );
+    } else {
+        assert!(
+            conditions.iter().all(|c| c["type"] != "SyncError"),
+            "no conditions without the gate: {hub_status}"
+        );
+    }
+
+    // The operation has been handed over: it leaves the work, and the work
+    // agent never puts it back on the spoke (ignoreFields OnSpokeChange).
+    let work_name = setup.work_name(&app_name);
+    wait::until("the operation to leave the work", TIMEOUT, || async {
+        let w = works.get(&work_name).await.map_err(|e| e.to_string())?;
+        let manifest = &w.spec.workload.unwrap().manifests.unwrap()[0];
+        match manifest.get("operation") {
+            None => Ok(()),
+            Some(op) => Err(op.to_string()),
+        }
+    })
+    .await;
+    assert!(
+        apps.get(&app_name)
+            .await
+            .unwrap()
+            .data
+            .get("operation")
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let on_spoke = spoke.get(&app_name).await.unwrap();
+    assert!(
+        on_spoke.data.get("operation").is_none(),
+        "{name}: {:?}",
+        on_spoke.data
+    );
+    assert_eq!(on_spoke.data["status"]["health"]["status"], "Healthy");
+
+    // A change on the hub reaches the spoke through the work agent, which
+    // leaves the status the spoke's Argo CD wrote alone.
+    apps.patch(
+        &app_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "source": { "targetRevision": "v2" } } })),
+    )
+    .await
+    .unwrap();
+    let updated = wait::until(&format!("the new revision on {name}"), TIMEOUT, || async {
+        let a = spoke.get(&app_name).await.map_err(|e| e.to_string())?;
+        if a.data["spec"]["source"]["targetRevision"] == "v2" {
+            Ok(a)
+        } else {
+            Err(a.data["spec"].to_string())
+        }
+    })
+    .await;
+    assert_eq!(updated.data["status"]["sync"]["revision"], "abc123");
+    let hub_copy = apps.get(&app_name).await.unwrap();
+    assert_eq!(hub_copy.data["status"]["health"]["status"], "Healthy");
+
+    // Deleting the hub Application deletes the spoke's through the work
+    // agent; the spoke's Argo CD releases its finalizer once it has cleaned
+    // up, and only then is the hub's released.
+    apps.delete(&app_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(
+        &format!("{app_name} being deleted on {name}"),
+        TIMEOUT,
+        || async {
+            let a = spoke.get(&app_name).await.map_err(|e| e.to_string())?;
+            a.metadata
+                .deletion_timestamp
+                .map(|_| ())
+                .ok_or_else(|| format!("not yet; controller log:\n{}", setup.controller_log()))
+        },
+    )
+    .await;
+    assert!(
+        apps.get_opt(&app_name).await.unwrap().is_some(),
+        "the hub copy waits for the spoke"
+    );
+    spoke
+        .patch(
+            &app_name,
+            &PatchParams {
+                field_manager: Some(ARGOCD.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    wait::until(
+        &format!("{app_name} gone from {name}, its work and the hub"),
+        TIMEOUT,
+        || async {
+            let spoke_left = spoke.get_opt(&app_name).await.map_err(|e| e.to_string())?;
+            let work_left = works.get_opt(&work_name).await.map_err(|e| e.to_string())?;
+            let hub_left = apps.get_opt(&app_name).await.map_err(|e| e.to_string())?;
+            if spoke_left.is_none() && work_left.is_none() && hub_left.is_none() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "spoke: {}, work: {}, hub: {:?}",
+                    spoke_left.is_some(),
+                    work_left.is_some(),
+                    hub_left.map(|a| a.metadata.finalizers)
+                ))
+            }
+        },
+    )
+    .await;
+}
+
+impl Setup {
+    fn work_name(&self, app_name: &str) -> String {
+        format!("{}.{app_name}", self.ns)
+    }
+}
+
+/// With `--raw-feedback`: cluster1's work agent has `RawFeedbackJsonString`
+/// and the conditions and messages come back too; cluster2's has not: the
+/// scalar status and the messages still come back, the conditions do not.
+#[tokio::test]
+async fn status_comes_back_through_the_real_work_agent_with_raw_feedback() {
+    let setup = setup(
+        &[
+            ("cluster1", JoinOptions { raw_feedback: true }),
+            (
+                "cluster2",
+                JoinOptions {
+                    raw_feedback: false,
+                },
+            ),
+        ],
+        &["--raw-feedback"],
+    )
+    .await;
+    tokio::join!(
+        round_trip(
+            &setup,
+            setup.fleet.cluster("cluster1"),
+            Extra::MessagesAndConditions
+        ),
+        round_trip(&setup, setup.fleet.cluster("cluster2"), Extra::Messages),
+    );
+}
+
+/// The default: no `--raw-feedback`, a work agent without the gate. Then
+/// a mistake only the spoke can see (the Application's namespace does not
+/// exist there): the work agent's error shows on the hub copy, and goes once
+/// the namespace exists.
+#[tokio::test]
+async fn status_comes_back_through_the_real_work_agent_by_default() {
+    let gate_off = JoinOptions {
+        raw_feedback: false,
+    };
+    let setup = setup(&[("cluster1", gate_off)], &[]).await;
+    let managed = setup.fleet.cluster("cluster1");
+    round_trip(&setup, managed, Extra::Nothing).await;
+
+    let hub = setup.fleet.hub.cluster().client().await.unwrap();
+    let apps = apps_api(&hub, &setup.ns);
+    let annotations = json!({
+        keys::MANAGED_CLUSTER: "cluster1",
+        keys::MANAGED_CLUSTER_APP_NAMESPACE: "argocd-elsewhere",
+    });
+    apps.create(
+        &PostParams::default(),
+        &app("misplaced", &setup.ns, annotations, json!({})),
+    )
+    .await
+    .unwrap();
+    let message = wait::until("the spoke's error on the hub copy", TIMEOUT, || async {
+        let a = apps.get("misplaced").await.map_err(|e| e.to_string())?;
+        a.data
+            .pointer("/status/conditions")
+            .and_then(|c| c.as_array())
+            .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
+            .and_then(|c| c["message"].as_str().map(String::from))
+            .ok_or_else(|| format!("{:?}", a.data.get("status")))
+    })
+    .await;
+    assert!(
+        message.contains(r#"namespaces "argocd-elsewhere" not found"#),
+        "{message}"
+    );
+
+    managed.ensure_namespace("argocd-elsewhere").await.unwrap();
+    let spoke: Api<Application> = Api::namespaced_with(
+        managed.client().await.unwrap(),
+        "argocd-elsewhere",
+        &application_resource(),
+    );
+    wait::exists(&spoke, "misplaced", TIMEOUT).await;
+    wait::until("the condition to clear", TIMEOUT, || async {
+        let a = apps.get("misplaced").await.map_err(|e| e.to_string())?;
+        let conditions = a.data.pointer("/status/conditions").cloned();
+        match conditions {
+            Some(c)
+                if c.as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == CONDITION)) =>
+            {
+                Err(c.to_string())
+            }
+            _ => Ok(()),
+        }
+    })
+    .await;
+}
