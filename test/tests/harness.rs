@@ -95,7 +95,9 @@ async fn a_killed_owner_leaves_no_processes_or_data_behind() {
     let dir = tempfile::tempdir().unwrap();
     let dir_s = dir.path().display().to_string();
     let mut owner = Command::new(env!("CARGO_BIN_EXE_testenv"))
+        // Bare clusters: test/tests/ocm.rs does the same with OCM running.
         .args(["--dir", &dir_s, "up", "--hub", "hub", "--managed", "spoke"])
+        .arg("--ocm=false")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
