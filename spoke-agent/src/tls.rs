@@ -121,6 +121,16 @@ mod tests {
             .unwrap();
         std::fs::write(&files.cert, &renewed.cert_pem).unwrap();
         assert_ne!(files.fingerprint().unwrap(), loaded.fingerprint);
+        let expired = ca
+            .client_valid("agent", (2020, 1, 1), (2021, 1, 1))
+            .unwrap();
+        std::fs::write(&files.cert, &expired.cert_pem).unwrap();
+        std::fs::write(&files.key, &expired.key_pem).unwrap();
+        let e = err(&files);
+        assert!(
+            e.contains("expired at") && e.contains("waiting for a renewed one"),
+            "{e}"
+        );
         std::fs::write(&files.cert, "junk").unwrap();
         assert!(err(&files).contains("not a PEM certificate"));
     }

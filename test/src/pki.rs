@@ -67,6 +67,22 @@ impl Ca {
         self.sign(params)
     }
 
+    /// A client certificate valid only between two dates (year, month,
+    /// day, UTC): one that has expired, or is not valid yet.
+    pub fn client_valid(
+        &self,
+        user: &str,
+        from: (i32, u8, u8),
+        until: (i32, u8, u8),
+    ) -> Result<CertKey, rcgen::Error> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = dn(user, None);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+        params.not_after = rcgen::date_time_ymd(until.0, until.1, until.2);
+        self.sign(params)
+    }
+
     fn sign(&self, mut params: CertificateParams) -> Result<CertKey, rcgen::Error> {
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,

@@ -46,6 +46,24 @@ pub struct Env {
     pub team: String,
     pub grpc_addr: SocketAddr,
     pub hub_process: Option<HubProcess>,
+    hub_starts: usize,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // A failed test shows what the hub-controller said.
+        if std::thread::panicking() {
+            for n in 1..=self.hub_starts {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("hub-{n}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(80).collect();
+                eprintln!("--- hub-controller log {n} (last lines) ---");
+                for line in tail.into_iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
 }
 
 pub struct Spoke {
@@ -60,6 +78,8 @@ pub struct Spoke {
 pub struct HubProcess {
     pub child: tokio::process::Child,
     pub admin: SocketAddr,
+    /// Its log (stderr).
+    pub log: PathBuf,
 }
 
 impl HubProcess {
@@ -174,6 +194,7 @@ impl Env {
             team,
             grpc_addr: net::free_addr().unwrap(),
             hub_process: None,
+            hub_starts: 0,
         }
     }
 
@@ -181,6 +202,8 @@ impl Env {
     pub async fn start_hub(&mut self, extra: &[&str]) {
         let admin = net::free_addr().unwrap();
         let d = self.dir.path();
+        self.hub_starts += 1;
+        let log = d.join(format!("hub-{}.log", self.hub_starts));
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
             .arg("--kubeconfig")
             .arg(self.hub.kubeconfig())
@@ -194,10 +217,12 @@ impl Env {
             .arg(d.join("ca.crt"))
             .args(["--grpc-heartbeat", "2s", "--grpc-digest-interval", "5s"])
             .args(extra)
+            .env("ARGOCD_PULL_LOG", "info,kube_client=off")
+            .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let process = HubProcess { child, admin };
+        let process = HubProcess { child, admin, log };
         wait::until("the hub-controller to be ready", TIMEOUT, || async {
             match net::http_get(admin, "/readyz").await {
                 Ok((200, _)) => Ok(()),
@@ -214,6 +239,16 @@ impl Env {
             p.child.start_kill().unwrap();
             let _ = p.child.wait().await;
         }
+    }
+
+    /// Everything every hub-controller process of this test has logged.
+    pub fn hub_log(&self) -> String {
+        (1..=self.hub_starts)
+            .map(|n| {
+                std::fs::read_to_string(self.dir.path().join(format!("hub-{n}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     pub fn hub_address(&self) -> String {

@@ -1,0 +1,281 @@
+//! Bad input and abuse of the gRPC transport, on real API servers: wrong
+//! and expired certificates, an identity that maps to no cluster, an
+//! unknown protocol version, malformed and oversized messages, and an agent
+//! reporting another cluster's Application. Each is refused with a status
+//! that says what is wrong and logged with the cluster name, and the
+//! well-behaved agent next to them never notices.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use argocd_pull_proto::v1::transport_client::TransportClient;
+use argocd_pull_proto::v1::{
+    AckOutcome, AgentMessage, AgentMode, Heartbeat, Hello, HubMessage, ObjectKey, ObjectMeta,
+    ObservedApplication, StatusReport, agent_message, hub_message, status_report,
+};
+use argocd_pull_proto::version;
+use argocd_pull_spoke_agent::Mode;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+use testenv::pki::{Ca, CertKey};
+use testenv::wait;
+use tokio::sync::mpsc;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Status, Streaming};
+
+mod common;
+mod grpc_env;
+use grpc_env::{Env, SPOKE_NS, TIMEOUT, agent_subject};
+
+/// A raw stream to the hub with `identity`, opened with `first`; the
+/// hub's first answer, or how the hub refused.
+async fn open(
+    env: &Env,
+    identity: &CertKey,
+    first: AgentMessage,
+) -> Result<
+    (
+        mpsc::Sender<AgentMessage>,
+        Streaming<HubMessage>,
+        HubMessage,
+    ),
+    Status,
+> {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&env.ca.pem.cert_pem))
+        .identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
+    let channel = Endpoint::from_shared(env.hub_address())
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| Status::unavailable(format!("{e:?}")))?;
+    let mut client = TransportClient::new(channel)
+        .max_encoding_message_size(64 << 20)
+        .max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(first).await.unwrap();
+    let mut inbound = client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let reply = tokio::time::timeout(Duration::from_secs(30), inbound.message())
+        .await
+        .map_err(|_| Status::deadline_exceeded("no answer"))??
+        .ok_or_else(|| Status::cancelled("closed"))?;
+    Ok((tx, inbound, reply))
+}
+
+fn hello(min: u32, max: u32) -> AgentMessage {
+    let mut h: Hello = version::hello(AgentMode::Managed, "test");
+    h.min_protocol_version = min;
+    h.max_protocol_version = max;
+    AgentMessage {
+        kind: Some(agent_message::Kind::Hello(h)),
+    }
+}
+
+fn report(key: ObjectKey, seq: u64, status_json: Vec<u8>) -> AgentMessage {
+    AgentMessage {
+        kind: Some(agent_message::Kind::Status(StatusReport {
+            key: Some(key),
+            seq,
+            state: Some(status_report::State::Observed(ObservedApplication {
+                meta: Some(ObjectMeta {
+                    version: "v1".into(),
+                    ..Default::default()
+                }),
+                status_json,
+                ..Default::default()
+            })),
+        })),
+    }
+}
+
+/// The next message that is not a digest or heartbeat, or the error.
+async fn next(inbound: &mut Streaming<HubMessage>) -> Result<HubMessage, Status> {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(30), inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no answer"))??
+            .ok_or_else(|| Status::cancelled("closed"))?;
+        if !matches!(
+            m.kind,
+            Some(hub_message::Kind::Digest(_) | hub_message::Kind::Heartbeat(_))
+        ) {
+            return Ok(m);
+        }
+    }
+}
+
+fn refused(result: Result<impl std::fmt::Debug, Status>) -> Status {
+    match result {
+        Ok(v) => panic!("accepted: {v:?}"),
+        Err(s) => s,
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
+    let mut env = Env::new(&["cluster1", "cluster2"]).await;
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.wait_connected().await;
+    env.hub_apps()
+        .create(&PostParams::default(), &env.app("alpha", 0, json!({})))
+        .await
+        .unwrap();
+    let expected: BTreeMap<String, usize> = [("alpha".to_string(), 0)].into();
+    wait::until("alpha delivered", TIMEOUT, || env.converged(&expected)).await;
+    let cluster2 = env.ca.client(&agent_subject("cluster2"), None).unwrap();
+
+    // A certificate from another CA, and an expired one, never get a stream.
+    let rogue = Ca::new("rogue")
+        .unwrap()
+        .client(&agent_subject("cluster1"), None)
+        .unwrap();
+    // Refused in the TLS handshake: the client sees the connection fail
+    // (how exactly depends on when the alert arrives).
+    refused(open(&env, &rogue, hello(1, 1)).await);
+    let expired = env
+        .ca
+        .client_valid(&agent_subject("cluster1"), (2020, 1, 1), (2021, 1, 1))
+        .unwrap();
+    refused(open(&env, &expired, hello(1, 1)).await);
+
+    // A trusted certificate whose subject names no cluster.
+    let stranger = env.ca.client("someone", None).unwrap();
+    let status = refused(open(&env, &stranger, hello(1, 1)).await);
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("\"someone\" matches no identity pattern"),
+        "{status:?}"
+    );
+
+    // An agent from the future.
+    let status = refused(open(&env, &cluster2, hello(7, 9)).await);
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        status.message(),
+        "agent speaks protocol 7..=9, hub supports 1: upgrade the hub"
+    );
+
+    // A first message that is not a Hello.
+    let heartbeat = AgentMessage {
+        kind: Some(agent_message::Kind::Heartbeat(Heartbeat::default())),
+    };
+    let status = refused(open(&env, &cluster2, heartbeat).await);
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("the first message must be a Hello"),
+        "{status:?}"
+    );
+
+    // After a good handshake: a report of another cluster's Application is
+    // refused, that one report only; the hub copy is untouched.
+    let (tx, mut inbound, welcome) = open(&env, &cluster2, hello(1, 1)).await.unwrap();
+    assert!(matches!(welcome.kind, Some(hub_message::Kind::Welcome(_))));
+    let alpha = ObjectKey {
+        namespace: SPOKE_NS.into(),
+        name: "alpha".into(),
+    };
+    let forged = serde_json::to_vec(&json!({ "health": { "status": "Missing" } })).unwrap();
+    tx.send(report(alpha.clone(), 1, forged)).await.unwrap();
+    match next(&mut inbound).await.unwrap().kind {
+        Some(hub_message::Kind::ObjectAck(ack)) => {
+            assert_eq!(ack.outcome, AckOutcome::Rejected as i32);
+            assert!(
+                ack.message
+                    .contains("not an Application the hub delivers to cluster cluster2"),
+                "{ack:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A report that is not JSON is refused the same way.
+    tx.send(report(alpha.clone(), 2, b"{nope".to_vec()))
+        .await
+        .unwrap();
+    match next(&mut inbound).await.unwrap().kind {
+        Some(hub_message::Kind::ObjectAck(ack)) => {
+            assert_eq!(ack.outcome, AckOutcome::Rejected as i32);
+            assert!(ack.message.contains("is not JSON"), "{ack:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A message breaking the contract ends the stream, naming the field.
+    tx.send(report(alpha.clone(), 0, b"{}".to_vec()))
+        .await
+        .unwrap();
+    let status = refused(next(&mut inbound).await);
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("seq is 0"), "{status:?}");
+
+    // A message over the 4 MiB limit ends the stream too.
+    let (tx, mut inbound, _) = open(&env, &cluster2, hello(1, 1)).await.unwrap();
+    let huge = format!("{{\"x\":\"{}\"}}", "y".repeat(5 << 20)).into_bytes();
+    tx.send(report(alpha.clone(), 1, huge)).await.unwrap();
+    let status = refused(next(&mut inbound).await);
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+
+    // The hub copy never saw any of it; the real agent kept its stream and
+    // still delivers.
+    env.hub_apps()
+        .patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "source": { "targetRevision": "after-abuse" } } })),
+        )
+        .await
+        .unwrap();
+    wait::until("alpha updated after the abuse", TIMEOUT, || {
+        env.converged(&expected)
+    })
+    .await;
+    let hub_alpha = env.hub_apps().get("alpha").await.unwrap();
+    assert_eq!(hub_alpha.data["status"]["health"]["status"], "Healthy");
+
+    let log = env.hub_log();
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(lines("agent connected cluster=cluster1"), 1, "{log}");
+    assert!(
+        lines("refused an agent's client certificate cluster=cluster1") >= 2,
+        "{log}"
+    );
+    for reason in ["protocol-version", "malformed", "oversized"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("cluster=cluster2")
+                    && l.contains(&format!("reason=\"{reason}\""))),
+            "no refusal {reason} logged with the cluster: {log}"
+        );
+    }
+    assert!(
+        lines("refused a status report cluster=cluster2") >= 2,
+        "{log}"
+    );
+    let metrics = env.hub_process.as_ref().unwrap().metrics().await;
+    for (cluster, reason) in [
+        ("cluster1", "certificate-expired"),
+        ("cluster1", "certificate-invalid"),
+        ("", "unknown-identity"),
+        ("cluster2", "protocol-version"),
+        ("cluster2", "not-this-agents"),
+        ("cluster2", "oversized"),
+    ] {
+        // A client may try its handshake more than once.
+        let series = format!(
+            "argocd_pull_hub_grpc_refused_total{{cluster=\"{cluster}\",reason=\"{reason}\"}} "
+        );
+        let count: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+            .unwrap_or(0.0);
+        assert!(count >= 1.0, "{series} missing in {metrics}");
+    }
+}
