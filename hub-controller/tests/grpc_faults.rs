@@ -47,7 +47,9 @@ async fn set_spoke_message(env: &Env, i: usize, message: &str) {
         .patch(
             &name(i),
             &PatchParams::default(),
-            &Patch::Merge(json!({ "status": { "health": { "status": "Healthy", "message": message } } })),
+            &Patch::Merge(
+                json!({ "status": { "health": { "status": "Healthy", "message": message } } }),
+            ),
         )
         .await;
 }
@@ -85,7 +87,10 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
             json!({})
         };
         env.hub_apps()
-            .create(&PostParams::default(), &env.app(&name(i), spoke_of(i), extra))
+            .create(
+                &PostParams::default(),
+                &env.app(&name(i), spoke_of(i), extra),
+            )
             .await
             .unwrap();
         expected.insert(name(i), spoke_of(i));
@@ -110,7 +115,12 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
         proxy.set_down(false);
     };
     tokio::join!(churn, cuts);
-    converge(&env, &expected, "convergence after churn through a cut connection").await;
+    converge(
+        &env,
+        &expected,
+        "convergence after churn through a cut connection",
+    )
+    .await;
     let spoke = env.spoke_apps(0).get(&name(0)).await.unwrap();
     assert_eq!(spoke.data["spec"]["source"]["targetRevision"], "r5");
 
@@ -121,19 +131,31 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     converge(&env, &expected, "convergence after a sync across cuts").await;
-    assert_eq!(env.spokes[0].argocd.syncs_of(&name(2)), vec!["sync-cut".to_string()]);
+    assert_eq!(
+        env.spokes[0].argocd.syncs_of(&name(2)),
+        vec!["sync-cut".to_string()]
+    );
 
     // 2. The hub dies; both sides change meanwhile; it comes back.
     env.kill_hub().await;
     set_revision(&env, 4, "while-hub-down").await;
     set_spoke_message(&env, 6, "spoke-while-hub-down").await;
     sync(&env, 3, "sync-while-hub-down").await;
-    env.hub_apps().delete(&name(8), &DeleteParams::default()).await.unwrap(); // finalizer
-    env.hub_apps().delete(&name(9), &DeleteParams::default()).await.unwrap(); // none
+    env.hub_apps()
+        .delete(&name(8), &DeleteParams::default())
+        .await
+        .unwrap(); // finalizer
+    env.hub_apps()
+        .delete(&name(9), &DeleteParams::default())
+        .await
+        .unwrap(); // none
     expected.remove(&name(8));
     expected.remove(&name(9));
     env.hub_apps()
-        .create(&PostParams::default(), &env.app("born-while-hub-down", 1, json!({})))
+        .create(
+            &PostParams::default(),
+            &env.app("born-while-hub-down", 1, json!({})),
+        )
         .await
         .unwrap();
     expected.insert("born-while-hub-down".into(), 1);
@@ -151,7 +173,10 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
     env.spokes[1].agent.take().unwrap().kill();
     set_revision(&env, 5, "while-agent-down").await;
     sync(&env, 11, "sync-while-agent-down").await;
-    env.hub_apps().delete(&name(7), &DeleteParams::default()).await.unwrap();
+    env.hub_apps()
+        .delete(&name(7), &DeleteParams::default())
+        .await
+        .unwrap();
     expected.remove(&name(7));
     env.spoke_apps(1)
         .patch(
@@ -173,7 +198,15 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
     let runs: usize = env
         .spokes
         .iter()
-        .map(|s| s.argocd.syncs.lock().unwrap().values().map(Vec::len).sum::<usize>())
+        .map(|s| {
+            s.argocd
+                .syncs
+                .lock()
+                .unwrap()
+                .values()
+                .map(Vec::len)
+                .sum::<usize>()
+        })
         .sum();
     assert_eq!(runs, 3);
 }
