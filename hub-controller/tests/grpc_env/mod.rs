@@ -339,9 +339,11 @@ impl Env {
                 annotations[k] = v.clone();
             }
         }
+        // Only annotations may be given under metadata (finalizers go at
+        // the top level, as `common::app` takes them).
         let mut rest = extra.clone();
-        if let Some(Value::Object(m)) = rest.get_mut("metadata") {
-            m.remove("annotations");
+        if let Value::Object(m) = &mut rest {
+            m.remove("metadata");
         }
         super::common::app(name, &self.team, annotations, rest)
     }
