@@ -58,7 +58,8 @@ pub async fn run(
             Api::<Application>::all_with(client.clone(), &ar),
             watcher::Config::default().labels(keys::PULL_LABEL),
         )
-        .default_backoff(),
+        .default_backoff()
+        .modify(drop_managed_fields),
     )
     .inspect(move |event| {
         if let Ok(watcher::Event::Apply(a) | watcher::Event::InitApply(a)) = event {
@@ -74,7 +75,8 @@ pub async fn run(
             Api::<ManifestWork>::all(client.clone()),
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
         )
-        .default_backoff(),
+        .default_backoff()
+        .modify(drop_managed_fields),
     )
     .touched_objects();
     let (q, store) = (queue.clone(), app_store.clone());
@@ -190,6 +192,12 @@ pub async fn run(
             tracing::warn!(grace = ?SHUTDOWN_GRACE, "controller did not stop in time; stopping anyway");
         }
     }
+}
+
+/// The caches never read managedFields, which are often the largest part of
+/// an object; dropping them keeps memory per Application down.
+fn drop_managed_fields<K: kube::Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
 }
 
 fn error_policy(app: Arc<Application>, error: &Error, _ctx: Arc<Context>) -> Action {
@@ -520,6 +528,20 @@ pub(crate) fn set_condition(status: &mut Value, message: Option<String>) {
     }
 }
 
+/// Whether `status` holds a field argocd-pull writes.
+fn shows_any_of_ours(status: &Value) -> bool {
+    ["health", "sync", "operationState"]
+        .iter()
+        .any(|k| status.get(k).is_some())
+        || status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.get("type").and_then(Value::as_str) == Some(CONDITION))
+            })
+}
+
 /// Server-side applies `status` (argocd-pull's fields only) unless the
 /// Application already shows exactly that, so that our own writes do not
 /// make more work.
@@ -532,6 +554,11 @@ async fn write_status(
     if let Value::Object(map) = &mut status
         && map.is_empty()
     {
+        if !shows_any_of_ours(current) {
+            // Nothing to report and nothing of ours to take back: writing
+            // would only cost a write and the reconcile its echo triggers.
+            return Ok(());
+        }
         // Applying an empty status would remove every field we own and
         // leave `status: null`, which the schema refuses; an empty condition
         // list says the same and is valid.
@@ -646,6 +673,22 @@ mod tests {
         ] {
             assert!(!is_argocd_finalizer(f), "{f}");
         }
+    }
+
+    #[test]
+    fn an_empty_status_is_only_written_to_take_back_our_fields() {
+        assert!(!shows_any_of_ours(&Value::Null));
+        assert!(!shows_any_of_ours(&json!({})));
+        assert!(!shows_any_of_ours(
+            &json!({ "conditions": [{ "type": "SyncError" }], "reconciledAt": "x" })
+        ));
+        assert!(shows_any_of_ours(
+            &json!({ "health": { "status": "Healthy" } })
+        ));
+        assert!(shows_any_of_ours(&json!({ "operationState": {} })));
+        assert!(shows_any_of_ours(
+            &json!({ "conditions": [{ "type": CONDITION, "message": "x" }] })
+        ));
     }
 
     #[test]
