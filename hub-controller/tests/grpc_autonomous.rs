@@ -1,0 +1,261 @@
+//! Autonomous mode on real API servers: Applications are defined on the
+//! managed cluster; the hub shows a read-only mirror of each in the
+//! namespace named after the cluster, and may only ask for a sync or a
+//! refresh, which run once on the spoke. Mirrors follow the spoke through
+//! changes, deletions and a hub restart.
+
+use std::collections::BTreeMap;
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_spoke_agent::Mode;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testenv::wait;
+
+mod common;
+mod grpc_env;
+use grpc_env::{Env, SPOKE_NS, TIMEOUT};
+
+const AUTONOMOUS: usize = 1;
+
+fn local_app(name: &str, path: &str) -> Application {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": { "name": name, "namespace": SPOKE_NS, "labels": { "owner": "spoke-team" } },
+        "spec": {
+            "project": "default",
+            "source": { "repoURL": "https://git.example/local.git", "path": path },
+            "destination": { "server": "https://kubernetes.default.svc", "namespace": name }
+        }
+    }))
+    .unwrap()
+}
+
+fn mirrors(env: &Env) -> Api<Application> {
+    Api::namespaced_with(env.hub_client.clone(), "cluster2", &application_resource())
+}
+
+/// Every Application of the autonomous spoke has a faithful mirror, and
+/// there is no other mirror.
+async fn mirrored(env: &Env) -> Result<(), String> {
+    let spoke: BTreeMap<String, Application> = env
+        .spoke_apps(AUTONOMOUS)
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .map(|a| (a.name_any(), a))
+        .collect();
+    let hub: BTreeMap<String, Application> = mirrors(env)
+        .list(&kube::api::ListParams::default().labels(keys::MIRROR_OF))
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .map(|a| (a.name_any(), a))
+        .collect();
+    if spoke.keys().collect::<Vec<_>>() != hub.keys().collect::<Vec<_>>() {
+        return Err(format!(
+            "spoke {:?}, mirrors {:?}",
+            spoke.keys().collect::<Vec<_>>(),
+            hub.keys().collect::<Vec<_>>()
+        ));
+    }
+    for (name, s) in &spoke {
+        let m = &hub[name];
+        let mut spec = s.data["spec"].clone();
+        spec["destination"] =
+            json!({ "name": "cluster2", "namespace": spec["destination"]["namespace"] });
+        if m.data["spec"] != spec {
+            return Err(format!("{name}: mirror spec {} != {spec}", m.data["spec"]));
+        }
+        let status = s.data.get("status").cloned().unwrap_or(json!({}));
+        if m.data.get("status").cloned().unwrap_or(json!({})) != status {
+            return Err(format!(
+                "{name}: mirror status {:?} != {status}",
+                m.data.get("status")
+            ));
+        }
+        if m.data.get("operation").is_some_and(|o| !o.is_null())
+            || m.annotations().contains_key(keys::REFRESH)
+        {
+            return Err(format!("{name}: a command is pending on the mirror"));
+        }
+        if m.annotations()
+            .get(keys::SKIP_RECONCILE)
+            .map(String::as_str)
+            != Some("true")
+        {
+            return Err(format!(
+                "{name}: the hub's Argo CD would reconcile the mirror"
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn mirror_field(env: &Env, name: &str, pointer: &str) -> Option<Value> {
+    let m = mirrors(env).get_opt(name).await.ok()??;
+    serde_json::to_value(&m).unwrap().pointer(pointer).cloned()
+}
+
+#[tokio::test]
+async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_refreshes() {
+    let mut env = Env::new(&["cluster1", "cluster2"]).await;
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.start_agent(AUTONOMOUS, Mode::Autonomous);
+    env.wait_connected().await;
+    let spoke = env.spoke_apps(AUTONOMOUS);
+    for (name, path) in [("local-a", "a"), ("local-b", "b")] {
+        spoke
+            .create(&PostParams::default(), &local_app(name, path))
+            .await
+            .unwrap();
+    }
+    wait::until("mirrors of the spoke's Applications", TIMEOUT, || {
+        mirrored(&env)
+    })
+    .await;
+    let m = mirrors(&env).get("local-a").await.unwrap();
+    assert_eq!(
+        m.labels().get("owner").map(String::as_str),
+        Some("spoke-team")
+    );
+    assert_eq!(
+        m.labels().get(keys::MIRROR_OF).map(String::as_str),
+        Some("cluster2")
+    );
+    assert_eq!(
+        m.annotations().get(keys::MIRROR_SOURCE).map(String::as_str),
+        Some("argocd/local-a")
+    );
+    assert!(m.finalizers().is_empty());
+
+    // The spoke changes its Application and its status: the mirror follows.
+    spoke
+        .patch(
+            "local-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "source": { "path": "a2" } },
+                                  "status": { "health": { "status": "Degraded" } } })),
+        )
+        .await
+        .unwrap();
+    wait::until("the mirror follows the spoke", TIMEOUT, || async {
+        match mirror_field(&env, "local-a", "/spec/source/path").await {
+            Some(p) if p == "a2" => mirrored(&env).await,
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // The mirror is read-only: an edit on the hub is reverted.
+    mirrors(&env)
+        .patch(
+            "local-a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "spec": { "source": { "path": "hub-edit" }, "revisionHistoryLimit": 1 } }),
+            ),
+        )
+        .await
+        .unwrap();
+    wait::until("the hub edit reverted", TIMEOUT, || async {
+        match mirror_field(&env, "local-a", "/spec").await {
+            Some(s) if s["source"]["path"] == "a2" && s.get("revisionHistoryLimit").is_none() => {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        spoke.get("local-a").await.unwrap().data["spec"]["source"]["path"],
+        "a2",
+        "the spoke never sees a hub edit"
+    );
+
+    // The hub may ask for a sync and a refresh; each runs once on the spoke.
+    mirrors(&env)
+        .patch(
+            "local-b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "operation": { "sync": { "revision": "from-hub" } },
+                                  "metadata": { "annotations": { keys::REFRESH: "normal" } } })),
+        )
+        .await
+        .unwrap();
+    wait::until("the sync and refresh run on the spoke", TIMEOUT, || async {
+        let syncs = env.spokes[AUTONOMOUS].argocd.syncs_of("local-b");
+        let refreshes = env.spokes[AUTONOMOUS].argocd.refreshes_of("local-b");
+        if syncs == ["from-hub"] && refreshes == 1 {
+            mirrored(&env).await
+        } else {
+            Err(format!("syncs {syncs:?}, refreshes {refreshes}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        mirror_field(&env, "local-b", "/status/operationState/phase").await,
+        Some(json!("Succeeded"))
+    );
+
+    // A pull-model Application cannot target an autonomous cluster.
+    env.hub_apps()
+        .create(
+            &PostParams::default(),
+            &env.app("pushed", AUTONOMOUS, json!({})),
+        )
+        .await
+        .unwrap();
+    wait::until("the refusal on pushed", TIMEOUT, || async {
+        let a = env
+            .hub_apps()
+            .get("pushed")
+            .await
+            .map_err(|e| e.to_string())?;
+        let s = a
+            .data
+            .get("status")
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        if s.contains("AutonomousCluster") {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    assert!(spoke.get_opt("pushed").await.unwrap().is_none());
+
+    // The spoke deletes one: its mirror goes.
+    spoke
+        .delete("local-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until("local-a's mirror deleted", TIMEOUT, || mirrored(&env)).await;
+
+    // While the hub is down the spoke deletes one and creates another.
+    env.kill_hub().await;
+    spoke
+        .delete("local-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    spoke
+        .create(&PostParams::default(), &local_app("local-c", "c"))
+        .await
+        .unwrap();
+    env.start_hub(&[]).await;
+    wait::until("mirrors caught up after the hub restart", TIMEOUT, || {
+        mirrored(&env)
+    })
+    .await;
+    assert_eq!(
+        env.spokes[AUTONOMOUS].argocd.syncs_of("local-b"),
+        vec!["from-hub".to_string()]
+    );
+}
