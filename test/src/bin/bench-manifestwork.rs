@@ -647,6 +647,11 @@ impl Controller {
                     .arg(kubeconfig)
                     .arg("--admin-addr")
                     .arg(metrics.to_string());
+                // One replica, like upstream's run; versions before leader
+                // election have no such flag.
+                if has_flag(bin, "--leader-elect").await {
+                    cmd.arg("--leader-elect=false");
+                }
                 metrics
             }
             Impl::Upstream => {
@@ -801,6 +806,15 @@ impl Controller {
             let _ = self.guard.wait().await;
         }
     }
+}
+
+/// Whether `bin --help` mentions `flag`.
+async fn has_flag(bin: &Path, flag: &str) -> bool {
+    tokio::process::Command::new(bin)
+        .arg("--help")
+        .output()
+        .await
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
 }
 
 fn clock_ticks() -> u64 {
