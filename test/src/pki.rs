@@ -83,6 +83,25 @@ impl Ca {
         self.sign(params)
     }
 
+    /// A client certificate valid from a minute ago for `lifetime`, to
+    /// watch one expire.
+    pub fn client_expiring(
+        &self,
+        user: &str,
+        lifetime: std::time::Duration,
+    ) -> Result<CertKey, rcgen::Error> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970");
+        let epoch = rcgen::date_time_ymd(1970, 1, 1);
+        let mut params = CertificateParams::default();
+        params.distinguished_name = dn(user, None);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = epoch + (now - std::time::Duration::from_secs(60));
+        params.not_after = epoch + (now + lifetime);
+        self.sign(params)
+    }
+
     fn sign(&self, mut params: CertificateParams) -> Result<CertKey, rcgen::Error> {
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
