@@ -22,11 +22,25 @@ use super::plan::{Desired, HubRef};
 pub const WINDOW: usize = 512;
 
 /// An object message waiting in the outbox.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum Item {
     Upsert(Arc<Desired>),
     Delete { hub_uid: String },
     Release { hub_uid: String },
+}
+
+/// Two items are the same message when they would change the same thing:
+/// an upsert is its content version (a new resourceVersion of the hub
+/// Application, say from a status write, is not a new desired state).
+impl PartialEq for Item {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Item::Upsert(a), Item::Upsert(b)) => a.version == b.version,
+            (Item::Delete { hub_uid: a }, Item::Delete { hub_uid: b })
+            | (Item::Release { hub_uid: a }, Item::Release { hub_uid: b }) => a == b,
+            _ => false,
+        }
+    }
 }
 
 /// The latest report of one Application.
@@ -573,6 +587,18 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_new_resource_version_alone_is_not_sent_again() {
+        let c = ClusterState::new("c1");
+        c.attach(1, AgentMode::Managed);
+        c.set_desired(&key("a"), desired("a", "v1"));
+        assert_eq!(c.next_messages(1, 10).len(), 1);
+        let mut newer = (*desired("a", "v1")).clone();
+        newer.meta.resource_version = "99".into();
+        c.set_desired(&key("a"), Arc::new(newer));
+        assert!(c.next_messages(1, 10).is_empty());
     }
 
     #[test]

@@ -639,6 +639,10 @@ impl Hub {
         };
         let condition = reason.map(|r| format!("{r}: {message}"));
         let current = app.data.get("status").cloned().unwrap_or(Value::Null);
+        if observed.is_none() && condition.is_none() && plan::condition_of(&current).is_none() {
+            // Nothing reported yet and nothing wrong: nothing to write.
+            return Ok(());
+        }
         let status = plan::hub_status(&current, observed.as_ref(), condition.clone());
         if status == current {
             return Ok(());
