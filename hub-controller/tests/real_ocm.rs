@@ -336,6 +336,28 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
     let hub_copy = apps.get(&app_name).await.unwrap();
     assert_eq!(hub_copy.data["status"]["health"]["status"], "Healthy");
 
+    // Converged: neither side keeps writing, past the work agent's 10 s
+    // status resync. (Once our own last writes have settled.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let versions = || async {
+        let work = works.get(&work_name).await.unwrap().metadata;
+        let hub_rv = apps.get(&app_name).await.unwrap().metadata.resource_version;
+        let spoke_rv = spoke
+            .get(&app_name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version;
+        (work.generation, work.resource_version, hub_rv, spoke_rv)
+    };
+    let before = versions().await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        versions().await,
+        before,
+        "{name}: (work generation, work, hub copy, spoke copy) versions"
+    );
+
     // Deleting the hub Application deletes the spoke's through the work
     // agent; the spoke's Argo CD releases its finalizer once it has cleaned
     // up, and only then is the hub's released.
