@@ -38,8 +38,9 @@ pub struct Args {
     /// How often to delete ManifestWorks whose hub Application is gone.
     #[arg(long, env = "ARGOCD_PULL_SWEEP_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     pub sweep_interval: Duration,
-    /// Ask the work agent for structured feedback (conditions, messages);
-    /// needs its `RawFeedbackJsonString` feature gate.
+    /// Also ask the work agent for the health and operation messages and the
+    /// conditions; the conditions (a list) come back only from work agents
+    /// with the `RawFeedbackJsonString` feature gate.
     #[arg(long, env = "ARGOCD_PULL_RAW_FEEDBACK")]
     pub raw_feedback: bool,
     /// How a namespace is allowed to target a cluster: `placement` (a

@@ -47,8 +47,10 @@ pub const FEEDBACK_SCALARS: [(&str, &str); 5] = [
     ("operationStatePhase", ".status.operationState.phase"),
     ("syncRevision", ".status.sync.revision"),
 ];
-/// Structured feedback, returned as JsonRaw only by work agents with the
-/// `RawFeedbackJsonString` feature gate, and only up to 1024 characters.
+/// Richer feedback, opt-in. The messages are strings and come back from any
+/// work agent; the conditions are a list, returned as JsonRaw only by work
+/// agents with the `RawFeedbackJsonString` feature gate, and only up to 1024
+/// characters (the work agent's `--max-json-raw-length`).
 pub const FEEDBACK_RAW: [(&str, &str); 3] = [
     ("conditions", ".status.conditions"),
     ("operationStateMessage", ".status.operationState.message"),
