@@ -82,6 +82,14 @@ bench-manifestwork: tools
 	  --bin hub-controller --bin bench-manifestwork
 	$(CURDIR)/target/release/bench-manifestwork $(BENCH_ARGS)
 
+## bench-grpc: gRPC transport latency (p50/p99 over 1,000 changes each way) and one agent's throughput, real API servers (docs/grpc.md)
+.PHONY: bench-grpc
+BENCH_GRPC_ARGS ?= --changes 1000 --apps 100 --updates 20000
+bench-grpc: tools
+	$(CARGO) build --release --locked -p argocd-pull-hub-controller --bin hub-controller
+	$(CARGO) build --release --locked -p argocd-pull-spoke-agent --example bench-grpc
+	$(CURDIR)/target/release/examples/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller $(BENCH_GRPC_ARGS)
+
 clean:
 	$(CARGO) clean
 	rm -rf $(CACHE)
