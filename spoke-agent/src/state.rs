@@ -36,8 +36,10 @@ pub enum Report {
 #[derive(Default)]
 pub struct Inner {
     outbox: Option<Outbox<ObjectKey, Report>>,
-    /// The version last put in the outbox per key (`None` inside: gone).
-    reported: HashMap<ObjectKey, Option<String>>,
+    /// The version last put in the outbox per key, for Applications that
+    /// exist (a key reported gone is forgotten, so memory follows the
+    /// Applications there are).
+    reported: HashMap<ObjectKey, String>,
     instructions: HashMap<ObjectKey, (u64, Instruction)>,
     remembered: HashMap<ObjectKey, Arc<ApplicationUpsert>>,
     ops: HashMap<ObjectKey, Vec<OperationRequest>>,
@@ -108,20 +110,25 @@ impl AgentState {
     /// Queues a report unless the same version was queued last (`force`:
     /// queue it anyway, a repair the hub asked for).
     pub fn report(&self, key: &ObjectKey, report: Report, force: bool) {
-        let version = match &report {
-            Report::Observed(o) => Some(
-                o.meta
+        let mut inner = self.lock();
+        match &report {
+            Report::Observed(o) => {
+                let version = o
+                    .meta
                     .as_ref()
                     .map(|m| m.version.clone())
-                    .unwrap_or_default(),
-            ),
-            Report::Gone { .. } => None,
-        };
-        let mut inner = self.lock();
-        if !force && inner.reported.get(key) == Some(&version) {
-            return;
+                    .unwrap_or_default();
+                if !force && inner.reported.get(key) == Some(&version) {
+                    return;
+                }
+                inner.reported.insert(key.clone(), version);
+            }
+            Report::Gone { .. } => {
+                if inner.reported.remove(key).is_none() && !force {
+                    return;
+                }
+            }
         }
-        inner.reported.insert(key.clone(), version);
         inner.outbox().upsert(key.clone(), report);
         drop(inner);
         self.wake.notify_one();
@@ -129,17 +136,17 @@ impl AgentState {
 
     /// Stops reporting `key` without telling the hub it is gone (released).
     pub fn unreport(&self, key: &ObjectKey) {
-        self.lock().reported.insert(key.clone(), None);
+        self.lock().reported.remove(key);
+    }
+
+    /// Whether `key` was last reported as existing.
+    pub fn was_reported(&self, key: &ObjectKey) -> bool {
+        self.lock().reported.contains_key(key)
     }
 
     /// Keys the agent has reported as existing.
     pub fn reported_keys(&self) -> Vec<ObjectKey> {
-        self.lock()
-            .reported
-            .iter()
-            .filter(|(_, v)| v.is_some())
-            .map(|(k, _)| k.clone())
-            .collect()
+        self.lock().reported.keys().cloned().collect()
     }
 
     /// Queues a control message (acknowledgement, digest, resync request).

@@ -114,7 +114,7 @@ impl Worker {
                     .report(key, Report::Observed(Arc::new(observed)), force);
             }
             _ => {
-                if force || self.state.reported_keys().contains(key) {
+                if force || self.state.was_reported(key) {
                     self.state
                         .report(key, Report::Gone { uid: String::new() }, force);
                 }

@@ -205,6 +205,25 @@ impl ClusterState {
         self.wake.notify_one();
     }
 
+    /// Forgets everything about `key` once nothing is desired or pending
+    /// for it (the Application is gone on both sides), so that memory
+    /// follows the Applications there are.
+    pub fn forget_if_idle(&self, key: &ObjectKey) {
+        let mut inner = self.lock();
+        if inner.desired.contains_key(key)
+            || inner.enqueued.contains_key(key)
+            || inner.in_flight.contains_key(key)
+        {
+            return;
+        }
+        inner.gone.remove(key);
+        inner.delete_acked.remove(key);
+        inner.rejected.remove(key);
+        if matches!(inner.observed.get(key), Some(Observation::Gone)) {
+            inner.observed.remove(key);
+        }
+    }
+
     /// Sends the desired value of `key` again, if there is one.
     pub fn resend_desired(&self, key: &ObjectKey) -> bool {
         let desired = self.lock().desired.get(key).cloned();

@@ -471,7 +471,10 @@ impl Hub {
                 // Keep what the agent has until the refusal is fixed.
             }
             _ if !at.is_empty() => cs.release(key),
-            _ => cs.remove(key),
+            _ => {
+                cs.remove(key);
+                cs.forget_if_idle(key);
+            }
         }
         // Losers of a conflict show it.
         for (r, _) in at.iter().skip(1) {

@@ -460,15 +460,18 @@ fn on_report(
                     key,
                 });
             } else if completes {
-                if let Some(r) = hub
+                let winner = hub
                     .index
                     .lock()
                     .expect("never poisoned")
-                    .winner(&cs.name, &key)
-                {
-                    hub.queue.add(Work::App(r));
+                    .winner(&cs.name, &key);
+                match winner {
+                    Some(r) => hub.queue.add(Work::App(r)),
+                    None => cs.forget_if_idle(&key),
                 }
-            } else if cs.resend_desired(&key) {
+            } else if !cs.resend_desired(&key) {
+                cs.forget_if_idle(&key);
+            } else {
                 // Deleted on the spoke behind the hub's back: the hub owns it.
                 tracing::info!(cluster = %cs.name, namespace = %key.namespace, name = %key.name, "Application deleted on the spoke; delivering it again");
             }
