@@ -32,6 +32,7 @@ lint:
 generate: tools
 	@bash apis/generate.sh
 	@bash proto/generate.sh
+	$(CARGO) run -q -p argocd-pull-addon -- render > deploy/hub/addon.yaml
 
 ## check-generated: fail when checked-in generated code drifts from its source
 check-generated: tools

@@ -1,46 +1,333 @@
 //! The OCM addon that deploys and registers the spoke-agent on managed
 //! clusters. Rendering is pure: the manifests are built from [`AddonConfig`]
-//! without touching any cluster, so they can be checked in and reviewed.
+//! without touching any cluster; `make generate` writes them to
+//! `deploy/hub/addon.yaml` and a test fails when the checked-in file drifts.
+//!
+//! What OCM does with them (`clusteradm addon enable --names argocd-pull`):
+//! the addon-manager renders the [`add_on_template`] for each cluster into
+//! ManifestWork `addon-argocd-pull-deploy-0`, substituting the variables of
+//! the [`add_on_deployment_config`]; the work agent applies it; the
+//! klusterlet files a CSR for the [`SIGNER_NAME`] signer, which the
+//! addon-manager approves and signs with the CA in Secret [`SIGNING_CA_SECRET`]
+//! (kept by the hub-controller), and writes the certificate into the
+//! agent's namespace, where the Deployment mounts it.
 
 #![forbid(unsafe_code)]
 
-use argocd_pull_apis::ocm::{
-    ClusterManagementAddOn, ClusterManagementAddOnAddOnMeta, ClusterManagementAddOnInstallStrategy,
-    ClusterManagementAddOnInstallStrategyType, ClusterManagementAddOnSpec,
-};
-use kube::api::ObjectMeta;
+use serde_json::{Value, json};
+
+/// Name of the addon: `clusteradm addon enable --names argocd-pull`.
+pub const ADDON_NAME: &str = "argocd-pull";
+/// Namespace of the hub side (hub-controller, its Secrets, the default
+/// AddOnDeploymentConfig).
+pub const HUB_NAMESPACE: &str = "argocd-pull";
+/// Namespace of the agent on each managed cluster.
+pub const AGENT_NAMESPACE: &str = "argocd-pull-agent";
+/// Name of the agent's Deployment, service account and RBAC.
+pub const AGENT_NAME: &str = "argocd-pull-agent";
+/// The signer of the agents' client certificates.
+pub const SIGNER_NAME: &str = "argocd-pull.open-cluster-management.io/agent";
+/// The `kubernetes.io/tls` Secret (in [`HUB_NAMESPACE`]) whose CA the
+/// addon-manager signs agent certificates with; the hub-controller creates
+/// and rotates it.
+pub const SIGNING_CA_SECRET: &str = "argocd-pull-signing-ca";
+/// The AddOnDeploymentConfig (in [`HUB_NAMESPACE`]) every cluster uses
+/// unless its ManagedClusterAddOn names another.
+pub const DEPLOYMENT_CONFIG: &str = "argocd-pull";
+/// ConfigMap on the managed cluster with the CA of the hub's gRPC serving
+/// certificate.
+pub const HUB_CA_CONFIGMAP: &str = "argocd-pull-hub-ca";
+/// The AddOnDeploymentConfig variable the hub-controller keeps set to its
+/// serving CA (PEM, newlines written as `\n` so that the template stays
+/// valid JSON; OCM limits a value to 1,024 characters).
+pub const HUB_CA_VARIABLE: &str = "HUB_CA";
+/// Where the agent's Deployment mounts the hub's CA.
+const HUB_CA_DIR: &str = "/etc/argocd-pull/hub-ca";
+
+/// The Secret the klusterlet writes the agent's signed certificate to
+/// (`tls.crt`, `tls.key`), in the agent's namespace.
+pub fn client_cert_secret() -> String {
+    format!("{ADDON_NAME}-{}-client-cert", SIGNER_NAME.replace('/', "-"))
+}
+
+/// Where OCM mounts [`client_cert_secret`] in the agent's containers.
+pub fn client_cert_dir() -> String {
+    format!("/managed/{}", SIGNER_NAME.replace('/', "-"))
+}
 
 /// What the addon manifests depend on.
 #[derive(Clone, Debug)]
 pub struct AddonConfig {
-    /// Name of the ClusterManagementAddOn (`clusteradm addon enable --names <this>`).
-    pub addon_name: String,
+    /// Image of the spoke-agent (the AddOnDeploymentConfig's `AGENT_IMAGE`
+    /// default; OCM's image registry overrides apply on top).
+    pub agent_image: String,
+    /// Namespace of the managed clusters' Argo CD, where the agent may
+    /// write Applications. Fixed at render time: OCM validates the
+    /// template's namespaces, so they cannot be variables.
+    pub argocd_namespace: String,
+}
+
+impl Default for AddonConfig {
+    fn default() -> Self {
+        Self {
+            agent_image: "argocd-pull-spoke-agent:latest".into(),
+            argocd_namespace: "argocd".into(),
+        }
+    }
+}
+
+/// The variables the template uses, with the defaults of the default
+/// AddOnDeploymentConfig. [`HUB_CA_VARIABLE`] is not among them: the
+/// hub-controller sets it.
+pub fn default_variables(config: &AddonConfig) -> Vec<(&'static str, String)> {
+    vec![
+        // Where agents dial the hub-controller's gRPC server; must be
+        // reachable from every managed cluster and named in the serving
+        // certificate (`--grpc-san`).
+        (
+            "HUB_GRPC_ADDRESS",
+            "https://argocd-pull.hub.example.com:8443".into(),
+        ),
+        ("AGENT_MODE", "managed".into()),
+        ("AGENT_IMAGE", config.agent_image.clone()),
+    ]
 }
 
 /// The ClusterManagementAddOn that makes the addon known to OCM. Installed
-/// manually by default (`clusteradm addon enable`).
-pub fn cluster_management_addon(config: &AddonConfig) -> ClusterManagementAddOn {
-    ClusterManagementAddOn {
-        metadata: ObjectMeta {
-            name: Some(config.addon_name.clone()),
-            ..Default::default()
+/// manually (`clusteradm addon enable`); see [`placements_strategy`] for
+/// installing it on every cluster a Placement selects.
+pub fn cluster_management_addon() -> Value {
+    json!({
+        "apiVersion": "addon.open-cluster-management.io/v1alpha1",
+        "kind": "ClusterManagementAddOn",
+        "metadata": { "name": ADDON_NAME },
+        "spec": {
+            "addOnMeta": {
+                "displayName": "argocd-pull",
+                "description": "Runs Argo CD in the pull model: the spoke-agent pulls Applications from the hub over gRPC and reports their status back",
+            },
+            "supportedConfigs": [
+                {
+                    "group": "addon.open-cluster-management.io",
+                    "resource": "addontemplates",
+                    "defaultConfig": { "name": ADDON_NAME },
+                },
+                {
+                    "group": "addon.open-cluster-management.io",
+                    "resource": "addondeploymentconfigs",
+                    "defaultConfig": { "name": DEPLOYMENT_CONFIG, "namespace": HUB_NAMESPACE },
+                },
+            ],
+            "installStrategy": { "type": "Manual" },
         },
-        spec: ClusterManagementAddOnSpec {
-            add_on_meta: Some(ClusterManagementAddOnAddOnMeta {
-                display_name: Some("argocd-pull".into()),
-                description: Some(
-                    "Runs Argo CD in the pull model: the spoke-agent pulls Applications from the hub"
-                        .into(),
-                ),
-            }),
-            install_strategy: Some(ClusterManagementAddOnInstallStrategy {
-                r#type: Some(ClusterManagementAddOnInstallStrategyType::Manual),
-                ..Default::default()
-            }),
-            ..Default::default()
+    })
+}
+
+/// The `installStrategy` that installs the addon on every cluster the
+/// Placement `namespace/name` selects (a merge patch for the
+/// ClusterManagementAddOn).
+pub fn placements_strategy(namespace: &str, name: &str) -> Value {
+    json!({
+        "spec": {
+            "installStrategy": {
+                "type": "Placements",
+                "placements": [{ "namespace": namespace, "name": name }],
+            }
+        }
+    })
+}
+
+/// The AddOnTemplate: what each managed cluster gets, and how its agent
+/// registers.
+pub fn add_on_template(config: &AddonConfig) -> Value {
+    let labels =
+        json!({ "app.kubernetes.io/name": AGENT_NAME, "app.kubernetes.io/part-of": "argocd-pull" });
+    let manifests = vec![
+        json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": { "name": AGENT_NAMESPACE, "labels": labels },
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": { "name": AGENT_NAME, "namespace": AGENT_NAMESPACE, "labels": labels },
+        }),
+        // The agent watches the Applications it manages (labelled) across
+        // the cluster, and writes only in the Argo CD namespace.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": AGENT_NAME, "labels": labels },
+            "rules": [{
+                "apiGroups": ["argoproj.io"], "resources": ["applications"],
+                "verbs": ["get", "list", "watch"],
+            }],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": AGENT_NAME, "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AGENT_NAME },
+            "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": AGENT_NAME, "namespace": config.argocd_namespace, "labels": labels },
+            "rules": [{
+                "apiGroups": ["argoproj.io"], "resources": ["applications"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+            }],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": AGENT_NAME, "namespace": config.argocd_namespace, "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT_NAME },
+            "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": HUB_CA_CONFIGMAP, "namespace": AGENT_NAMESPACE, "labels": labels },
+            "data": { "ca.crt": format!("{{{{{HUB_CA_VARIABLE}}}}}") },
+        }),
+        agent_deployment(config, &labels),
+    ];
+    json!({
+        "apiVersion": "addon.open-cluster-management.io/v1alpha1",
+        "kind": "AddOnTemplate",
+        "metadata": { "name": ADDON_NAME },
+        "spec": {
+            "addonName": ADDON_NAME,
+            "agentSpec": { "workload": { "manifests": manifests } },
+            "registration": [{
+                "type": "CustomSigner",
+                "customSigner": {
+                    "signerName": SIGNER_NAME,
+                    "signingCA": { "name": SIGNING_CA_SECRET, "namespace": HUB_NAMESPACE },
+                },
+            }],
         },
-        status: None,
+    })
+}
+
+fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
+    let certs = client_cert_dir();
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": { "name": AGENT_NAME, "namespace": AGENT_NAMESPACE, "labels": labels },
+        "spec": {
+            // One agent per cluster: the hub takes one stream per identity.
+            "replicas": 1,
+            "strategy": { "type": "Recreate" },
+            "selector": { "matchLabels": { "app.kubernetes.io/name": AGENT_NAME } },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": {
+                    "serviceAccountName": AGENT_NAME,
+                    "securityContext": { "runAsNonRoot": true, "seccompProfile": { "type": "RuntimeDefault" } },
+                    "containers": [{
+                        "name": "spoke-agent",
+                        "image": "{{AGENT_IMAGE}}",
+                        "args": [
+                            "--cluster-name={{CLUSTER_NAME}}",
+                            "--hub-address={{HUB_GRPC_ADDRESS}}",
+                            format!("--argocd-namespace={}", config.argocd_namespace),
+                            "--mode={{AGENT_MODE}}",
+                            format!("--tls-cert={certs}/tls.crt"),
+                            format!("--tls-key={certs}/tls.key"),
+                            format!("--hub-ca={HUB_CA_DIR}/ca.crt"),
+                            "--log-format=json",
+                        ],
+                        "ports": [{ "name": "admin", "containerPort": 8080 }],
+                        "livenessProbe": { "httpGet": { "path": "/healthz", "port": "admin" } },
+                        // Ready means connected to the hub: OCM reports the
+                        // addon Available from the Deployment's availability.
+                        "readinessProbe": { "httpGet": { "path": "/readyz", "port": "admin" } },
+                        "resources": {
+                            "requests": { "cpu": "50m", "memory": "64Mi" },
+                            "limits": { "memory": "256Mi" },
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": { "drop": ["ALL"] },
+                        },
+                        "volumeMounts": [{ "name": "hub-ca", "mountPath": HUB_CA_DIR, "readOnly": true }],
+                    }],
+                    "volumes": [{ "name": "hub-ca", "configMap": { "name": HUB_CA_CONFIGMAP } }],
+                },
+            },
+        },
+    })
+}
+
+/// The default AddOnDeploymentConfig: the values every cluster's agent is
+/// rendered with. Per-cluster values go in another AddOnDeploymentConfig
+/// named in that cluster's ManagedClusterAddOn `spec.configs`.
+pub fn add_on_deployment_config(config: &AddonConfig) -> Value {
+    let variables: Vec<Value> = default_variables(config)
+        .into_iter()
+        .map(|(name, value)| json!({ "name": name, "value": value }))
+        .collect();
+    json!({
+        "apiVersion": "addon.open-cluster-management.io/v1alpha1",
+        "kind": "AddOnDeploymentConfig",
+        "metadata": { "name": DEPLOYMENT_CONFIG, "namespace": HUB_NAMESPACE },
+        "spec": {
+            // Empty: the namespaces of the template stand. (The field
+            // defaults to open-cluster-management-agent-addon, which would
+            // move every namespaced object there, the Argo CD Role too,
+            // and register the agent there.)
+            "agentInstallNamespace": "",
+            "customizedVariables": variables,
+        },
+    })
+}
+
+/// What OCM's addon-manager needs from us: reading the signing CA Secret
+/// (and nothing else in our namespace) to sign agent certificates.
+pub fn addon_manager_rbac() -> Vec<Value> {
+    let name = "argocd-pull-addon-manager-signing-ca";
+    vec![
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": name, "namespace": HUB_NAMESPACE },
+            "rules": [{
+                "apiGroups": [""], "resources": ["secrets"],
+                "resourceNames": [SIGNING_CA_SECRET], "verbs": ["get"],
+            }],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": name, "namespace": HUB_NAMESPACE },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+            "subjects": [{
+                "kind": "ServiceAccount",
+                "name": "addon-manager-controller-sa",
+                "namespace": "open-cluster-management-hub",
+            }],
+        }),
+    ]
+}
+
+/// Everything, in apply order, as one multi-document YAML stream.
+pub fn render(config: &AddonConfig) -> String {
+    let mut objects = vec![
+        cluster_management_addon(),
+        add_on_template(config),
+        add_on_deployment_config(config),
+    ];
+    objects.extend(addon_manager_rbac());
+    let mut out = String::from(
+        "# Generated by `make generate` (argocd-pull-addon render) from addon/src/lib.rs: do not edit.\n",
+    );
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&o).expect("JSON values serialise"));
     }
+    out
+}
+
+/// Escapes a PEM bundle for [`HUB_CA_VARIABLE`]: OCM substitutes the value
+/// into the template's JSON text, where a newline must be written `\n`.
+pub fn hub_ca_variable(pem: &str) -> String {
+    pem.trim_end().replace('\n', "\\n") + "\\n"
 }
 
 #[cfg(test)]
@@ -48,14 +335,77 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cluster_management_addon_is_named_for_the_addon_and_manual() {
-        let cma = cluster_management_addon(&AddonConfig {
-            addon_name: "argocd-pull".into(),
-        });
-        let v = serde_json::to_value(&cma).unwrap();
-        assert_eq!(v["apiVersion"], "addon.open-cluster-management.io/v1alpha1");
-        assert_eq!(v["kind"], "ClusterManagementAddOn");
-        assert_eq!(v["metadata"]["name"], "argocd-pull");
-        assert_eq!(v["spec"]["installStrategy"]["type"], "Manual");
+    fn the_checked_in_manifests_are_the_rendered_ones() {
+        let checked_in = include_str!("../../deploy/hub/addon.yaml");
+        assert!(
+            checked_in == render(&AddonConfig::default()),
+            "deploy/hub/addon.yaml is out of date: run `make generate`"
+        );
+    }
+
+    #[test]
+    fn the_addon_manager_finds_the_template_and_config_through_the_cluster_management_addon() {
+        let cma = cluster_management_addon();
+        let configs = cma["spec"]["supportedConfigs"].as_array().unwrap();
+        let template = add_on_template(&AddonConfig::default());
+        let adc = add_on_deployment_config(&AddonConfig::default());
+        assert!(configs.iter().any(|c| c["resource"] == "addontemplates"
+            && c["defaultConfig"]["name"] == template["metadata"]["name"]));
+        assert!(
+            configs
+                .iter()
+                .any(|c| c["resource"] == "addondeploymentconfigs"
+                    && c["defaultConfig"]["name"] == adc["metadata"]["name"]
+                    && c["defaultConfig"]["namespace"] == adc["metadata"]["namespace"])
+        );
+        assert_eq!(template["spec"]["addonName"], ADDON_NAME);
+        assert_eq!(cma["spec"]["installStrategy"]["type"], "Manual");
+    }
+
+    #[test]
+    fn every_template_variable_has_a_value() {
+        let text = add_on_template(&AddonConfig::default()).to_string();
+        let defaults: Vec<_> = default_variables(&AddonConfig::default())
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("{{") {
+            let end = rest[start..].find("}}").unwrap() + start;
+            let name = &rest[start + 2..end];
+            assert!(
+                name == "CLUSTER_NAME" || name == HUB_CA_VARIABLE || defaults.contains(&name),
+                "{name} has no default value"
+            );
+            rest = &rest[end + 2..];
+        }
+    }
+
+    #[test]
+    fn the_agent_reads_the_certificate_where_ocm_mounts_it() {
+        let template = add_on_template(&AddonConfig::default());
+        let deployment = template["spec"]["agentSpec"]["workload"]["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["kind"] == "Deployment")
+            .unwrap();
+        let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(args.contains("/managed/argocd-pull.open-cluster-management.io-agent/tls.crt"));
+        assert_eq!(
+            client_cert_secret(),
+            "argocd-pull-argocd-pull.open-cluster-management.io-agent-client-cert"
+        );
+        // OCM registers the agent in the namespace of the first Deployment.
+        assert_eq!(deployment["metadata"]["namespace"], AGENT_NAMESPACE);
+    }
+
+    #[test]
+    fn the_hub_ca_survives_substitution_into_json() {
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let manifest = r#"{"data":{"ca.crt":"{{HUB_CA}}"}}"#;
+        let rendered = manifest.replace("{{HUB_CA}}", &hub_ca_variable(pem));
+        let v: Value = serde_json::from_str(&rendered).unwrap();
+        assert_eq!(v["data"]["ca.crt"], pem);
     }
 }

@@ -2,7 +2,7 @@
 
 #![forbid(unsafe_code)]
 
-use argocd_pull_addon::{AddonConfig, cluster_management_addon};
+use argocd_pull_addon::{AddonConfig, render};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -18,23 +18,30 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Print the addon manifests as YAML on standard output.
+    /// Print the ClusterManagementAddOn, AddOnTemplate, default
+    /// AddOnDeploymentConfig and the addon-manager's RBAC as YAML.
     Render {
-        /// Name of the addon, as given to `clusteradm addon enable --names`.
-        #[arg(long, env = "ARGOCD_PULL_ADDON_NAME", default_value = "argocd-pull")]
-        addon_name: String,
+        /// Default image of the spoke-agent.
+        #[arg(long, default_value_t = AddonConfig::default().agent_image)]
+        agent_image: String,
+        /// Namespace of the managed clusters' Argo CD.
+        #[arg(long, default_value_t = AddonConfig::default().argocd_namespace)]
+        argocd_namespace: String,
     },
 }
 
 fn main() -> anyhow::Result<()> {
     match Args::parse().command {
-        Cmd::Render { addon_name } => {
-            let config = AddonConfig { addon_name };
-            print!(
-                "{}",
-                serde_yaml::to_string(&cluster_management_addon(&config))?
-            );
-        }
+        Cmd::Render {
+            agent_image,
+            argocd_namespace,
+        } => print!(
+            "{}",
+            render(&AddonConfig {
+                agent_image,
+                argocd_namespace,
+            })
+        ),
     }
     Ok(())
 }

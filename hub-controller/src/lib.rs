@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod certs;
 pub mod controller;
 pub mod delivery;
 pub mod grpc;
@@ -58,6 +59,8 @@ pub struct Args {
     pub allowed_targets: Vec<delivery::authz::AllowRule>,
     #[command(flatten)]
     pub grpc: grpc::GrpcArgs,
+    #[command(flatten)]
+    pub certs: certs::CertArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -192,6 +195,15 @@ async fn run_controllers(
         .grpc
         .config(authorization.clone())
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics));
+    let mut keeper = None;
+    if let (Some(hub), true) = (&grpc, args.certs.manage) {
+        let mut k = certs::Keeper::new(client.clone(), args.certs.config(hub.config.tls.clone()));
+        // The server reads the files at start: they must be there.
+        k.pass()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot set up the gRPC certificates: {e}"))?;
+        keeper = Some(tokio::spawn(k.run(shutdown.clone().wait())));
+    }
     let grpc_server = match &grpc {
         Some(hub) => {
             let server = grpc::start(hub.clone(), shutdown.clone().wait()).await?;
@@ -238,6 +250,9 @@ async fn run_controllers(
     secrets.await?;
     if let Some(server) = grpc_server {
         server.await?;
+    }
+    if let Some(keeper) = keeper {
+        keeper.await?;
     }
     Ok(())
 }

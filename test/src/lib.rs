@@ -13,6 +13,7 @@
 
 mod cluster;
 mod crds;
+pub mod kubelet;
 pub mod net;
 pub mod ocm;
 pub mod paths;

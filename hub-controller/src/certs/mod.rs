@@ -1,0 +1,413 @@
+//! The certificates of the gRPC transport, kept by the hub-controller when
+//! `--grpc-manage-certificates` is on:
+//!
+//! - Secret `argocd-pull-signing-ca` (`kubernetes.io/tls`): the CA OCM's
+//!   addon-manager signs agent client certificates with (the addon's
+//!   CustomSigner). Valid a year, replaced when a third is left; its
+//!   `ca-bundle.crt` keeps the previous CA until that expires, and is what
+//!   the gRPC server trusts, so agents signed by the old CA keep working
+//!   until OCM re-signs them (within a day).
+//! - Secret `argocd-pull-serving-ca`: the CA of the gRPC serving
+//!   certificate, valid ten years. Agents trust it through the addon's
+//!   AddOnDeploymentConfig variable `HUB_CA`, which this module keeps set.
+//! - The serving certificate itself, issued by the leader for the
+//!   `--grpc-san` names, valid 90 days and renewed when a third is left;
+//!   it never leaves the process's files.
+//!
+//! Everything is written to the files the gRPC server reads
+//! (`--grpc-tls-cert`, `--grpc-tls-key`, `--grpc-client-ca`), which it picks
+//! up without a restart.
+
+pub mod pki;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use pki::Issued;
+use serde_json::json;
+
+use crate::grpc::tls::TlsFiles;
+
+/// Secret with the serving CA.
+pub const SERVING_CA_SECRET: &str = "argocd-pull-serving-ca";
+const SIGNING_CA_NAME: &str = "argocd-pull agent signing CA";
+const SERVING_CA_NAME: &str = "argocd-pull serving CA";
+const SIGNING_CA_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+const SERVING_CA_LIFETIME: Duration = Duration::from_secs(3650 * 24 * 3600);
+const SERVING_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
+const BUNDLE_KEY: &str = "ca-bundle.crt";
+const MANAGER: &str = "argocd-pull-hub-controller";
+
+/// Flags of the certificate keeper (docs/configuration.md).
+#[derive(clap::Args, Clone, Debug)]
+pub struct CertArgs {
+    /// Create and rotate the agents' signing CA, the serving CA and the gRPC
+    /// serving certificate, write them to the `--grpc-tls-*` files and
+    /// publish the serving CA to the addon (see docs/addon.md). Without it
+    /// the files are expected to be provided.
+    #[arg(
+        long = "grpc-manage-certificates",
+        env = "ARGOCD_PULL_GRPC_MANAGE_CERTIFICATES"
+    )]
+    pub manage: bool,
+    /// Name or IP address agents dial the gRPC server at, for the serving
+    /// certificate; repeat or separate with commas.
+    #[arg(
+        long = "grpc-san",
+        env = "ARGOCD_PULL_GRPC_SANS",
+        value_delimiter = ','
+    )]
+    pub grpc_sans: Vec<String>,
+    /// Namespace of the CA Secrets and of the addon's AddOnDeploymentConfig.
+    #[arg(long = "addon-namespace", env = "ARGOCD_PULL_ADDON_NAMESPACE", default_value = argocd_pull_addon::HUB_NAMESPACE)]
+    pub addon_namespace: String,
+    /// The AddOnDeploymentConfig whose `HUB_CA` variable carries the serving CA.
+    #[arg(long = "addon-deployment-config", env = "ARGOCD_PULL_ADDON_DEPLOYMENT_CONFIG", default_value = argocd_pull_addon::DEPLOYMENT_CONFIG)]
+    pub addon_deployment_config: String,
+    /// How often the certificates are checked (renewed when a third of
+    /// their lifetime is left, or re-created when deleted or broken).
+    #[arg(long = "certificate-check-interval", env = "ARGOCD_PULL_CERTIFICATE_CHECK_INTERVAL", default_value = "1m", value_parser = crate::parse_duration)]
+    pub certificate_check_interval: Duration,
+}
+
+impl CertArgs {
+    pub fn config(&self, files: TlsFiles) -> CertConfig {
+        CertConfig {
+            namespace: self.addon_namespace.clone(),
+            sans: self.grpc_sans.clone(),
+            deployment_config: self.addon_deployment_config.clone(),
+            files,
+            interval: self.certificate_check_interval,
+        }
+    }
+}
+
+/// What the certificate keeper needs.
+#[derive(Clone, Debug)]
+pub struct CertConfig {
+    /// Namespace of the CA Secrets and of the AddOnDeploymentConfig.
+    pub namespace: String,
+    /// Names and addresses agents dial, for the serving certificate.
+    pub sans: Vec<String>,
+    /// The AddOnDeploymentConfig (in `namespace`) that carries `HUB_CA`.
+    pub deployment_config: String,
+    /// Where the gRPC server reads its TLS material.
+    pub files: TlsFiles,
+    /// How often everything is checked.
+    pub interval: Duration,
+}
+
+/// Keeps the CAs, the serving certificate and the files; one pass now
+/// (so that the gRPC server can start), then one per interval until
+/// `shutdown`.
+pub struct Keeper {
+    client: kube::Client,
+    config: CertConfig,
+    serving: Option<Issued>,
+}
+
+impl Keeper {
+    pub fn new(client: kube::Client, config: CertConfig) -> Self {
+        Self {
+            client,
+            config,
+            serving: None,
+        }
+    }
+
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(self.config.interval) => {}
+            }
+            if let Err(e) = self.pass().await {
+                tracing::error!(error = %e, "cannot keep the gRPC certificates; the current ones stay in use");
+            }
+        }
+    }
+
+    /// One pass: every certificate present and not due, files up to date,
+    /// `HUB_CA` set.
+    pub async fn pass(&mut self) -> anyhow::Result<()> {
+        let now = SystemTime::now();
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        let signing = ensure_ca(
+            &secrets,
+            argocd_pull_addon::SIGNING_CA_SECRET,
+            SIGNING_CA_NAME,
+            pki::KeyKind::Rsa2048,
+            SIGNING_CA_LIFETIME,
+            now,
+        )
+        .await?;
+        let serving_ca = ensure_ca(
+            &secrets,
+            SERVING_CA_SECRET,
+            SERVING_CA_NAME,
+            pki::KeyKind::EcdsaP256,
+            SERVING_CA_LIFETIME,
+            now,
+        )
+        .await?;
+        let serving = match &self.serving {
+            Some(s)
+                if pki::validity(&s.cert_pem).is_some_and(|v| !v.due(now))
+                    && issued_by(&s.cert_pem, &serving_ca.issued.cert_pem) =>
+            {
+                s.clone()
+            }
+            _ => {
+                let s = pki::issue_serving(
+                    &serving_ca.issued,
+                    SERVING_CA_NAME,
+                    &self.config.sans,
+                    now,
+                    SERVING_LIFETIME,
+                )?;
+                tracing::info!(sans = ?self.config.sans, "issued the gRPC serving certificate");
+                s
+            }
+        };
+        write_if_changed(
+            &self.config.files.cert,
+            &(serving.cert_pem.clone() + &serving_ca.issued.cert_pem),
+        )?;
+        write_if_changed(&self.config.files.key, &serving.key_pem)?;
+        write_if_changed(&self.config.files.client_ca, &signing.bundle)?;
+        self.serving = Some(serving);
+        self.publish_hub_ca(&serving_ca.issued.cert_pem).await
+    }
+
+    /// Sets `HUB_CA` on the AddOnDeploymentConfig, owning only that entry
+    /// (the list is a map keyed by name); nothing to do when the addon is
+    /// not installed.
+    async fn publish_hub_ca(&self, pem: &str) -> anyhow::Result<()> {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(
+                "addon.open-cluster-management.io",
+                "v1alpha1",
+                "AddOnDeploymentConfig",
+            ),
+            "addondeploymentconfigs",
+        );
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.config.namespace, &resource);
+        let name = &self.config.deployment_config;
+        let Some(current) = api.get_opt(name).await? else {
+            tracing::debug!(%name, "no AddOnDeploymentConfig to publish the serving CA in");
+            return Ok(());
+        };
+        let value = argocd_pull_addon::hub_ca_variable(pem);
+        let set = current
+            .data
+            .pointer("/spec/customizedVariables")
+            .and_then(|v| v.as_array())
+            .is_some_and(|vars| {
+                vars.iter().any(|v| {
+                    v["name"] == argocd_pull_addon::HUB_CA_VARIABLE && v["value"] == value.as_str()
+                })
+            });
+        if set {
+            return Ok(());
+        }
+        let patch = json!({
+            "apiVersion": "addon.open-cluster-management.io/v1alpha1",
+            "kind": "AddOnDeploymentConfig",
+            "metadata": { "name": name, "namespace": self.config.namespace },
+            "spec": { "customizedVariables": [
+                { "name": argocd_pull_addon::HUB_CA_VARIABLE, "value": value }
+            ] },
+        });
+        api.patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+        tracing::info!(%name, "published the gRPC serving CA to the addon's agents");
+        Ok(())
+    }
+}
+
+/// A CA from its Secret, with the bundle to trust.
+struct Ca {
+    issued: Issued,
+    bundle: String,
+}
+
+fn field(secret: &Secret, key: &str) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default()
+}
+
+/// Reads the CA Secret `name`; creates it, or replaces a CA that is due or
+/// unusable (keeping the old certificate in the bundle while it is valid).
+/// Writes carry the resourceVersion read, so two writers cannot both win.
+async fn ensure_ca(
+    secrets: &Api<Secret>,
+    name: &str,
+    common_name: &str,
+    kind: pki::KeyKind,
+    lifetime: Duration,
+    now: SystemTime,
+) -> anyhow::Result<Ca> {
+    let existing = secrets.get_opt(name).await?;
+    if let Some(s) = &existing {
+        let issued = Issued {
+            cert_pem: field(s, "tls.crt"),
+            key_pem: field(s, "tls.key"),
+        };
+        if pki::usable(&issued) && pki::validity(&issued.cert_pem).is_some_and(|v| !v.due(now)) {
+            let mut bundle = field(s, BUNDLE_KEY);
+            if bundle.is_empty() {
+                bundle = issued.cert_pem.clone();
+            }
+            return Ok(Ca { issued, bundle });
+        }
+    }
+    let issued = pki::new_ca(common_name, kind, now, lifetime)?;
+    let previous = existing
+        .as_ref()
+        .map(|s| field(s, BUNDLE_KEY) + &field(s, "tls.crt"))
+        .unwrap_or_default();
+    let bundle = pki::bundle(&issued.cert_pem, &previous, now);
+    let data = [
+        ("tls.crt", issued.cert_pem.clone()),
+        ("tls.key", issued.key_pem.clone()),
+        (BUNDLE_KEY, bundle.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+    .collect();
+    let mut secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/part-of".to_string(),
+                    "argocd-pull".to_string(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    match existing {
+        None => {
+            secrets.create(&PostParams::default(), &secret).await?;
+            tracing::info!(secret = %name, "created the CA");
+        }
+        Some(old) => {
+            secret.metadata.resource_version = old.metadata.resource_version;
+            secrets
+                .replace(name, &PostParams::default(), &secret)
+                .await?;
+            tracing::warn!(secret = %name, "replaced a CA that was due for renewal or unusable; the previous certificate stays trusted until it expires");
+        }
+    }
+    Ok(Ca { issued, bundle })
+}
+
+/// Whether `cert` was issued by the CA `ca`: its issuer is the CA's name and
+/// its authority key identifier the CA's key identifier (both derived from
+/// the CA's key).
+fn issued_by(cert: &str, ca: &str) -> bool {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let (Ok(leaf), Ok(ca)) = (
+        CertificateDer::from_pem_slice(cert.as_bytes()),
+        CertificateDer::from_pem_slice(ca.as_bytes()),
+    ) else {
+        return false;
+    };
+    let (Ok((_, leaf)), Ok((_, ca))) = (
+        x509_parser::parse_x509_certificate(&leaf),
+        x509_parser::parse_x509_certificate(&ca),
+    ) else {
+        return false;
+    };
+    use x509_parser::extensions::ParsedExtension;
+    let ski = ca
+        .extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0.to_vec()),
+            _ => None,
+        });
+    let aki = leaf
+        .extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(k) => {
+                k.key_identifier.as_ref().map(|k| k.0.to_vec())
+            }
+            _ => None,
+        });
+    leaf.issuer() == ca.subject() && ski.is_some() && ski == aki
+}
+
+/// Writes `content` to `path` (through a temporary file and a rename, so a
+/// reader never sees half of it) unless it is there already.
+fn write_if_changed(path: &Path, content: &str) -> anyhow::Result<()> {
+    if std::fs::read(path).is_ok_and(|c| c == content.as_bytes()) {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp: PathBuf = path.with_extension("tmp");
+    std::fs::write(&tmp, content)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    #[test]
+    fn a_serving_certificate_is_recognised_as_its_cas_only() {
+        let now = SystemTime::now();
+        let ca = pki::new_ca(SERVING_CA_NAME, pki::KeyKind::EcdsaP256, now, DAY).unwrap();
+        let other = pki::new_ca(SERVING_CA_NAME, pki::KeyKind::EcdsaP256, now, DAY).unwrap();
+        let leaf = pki::issue_serving(&ca, SERVING_CA_NAME, &["a".into()], now, DAY).unwrap();
+        assert!(issued_by(&leaf.cert_pem, &ca.cert_pem));
+        assert!(
+            !issued_by(&leaf.cert_pem, &other.cert_pem),
+            "same name, other key"
+        );
+    }
+
+    #[test]
+    fn files_are_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/tls.crt");
+        write_if_changed(&path, "a").unwrap();
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        write_if_changed(&path, "a").unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().modified().unwrap(),
+            before
+        );
+        write_if_changed(&path, "b").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "b");
+    }
+}
