@@ -5,6 +5,9 @@
 #   $CACHE/bin/{etcd,kube-apiserver,kube-controller-manager,kubectl}
 #   $CACHE/bin/ocm/{registration,work,placement,addon}   (OCM hub and klusterlet)
 #   $CACHE/bin/clusteradm
+#   $CACHE/bin/argocd        (Argo CD's application-controller, repo-server
+#                             and applicationset-controller in one binary)
+#   $CACHE/bin/redis-server  (Debian's redis, unpacked into $CACHE/redis)
 #   $CACHE/crds/{hub,managed}/*.yaml
 #   $CACHE/ocm/*.yaml                                    (OCM's bootstrap RBAC)
 #
@@ -152,9 +155,88 @@ build_clusteradm() {
   log "clusteradm built in $((SECONDS - t0))s"
 }
 
+# The Argo CD components the harness runs as processes (testenv::argocd).
+# Their release must be the one whose CRDs collect_crds installs.
+build_argocd() {
+  local m=$here/argocd
+  local v
+  v=$(awk '$1 == "github.com/argoproj/argo-cd/v3" { print $2 }' "$m/go.mod")
+  if [ "$v" != "$ARGOCD_VERSION" ]; then
+    log "test/tools/argocd/go.mod uses github.com/argoproj/argo-cd/v3 $v but versions.env installs the CRDs of $ARGOCD_VERSION: make them agree"
+    exit 1
+  fi
+  if fresh argocd "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_argocd) \
+    && [ -x "$bin/argocd" ] && [ -x "$bin/git-verify-wrapper.sh" ]; then
+    return
+  fi
+  log "building Argo CD $v: application-controller, repo-server, applicationset-controller (about 8 minutes on 2 cores when cold)"
+  local t0=$SECONDS
+  (cd "$m" && go build -trimpath \
+    -ldflags "-s -w -X github.com/argoproj/argo-cd/v3/common.version=${v#v}" \
+    -o "$bin/argocd" .)
+  # The repo-server runs this script of Argo CD's image (from PATH) on every
+  # revision it renders, signed or not, GnuPG on or off.
+  local dir
+  dir=$(cd "$m" && go list -m -f '{{.Dir}}' github.com/argoproj/argo-cd/v3)
+  install -m 0755 "$dir/hack/git-verify-wrapper.sh" "$bin/git-verify-wrapper.sh"
+  mark argocd "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_argocd)
+  log "Argo CD built in $((SECONDS - t0))s"
+}
+
+# Redis for Argo CD's caches, from the system's (Debian) packages, unpacked
+# into the cache rather than installed: no root needed, nothing left on the
+# machine. The server binary is in redis-tools (redis-server's package only
+# adds a symlink to it, configuration and init scripts). Those of its
+# libraries the machine lacks are unpacked next to it, and $bin/redis-server
+# points the dynamic loader at them.
+build_redis() {
+  local out=$cache/redis
+  if fresh redis <(declare -f build_redis) && "$bin/redis-server" --version >/dev/null 2>&1; then
+    return
+  fi
+  command -v apt-get >/dev/null || { log "redis: apt-get is needed to fetch Debian's redis-tools"; exit 1; }
+  local t0=$SECONDS dl=$cache/redis-debs
+  rm -rf "$out" "$dl" && mkdir -p "$out" "$dl"
+  local pkgs=(redis-tools) dep
+  for dep in $(apt-cache depends redis-tools 2>/dev/null \
+    | awk '$1 ~ /Depends:$/ && $2 ~ /^lib/ && $2 != "libc6" { print $2 }'); do
+    dpkg-query -W -f='${Status}' "$dep" 2>/dev/null | grep -q 'install ok installed' || pkgs+=("$dep")
+  done
+  log "fetching ${pkgs[*]} from the system's package sources"
+  # As root, apt downloads as its _apt user, which cannot write here.
+  local opts=()
+  [ "$(id -u)" = 0 ] && opts=(-o APT::Sandbox::User=root)
+  if ! (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null); then
+    # A fresh machine may have no package lists yet; only root can fetch them.
+    [ "$(id -u)" = 0 ] || { log "redis: apt-get download failed; run 'apt-get update' as root first"; exit 1; }
+    apt-get -q update >/dev/null
+    (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null)
+  fi
+  local deb
+  for deb in "$dl"/*.deb; do dpkg-deb -x "$deb" "$out"; done
+  rm -rf "$dl"
+  local libs
+  libs=$(find "$out" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:)
+  if LD_LIBRARY_PATH=$libs ldd "$out/usr/bin/redis-check-rdb" | grep 'not found'; then
+    log "redis: the libraries above are missing; add their packages to build_redis"
+    exit 1
+  fi
+  # redis-check-rdb is the server: redis picks its role from the name it runs as.
+  ln -sf redis-check-rdb "$out/usr/bin/redis-server"
+  printf '%s\n' '#!/bin/sh' \
+    '# Debian'"'"'s redis-server, unpacked by test/tools/build.sh.' \
+    "LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec $out/usr/bin/redis-server \"\$@\"" \
+    > "$bin/redis-server"
+  chmod +x "$bin/redis-server"
+  mark redis <(declare -f build_redis)
+  log "$("$bin/redis-server" --version | cut -d' ' -f1-3) ready in $((SECONDS - t0))s"
+}
+
 build_etcd
 build_kube
 collect_crds
 build_ocm
 build_clusteradm
+build_argocd
+build_redis
 log "ready: $bin"
