@@ -7,10 +7,12 @@
 //! namespace with [`Cluster::namespace`]. Every process and data folder goes
 //! away when the cluster is dropped or, for shared clusters, when the test
 //! process exits, however it exits. [`ocm`] runs real Open Cluster
-//! Management on such clusters: a hub and managed clusters joined to it.
+//! Management on such clusters: a hub and managed clusters joined to it;
+//! [`argocd`] runs real Argo CD on them, with a Git server to deploy from.
 
 #![forbid(unsafe_code)]
 
+pub mod argocd;
 mod cluster;
 mod crds;
 pub mod kubelet;
@@ -43,6 +45,8 @@ pub enum Error {
     CrdNotEstablished(String),
     #[error("managed cluster {cluster} did not join the hub: {why}")]
     NotJoined { cluster: String, why: String },
+    #[error("{command} failed:\n{output}")]
+    Command { command: String, output: String },
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]

@@ -1,0 +1,584 @@
+//! Real Argo CD in the harness, the way the pull model deploys it: each
+//! managed cluster runs its own application-controller and repo-server (with
+//! its own Redis) against its own API server, and the hub runs only the
+//! applicationset-controller (the hub's copies of Applications are dormant).
+//! Git repositories are served by `git daemon` on 127.0.0.1.
+//!
+//! The components are upstream's, built by `test/tools/build.sh` from the
+//! pinned Argo CD module into one multi-call binary (`$CACHE/bin/argocd`),
+//! with Redis from Debian's packages (`$CACHE/bin/redis-server`). There is
+//! no pod: each component is a process with its own ports, logging to
+//! `<folder>/<component>.log`, killed when its [`Spoke`], [`Hub`] or
+//! [`GitServer`] is dropped, or by its reaper when the test process dies.
+//!
+//! What upstream's install manifests would otherwise provide, and what it
+//! takes to run them outside a pod:
+//! - namespace [`NAMESPACE`] with `argocd-cm` and `argocd-secret` (labelled
+//!   `app.kubernetes.io/part-of: argocd`, or Argo CD does not see them;
+//!   `server.secretkey` set, as Argo CD's API server would set it) and the
+//!   `default` AppProject (which the API server would create);
+//! - the in-cluster destination [`IN_CLUSTER`] normally means "the service
+//!   account of my pod"; `ARGOCD_FAKE_IN_CLUSTER=true` makes Argo CD take
+//!   `$KUBECONFIG` instead, which points at the cluster's admin kubeconfig;
+//! - per process: the repo-server's askpass socket (`ARGOCD_ASK_PASS_SOCK`,
+//!   a fixed `/tmp` path by default) and clone folder (`$TMPDIR`) in the
+//!   component's folder, GnuPG off (`ARGOCD_GPG_ENABLED=false`: it expects
+//!   the image's `/app/config/gpg`), plain gRPC between controller and
+//!   repo-server, and every port on loopback instead of its fixed default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::json;
+
+use crate::net::free_addr;
+use crate::process::Group;
+use crate::{Cluster, Error, Result, paths};
+
+/// Where Argo CD runs and keeps its settings, Applications and projects.
+pub const NAMESPACE: &str = "argocd";
+/// The destination server that means "the cluster this Argo CD runs in".
+pub const IN_CLUSTER: &str = "https://kubernetes.default.svc";
+/// The project every Application may use: any repository, any destination.
+pub const DEFAULT_PROJECT: &str = "default";
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const PORT_ATTEMPTS: usize = 3;
+const FIELD_MANAGER: &str = "argocd-pull-testenv";
+
+/// How a managed cluster's Argo CD runs.
+#[derive(Clone, Debug, Default)]
+pub struct SpokeOptions {
+    /// Namespaces besides [`NAMESPACE`] whose Applications the
+    /// application-controller reconciles (`--application-namespaces`).
+    pub application_namespaces: Vec<String>,
+}
+
+/// How the hub's applicationset-controller runs.
+#[derive(Clone, Debug, Default)]
+pub struct HubOptions {
+    /// Namespaces besides [`NAMESPACE`] whose ApplicationSets it reconciles
+    /// (`--applicationset-namespaces`).
+    pub applicationset_namespaces: Vec<String>,
+    /// `--enable-progressive-syncs` (RollingSync strategies).
+    pub progressive_syncs: bool,
+}
+
+/// A managed cluster's Argo CD: Redis, repo-server and application-controller.
+pub struct Spoke {
+    procs: Processes,
+    repo_server: SocketAddr,
+    redis: SocketAddr,
+}
+
+impl Spoke {
+    /// Installs Argo CD's settings and default project on `cluster` and
+    /// starts its Redis, repo-server and application-controller, which
+    /// deploys to `cluster` itself as [`IN_CLUSTER`]. Returns once all three
+    /// are listening.
+    pub async fn start(cluster: &Cluster, options: SpokeOptions) -> Result<Self> {
+        let argocd = require(&paths::bin_dir().join("argocd"))?;
+        let redis_bin = require(&paths::bin_dir().join("redis-server"))?;
+        install(cluster).await?;
+        let procs = Processes::new(cluster.dir().join("argocd"))?;
+        let dir = procs.dir.clone();
+
+        let redis = procs
+            .start("redis", 1, |ports| {
+                let mut cmd = Command::new(&redis_bin);
+                cmd.args(["--bind", "127.0.0.1", "--port", &ports[0].to_string()])
+                    // A cache: nothing to persist.
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir);
+                cmd
+            })
+            .await?[0];
+        let redis = SocketAddr::from(([127, 0, 0, 1], redis));
+
+        let tmp = dir.join("repo-server-tmp");
+        std::fs::create_dir_all(&tmp)?;
+        let ports = procs
+            .start("repo-server", 2, |ports| {
+                let mut cmd = component(&argocd, "argocd-repo-server");
+                cmd.arg("--address=127.0.0.1")
+                    .arg(format!("--port={}", ports[0]))
+                    .arg("--metrics-address=127.0.0.1")
+                    .arg(format!("--metrics-port={}", ports[1]))
+                    .arg(format!("--redis={redis}"))
+                    .arg("--disable-tls")
+                    // Its default (a path in the image) is refused with
+                    // --disable-tls.
+                    .arg("--client-ca-path=")
+                    // Clones go to $TMPDIR/_argocd-repo.
+                    .env("TMPDIR", &tmp)
+                    .env("ARGOCD_ASK_PASS_SOCK", dir.join("askpass.sock"))
+                    .env("ARGOCD_GPG_ENABLED", "false")
+                    // git runs with GIT_ASKPASS=argocd: our binary answers
+                    // as the askpass helper too.
+                    .env("PATH", path_with(&paths::bin_dir()));
+                cmd
+            })
+            .await?;
+        let repo_server = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+
+        let kubeconfig = cluster.kubeconfig().to_path_buf();
+        procs
+            .start("application-controller", 1, |ports| {
+                let mut cmd = component(&argocd, "argocd-application-controller");
+                cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+                    .arg(format!("--namespace={NAMESPACE}"))
+                    .arg(format!("--repo-server={repo_server}"))
+                    .arg("--repo-server-plaintext")
+                    .arg(format!("--redis={redis}"))
+                    .arg(format!("--metrics-port={}", ports[0]))
+                    .arg("--status-processors=4")
+                    .arg("--operation-processors=2")
+                    .env("KUBECONFIG", &kubeconfig)
+                    .env("ARGOCD_FAKE_IN_CLUSTER", "true");
+                if !options.application_namespaces.is_empty() {
+                    cmd.arg(format!(
+                        "--application-namespaces={}",
+                        options.application_namespaces.join(",")
+                    ));
+                }
+                cmd
+            })
+            .await?;
+        Ok(Self {
+            procs,
+            repo_server,
+            redis,
+        })
+    }
+
+    /// The repo-server's gRPC address (plain text).
+    pub fn repo_server(&self) -> SocketAddr {
+        self.repo_server
+    }
+
+    /// This Argo CD's Redis.
+    pub fn redis(&self) -> SocketAddr {
+        self.redis
+    }
+
+    /// The last lines `component` (`redis`, `repo-server`,
+    /// `application-controller`) logged.
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        self.procs.log_tail(component, lines)
+    }
+
+    /// Where the components keep their logs and scratch files.
+    pub fn dir(&self) -> &Path {
+        &self.procs.dir
+    }
+}
+
+/// The hub's Argo CD as the pull model runs it: the applicationset-controller
+/// only. The Applications it generates stay on the hub for argocd-pull to
+/// deliver; nothing on the hub deploys them.
+pub struct Hub {
+    procs: Processes,
+}
+
+impl Hub {
+    /// Installs Argo CD's settings and default project on `cluster` and
+    /// starts the applicationset-controller; returns once it is listening.
+    pub async fn start(cluster: &Cluster, options: HubOptions) -> Result<Self> {
+        let argocd = require(&paths::bin_dir().join("argocd"))?;
+        install(cluster).await?;
+        let procs = Processes::new(cluster.dir().join("argocd"))?;
+        let kubeconfig = cluster.kubeconfig().to_path_buf();
+        procs
+            .start("applicationset-controller", 3, |ports| {
+                let mut cmd = component(&argocd, "argocd-applicationset-controller");
+                cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+                    .arg(format!("--namespace={NAMESPACE}"))
+                    .arg(format!("--probe-addr=127.0.0.1:{}", ports[0]))
+                    .arg(format!("--metrics-addr=127.0.0.1:{}", ports[1]))
+                    .arg(format!("--webhook-addr=127.0.0.1:{}", ports[2]))
+                    // Only the Git and plugin generators ask a repo-server;
+                    // the hub has none.
+                    .arg("--argocd-repo-server=127.0.0.1:1")
+                    .arg("--repo-server-plaintext")
+                    // Required with more than one namespace; no SCM here.
+                    .arg("--enable-scm-providers=false")
+                    // Its controller-runtime client reads only $KUBECONFIG.
+                    .env("KUBECONFIG", &kubeconfig);
+                if !options.applicationset_namespaces.is_empty() {
+                    cmd.arg(format!(
+                        "--applicationset-namespaces={}",
+                        options.applicationset_namespaces.join(",")
+                    ));
+                }
+                if options.progressive_syncs {
+                    cmd.arg("--enable-progressive-syncs");
+                }
+                cmd
+            })
+            .await?;
+        Ok(Self { procs })
+    }
+
+    /// The last lines the applicationset-controller logged.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.procs.log_tail("applicationset-controller", lines)
+    }
+
+    /// Where the controller keeps its log.
+    pub fn dir(&self) -> &Path {
+        &self.procs.dir
+    }
+}
+
+/// The API resource of `appprojects.argoproj.io`.
+pub fn appproject_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
+        "appprojects",
+    )
+}
+
+/// The API resource of `applicationsets.argoproj.io`.
+pub fn applicationset_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "ApplicationSet"),
+        "applicationsets",
+    )
+}
+
+/// What Argo CD's install manifests and API server would put in place:
+/// its namespace, its settings and the `default` project.
+async fn install(cluster: &Cluster) -> Result<()> {
+    cluster.ensure_namespace(NAMESPACE).await?;
+    let client = cluster.client().await?;
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let part_of = json!({ "app.kubernetes.io/part-of": "argocd" });
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "argocd-cm", "namespace": NAMESPACE, "labels": part_of },
+    }))
+    .expect("a valid ConfigMap");
+    Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .patch("argocd-cm", &pp, &Patch::Apply(&cm))
+        .await?;
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "argocd-secret", "namespace": NAMESPACE, "labels": part_of },
+        "stringData": { "server.secretkey": format!("{:032x}", rand_u128()) },
+    }))
+    .expect("a valid Secret");
+    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .patch("argocd-secret", &pp, &Patch::Apply(&secret))
+        .await?;
+    let ar = appproject_resource();
+    let project: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": { "name": DEFAULT_PROJECT, "namespace": NAMESPACE },
+        "spec": {
+            "sourceRepos": ["*"],
+            "sourceNamespaces": ["*"],
+            "destinations": [{ "server": "*", "namespace": "*" }],
+            "clusterResourceWhitelist": [{ "group": "*", "kind": "*" }],
+        },
+    }))
+    .expect("a valid AppProject");
+    Api::<DynamicObject>::namespaced_with(client, NAMESPACE, &ar)
+        .patch(DEFAULT_PROJECT, &pp, &Patch::Apply(&project))
+        .await?;
+    Ok(())
+}
+
+/// Not cryptographic: the test API server's data is thrown away.
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, RandomState};
+    let s = RandomState::new();
+    (u128::from(s.hash_one(1u8)) << 64) | u128::from(s.hash_one(2u8))
+}
+
+/// A Git server on 127.0.0.1 (`git daemon`, anonymous `git://`), serving
+/// the bare repositories made with [`GitServer::create_repo`].
+pub struct GitServer {
+    procs: Processes,
+    repos: PathBuf,
+    port: u16,
+}
+
+impl GitServer {
+    /// Starts `git daemon` on a free loopback port, in a fresh folder under
+    /// [`paths::run_dir`].
+    pub async fn start() -> Result<Self> {
+        let base = paths::run_dir();
+        std::fs::create_dir_all(&base)?;
+        let dir = tempfile::Builder::new()
+            .prefix("git-")
+            .tempdir_in(&base)?
+            .keep();
+        let procs = Processes::new(dir.clone())?;
+        let repos = dir.join("repos");
+        std::fs::create_dir_all(&repos)?;
+        // `git daemon` would run git-daemon as its child, which outlives a
+        // kill of `git`: start the daemon itself.
+        let daemon = PathBuf::from(run(git().arg("--exec-path"))?).join("git-daemon");
+        let port = procs
+            .start("git-daemon", 1, |ports| {
+                let mut cmd = git_command(&daemon);
+                cmd.arg("--listen=127.0.0.1")
+                    .arg(format!("--port={}", ports[0]))
+                    .arg("--reuseaddr")
+                    .arg("--export-all")
+                    .arg("--informative-errors")
+                    .arg("--verbose")
+                    .arg(format!("--base-path={}", repos.display()))
+                    .arg(&repos);
+                cmd
+            })
+            .await?[0];
+        Ok(Self { procs, repos, port })
+    }
+
+    /// Creates an empty repository `name` (branch `main`), served at
+    /// `git://127.0.0.1:<port>/<name>.git`.
+    pub fn create_repo(&self, name: &str) -> Result<Repo> {
+        let git_dir = self.repos.join(format!("{name}.git"));
+        let work = self.procs.dir.join("work").join(name);
+        std::fs::create_dir_all(&work)?;
+        run(git()
+            .args(["init", "--quiet", "--bare", "--initial-branch=main"])
+            .arg(&git_dir))?;
+        Ok(Repo {
+            url: format!("git://127.0.0.1:{}/{name}.git", self.port),
+            git_dir,
+            work,
+        })
+    }
+
+    /// The last lines `git daemon` logged (one per request with `--verbose`).
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.procs.log_tail("git-daemon", lines)
+    }
+}
+
+/// A repository of a [`GitServer`], committed to directly (no clone, no push).
+pub struct Repo {
+    url: String,
+    git_dir: PathBuf,
+    work: PathBuf,
+}
+
+impl Repo {
+    /// The URL Argo CD's `spec.source.repoURL` takes.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Writes `files` (path relative to the repository, content), commits
+    /// the whole tree on `main` and returns the new commit's SHA. Files
+    /// written by earlier commits stay unless overwritten; [`Repo::remove`]
+    /// takes them out.
+    pub fn commit(&self, message: &str, files: &[(&str, &str)]) -> Result<String> {
+        for (path, content) in files {
+            let path = self.work.join(path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, content)?;
+        }
+        self.commit_tree(message)
+    }
+
+    /// Removes `paths` from the tree and commits; returns the new SHA.
+    pub fn remove(&self, message: &str, paths: &[&str]) -> Result<String> {
+        for path in paths {
+            std::fs::remove_file(self.work.join(path))?;
+        }
+        self.commit_tree(message)
+    }
+
+    /// The SHA `main` points at.
+    pub fn head(&self) -> Result<String> {
+        run(self.git().args(["rev-parse", "refs/heads/main"]))
+    }
+
+    fn commit_tree(&self, message: &str) -> Result<String> {
+        run(self.git().args(["add", "--all"]))?;
+        run(self
+            .git()
+            .args(["commit", "--quiet", "--allow-empty", "-m", message]))?;
+        self.head()
+    }
+
+    fn git(&self) -> Command {
+        let mut cmd = git();
+        cmd.arg(format!("--git-dir={}", self.git_dir.display()))
+            .arg(format!("--work-tree={}", self.work.display()))
+            .args(["-c", "user.name=argocd-pull tests"])
+            .args(["-c", "user.email=tests@argocd-pull.invalid"]);
+        cmd
+    }
+}
+
+/// `git`, unaffected by the user's or the machine's Git configuration.
+fn git() -> Command {
+    git_command(Path::new("git"))
+}
+
+fn git_command(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0");
+    cmd
+}
+
+/// Runs a short command; its trimmed stdout, or an error with its output.
+fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output()?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    Err(Error::Command {
+        command: format!("{cmd:?}"),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    })
+}
+
+/// `argocd <component>`: the multi-call binary picks the component from its
+/// first argument.
+fn component(argocd: &Path, name: &str) -> Command {
+    let mut cmd = Command::new(argocd);
+    cmd.arg(name).arg("--logformat=text").arg("--loglevel=info");
+    cmd
+}
+
+fn path_with(dir: &Path) -> std::ffi::OsString {
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    std::env::join_paths(dirs).expect("PATH entries hold no separator")
+}
+
+fn require(tool: &Path) -> Result<PathBuf> {
+    if tool.is_file() {
+        Ok(tool.to_path_buf())
+    } else {
+        Err(Error::MissingTool(tool.to_path_buf()))
+    }
+}
+
+/// The processes of one Argo CD (or Git server) and their folder: killed
+/// and removed on drop, or by the group's reaper when the test process dies.
+struct Processes {
+    dir: PathBuf,
+    group: Mutex<Group>,
+}
+
+impl Processes {
+    fn new(dir: PathBuf) -> Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let keep = std::env::var_os("ARGOCD_PULL_KEEP_DATA").is_some();
+        let group = Group::new(dir.clone(), keep)?;
+        Ok(Self {
+            dir,
+            group: Mutex::new(group),
+        })
+    }
+
+    fn group(&self) -> MutexGuard<'_, Group> {
+        // Every change to the group is a single push or retain.
+        self.group.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts `name` with `ports` free loopback ports (`command` builds its
+    /// command line from them) and waits until it accepts connections on
+    /// the first. A port taken in the meantime is retried with new ones.
+    async fn start(
+        &self,
+        name: &'static str,
+        ports: usize,
+        command: impl Fn(&[u16]) -> Command,
+    ) -> Result<Vec<u16>> {
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let picked = (0..ports)
+                .map(|_| free_addr().map(|a| a.port()))
+                .collect::<std::io::Result<Vec<u16>>>()?;
+            self.group().spawn(name, command(&picked))?;
+            match self.wait_listening(name, picked[0]).await {
+                Ok(()) => return Ok(picked),
+                Err(e @ Error::PortClash(_)) => {
+                    self.group().stop(name);
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    async fn wait_listening(&self, name: &'static str, port: u16) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(e) = self.exited(name) {
+                return Err(e);
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Exited {
+                    name,
+                    log: format!(
+                        "still not listening on 127.0.0.1:{port} after {START_TIMEOUT:?}:\n{}",
+                        self.log_tail(name, 30)
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn exited(&self, name: &str) -> Option<Error> {
+        let mut group = self.group();
+        let proc = group
+            .procs_mut()
+            .iter_mut()
+            .filter(|p| p.name == name)
+            .find_map(|p| (!p.is_running()).then_some(p))?;
+        let tail = proc.log_tail(30);
+        let lower = tail.to_lowercase();
+        // Go, Redis and git daemon each say it their way.
+        let clash = lower.contains("address already in use")
+            || lower.contains("unable to allocate any listen sockets");
+        Some(if clash {
+            Error::PortClash(proc.name)
+        } else {
+            Error::Exited {
+                name: proc.name,
+                log: tail,
+            }
+        })
+    }
+
+    fn log_tail(&self, name: &str, lines: usize) -> String {
+        self.group()
+            .procs()
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
+    }
+}
