@@ -72,9 +72,14 @@ impl Worker {
     pub async fn reconcile(&self, key: &ObjectKey) {
         let api = self.api(key);
         if let Some((seq, instruction)) = self.state.take_instruction(key) {
+            let mut nothing_here = false;
             let (outcome, message) = match instruction {
                 Instruction::Upsert(u) => self.upsert(&api, key, u).await,
-                Instruction::Delete { hub_uid } => self.delete(&api, key, &hub_uid).await,
+                Instruction::Delete { hub_uid } => {
+                    let (outcome, absent) = self.delete(&api, key, &hub_uid).await;
+                    nothing_here = absent;
+                    outcome
+                }
                 Instruction::Release { hub_uid } => self.release(&api, key, &hub_uid).await,
             };
             self.state.control(AgentMessage {
@@ -85,6 +90,13 @@ impl Worker {
                     message,
                 })),
             });
+            if nothing_here {
+                // Nothing delivered for that hub Application is here: it is
+                // gone, said after the acknowledgement (control messages go
+                // out first), as the protocol orders a delete's answers.
+                self.state
+                    .report(key, Report::Gone { uid: String::new() }, true);
+            }
         } else if self.mode == Mode::Managed {
             self.revert_edit(&api, key).await;
         }
@@ -273,11 +285,18 @@ impl Worker {
         }
     }
 
-    async fn delete(&self, api: &Api<Application>, key: &ObjectKey, hub_uid: &str) -> Outcome {
+    /// Deletes the copy delivered for `hub_uid`; also says whether there
+    /// is none (to be reported gone once the delete is acknowledged).
+    async fn delete(
+        &self,
+        api: &Api<Application>,
+        key: &ObjectKey,
+        hub_uid: &str,
+    ) -> (Outcome, bool) {
         self.state.forget(key);
         let current = match api.get_opt(&key.name).await {
             Ok(c) => c,
-            Err(e) => return write_error(e),
+            Err(e) => return (write_error(e), false),
         };
         match current {
             Some(app)
@@ -294,19 +313,15 @@ impl Worker {
                     match api.delete(&key.name, &dp).await {
                         Ok(_) => {}
                         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                        Err(e) => return write_error(e),
+                        Err(e) => return (write_error(e), false),
                     }
                     tracing::info!(namespace = %key.namespace, name = %key.name, "deleted for the hub");
                 }
                 // `gone` follows when the watch sees it disappear.
-                applied()
+                (applied(), false)
             }
-            _ => {
-                // Nothing delivered for that hub Application is here.
-                self.state
-                    .report(key, Report::Gone { uid: String::new() }, true);
-                applied()
-            }
+            // Nothing delivered for that hub Application is here.
+            _ => (applied(), true),
         }
     }
 

@@ -109,6 +109,11 @@ pub struct Inner {
     delete_acked: HashMap<ObjectKey, String>,
     /// Keys the agent reported gone after their delete, with the hub uid.
     pub gone: HashMap<ObjectKey, String>,
+    /// Keys reported gone while their delete was on its way, with the hub
+    /// uid of the delete: its acknowledgement completes it. (An agent that
+    /// finds nothing to delete may say `gone` before it answers the delete;
+    /// waiting for another `gone` would wait for ever.)
+    gone_before_ack: HashMap<ObjectKey, String>,
 }
 
 impl Inner {
@@ -154,6 +159,7 @@ impl ClusterState {
         let mut inner = self.lock();
         inner.gone.remove(key);
         inner.delete_acked.remove(key);
+        inner.gone_before_ack.remove(key);
         if inner
             .desired
             .get(key)
@@ -218,6 +224,7 @@ impl ClusterState {
         }
         inner.gone.remove(key);
         inner.delete_acked.remove(key);
+        inner.gone_before_ack.remove(key);
         inner.rejected.remove(key);
         if matches!(inner.observed.get(key), Some(Observation::Gone)) {
             inner.observed.remove(key);
@@ -278,6 +285,18 @@ impl ClusterState {
                 }
                 None => false,
             };
+        match &observation {
+            Observation::Gone if !completes => {
+                if let Some((_, Item::Delete { hub_uid }, _)) = inner.in_flight.get(key) {
+                    let hub_uid = hub_uid.clone();
+                    inner.gone_before_ack.insert(key.clone(), hub_uid);
+                }
+            }
+            Observation::Observed { .. } => {
+                inner.gone_before_ack.remove(key);
+            }
+            _ => {}
+        }
         inner.observed.insert(key.clone(), observation);
         completes
     }
@@ -364,6 +383,7 @@ impl ClusterState {
         }
         inner.outbox().requeue_in_flight();
         inner.in_flight.clear();
+        inner.gone_before_ack.clear();
         inner.control.clear();
         for op in inner.ops.values_mut() {
             op.sent_in = None;
@@ -380,6 +400,7 @@ impl ClusterState {
             inner.session = None;
             inner.outbox().requeue_in_flight();
             inner.in_flight.clear();
+            inner.gone_before_ack.clear();
             inner.control.clear();
         }
     }
@@ -457,7 +478,9 @@ impl ClusterState {
     }
 
     /// The agent acknowledged (key, seq). Returns the acknowledged item when
-    /// it matched what was in flight.
+    /// it matched what was in flight. A delete acknowledged after the agent
+    /// reported the Application gone (while the delete was on its way) is
+    /// complete.
     pub fn object_acked(
         &self,
         key: &ObjectKey,
@@ -489,6 +512,12 @@ impl ClusterState {
         match &item {
             Item::Delete { hub_uid } if outcome == AckOutcome::Applied => {
                 inner.delete_acked.insert(key.clone(), hub_uid.clone());
+                if inner.gone_before_ack.remove(key).as_ref() == Some(hub_uid) {
+                    inner.gone.insert(key.clone(), hub_uid.clone());
+                    if inner.enqueued.get(key) == Some(&item) {
+                        inner.enqueued.remove(key);
+                    }
+                }
             }
             Item::Release { .. } if inner.enqueued.get(key) == Some(&item) => {
                 inner.enqueued.remove(key);
@@ -672,6 +701,65 @@ mod tests {
             c.lock().gone.get(&key("a")).map(String::as_str),
             Some("uid-a")
         );
+    }
+
+    /// What an agent that finds nothing to delete may answer: `gone` first,
+    /// then the acknowledgement. The delete is complete (a finalizer can be
+    /// released) and, once no hub Application names the key, forgotten.
+    #[test]
+    fn a_gone_before_the_delete_is_acknowledged_completes_it_with_the_ack() {
+        let c = ClusterState::new("c1");
+        c.attach(1, AgentMode::Managed);
+        c.set_desired(&key("a"), desired("a", "v1"));
+        let up = c.next_messages(1, 10);
+        let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
+            unreachable!()
+        };
+        c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+        c.set_deleting(&key("a"), "uid-a");
+        let del = c.next_messages(1, 10);
+        let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
+            unreachable!()
+        };
+        assert!(!c.observe(&key("a"), Observation::Gone));
+        assert!(c.lock().gone.is_empty(), "not before the acknowledgement");
+        c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+        assert_eq!(
+            c.lock().gone.get(&key("a")).map(String::as_str),
+            Some("uid-a")
+        );
+        c.forget_if_idle(&key("a"));
+        let inner = c.lock();
+        assert!(
+            inner.gone.is_empty()
+                && inner.delete_acked.is_empty()
+                && inner.enqueued.is_empty()
+                && inner.observed.is_empty(),
+            "nothing is left of a key gone on both sides"
+        );
+    }
+
+    /// A `gone` from before the Application was delivered again says
+    /// nothing about the delete that follows.
+    #[test]
+    fn a_gone_before_the_delete_was_sent_does_not_complete_it() {
+        let c = ClusterState::new("c1");
+        c.attach(1, AgentMode::Managed);
+        c.set_desired(&key("a"), desired("a", "v1"));
+        let up = c.next_messages(1, 10);
+        let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
+            unreachable!()
+        };
+        assert!(!c.observe(&key("a"), Observation::Gone));
+        c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+        c.set_deleting(&key("a"), "uid-a");
+        let del = c.next_messages(1, 10);
+        let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
+            unreachable!()
+        };
+        c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+        assert!(c.lock().gone.is_empty(), "the spoke copy may still exist");
+        assert!(c.observe(&key("a"), Observation::Gone));
     }
 
     #[test]

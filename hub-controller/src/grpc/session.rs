@@ -17,7 +17,7 @@ use argocd_pull_proto::{validate, version};
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
-use super::cluster::{ClusterState, Observation, Work};
+use super::cluster::{ClusterState, Item, Observation, Work};
 use super::hub::Hub;
 
 /// How long an agent has to send its Hello.
@@ -373,16 +373,18 @@ fn handle(
             if outcome == AckOutcome::Rejected {
                 tracing::warn!(cluster = %cs.name, namespace = %key.namespace, name = %key.name, message = %ack.message, "the agent refused an Application");
             }
-            if cs
-                .object_acked(&key, ack.seq, outcome, &ack.message)
-                .is_some()
-                && let Some(r) = hub
+            if let Some(item) = cs.object_acked(&key, ack.seq, outcome, &ack.message) {
+                let winner = hub
                     .index
                     .lock()
                     .expect("never poisoned")
-                    .winner(&cs.name, &key)
-            {
-                hub.queue.add(Work::App(r));
+                    .winner(&cs.name, &key);
+                match winner {
+                    Some(r) => hub.queue.add(Work::App(r)),
+                    // A delete the agent had already reported gone is done.
+                    None if matches!(item, Item::Delete { .. }) => cs.forget_if_idle(&key),
+                    None => {}
+                }
             }
         }
         Kind::OperationAck(ack) => {
