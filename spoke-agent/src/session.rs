@@ -13,18 +13,17 @@ use argocd_pull_proto::limits::{self, MAX_MESSAGE_BYTES};
 use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, DigestSet, Heartbeat, HubMessage, ObjectAck, ObjectKey,
-    agent_message, hub_message,
+    Welcome, agent_message, hub_message,
 };
 use argocd_pull_proto::{validate, version};
 use argocd_pull_runtime::Readiness;
 use argocd_pull_runtime::shutdown::Shutdown;
 use tokio::sync::mpsc;
-use tonic::transport::Endpoint;
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::apply;
 use crate::backoff::Backoff;
 use crate::state::{AgentState, Instruction, RETRY_PAUSE, Report};
-use crate::tls::TlsFiles;
 use crate::worker::Worker;
 use crate::{AgentConfig, Mode};
 
@@ -114,63 +113,18 @@ impl Connection {
     }
 
     async fn session(&self, shutdown: &Shutdown) -> End {
-        let files: &TlsFiles = &self.config.tls;
-        let loaded = match files.load() {
+        let loaded = match self.config.tls.load() {
             Ok(l) => l,
             Err(e) => return End::Lost(format!("{e:#}")),
         };
-        let endpoint = match Endpoint::from_shared(self.config.hub_address.clone())
-            .and_then(|e| e.tls_config(loaded.config))
-        {
-            Ok(e) => e
-                .connect_timeout(Duration::from_secs(10))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(20))
-                .keep_alive_timeout(Duration::from_secs(20))
-                .keep_alive_while_idle(true),
-            Err(e) => return End::Lost(format!("hub address {}: {e}", self.config.hub_address)),
-        };
-        let channel = match endpoint.connect().await {
-            Ok(c) => c,
-            Err(e) => return End::Lost(error_chain(&e)),
-        };
-        let mut client = TransportClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let (tx, rx) = mpsc::channel::<AgentMessage>(128);
-        let hello = version::hello(self.mode(), env!("CARGO_PKG_VERSION"));
-        let _ = tx
-            .send(AgentMessage {
-                kind: Some(agent_message::Kind::Hello(hello.clone())),
-            })
-            .await;
-        let response = match client
-            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-        {
-            Ok(r) => r,
-            Err(status) => return End::Lost(status_text(&status)),
-        };
-        let mut inbound = response.into_inner();
-        let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.message()).await {
-            Err(_) => return End::Lost("no Welcome from the hub within 30s".into()),
-            Ok(Err(status)) => return End::Lost(status_text(&status)),
-            Ok(Ok(None)) => {
-                return End::Lost("the hub closed the stream during the handshake".into());
-            }
-            Ok(Ok(Some(HubMessage {
-                kind: Some(hub_message::Kind::Welcome(w)),
-            }))) => w,
-            Ok(Ok(Some(_))) => {
-                return End::Lost(
-                    "the hub's first message is not a Welcome: it does not follow the protocol"
-                        .into(),
-                );
-            }
-        };
-        let negotiated = match version::accept_welcome(&hello, &welcome) {
-            Ok(n) => n,
-            Err(e) => return End::Lost(e.to_string()),
+        let Opened {
+            tx,
+            mut inbound,
+            welcome,
+            negotiated,
+        } = match open(&self.config.hub_address, loaded.config, self.mode()).await {
+            Ok(o) => o,
+            Err(reason) => return End::Lost(reason),
         };
         let heartbeat = Duration::from_secs(welcome.heartbeat_interval_seconds.max(1) as u64);
         let digest_interval = Duration::from_secs(welcome.digest_interval_seconds.max(1) as u64);
@@ -379,6 +333,66 @@ impl Connection {
     fn observed_digest(&self) -> AgentMessage {
         observed_digest(&self.worker)
     }
+}
+
+/// A stream to the hub after a successful handshake.
+pub struct Opened {
+    /// What the agent sends; the stream ends when it is dropped.
+    pub tx: mpsc::Sender<AgentMessage>,
+    pub inbound: tonic::Streaming<HubMessage>,
+    pub welcome: Welcome,
+    pub negotiated: version::Negotiated,
+}
+
+/// Dials the hub at `address` with `tls` and does the handshake (this
+/// release's Hello, the hub's Welcome, checked). Also used by the fleet
+/// load generator of `make bench-grpc`, so that its simulated agents open
+/// their streams exactly as an agent does.
+pub async fn open(address: &str, tls: ClientTlsConfig, mode: AgentMode) -> Result<Opened, String> {
+    let endpoint = Endpoint::from_shared(address.to_string())
+        .and_then(|e| e.tls_config(tls))
+        .map_err(|e| format!("hub address {address}: {e}"))?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    let channel = endpoint.connect().await.map_err(|e| error_chain(&e))?;
+    let mut client = TransportClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let (tx, rx) = mpsc::channel::<AgentMessage>(128);
+    let hello = version::hello(mode, env!("CARGO_PKG_VERSION"));
+    let _ = tx
+        .send(AgentMessage {
+            kind: Some(agent_message::Kind::Hello(hello.clone())),
+        })
+        .await;
+    let mut inbound = client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|status| status_text(&status))?
+        .into_inner();
+    let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.message()).await {
+        Err(_) => return Err("no Welcome from the hub within 30s".into()),
+        Ok(Err(status)) => return Err(status_text(&status)),
+        Ok(Ok(None)) => return Err("the hub closed the stream during the handshake".into()),
+        Ok(Ok(Some(HubMessage {
+            kind: Some(hub_message::Kind::Welcome(w)),
+        }))) => w,
+        Ok(Ok(Some(_))) => {
+            return Err(
+                "the hub's first message is not a Welcome: it does not follow the protocol".into(),
+            );
+        }
+    };
+    let negotiated = version::accept_welcome(&hello, &welcome).map_err(|e| e.to_string())?;
+    Ok(Opened {
+        tx,
+        inbound,
+        welcome,
+        negotiated,
+    })
 }
 
 fn observed_entries(worker: &Worker) -> Entries {
