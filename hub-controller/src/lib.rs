@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cached;
 pub mod certs;
 pub mod controller;
 pub mod delivery;

@@ -7,13 +7,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, decided_clusters};
 use kube::ResourceExt;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::gauge::Gauge;
+
+use crate::cached::CachedApp;
 
 /// Read side of the caches.
 #[derive(Clone)]
@@ -113,7 +114,7 @@ impl Written {
 }
 
 /// The hub Application a work delivers, from its back-pointer annotations.
-pub fn work_owner(work: &ManifestWork) -> Option<ObjectRef<Application>> {
+pub fn work_owner(work: &ManifestWork) -> Option<ObjectRef<CachedApp>> {
     let a = work.annotations();
     match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
         (Some(ns), Some(name)) => Some(
@@ -124,7 +125,7 @@ pub fn work_owner(work: &ManifestWork) -> Option<ObjectRef<Application>> {
 }
 
 /// Applications in `apps` that target `cluster`.
-pub fn apps_targeting(apps: &Store<Application>, cluster: &str) -> Vec<ObjectRef<Application>> {
+pub fn apps_targeting(apps: &Store<CachedApp>, cluster: &str) -> Vec<ObjectRef<CachedApp>> {
     apps.state_filter(|a| {
         a.annotations()
             .get(keys::MANAGED_CLUSTER)
@@ -137,7 +138,7 @@ pub fn apps_targeting(apps: &Store<Application>, cluster: &str) -> Vec<ObjectRef
 }
 
 /// Applications in `apps` that live in namespace `ns`.
-pub fn apps_in(apps: &Store<Application>, ns: &str) -> Vec<ObjectRef<Application>> {
+pub fn apps_in(apps: &Store<CachedApp>, ns: &str) -> Vec<ObjectRef<CachedApp>> {
     apps.state_filter(|a| a.namespace().as_deref() == Some(ns))
         .iter()
         .map(|a| {
@@ -152,7 +153,7 @@ pub fn apps_in(apps: &Store<Application>, ns: &str) -> Vec<ObjectRef<Application
 /// counted on their way in.
 #[derive(Clone)]
 pub struct Queue {
-    pending: Arc<Mutex<HashSet<ObjectRef<Application>>>>,
+    pending: Arc<Mutex<HashSet<ObjectRef<CachedApp>>>>,
     gauge: Gauge,
 }
 
@@ -164,13 +165,13 @@ impl Queue {
         }
     }
 
-    pub fn triggered(&self, key: ObjectRef<Application>) {
+    pub fn triggered(&self, key: ObjectRef<CachedApp>) {
         let mut p = self.pending.lock().expect("lock");
         p.insert(key);
         self.gauge.set(p.len() as i64);
     }
 
-    pub fn started(&self, key: &ObjectRef<Application>) {
+    pub fn started(&self, key: &ObjectRef<CachedApp>) {
         let mut p = self.pending.lock().expect("lock");
         p.remove(key);
         self.gauge.set(p.len() as i64);
@@ -178,7 +179,7 @@ impl Queue {
 
     /// Drops entries whose Application is gone: kube-runtime never
     /// reconciles those, so they would otherwise count forever.
-    pub fn prune(&self, apps: &Store<Application>) {
+    pub fn prune(&self, apps: &Store<CachedApp>) {
         let mut p = self.pending.lock().expect("lock");
         p.retain(|k| apps.get(k).is_some());
         self.gauge.set(p.len() as i64);
@@ -192,6 +193,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use argocd_pull_apis::argocd::Application;
     use kube::runtime::reflector::store;
     use kube::runtime::watcher::Event;
     use serde_json::json;
@@ -206,11 +208,11 @@ mod tests {
         .unwrap()
     }
 
-    fn app_store(apps: &[Application]) -> Store<Application> {
+    fn app_store(apps: &[Application]) -> Store<CachedApp> {
         let mut writer = store::Writer::new(argocd_pull_apis::argocd::application_resource());
         let reader = writer.as_reader();
         for a in apps {
-            writer.apply_watcher_event(&Event::Apply(a.clone()));
+            writer.apply_watcher_event(&Event::Apply(CachedApp::from(a.clone())));
         }
         reader
     }

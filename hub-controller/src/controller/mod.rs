@@ -9,13 +9,14 @@ pub mod sweep;
 
 use std::sync::{Arc, Mutex};
 
-use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
 use kube::Client;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::store::Writer;
 
+use crate::cached::CachedApp;
 use caches::{Caches, Queue, Written};
 
 use crate::delivery::authz::Authorization;
@@ -48,7 +49,7 @@ pub struct Context {
 
 /// Write sides of the watch-fed caches.
 pub struct Writers {
-    pub apps: Writer<Application>,
+    pub apps: Writer<CachedApp>,
     pub clusters: Writer<PartialObjectMeta<ManagedCluster>>,
     pub decisions: Writer<DynamicObject>,
     pub works: Writer<ManifestWork>,

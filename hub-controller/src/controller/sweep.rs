@@ -115,25 +115,44 @@ async fn adopt_legacy(
     Ok(adopted)
 }
 
-/// One pass; returns how many works were deleted. Two LIST calls whatever
-/// the fleet size: the works first, then the labelled Applications (in that
-/// order, so an Application created in between is still seen).
+/// The Applications with the pull label, by namespace and name: their
+/// metadata only (all that decides whether a work is an orphan), read a page
+/// at a time, so that a sweep never holds a second copy of a large fleet's
+/// Applications with their status (35 MiB for 3,000 in a heap profile).
+async fn pulled_apps(
+    client: &Client,
+) -> Result<HashMap<(String, String), Application>, kube::Error> {
+    let api: Api<Application> = Api::all_with(client.clone(), &application_resource());
+    let mut params = ListParams::default().labels(keys::PULL_LABEL).limit(200);
+    let mut apps = HashMap::new();
+    loop {
+        let page = api.list_metadata(&params).await?;
+        for mut meta in page.items {
+            meta.metadata.managed_fields = None;
+            let app = Application {
+                types: meta.types,
+                metadata: meta.metadata,
+                data: serde_json::Value::Null,
+            };
+            apps.insert((app.namespace().unwrap_or_default(), app.name_any()), app);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(apps),
+        }
+    }
+}
+
+/// One pass; returns how many works were deleted. The works are listed
+/// first, then the labelled Applications (in that order, so an Application
+/// created in between is still seen).
 pub async fn sweep_once(client: &Client, metrics: &Metrics) -> Result<usize, kube::Error> {
     let works: Api<ManifestWork> = Api::all(client.clone());
     let list = works
         .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")))
         .await?;
     metrics.works_managed.set(list.items.len() as i64);
-    // An Application without the pull label would be an orphan's owner
-    // anyway, so only labelled ones need to be known.
-    let apps: Api<Application> = Api::all_with(client.clone(), &application_resource());
-    let apps: HashMap<(String, String), Application> = apps
-        .list(&ListParams::default().labels(keys::PULL_LABEL))
-        .await?
-        .items
-        .into_iter()
-        .map(|a| ((a.namespace().unwrap_or_default(), a.name_any()), a))
-        .collect();
+    let apps = pulled_apps(client).await?;
     let mut deleted = 0;
     let delivering: Vec<ManifestWork> = list
         .items

@@ -28,7 +28,7 @@ pub struct HubRef {
 }
 
 impl HubRef {
-    pub fn of(app: &Application) -> Self {
+    pub fn of<K: kube::Resource>(app: &K) -> Self {
         Self {
             namespace: app.namespace().unwrap_or_default(),
             name: app.name_any(),
