@@ -83,13 +83,22 @@ bench-manifestwork: tools
 	  --bin hub-controller --bin bench-manifestwork
 	$(CURDIR)/target/release/bench-manifestwork $(BENCH_ARGS)
 
-## bench-grpc: gRPC transport latency (p50/p99 over 1,000 changes each way) and one agent's throughput, real API servers (docs/grpc.md)
-.PHONY: bench-grpc
+## bench-grpc: gRPC transport latency (p50/p99 over 1,000 changes each way), one agent's throughput, and the fleet (bench-grpc-fleet), real API servers (docs/grpc.md)
+.PHONY: bench-grpc bench-grpc-fleet bench-grpc-build
 BENCH_GRPC_ARGS ?= --changes 1000 --apps 100 --updates 20000
-bench-grpc: tools
+BENCH_GRPC_FLEET_ARGS ?= --agents 1000 --apps-per-agent 10
+BENCH_GRPC = $(CURDIR)/target/release/examples/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller
+bench-grpc: bench-grpc-build
+	$(BENCH_GRPC) latency $(BENCH_GRPC_ARGS)
+	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
+
+## bench-grpc-fleet: only the fleet: 1,000 simulated agents (one load generator) x 10 Applications on one hub; peak RSS, reconnect and resync after restarts
+bench-grpc-fleet: bench-grpc-build
+	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
+
+bench-grpc-build: tools
 	$(CARGO) build --release --locked -p argocd-pull-hub-controller --bin hub-controller
 	$(CARGO) build --release --locked -p argocd-pull-spoke-agent --example bench-grpc
-	$(CURDIR)/target/release/examples/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller $(BENCH_GRPC_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -1,32 +1,12 @@
-//! `bench-grpc`: the gRPC transport's latency and one agent's throughput,
-//! on real API servers (a hub and a managed cluster from `testenv`), with
-//! the hub-controller binary serving gRPC.
-//!
-//! - Latency, one change at a time: a hub Application's spec is changed and
-//!   the time until the managed cluster's watch shows it applied is taken;
-//!   then the spoke copy's status is changed and the time until the hub's
-//!   watch shows it on the hub copy. p50 and p99 over `--changes` each way,
-//!   with a real spoke-agent (in this process).
-//! - Throughput of one agent: a synthetic agent (a plain gRPC client with
-//!   the agent's certificate, so that the benchmark measures the hub and not
-//!   a managed API server) sends `--updates` status reports over `--apps`
-//!   Applications as fast as the hub acknowledges them, one in flight per
-//!   Application as the protocol says. Reported: reports taken in per second,
-//!   the hub's status writes (coalescing), and whether every hub copy ends up
-//!   with the last status sent for it (the run fails if not).
-//!
-//! `make bench-grpc` builds everything and runs this; see docs/grpc.md.
-
-#![forbid(unsafe_code)]
+//! Latency, one change at a time, and one agent's throughput (see main.rs).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use argocd_pull_apis::argocd::{Application, application_resource};
-use argocd_pull_apis::keys;
 use argocd_pull_proto::content;
 use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
@@ -34,23 +14,20 @@ use argocd_pull_proto::v1::{
     ObservedApplication, StatusReport, agent_message, hub_message, status_report,
 };
 use argocd_pull_runtime::Readiness;
-use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics, tls::TlsFiles};
-use clap::Parser;
+use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use testenv::pki::{Ca, CertKey};
-use testenv::{Cluster, ClusterConfig, CrdSet, net};
+use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-#[derive(Parser, Debug)]
-#[command(about = "Benchmark the gRPC transport: latency both ways and one agent's throughput")]
-struct Args {
-    /// The hub-controller binary (default: target/release/hub-controller).
-    #[arg(long)]
-    hub_controller: Option<PathBuf>,
+use crate::hub::{self, HubOptions, HubProcess, Pki, SPOKE_NS, agent_subject};
+
+#[derive(clap::Args, Debug)]
+pub struct LatencyArgs {
     /// Changes timed one at a time, each way.
     #[arg(long, default_value_t = 1000)]
     changes: usize,
@@ -63,74 +40,9 @@ struct Args {
 }
 
 const NS: &str = "bench";
-const SPOKE_NS: &str = "argocd";
-
-fn subject(cluster: &str) -> String {
-    format!("system:open-cluster-management:cluster:{cluster}:addon:argocd-pull:agent:bench")
-}
-
-fn write_pair(dir: &Path, name: &str, pair: &CertKey) -> Result<(PathBuf, PathBuf)> {
-    let (crt, key) = (
-        dir.join(format!("{name}.crt")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&crt, &pair.cert_pem)?;
-    std::fs::write(&key, &pair.key_pem)?;
-    Ok((crt, key))
-}
 
 fn app(name: &str, cluster: &str) -> Application {
-    serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": { "name": name, "namespace": NS,
-            "labels": { keys::PULL_LABEL: "true" },
-            "annotations": { keys::MANAGED_CLUSTER: cluster, keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NS,
-                             keys::SKIP_RECONCILE: "true" } },
-        "spec": { "project": "default",
-            "source": { "repoURL": "https://git.example/bench.git", "path": "app", "targetRevision": "v0" },
-            "destination": { "server": "https://kubernetes.default.svc", "namespace": name } }
-    }))
-    .expect("a valid Application")
-}
-
-async fn dynamic(client: &kube::Client, obj: Value, plural: &str) -> Result<()> {
-    let (group, version) = obj["apiVersion"]
-        .as_str()
-        .unwrap_or_default()
-        .split_once('/')
-        .unwrap_or(("", "v1"));
-    let gvk =
-        kube::api::GroupVersionKind::gvk(group, version, obj["kind"].as_str().unwrap_or_default());
-    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
-    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    let obj: DynamicObject = serde_json::from_value(obj)?;
-    match api.create(&PostParams::default(), &obj).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// What OCM leaves on the hub for a joined cluster with the addon enabled.
-async fn join(hub: &Cluster, client: &kube::Client, cluster: &str) -> Result<()> {
-    hub.ensure_namespace(cluster).await?;
-    dynamic(
-        client,
-        json!({ "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
-                "metadata": { "name": cluster }, "spec": { "hubAcceptsClient": true } }),
-        "managedclusters",
-    )
-    .await?;
-    dynamic(
-        client,
-        json!({ "apiVersion": "addon.open-cluster-management.io/v1alpha1", "kind": "ManagedClusterAddOn",
-                "metadata": { "name": keys::ADDON_NAME, "namespace": cluster }, "spec": {} }),
-        "managedclusteraddons",
-    )
-    .await
+    serde_json::from_value(hub::application(NS, name, cluster)).expect("a valid Application")
 }
 
 struct Percentiles {
@@ -198,27 +110,8 @@ async fn until_seen(
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,kube_client=off".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let hub_bin = args
-        .hub_controller
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("target/release/hub-controller"));
-    if !hub_bin.is_file() {
-        bail!(
-            "{} is missing: build it with `cargo build --release -p argocd-pull-hub-controller`",
-            hub_bin.display()
-        );
-    }
-
+/// Runs the latency and throughput parts and prints their tables.
+pub async fn run(args: LatencyArgs, hub_bin: &Path) -> Result<()> {
     eprintln!("bench-grpc: starting a hub and a managed cluster");
     let (hub, spoke) = tokio::join!(
         Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)),
@@ -229,55 +122,23 @@ async fn main() -> Result<()> {
     let spoke_client = spoke.client().await?;
     spoke.ensure_namespace(SPOKE_NS).await?;
     hub.ensure_namespace(NS).await?;
-    join(&hub, &hub_client, "spoke1").await?;
-    join(&hub, &hub_client, "bench").await?;
+    hub::join(&hub_client, "spoke1").await?;
+    hub::join(&hub_client, "bench").await?;
 
-    let dir = tempfile::tempdir()?;
-    let ca = Ca::new("bench-grpc-ca")?;
-    std::fs::write(dir.path().join("ca.crt"), &ca.pem.cert_pem)?;
-    let serving = ca.serving(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
-    let (hub_crt, hub_key) = write_pair(dir.path(), "hub", &serving)?;
-    let (spoke_crt, spoke_key) =
-        write_pair(dir.path(), "spoke1", &ca.client(&subject("spoke1"), None)?)?;
-    let synthetic = ca.client(&subject("bench"), None)?;
+    let pki = Pki::new()?;
+    let spoke_tls = pki.agent_files("spoke1", &agent_subject("spoke1", "bench"))?;
+    let synthetic = pki.client(&agent_subject("bench", "bench"))?;
 
-    let grpc_addr = net::free_addr()?;
-    let admin = net::free_addr()?;
-    let mut hub_process = tokio::process::Command::new(&hub_bin)
-        .arg("--kubeconfig")
-        .arg(hub.kubeconfig())
-        .args(["--admin-addr", &admin.to_string(), "--leader-elect=false"])
-        .args([
-            "--grpc-addr",
-            &grpc_addr.to_string(),
-            "--allowed-target",
-            &format!("{NS}=*"),
-        ])
-        .arg("--grpc-tls-cert")
-        .arg(&hub_crt)
-        .arg("--grpc-tls-key")
-        .arg(&hub_key)
-        .arg("--grpc-client-ca")
-        .arg(dir.path().join("ca.crt"))
-        .env(
-            "ARGOCD_PULL_LOG",
-            std::env::var("BENCH_HUB_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the hub-controller")?;
-    let ready = Instant::now();
-    while net::http_get(admin, "/readyz")
-        .await
-        .map(|r| r.0)
-        .unwrap_or(0)
-        != 200
-    {
-        if ready.elapsed() > Duration::from_secs(60) {
-            bail!("the hub-controller is not ready after 60s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let grpc_addr = testenv::net::free_addr()?;
+    let mut hub_process = HubProcess::start(&HubOptions {
+        bin: hub_bin,
+        hub: &hub,
+        pki: &pki,
+        grpc_addr,
+        allowed_targets: &[format!("{NS}=*")],
+        log: None,
+    })?;
+    hub_process.ready(Duration::from_secs(60)).await?;
 
     // ---------------------------------------------------------------- latency
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
@@ -286,11 +147,7 @@ async fn main() -> Result<()> {
         AgentConfig {
             cluster_name: "spoke1".into(),
             hub_address: format!("https://{grpc_addr}"),
-            tls: TlsFiles {
-                cert: spoke_crt,
-                key: spoke_key,
-                ca: dir.path().join("ca.crt"),
-            },
+            tls: spoke_tls,
             argocd_namespace: SPOKE_NS.into(),
             mode: Mode::Managed,
             backoff_min: Duration::from_millis(100),
@@ -376,8 +233,10 @@ async fn main() -> Result<()> {
             }
         })
         .await;
-    let writes_before = metric(admin, "argocd_pull_hub_grpc_status_writes_total").await;
-    let outcome = throughput(grpc_addr, &ca, &synthetic, &names, args.updates).await?;
+    let writes_before = hub_process
+        .metric("argocd_pull_hub_grpc_status_writes_total")
+        .await;
+    let outcome = throughput(grpc_addr, &pki.ca, &synthetic, &names, args.updates).await?;
     // Every hub copy must end with the last status sent for it.
     let converge_start = Instant::now();
     let mut wrong;
@@ -404,8 +263,11 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let converged = converge_start.elapsed();
-    let writes = metric(admin, "argocd_pull_hub_grpc_status_writes_total").await - writes_before;
-    let _ = hub_process.start_kill();
+    let writes = hub_process
+        .metric("argocd_pull_hub_grpc_status_writes_total")
+        .await
+        - writes_before;
+    hub_process.kill().await?;
 
     let (d, u) = (percentiles(down), percentiles(up));
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
@@ -451,16 +313,6 @@ async fn main() -> Result<()> {
         bail!("{wrong} hub Applications do not show the last status sent");
     }
     Ok(())
-}
-
-async fn metric(admin: SocketAddr, name: &str) -> f64 {
-    let body = net::http_get(admin, "/metrics")
-        .await
-        .map(|r| r.1)
-        .unwrap_or_default();
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 struct Outcome {

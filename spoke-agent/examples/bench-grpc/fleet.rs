@@ -1,0 +1,483 @@
+//! The fleet part of `bench-grpc`: one real hub API server with `--agents`
+//! ManagedClusters (each with the `argocd-pull` ManagedClusterAddOn, so the
+//! hub delivers over gRPC) and `--apps-per-agent` pull-model Applications
+//! each; the release hub-controller; and the fleet load generator playing
+//! every cluster's agent (`fleet_load_generator.rs`).
+//!
+//! 1. First start: the hub-controller and the load generator start together;
+//!    timed until every agent is connected, holds its Applications, both
+//!    digests agree, and every hub copy carries the status its agent sent.
+//! 2. Steady state for `--steady-secs` (heartbeats only); then the hub's
+//!    peak resident memory (VmHWM) covers connect, delivery and steady state.
+//! 3. The hub is killed (SIGKILL) and started again; timed until every agent
+//!    has reconnected and resynced (both digests agree again).
+//! 4. After another steady state, the hub is stopped (SIGTERM), waited for,
+//!    and started again; timed the same way.
+//! 5. Every hub copy must still carry its agent's status, and the hub must
+//!    count every agent connected with nothing pending.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use futures::{StreamExt, TryStreamExt};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use testenv::{Cluster, ClusterConfig, CrdSet};
+use tokio::time::Instant;
+
+use crate::fleet_load_generator::{LoadGenerator, SimulatedAgent, simulated_status};
+use crate::hub::{self, HubOptions, HubProcess, Pki, agent_subject};
+
+#[derive(clap::Args, Debug)]
+pub struct FleetArgs {
+    /// Simulated agents, one per managed cluster.
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// Applications per managed cluster.
+    #[arg(long, default_value_t = 10)]
+    apps_per_agent: usize,
+    /// Seconds of steady state before each restart (over 30, so that every
+    /// agent's connection counts as healthy and its backoff starts afresh,
+    /// as after any long-lived connection).
+    #[arg(long, default_value_t = 40)]
+    steady_secs: u64,
+    /// Creates in flight while setting up the hub.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Give up on a phase after this many seconds.
+    #[arg(long, default_value_t = 1200)]
+    timeout_secs: u64,
+    /// Shortest reconnect delay of the agents (the spoke-agent's default).
+    #[arg(long, default_value = "500ms", value_parser = argocd_pull_spoke_agent::parse_duration)]
+    reconnect_min: Duration,
+    /// Longest reconnect delay of the agents (the spoke-agent's default).
+    #[arg(long, default_value = "30s", value_parser = argocd_pull_spoke_agent::parse_duration)]
+    reconnect_max: Duration,
+}
+
+/// Namespace of the hub Applications.
+const NS: &str = "fleet";
+/// The `agent` part of the simulated agents' certificate subjects.
+const AGENT_NAME: &str = "fleet-load-generator";
+const PEAK_RSS_TARGET_MIB: f64 = 512.0;
+const RESYNC_TARGET: Duration = Duration::from_secs(60);
+
+/// Which hub Applications carry the status their agent sent, from a watch.
+#[derive(Default)]
+struct Copies {
+    matching: HashSet<String>,
+    /// Since when every one of them does.
+    all_since: Option<Instant>,
+    /// Writes to hub Applications seen (watch events after the first list).
+    writes: u64,
+}
+
+/// Watches the hub Applications and keeps [`Copies`] current.
+fn watch_copies(client: kube::Client, total: usize) -> Arc<Mutex<Copies>> {
+    let copies = Arc::new(Mutex::new(Copies::default()));
+    let shared = copies.clone();
+    let api: Api<Application> = Api::namespaced_with(client, NS, &application_resource());
+    tokio::spawn(async move {
+        let mut events = watcher::watcher(api, watcher::Config::default().labels(keys::PULL_LABEL))
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let (app, initial) = match event {
+                Ok(watcher::Event::Apply(a)) => (a, false),
+                Ok(watcher::Event::InitApply(a)) => (a, true),
+                _ => continue,
+            };
+            let name = app.name_any();
+            let cluster = app
+                .annotations()
+                .get(keys::MANAGED_CLUSTER)
+                .cloned()
+                .unwrap_or_default();
+            let ok = app.data.get("status") == Some(&simulated_status(&cluster, &name));
+            let mut c = shared.lock().expect("never poisoned");
+            if !initial {
+                c.writes += 1;
+            }
+            if ok {
+                c.matching.insert(name);
+            } else {
+                c.matching.remove(&name);
+            }
+            if c.matching.len() == total {
+                c.all_since.get_or_insert_with(Instant::now);
+            } else {
+                c.all_since = None;
+            }
+        }
+    });
+    copies
+}
+
+/// What one phase measured, from the start of the hub process.
+struct Phase {
+    ready: Duration,
+    connected: Duration,
+    in_sync: Duration,
+    copies: Option<Duration>,
+}
+
+pub async fn run(args: FleetArgs, hub_bin: &Path) -> Result<()> {
+    let n = args.agents;
+    let per = args.apps_per_agent;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    eprintln!("bench-grpc fleet: starting a hub API server for {n} clusters x {per} Applications");
+    let hub = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)).await?;
+    let client = hub.client().await?;
+    hub.ensure_namespace(NS).await?;
+    // The hub's Argo CD namespace: the hub-controller keeps a cluster
+    // Secret per ManagedCluster there.
+    hub.ensure_namespace("argocd").await?;
+
+    // ---------------------------------------------------------------- set-up
+    let clusters: Vec<String> = (1..=n).map(|i| format!("cluster-{i:04}")).collect();
+    let setup = Instant::now();
+    futures::stream::iter(clusters.iter())
+        .map(|c| hub::join(&client, c))
+        .buffer_unordered(args.concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("joining the clusters")?;
+    let joined = setup.elapsed();
+    eprintln!(
+        "bench-grpc fleet: {n} ManagedClusters with the addon in {:.1} s; creating {} Applications",
+        joined.as_secs_f64(),
+        n * per
+    );
+    let apps: Vec<(String, String)> = clusters
+        .iter()
+        .flat_map(|c| (0..per).map(move |i| (c.clone(), format!("{c}-app-{i:02}"))))
+        .collect();
+    futures::stream::iter(apps.iter())
+        .map(|(c, name)| hub::create(&client, hub::application(NS, name, c), "applications"))
+        .buffer_unordered(args.concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("creating the Applications")?;
+    let created = setup.elapsed() - joined;
+    eprintln!(
+        "bench-grpc fleet: {} Applications in {:.1} s",
+        apps.len(),
+        created.as_secs_f64()
+    );
+
+    let pki = Pki::new()?;
+    let grpc_addr = testenv::net::free_addr()?;
+    let address = format!("https://{grpc_addr}");
+    let agents = clusters
+        .iter()
+        .map(|c| {
+            let tls = pki.agent_files(c, &agent_subject(c, AGENT_NAME))?;
+            Ok(SimulatedAgent::new(
+                c,
+                &address,
+                tls,
+                (args.reconnect_min, args.reconnect_max),
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let fleet = LoadGenerator::new(agents);
+    let copies = watch_copies(client.clone(), apps.len());
+    let logs = testenv::paths::run_dir().join("bench-logs");
+    std::fs::create_dir_all(&logs)?;
+    let log = |i: usize| logs.join(format!("grpc-fleet-hub-{i}.log"));
+    for i in 1..=3 {
+        let _ = std::fs::remove_file(log(i));
+    }
+    let allowed = [format!("{NS}=*")];
+    let options = |log: &Path| HubOptions {
+        bin: hub_bin,
+        hub: &hub,
+        pki: &pki,
+        grpc_addr,
+        allowed_targets: &allowed,
+        log: Some(log.to_path_buf()),
+    };
+
+    // ----------------------------------------------------------- first start
+    eprintln!(
+        "bench-grpc fleet: starting the hub-controller and the fleet load generator ({n} simulated agents)"
+    );
+    let log1 = log(1);
+    let epoch = fleet.new_epoch();
+    let mut hub1 = HubProcess::start(&options(&log1))?;
+    fleet.start();
+    let first = phase(
+        "first start",
+        &fleet,
+        &mut hub1,
+        epoch,
+        Some(&copies),
+        per,
+        timeout,
+    )
+    .await?;
+    let first_writes = hub1
+        .metric("argocd_pull_hub_grpc_status_writes_total")
+        .await;
+    eprintln!("bench-grpc fleet: steady state for {} s", args.steady_secs);
+    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let steady_rss = hub1.memory_kib("VmRSS");
+    let peak1 = hub1.memory_kib("VmHWM");
+    let steady_connected = hub1.metric("argocd_pull_hub_grpc_agent_connected").await;
+
+    // --------------------------------------------------------- SIGKILL + start
+    eprintln!("bench-grpc fleet: killing the hub-controller (SIGKILL) and starting it again");
+    hub1.kill().await?;
+    let writes_before = copies.lock().expect("never poisoned").writes;
+    let log2 = log(2);
+    let epoch = fleet.new_epoch();
+    let mut hub2 = HubProcess::start(&options(&log2))?;
+    let killed = phase(
+        "after SIGKILL",
+        &fleet,
+        &mut hub2,
+        epoch,
+        None,
+        per,
+        timeout,
+    )
+    .await?;
+    let killed_status_writes = hub2
+        .metric("argocd_pull_hub_grpc_status_writes_total")
+        .await;
+    let killed_app_writes = copies.lock().expect("never poisoned").writes - writes_before;
+    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let peak2 = hub2.memory_kib("VmHWM");
+
+    // -------------------------------------------------------- SIGTERM + start
+    eprintln!("bench-grpc fleet: stopping the hub-controller (SIGTERM) and starting it again");
+    let stopped_in = hub2.terminate(Duration::from_secs(60)).await?;
+    let writes_before = copies.lock().expect("never poisoned").writes;
+    let log3 = log(3);
+    let epoch = fleet.new_epoch();
+    let mut hub3 = HubProcess::start(&options(&log3))?;
+    let termed = phase(
+        "after SIGTERM",
+        &fleet,
+        &mut hub3,
+        epoch,
+        None,
+        per,
+        timeout,
+    )
+    .await?;
+    let termed_status_writes = hub3
+        .metric("argocd_pull_hub_grpc_status_writes_total")
+        .await;
+    let termed_app_writes = copies.lock().expect("never poisoned").writes - writes_before;
+    let peak3 = hub3.memory_kib("VmHWM");
+
+    // ------------------------------------------------------------------ check
+    let connected = hub3.metric("argocd_pull_hub_grpc_agent_connected").await;
+    let pending = hub3
+        .metric("argocd_pull_hub_grpc_agent_pending_objects")
+        .await;
+    let matching = copies.lock().expect("never poisoned").matching.len();
+    let failed_attempts = fleet.failed_attempts();
+    fleet.stop();
+    hub3.terminate(Duration::from_secs(60)).await?;
+    let log_lines = |p: &Path, level: &str| -> usize {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(&format!(" {level} ")))
+            .count()
+    };
+    let (warns, errors): (Vec<usize>, Vec<usize>) = [&log1, &log2, &log3]
+        .iter()
+        .map(|p| (log_lines(p, "WARN"), log_lines(p, "ERROR")))
+        .unzip();
+
+    // ----------------------------------------------------------------- report
+    let s = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    let mib = |k: Option<u64>| match k {
+        Some(k) => format!("{:.0} MiB", k as f64 / 1024.0),
+        None => "unknown".into(),
+    };
+    let within = |d: Duration| if d < RESYNC_TARGET { "met" } else { "MISSED" };
+    let under = |k: Option<u64>| match k {
+        Some(k) if (k as f64 / 1024.0) < PEAK_RSS_TARGET_MIB => "met",
+        _ => "MISSED",
+    };
+    println!();
+    println!(
+        "gRPC transport, fleet: {n} simulated agents (fleet load generator, one process) x {per} Applications = {} on one hub (kube-apiserver {}); times from the start of the hub-controller process",
+        apps.len(),
+        hub.version()
+    );
+    println!();
+    println!("| set-up (the benchmark, not timed against the hub) | |");
+    println!("|---|---|");
+    println!(
+        "| {n} ManagedClusters, namespaces and ManagedClusterAddOns created | {} |",
+        s(joined)
+    );
+    println!("| {} Applications created | {} |", apps.len(), s(created));
+    println!();
+    println!("| fleet | measured | target |");
+    println!("|---|---|---|");
+    println!(
+        "| hub peak RSS (VmHWM): first start, delivery, {} s steady | {} | < 512 MiB: {} |",
+        args.steady_secs,
+        mib(peak1),
+        under(peak1)
+    );
+    println!(
+        "| hub RSS in steady state (VmRSS) | {} | |",
+        mib(steady_rss)
+    );
+    println!(
+        "| hub peak RSS after the SIGKILL restart (resync and {} s steady) / after the SIGTERM restart | {} / {} | < 512 MiB: {} / {} |",
+        args.steady_secs,
+        mib(peak2),
+        mib(peak3),
+        under(peak2),
+        under(peak3)
+    );
+    let row = |what: &str, p: &Phase, target: bool| {
+        println!("| {what}: hub ready (caches synced) | {} | |", s(p.ready));
+        println!("| {what}: every agent connected | {} | |", s(p.connected));
+        if target {
+            println!(
+                "| {what}: every agent reconnected and resynced (both digests agree) | {} | < 60 s: {} |",
+                s(p.in_sync),
+                within(p.in_sync)
+            );
+        } else {
+            println!(
+                "| {what}: every agent holds its {per} Applications and both digests agree | {} | |",
+                s(p.in_sync)
+            );
+        }
+        if let Some(c) = p.copies {
+            println!(
+                "| {what}: every hub copy carries the status its agent sent | {} | |",
+                s(c)
+            );
+        }
+    };
+    row("first start", &first, false);
+    println!(
+        "| first start: status writes to hub Applications | {first_writes:.0} ({:.2} per Application) | |",
+        first_writes / apps.len() as f64
+    );
+    row("SIGKILL, start", &killed, true);
+    println!(
+        "| SIGKILL, start: status writes by the new hub / writes to hub Applications seen | {killed_status_writes:.0} / {killed_app_writes} | |"
+    );
+    println!("| SIGTERM: the hub stopped in | {} | |", s(stopped_in));
+    row("SIGTERM, start", &termed, true);
+    println!(
+        "| SIGTERM, start: status writes by the new hub / writes to hub Applications seen | {termed_status_writes:.0} / {termed_app_writes} | |"
+    );
+    println!(
+        "| at the end: hub copies carrying their agent's status; agents the hub counts connected; objects pending | {matching} / {}; {connected:.0}; {pending:.0} | all; {n}; 0 |",
+        apps.len()
+    );
+    println!("| steady state: agents the hub counted connected | {steady_connected:.0} | {n} |");
+    println!(
+        "| connection attempts of the agents that failed or ended (all phases) | {failed_attempts} | |"
+    );
+    println!(
+        "| WARN / ERROR lines in the hub's logs (three processes) | {:?} / {:?} | |",
+        warns, errors
+    );
+    println!();
+    println!(
+        "hub logs: {}",
+        [&log1, &log2, &log3]
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if matching != apps.len() || connected as usize != n || pending != 0.0 {
+        bail!("the fleet did not end in sync with the hub");
+    }
+    Ok(())
+}
+
+/// Waits until every agent is connected to the hub process started at
+/// `epoch`, holds `per` Applications and agrees with the hub both ways (and
+/// every hub copy carries its agent's status); times are from `epoch`.
+async fn phase(
+    what: &str,
+    fleet: &LoadGenerator,
+    hub: &mut HubProcess,
+    epoch: Instant,
+    copies: Option<&Arc<Mutex<Copies>>>,
+    per: usize,
+    timeout: Duration,
+) -> Result<Phase> {
+    let ready = hub.ready(timeout).await?;
+    eprintln!(
+        "bench-grpc fleet: {what}: hub ready after {:.1} s",
+        ready.as_secs_f64()
+    );
+    let mut last_print = Instant::now();
+    loop {
+        let progress = fleet.progress();
+        let n = progress.len();
+        let connected = progress.iter().filter(|p| p.welcomed_at.is_some()).count();
+        let full = progress.iter().filter(|p| p.apps == per).count();
+        let in_sync = progress.iter().filter(|p| p.in_sync_at.is_some()).count();
+        let (matching, all_since) = match copies {
+            Some(c) => {
+                let c = c.lock().expect("never poisoned");
+                (Some(c.matching.len()), c.all_since)
+            }
+            None => (None, None),
+        };
+        let copies_done = copies.is_none() || all_since.is_some();
+        if in_sync == n && full == n && copies_done {
+            let latest = |f: fn(&crate::fleet_load_generator::Progress) -> Option<Instant>| {
+                progress
+                    .iter()
+                    .filter_map(f)
+                    .max()
+                    .map(|t| t.saturating_duration_since(epoch))
+                    .unwrap_or_default()
+            };
+            return Ok(Phase {
+                ready,
+                connected: latest(|p| p.welcomed_at),
+                in_sync: latest(|p| p.in_sync_at),
+                copies: all_since.map(|t| t.saturating_duration_since(epoch)),
+            });
+        }
+        if last_print.elapsed() > Duration::from_secs(5) {
+            last_print = Instant::now();
+            eprintln!(
+                "bench-grpc fleet: {what}, {:.0} s: {connected}/{n} agents connected, {full}/{n} hold their Applications, {in_sync}/{n} in sync{}",
+                epoch.elapsed().as_secs_f64(),
+                matching
+                    .map(|m| format!(", {m} hub copies carry their status"))
+                    .unwrap_or_default()
+            );
+        }
+        if epoch.elapsed() > timeout {
+            let stuck = fleet
+                .agents
+                .iter()
+                .zip(&progress)
+                .find(|(_, p)| p.in_sync_at.is_none())
+                .map(|(a, _)| format!("{} (last error: {})", a.cluster, a.last_error()))
+                .unwrap_or_default();
+            bail!(
+                "{what}: not in sync after {timeout:?}: {connected}/{n} connected, {in_sync}/{n} in sync; for example {stuck}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

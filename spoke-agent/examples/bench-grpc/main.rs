@@ -1,0 +1,83 @@
+//! `bench-grpc`: the gRPC transport on real API servers (from `testenv`),
+//! with the release hub-controller binary serving gRPC.
+//!
+//! `bench-grpc latency`:
+//! - Latency, one change at a time: a hub Application's spec is changed and
+//!   the time until the managed cluster's watch shows it applied is taken;
+//!   then the spoke copy's status is changed and the time until the hub's
+//!   watch shows it on the hub copy. p50 and p99 over `--changes` each way,
+//!   with a real spoke-agent (in this process) and a real managed cluster.
+//! - Throughput of one agent: a synthetic agent (a plain gRPC client with
+//!   the agent's certificate, so that the benchmark measures the hub and not
+//!   a managed API server) sends `--updates` status reports over `--apps`
+//!   Applications as fast as the hub acknowledges them, one in flight per
+//!   Application as the protocol says. Reported: reports taken in per second,
+//!   the hub's status writes (coalescing), and whether every hub copy ends up
+//!   with the last status sent for it (the run fails if not).
+//!
+//! `bench-grpc fleet`: one hub, `--agents` managed clusters with
+//! `--apps-per-agent` Applications each, and a **fleet load generator**: one
+//! process playing every cluster's agent (see `fleet_load_generator.rs`).
+//! Hub peak memory, the time until the fleet is connected and in sync, and
+//! the time until it is again after the hub is killed (SIGKILL) and after
+//! it is stopped (SIGTERM) and started again.
+//!
+//! `make bench-grpc` builds everything and runs both; `make bench-grpc-fleet`
+//! only the fleet. See docs/grpc.md.
+
+#![forbid(unsafe_code)]
+
+mod fleet;
+mod fleet_load_generator;
+mod hub;
+mod latency;
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark the gRPC transport on real API servers")]
+struct Args {
+    /// The hub-controller binary (default: target/release/hub-controller).
+    #[arg(long, global = true)]
+    hub_controller: Option<PathBuf>,
+    #[command(subcommand)]
+    part: Part,
+}
+
+#[derive(Subcommand, Debug)]
+enum Part {
+    /// Latency both ways (p50, p99) and one agent's throughput.
+    Latency(latency::LatencyArgs),
+    /// A fleet of simulated agents (a load generator) on one hub: peak
+    /// memory, time to connect, time to reconnect and resync after restarts.
+    Fleet(fleet::FleetArgs),
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,kube_client=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let hub_bin = args
+        .hub_controller
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/release/hub-controller"));
+    if !hub_bin.is_file() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p argocd-pull-hub-controller`",
+            hub_bin.display()
+        );
+    }
+    match args.part {
+        Part::Latency(a) => latency::run(a, &hub_bin).await,
+        Part::Fleet(a) => fleet::run(a, &hub_bin).await,
+    }
+}
