@@ -552,33 +552,10 @@ impl Processes {
     }
 
     fn exited(&self, name: &str) -> Option<Error> {
-        let mut group = self.group();
-        let proc = group
-            .procs_mut()
-            .iter_mut()
-            .filter(|p| p.name == name)
-            .find_map(|p| (!p.is_running()).then_some(p))?;
-        let tail = proc.log_tail(30);
-        let lower = tail.to_lowercase();
-        // Go, Redis and git daemon each say it their way.
-        let clash = lower.contains("address already in use")
-            || lower.contains("unable to allocate any listen sockets");
-        Some(if clash {
-            Error::PortClash(proc.name)
-        } else {
-            Error::Exited {
-                name: proc.name,
-                log: tail,
-            }
-        })
+        self.group().exited(Some(name))
     }
 
     fn log_tail(&self, name: &str, lines: usize) -> String {
-        self.group()
-            .procs()
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| p.log_tail(lines))
-            .unwrap_or_default()
+        self.group().log_tail(name, lines)
     }
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -250,31 +251,12 @@ impl Cluster {
     /// Why the process `name` (or, with `None`, any process of this cluster)
     /// is no longer running, if it is not.
     pub(crate) fn exited(&self, name: Option<&str>) -> Option<Error> {
-        let mut group = self.group();
-        let proc = group
-            .procs_mut()
-            .iter_mut()
-            .filter(|p| name.is_none_or(|n| p.name == n))
-            .find_map(|p| (!p.is_running()).then_some(p))?;
-        let tail = proc.log_tail(30);
-        Some(if tail.contains("address already in use") {
-            Error::PortClash(proc.name)
-        } else {
-            Error::Exited {
-                name: proc.name,
-                log: tail,
-            }
-        })
+        self.group().exited(name)
     }
 
     /// The last lines the process `name` logged.
     pub(crate) fn log_tail(&self, name: &str, lines: usize) -> String {
-        self.group()
-            .procs()
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| p.log_tail(lines))
-            .unwrap_or_default()
+        self.group().log_tail(name, lines)
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
@@ -379,6 +361,31 @@ impl Cluster {
     pub fn write_kubeconfig_as(&self, user: &str, group: Option<&str>, path: &Path) -> Result<()> {
         let identity = self.ca.client(user, group)?;
         self.write_kubeconfig_for(&identity, path)
+    }
+
+    /// Writes a kubeconfig with a day-long token of the service account
+    /// `namespace/name` (which must exist), as a pod of it would get.
+    pub async fn write_kubeconfig_for_service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+        path: &Path,
+    ) -> Result<()> {
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                expiration_seconds: Some(24 * 3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let token = Api::<ServiceAccount>::namespaced(self.client().await?, namespace)
+            .create_token_request(name, &PostParams::default(), &request)
+            .await?
+            .status
+            .map(|s| s.token)
+            .unwrap_or_default();
+        self.write_kubeconfig_with_token(&token, path)
     }
 
     /// Creates a namespace with exactly this name, if it is not there yet.

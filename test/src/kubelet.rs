@@ -16,9 +16,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod as PodObject, Secret, ServiceAccount};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::{Cluster, Result};
@@ -116,25 +115,16 @@ pub async fn materialize(
     let sa = spec
         .service_account_name
         .unwrap_or_else(|| "default".into());
-    let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
-    if accounts.get_opt(&sa).await?.is_none() {
+    if Api::<ServiceAccount>::namespaced(client, namespace)
+        .get_opt(&sa)
+        .await?
+        .is_none()
+    {
         return Ok(None);
     }
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(24 * 3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(&sa, &PostParams::default(), &request)
-        .await?
-        .status
-        .map(|s| s.token)
-        .unwrap_or_default();
-    cluster.write_kubeconfig_with_token(&token, &pod.kubeconfig)?;
+    cluster
+        .write_kubeconfig_for_service_account(namespace, &sa, &pod.kubeconfig)
+        .await?;
     Ok(Some(pod))
 }
 

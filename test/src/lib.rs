@@ -84,6 +84,19 @@ pub async fn shared(name: &str, crds: CrdSet) -> Result<&'static Cluster> {
     .copied()
 }
 
+/// For tools of the harness (benchmarks): logs to standard error, filtered
+/// by `RUST_LOG` or else `default_filter`.
+pub fn init_tracing_stderr(default_filter: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// Logs to the test output (captured per test by the test runner), once.
 pub fn init_tracing() {
     static ONCE: std::sync::Once = std::sync::Once::new();

@@ -18,10 +18,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use argocd_pull_apis::ocm::ManagedCluster;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::net::free_addr;
@@ -288,22 +287,9 @@ async fn bootstrap_identity(hub: &Cluster) -> Result<PathBuf> {
     }))
     .expect("a valid ServiceAccount");
     sas.patch(BOOTSTRAP_SA, &pp, &Patch::Apply(&sa)).await?;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(24 * 3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = sas
-        .create_token_request(BOOTSTRAP_SA, &PostParams::default(), &request)
-        .await?
-        .status
-        .map(|s| s.token)
-        .unwrap_or_default();
     let path = hub.dir().join("ocm-bootstrap-kubeconfig");
-    hub.write_kubeconfig_with_token(&token, &path)?;
+    hub.write_kubeconfig_for_service_account(BOOTSTRAP_NAMESPACE, BOOTSTRAP_SA, &path)
+        .await?;
     Ok(path)
 }
 

@@ -134,12 +134,37 @@ impl Group {
         Ok(self.procs.last_mut().expect("just pushed"))
     }
 
-    pub fn procs(&self) -> &[Proc] {
-        &self.procs
+    /// Why the process `name` (or, with `None`, any process of the group)
+    /// is no longer running, if it is not: a port clash (to retry on
+    /// another port) or an exit with the end of its log.
+    pub fn exited(&mut self, name: Option<&str>) -> Option<crate::Error> {
+        let proc = self
+            .procs
+            .iter_mut()
+            .filter(|p| name.is_none_or(|n| p.name == n))
+            .find_map(|p| (!p.is_running()).then_some(p))?;
+        let tail = proc.log_tail(30);
+        let lower = tail.to_lowercase();
+        // Go, Redis and git daemon each say it their way.
+        let clash = lower.contains("address already in use")
+            || lower.contains("unable to allocate any listen sockets");
+        Some(if clash {
+            crate::Error::PortClash(proc.name)
+        } else {
+            crate::Error::Exited {
+                name: proc.name,
+                log: tail,
+            }
+        })
     }
 
-    pub fn procs_mut(&mut self) -> &mut [Proc] {
-        &mut self.procs
+    /// The last lines the process `name` logged.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        self.procs
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
     }
 
     /// Kills and forgets the processes named `name` (to restart them).

@@ -59,13 +59,7 @@ enum Part {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,kube_client=off".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    testenv::init_tracing_stderr("warn,kube_client=off");
     let hub_bin = args
         .hub_controller
         .clone()

@@ -131,14 +131,7 @@ struct Figures {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    testenv::init_tracing_stderr("info,kube_client::client::builder=off");
     if args.apps.is_empty() || args.impls.is_empty() || args.clusters == 0 || args.namespaces == 0 {
         bail!("--apps, --impl, --clusters and --namespaces must not be empty or zero");
     }
