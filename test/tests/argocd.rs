@@ -122,23 +122,40 @@ fn deployed(app: &Value, revision: &str) -> bool {
         && op["syncResult"]["revision"] == revision
 }
 
+/// A namespace and a Git repository named `name`, one commit with one
+/// ConfigMap `(name, value)` in `app/`, and an Application `name` deploying
+/// it (with automated sync or not). Returns the namespace, the repository,
+/// the commit and the Applications' API.
+async fn one_config_map_app(
+    env: &Env,
+    name: &str,
+    (cm, value): (&str, &str),
+    automated: bool,
+) -> (String, Repo, String, Api<DynamicObject>) {
+    let client = env.cluster.client().await.unwrap();
+    let ns = env.cluster.namespace(name).await.unwrap();
+    let repo = env.git.create_repo(name).unwrap();
+    let sha = repo
+        .commit(
+            "one ConfigMap",
+            &[(&format!("app/{cm}.yaml"), &config_map(cm, value))],
+        )
+        .unwrap();
+    let apps = applications(&client);
+    apps.create(
+        &PostParams::default(),
+        &application(name, &repo, &ns, automated),
+    )
+    .await
+    .unwrap();
+    (ns, repo, sha, apps)
+}
+
 #[tokio::test]
 async fn an_application_syncs_from_git_and_follows_new_commits() {
     let env = env().await;
     let client = env.cluster.client().await.unwrap();
-    let ns = env.cluster.namespace("guestbook").await.unwrap();
-    let repo = env.git.create_repo("guestbook").unwrap();
-    let first = repo
-        .commit("one ConfigMap", &[("app/a.yaml", &config_map("a", "v1"))])
-        .unwrap();
-
-    let apps = applications(&client);
-    apps.create(
-        &PostParams::default(),
-        &application("guestbook", &repo, &ns, true),
-    )
-    .await
-    .unwrap();
+    let (ns, repo, first, apps) = one_config_map_app(env, "guestbook", ("a", "v1"), true).await;
     let app = status_until(
         env,
         &apps,
@@ -244,20 +261,8 @@ async fn an_application_syncs_from_git_and_follows_new_commits() {
 async fn a_sync_operation_runs_once_and_reports_its_state() {
     let env = env().await;
     let client = env.cluster.client().await.unwrap();
-    let ns = env.cluster.namespace("manual").await.unwrap();
-    let repo = env.git.create_repo("manual").unwrap();
-    let sha = repo
-        .commit("one ConfigMap", &[("app/m.yaml", &config_map("m", "1"))])
-        .unwrap();
-
     // No automated sync policy: Argo CD compares but does not deploy.
-    let apps = applications(&client);
-    apps.create(
-        &PostParams::default(),
-        &application("manual", &repo, &ns, false),
-    )
-    .await
-    .unwrap();
+    let (ns, _repo, sha, apps) = one_config_map_app(env, "manual", ("m", "1"), false).await;
     let app = status_until(env, &apps, "manual", "OutOfSync and Missing", |a| {
         a["status"]["sync"]["status"] == "OutOfSync"
             && a["status"]["health"]["status"] == "Missing"
