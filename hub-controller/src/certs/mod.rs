@@ -23,11 +23,10 @@ pub mod pki;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use argocd_pull_apis::ocm::AddOnDeploymentConfig;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use pki::Issued;
 use serde_json::json;
 
@@ -108,7 +107,8 @@ pub struct CertConfig {
 pub struct Keeper {
     client: kube::Client,
     config: CertConfig,
-    serving: Option<Issued>,
+    /// The serving certificate in use, with the CA certificate that issued it.
+    serving: Option<(Issued, String)>,
 }
 
 impl Keeper {
@@ -157,10 +157,7 @@ impl Keeper {
         )
         .await?;
         let serving = match &self.serving {
-            Some(s)
-                if pki::validity(&s.cert_pem).is_some_and(|v| !v.due(now))
-                    && issued_by(&s.cert_pem, &serving_ca.issued.cert_pem) =>
-            {
+            Some((s, ca)) if !needs_new_serving(s, ca, &serving_ca.issued.cert_pem, now) => {
                 s.clone()
             }
             _ => {
@@ -181,7 +178,7 @@ impl Keeper {
         )?;
         write_if_changed(&self.config.files.key, &serving.key_pem)?;
         write_if_changed(&self.config.files.client_ca, &signing.bundle)?;
-        self.serving = Some(serving);
+        self.serving = Some((serving, serving_ca.issued.cert_pem.clone()));
         self.publish_hub_ca(&serving_ca.issued.cert_pem).await
     }
 
@@ -189,31 +186,17 @@ impl Keeper {
     /// (the list is a map keyed by name); nothing to do when the addon is
     /// not installed.
     async fn publish_hub_ca(&self, pem: &str) -> anyhow::Result<()> {
-        let resource = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(
-                "addon.open-cluster-management.io",
-                "v1alpha1",
-                "AddOnDeploymentConfig",
-            ),
-            "addondeploymentconfigs",
-        );
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &self.config.namespace, &resource);
+        let api: Api<AddOnDeploymentConfig> =
+            Api::namespaced(self.client.clone(), &self.config.namespace);
         let name = &self.config.deployment_config;
         let Some(current) = api.get_opt(name).await? else {
             tracing::debug!(%name, "no AddOnDeploymentConfig to publish the serving CA in");
             return Ok(());
         };
         let value = argocd_pull_addon::hub_ca_variable(pem);
-        let set = current
-            .data
-            .pointer("/spec/customizedVariables")
-            .and_then(|v| v.as_array())
-            .is_some_and(|vars| {
-                vars.iter().any(|v| {
-                    v["name"] == argocd_pull_addon::HUB_CA_VARIABLE && v["value"] == value.as_str()
-                })
-            });
+        let set = current.spec.customized_variables.iter().flatten().any(|v| {
+            v.name == argocd_pull_addon::HUB_CA_VARIABLE && v.value.as_ref() == Some(&value)
+        });
         if set {
             return Ok(());
         }
@@ -322,42 +305,10 @@ async fn ensure_ca(
     Ok(Ca { issued, bundle })
 }
 
-/// Whether `cert` was issued by the CA `ca`: its issuer is the CA's name and
-/// its authority key identifier the CA's key identifier (both derived from
-/// the CA's key).
-fn issued_by(cert: &str, ca: &str) -> bool {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let (Ok(leaf), Ok(ca)) = (
-        CertificateDer::from_pem_slice(cert.as_bytes()),
-        CertificateDer::from_pem_slice(ca.as_bytes()),
-    ) else {
-        return false;
-    };
-    let (Ok((_, leaf)), Ok((_, ca))) = (
-        x509_parser::parse_x509_certificate(&leaf),
-        x509_parser::parse_x509_certificate(&ca),
-    ) else {
-        return false;
-    };
-    use x509_parser::extensions::ParsedExtension;
-    let ski = ca
-        .extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0.to_vec()),
-            _ => None,
-        });
-    let aki = leaf
-        .extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::AuthorityKeyIdentifier(k) => {
-                k.key_identifier.as_ref().map(|k| k.0.to_vec())
-            }
-            _ => None,
-        });
-    leaf.issuer() == ca.subject() && ski.is_some() && ski == aki
+/// Whether the serving certificate `serving`, issued by the CA certificate
+/// `issuer`, must be replaced now that the serving CA is `ca`.
+fn needs_new_serving(serving: &Issued, issuer: &str, ca: &str, now: SystemTime) -> bool {
+    issuer != ca || pki::validity(&serving.cert_pem).is_none_or(|v| v.due(now))
 }
 
 /// Writes `content` to `path` (through a temporary file and a rename, so a
@@ -383,16 +334,22 @@ mod tests {
     const DAY: Duration = Duration::from_secs(24 * 3600);
 
     #[test]
-    fn a_serving_certificate_is_recognised_as_its_cas_only() {
+    fn the_serving_certificate_is_renewed_for_a_new_ca_or_when_due() {
         let now = SystemTime::now();
-        let ca = pki::new_ca(SERVING_CA_NAME, pki::KeyKind::EcdsaP256, now, DAY).unwrap();
-        let other = pki::new_ca(SERVING_CA_NAME, pki::KeyKind::EcdsaP256, now, DAY).unwrap();
-        let leaf = pki::issue_serving(&ca, SERVING_CA_NAME, &["a".into()], now, DAY).unwrap();
-        assert!(issued_by(&leaf.cert_pem, &ca.cert_pem));
+        let ca = pki::new_ca(SERVING_CA_NAME, pki::KeyKind::EcdsaP256, now, 90 * DAY).unwrap();
+        let other = pki::new_ca(SERVING_CA_NAME, pki::KeyKind::EcdsaP256, now, 90 * DAY).unwrap();
+        let leaf = pki::issue_serving(&ca, SERVING_CA_NAME, &["a".into()], now, 90 * DAY).unwrap();
+        assert!(!needs_new_serving(&leaf, &ca.cert_pem, &ca.cert_pem, now));
         assert!(
-            !issued_by(&leaf.cert_pem, &other.cert_pem),
+            needs_new_serving(&leaf, &ca.cert_pem, &other.cert_pem, now),
             "same name, other key"
         );
+        assert!(needs_new_serving(
+            &leaf,
+            &ca.cert_pem,
+            &ca.cert_pem,
+            now + 61 * DAY
+        ));
     }
 
     #[test]

@@ -161,8 +161,11 @@ fn certs(pem: &str) -> Vec<CertificateDer<'static>> {
 
 /// The validity of the first certificate in `pem`.
 pub fn validity(pem: &str) -> Option<Validity> {
-    let der = certs(pem).into_iter().next()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    validity_of(&certs(pem).into_iter().next()?)
+}
+
+fn validity_of(der: &CertificateDer<'_>) -> Option<Validity> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let secs = |t: i64| UNIX_EPOCH + Duration::from_secs(t.max(0) as u64);
     Some(Validity {
         not_before: secs(cert.validity().not_before.timestamp()),
@@ -186,8 +189,7 @@ pub fn bundle(current: &str, previous: &str, now: SystemTime) -> String {
         if out.contains(&c) {
             continue;
         }
-        let pem = to_pem(&c);
-        if validity(&pem).is_some_and(|v| !v.expired(now)) {
+        if validity_of(&c).is_some_and(|v| !v.expired(now)) {
             out.push(c);
         }
     }
@@ -195,35 +197,17 @@ pub fn bundle(current: &str, previous: &str, now: SystemTime) -> String {
 }
 
 fn to_pem(der: &CertificateDer<'_>) -> String {
-    use std::fmt::Write;
-    let b64 = base64_encode(der.as_ref());
-    let mut s = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        let _ = writeln!(s, "{}", std::str::from_utf8(line).expect("ASCII"));
-    }
-    s.push_str("-----END CERTIFICATE-----\n");
-    s
-}
-
-fn base64_encode(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|l| std::str::from_utf8(l).expect("base64 is ASCII"))
+        .collect();
+    format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        lines.join("\n")
+    )
 }
 
 #[cfg(test)]
@@ -262,13 +246,8 @@ mod tests {
         let v = validity(&ca.cert_pem).unwrap();
         let lifetime = v.not_after.duration_since(v.not_before).unwrap();
         assert!(lifetime >= 3650 * DAY && lifetime <= 3650 * DAY + Duration::from_secs(120));
-        let variable = argocd_pull_addon_hub_ca_len(&ca.cert_pem);
+        let variable = argocd_pull_addon::hub_ca_variable(&ca.cert_pem).len();
         assert!(variable <= 1024, "{variable} characters");
-    }
-
-    /// Length of the escaped PEM the AddOnDeploymentConfig carries.
-    fn argocd_pull_addon_hub_ca_len(pem: &str) -> usize {
-        pem.trim_end().replace('\n', "\\n").len() + 2
     }
 
     #[test]
