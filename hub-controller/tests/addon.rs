@@ -17,15 +17,14 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedClusterAddOn, ManifestWork};
+use argocd_pull_apis::ocm::{AddOnDeploymentConfig, ManagedClusterAddOn, ManifestWork};
 use argocd_pull_runtime::Readiness;
 use argocd_pull_runtime::shutdown::{self, Trigger};
 use argocd_pull_spoke_agent::metrics::AgentMetrics;
 use clap::Parser;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::discovery::ApiResource;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::ocm::{Fleet, JoinOptions};
 use testenv::{Cluster, kubelet, net, paths, wait};
@@ -58,16 +57,8 @@ async fn run(tool: &Path, args: &[&str]) -> String {
     text
 }
 
-fn adc_api(client: &kube::Client) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk(
-            "addon.open-cluster-management.io",
-            "v1alpha1",
-            "AddOnDeploymentConfig",
-        ),
-        "addondeploymentconfigs",
-    );
-    Api::namespaced_with(client.clone(), argocd_pull_addon::HUB_NAMESPACE, &resource)
+fn adc_api(client: &kube::Client) -> Api<AddOnDeploymentConfig> {
+    Api::namespaced(client.clone(), argocd_pull_addon::HUB_NAMESPACE)
 }
 
 /// The agent of one managed cluster, run as the kubelet would run the pod
@@ -180,6 +171,25 @@ fn kubelet_for(cluster: &'static Cluster) -> tokio::sync::watch::Receiver<Seen> 
     rx
 }
 
+/// Waits until what the kubelet of a cluster sees satisfies `check`.
+async fn kubelet_shows(
+    seen: &tokio::sync::watch::Receiver<Seen>,
+    what: &str,
+    check: impl FnMut(&Seen) -> bool,
+) {
+    let mut rx = seen.clone();
+    let done = matches!(
+        tokio::time::timeout(TIMEOUT, rx.wait_for(check)).await,
+        Ok(Ok(_))
+    );
+    if !done {
+        panic!(
+            "timed out after {TIMEOUT:?} waiting for {what}; last seen: {:?}",
+            *rx.borrow()
+        );
+    }
+}
+
 async fn condition(hub: &kube::Client, cluster: &str, type_: &str) -> Result<(), String> {
     let mca = Api::<ManagedClusterAddOn>::namespaced(hub.clone(), cluster)
         .get_opt(keys::ADDON_NAME)
@@ -207,23 +217,14 @@ fn client_cert(secret: &Secret) -> String {
 }
 
 fn subject_of(pem: &str) -> String {
-    let der = rustls_pem(pem);
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+    let cert = pem.parse_x509().unwrap();
     cert.subject()
         .iter_common_name()
         .next()
         .and_then(|cn| cn.as_str().ok())
         .unwrap_or_default()
         .to_string()
-}
-
-fn rustls_pem(pem: &str) -> Vec<u8> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    CertificateDer::from_pem_slice(pem.as_bytes())
-        .unwrap()
-        .as_ref()
-        .to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -325,16 +326,20 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
                 .get(argocd_pull_addon::DEPLOYMENT_CONFIG)
                 .await
                 .map_err(|e| e.to_string())?;
-            let vars = adc.data["spec"]["customizedVariables"].clone();
-            let ok = vars.as_array().is_some_and(|v| {
-                v.iter().any(|v| {
-                    v["name"] == argocd_pull_addon::HUB_CA_VARIABLE
-                        && v["value"]
-                            .as_str()
-                            .is_some_and(|s| s.contains("BEGIN CERTIFICATE"))
-                }) && v.iter().any(|v| v["name"] == "HUB_GRPC_ADDRESS")
-            });
-            if ok { Ok(()) } else { Err(vars.to_string()) }
+            let vars = adc.spec.customized_variables.unwrap_or_default();
+            let value = |name: &str| {
+                vars.iter()
+                    .find(|v| v.name == name)
+                    .and_then(|v| v.value.clone())
+                    .unwrap_or_default()
+            };
+            if value(argocd_pull_addon::HUB_CA_VARIABLE).contains("BEGIN CERTIFICATE")
+                && !value("HUB_GRPC_ADDRESS").is_empty()
+            {
+                Ok(())
+            } else {
+                Err(format!("{vars:?}"))
+            }
         },
     )
     .await;
@@ -430,13 +435,8 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
 
     // Connected with that identity, and OCM reports the addon Available.
     for (i, cluster) in ["cluster1", "cluster2"].iter().enumerate() {
-        let rx = seen[i].clone();
-        wait::until(&format!("{cluster}'s agent connected"), TIMEOUT, || {
-            let rx = rx.clone();
-            async move {
-                let s = *rx.borrow();
-                if s.connected { Ok(()) } else { Err(s) }
-            }
+        kubelet_shows(&seen[i], &format!("{cluster}'s agent connected"), |s| {
+            s.connected
         })
         .await;
         wait::until(
@@ -544,21 +544,10 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
         },
     )
     .await;
-    let rx = seen[0].clone();
-    wait::until(
+    kubelet_shows(
+        &seen[0],
         "cluster1's agent to load the new certificate",
-        TIMEOUT,
-        || {
-            let rx = rx.clone();
-            async move {
-                let s = *rx.borrow();
-                if s.reloads > reloads_before && s.connected {
-                    Ok(())
-                } else {
-                    Err(s)
-                }
-            }
-        },
+        |s| s.reloads > reloads_before && s.connected,
     )
     .await;
     // Nothing dropped: a status change after the rotation still arrives.
@@ -600,17 +589,10 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
         ],
     )
     .await;
-    let rx = seen[1].clone();
-    wait::until(
+    kubelet_shows(
+        &seen[1],
         "cluster2's agent Deployment removed by OCM",
-        TIMEOUT,
-        || {
-            let rx = rx.clone();
-            async move {
-                let s = *rx.borrow();
-                if !s.running { Ok(()) } else { Err(s) }
-            }
-        },
+        |s| !s.running,
     )
     .await;
     let works2: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster2");
