@@ -6,114 +6,25 @@
 //! well-behaved agent next to them never notices.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
-    AckOutcome, AgentMessage, AgentMode, Heartbeat, Hello, HubMessage, ObjectKey, ObjectMeta,
-    ObservedApplication, StatusReport, agent_message, hub_message, status_report,
+    AckOutcome, AgentMessage, Heartbeat, ObjectKey, agent_message, hub_message,
 };
-use argocd_pull_proto::version;
 use argocd_pull_spoke_agent::Mode;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::pki::{Ca, CertKey};
 use testenv::wait;
-use tokio::sync::mpsc;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-use tonic::{Code, Status, Streaming};
+use tonic::{Code, Status};
 
 mod common;
 mod grpc_env;
+use common::grpc_client::{self, Opened, hello, next, refused, report};
 use grpc_env::{Env, SPOKE_NS, TIMEOUT, agent_subject};
 
-/// A raw stream to the hub with `identity`, opened with `first`; the
-/// hub's first answer, or how the hub refused.
-async fn open(
-    env: &Env,
-    identity: &CertKey,
-    first: AgentMessage,
-) -> Result<
-    (
-        mpsc::Sender<AgentMessage>,
-        Streaming<HubMessage>,
-        HubMessage,
-    ),
-    Status,
-> {
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&env.ca.pem.cert_pem))
-        .identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
-    let channel = Endpoint::from_shared(env.hub_address())
-        .unwrap()
-        .tls_config(tls)
-        .unwrap()
-        .connect()
-        .await
-        .map_err(|e| Status::unavailable(format!("{e:?}")))?;
-    let mut client = TransportClient::new(channel)
-        .max_encoding_message_size(64 << 20)
-        .max_decoding_message_size(64 << 20);
-    let (tx, rx) = mpsc::channel(16);
-    tx.send(first).await.unwrap();
-    let mut inbound = client
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    let reply = tokio::time::timeout(Duration::from_secs(30), inbound.message())
-        .await
-        .map_err(|_| Status::deadline_exceeded("no answer"))??
-        .ok_or_else(|| Status::cancelled("closed"))?;
-    Ok((tx, inbound, reply))
-}
-
-fn hello(min: u32, max: u32) -> AgentMessage {
-    let mut h: Hello = version::hello(AgentMode::Managed, "test");
-    h.min_protocol_version = min;
-    h.max_protocol_version = max;
-    AgentMessage {
-        kind: Some(agent_message::Kind::Hello(h)),
-    }
-}
-
-fn report(key: ObjectKey, seq: u64, status_json: Vec<u8>) -> AgentMessage {
-    AgentMessage {
-        kind: Some(agent_message::Kind::Status(StatusReport {
-            key: Some(key),
-            seq,
-            state: Some(status_report::State::Observed(ObservedApplication {
-                meta: Some(ObjectMeta {
-                    version: "v1".into(),
-                    ..Default::default()
-                }),
-                status_json,
-                ..Default::default()
-            })),
-        })),
-    }
-}
-
-/// The next message that is not a digest or heartbeat, or the error.
-async fn next(inbound: &mut Streaming<HubMessage>) -> Result<HubMessage, Status> {
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(30), inbound.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded("no answer"))??
-            .ok_or_else(|| Status::cancelled("closed"))?;
-        if !matches!(
-            m.kind,
-            Some(hub_message::Kind::Digest(_) | hub_message::Kind::Heartbeat(_))
-        ) {
-            return Ok(m);
-        }
-    }
-}
-
-fn refused(result: Result<impl std::fmt::Debug, Status>) -> Status {
-    match result {
-        Ok(v) => panic!("accepted: {v:?}"),
-        Err(s) => s,
-    }
+/// A raw stream to the hub of `env` with `identity`, opened with `first`.
+async fn open(env: &Env, identity: &CertKey, first: AgentMessage) -> Result<Opened, Status> {
+    grpc_client::open(&env.hub_address(), &env.ca.pem.cert_pem, identity, first).await
 }
 
 #[tokio::test]

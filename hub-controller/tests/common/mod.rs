@@ -2,6 +2,10 @@
 //! the work agent would do on a real hub, done by hand.
 #![allow(dead_code)]
 
+pub mod addon;
+pub mod grpc_client;
+pub mod logs;
+
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::placement_decision_resource;

@@ -1,0 +1,752 @@
+//! The argocd-pull addon on real OCM, for `addon.rs` and
+//! `addon_lifecycle.rs`: a hub running OCM's registration, placement and
+//! addon-manager with `cluster1` and `cluster2` joined for real, the addon's
+//! hub side installed as a user installs it, the hub-controller binary
+//! keeping the certificates, and the kubelet's part for our agent.
+//!
+//! Nothing plays OCM. What the tests play is the kubelet, for our agent's
+//! Deployment only (`testenv::kubelet`): the agent runs in the test process
+//! with exactly the command line of the Deployment the real work agent
+//! applied, the files of the Secret and ConfigMap it mounts (the
+//! certificate the real CSR flow issued) and a token of its service
+//! account; and the Deployment's status says whether it is ready, which is
+//! what OCM's health check reads.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::{AddOnDeploymentConfig, ManagedClusterAddOn, ManifestWork};
+use argocd_pull_runtime::Readiness;
+use argocd_pull_runtime::shutdown::{self, Trigger};
+use argocd_pull_spoke_agent::AgentConfig;
+use argocd_pull_spoke_agent::metrics::AgentMetrics;
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use testenv::ocm::{Fleet, JoinOptions};
+use testenv::{Cluster, kubelet, net, paths, wait};
+use tokio::sync::watch;
+
+use super::{Binary, app, apps_api};
+
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+/// The Argo CD namespace of the managed clusters.
+pub const SPOKE_NS: &str = "argocd";
+pub const AGENT_NS: &str = argocd_pull_addon::AGENT_NAMESPACE;
+pub const AGENT: &str = argocd_pull_addon::AGENT_NAME;
+pub const CLUSTERS: [&str; 2] = ["cluster1", "cluster2"];
+
+pub fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// The name of the work OCM's addon-manager deploys the agent with.
+pub fn deploy_work() -> String {
+    format!("addon-{}-deploy-0", keys::ADDON_NAME)
+}
+
+/// The user OCM's CSR flow issues the agent of `cluster` a certificate for.
+pub fn agent_subject(cluster: &str) -> String {
+    format!(
+        "system:open-cluster-management:cluster:{cluster}:addon:{}:agent:{AGENT}",
+        keys::ADDON_NAME
+    )
+}
+
+/// Runs a command line tool, failing the test with its output.
+pub async fn run(tool: &Path, args: &[&str]) -> String {
+    let mut cmd = tokio::process::Command::new(tool);
+    cmd.args(args);
+    output(cmd, &format!("{} {args:?}", tool.display())).await
+}
+
+/// Runs `cmd` (`what`), failing the test with its output.
+async fn output(mut cmd: tokio::process::Command, what: &str) -> String {
+    let out = cmd.output().await.unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{what} failed:\n{text}");
+    text
+}
+
+/// The commands of the `sh` block that follows `<!-- test: name -->` in
+/// the document `doc` (a path in the repository): what the document tells
+/// the user to type, so that the test types exactly that.
+pub fn doc_commands(doc: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(repo_file(doc)).unwrap();
+    let marker = format!("<!-- test: {name} -->");
+    let (_, rest) = text
+        .split_once(&marker)
+        .unwrap_or_else(|| panic!("{doc} has no {marker}"));
+    let block = rest
+        .trim_start()
+        .strip_prefix("```sh\n")
+        .unwrap_or_else(|| panic!("in {doc}, {marker} is not followed by a ```sh block"));
+    let (commands, _) = block
+        .split_once("\n```")
+        .unwrap_or_else(|| panic!("in {doc}, the block after {marker} does not end"));
+    commands.to_string()
+}
+
+/// Runs `commands` with `sh -eu` at the top of the repository, as a user
+/// of the hub would: the harness's kubectl and clusteradm first on the
+/// PATH, `KUBECONFIG` the hub's.
+pub async fn sh(commands: &str, kubeconfig: &Path) -> String {
+    let path = format!(
+        "{}:{}",
+        paths::bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.args(["-euxc", commands])
+        .current_dir(repo_file(""))
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig);
+    output(cmd, commands).await
+}
+
+pub fn adc_api(client: &kube::Client) -> Api<AddOnDeploymentConfig> {
+    Api::namespaced(client.clone(), argocd_pull_addon::HUB_NAMESPACE)
+}
+
+/// The agent's configuration from its pod's command line, as the binary
+/// would parse it, with a faster reconnect and certificate reload.
+pub fn agent_config(pod: &kubelet::Pod) -> AgentConfig {
+    let mut argv = vec!["spoke-agent".to_string()];
+    argv.extend(pod.args.iter().cloned());
+    argv.push(format!("--kubeconfig={}", pod.kubeconfig.display()));
+    argv.push("--reconnect-max=2s".into());
+    argv.push("--tls-reload-interval=1s".into());
+    argocd_pull_spoke_agent::Args::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("the Deployment's command line {argv:?}: {e}"))
+        .config()
+}
+
+/// A spoke-agent running in this process, on a runtime of its own: like
+/// the process of a pod, stopping it ends everything it started (a task
+/// it left behind would keep its stream to the hub open).
+pub struct Agent {
+    trigger: Trigger,
+    task: tokio::task::JoinHandle<()>,
+    runtime: Option<tokio::runtime::Runtime>,
+    pub readiness: Readiness,
+    pub metrics: AgentMetrics,
+}
+
+impl Agent {
+    /// Starts an agent with `config`, as the service account of
+    /// `kubeconfig`.
+    pub async fn start(config: AgentConfig, kubeconfig: &Path) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("spoke-agent")
+            .enable_all()
+            .build()
+            .unwrap();
+        let (trigger, stop) = shutdown::channel();
+        let readiness = Readiness::default();
+        readiness.set("cluster-api", true);
+        let metrics = AgentMetrics::default();
+        let (kubeconfig, r, m) = (kubeconfig.to_path_buf(), readiness.clone(), metrics.clone());
+        let task = runtime.spawn(async move {
+            let client = testenv::client_for(&kubeconfig).await.unwrap();
+            argocd_pull_spoke_agent::run_agent(config, client, m, r, stop).await;
+        });
+        Self {
+            trigger,
+            task,
+            runtime: Some(runtime),
+            readiness,
+            metrics,
+        }
+    }
+
+    pub fn connected(&self) -> bool {
+        self.readiness.report().0
+    }
+
+    /// Stops it as the kubelet stops a pod: SIGTERM (the agent's graceful
+    /// shutdown), then whatever is left is killed with the process.
+    pub async fn stop(mut self) {
+        self.trigger.fire();
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// What a kubelet sees of our agent on a cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub running: bool,
+    pub connected: bool,
+    /// Certificate reloads of the running agent.
+    pub reloads: u64,
+}
+
+/// The kubelet's part for the agent's Deployment on one cluster, until the
+/// test ends.
+pub struct Kubelet {
+    seen: watch::Receiver<Seen>,
+    hold: watch::Sender<bool>,
+}
+
+struct Running {
+    generation: i64,
+    pod: kubelet::Pod,
+    agent: Agent,
+    ready: Option<bool>,
+}
+
+impl Kubelet {
+    pub fn start(cluster: &'static Cluster) -> Self {
+        let (tx, seen) = watch::channel(Seen::default());
+        let (hold, held) = watch::channel(false);
+        tokio::spawn(async move {
+            let dir = cluster.dir().join("kubelet").join(AGENT);
+            let client = cluster.client().await.unwrap();
+            let deployments: Api<Deployment> = Api::namespaced(client, AGENT_NS);
+            let mut running: Option<Running> = None;
+            loop {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let generation = match deployments.get_opt(AGENT).await {
+                    Ok(d) => d.map(|d| d.metadata.generation.unwrap_or_default()),
+                    Err(_) => continue,
+                };
+                let held = *held.borrow();
+                // Deleted, rolled out or its node down: the old pod goes.
+                if running
+                    .as_ref()
+                    .is_some_and(|r| held || Some(r.generation) != generation)
+                {
+                    running.take().unwrap().agent.stop().await;
+                    if generation.is_some() {
+                        let _ = kubelet::set_ready(cluster, AGENT_NS, AGENT, false).await;
+                    }
+                }
+                let Some(generation) = generation.filter(|_| !held) else {
+                    tx.send_replace(Seen::default());
+                    continue;
+                };
+                if running.is_none() {
+                    let Ok(Some(pod)) = kubelet::materialize(cluster, AGENT_NS, AGENT, &dir).await
+                    else {
+                        continue;
+                    };
+                    let agent = Agent::start(agent_config(&pod), &pod.kubeconfig).await;
+                    running = Some(Running {
+                        generation,
+                        pod,
+                        agent,
+                        ready: None,
+                    });
+                }
+                let r = running.as_mut().unwrap();
+                // Rotated Secrets reach the pod's files, as the kubelet syncs them.
+                let _ = kubelet::refresh(cluster, AGENT_NS, &r.pod).await;
+                let ready = r.agent.connected();
+                if r.ready != Some(ready)
+                    && kubelet::set_ready(cluster, AGENT_NS, AGENT, ready)
+                        .await
+                        .unwrap_or(false)
+                {
+                    r.ready = Some(ready);
+                }
+                tx.send_replace(Seen {
+                    running: true,
+                    connected: ready,
+                    reloads: r.agent.metrics.certificate_reloads.get(),
+                });
+            }
+        });
+        Self { seen, hold }
+    }
+
+    /// What it saw last.
+    pub fn now(&self) -> Seen {
+        *self.seen.borrow()
+    }
+
+    /// Waits until what it sees satisfies `check`.
+    pub async fn shows(&self, what: &str, check: impl FnMut(&Seen) -> bool) {
+        let mut rx = self.seen.clone();
+        let done = matches!(
+            tokio::time::timeout(TIMEOUT, rx.wait_for(check)).await,
+            Ok(Ok(_))
+        );
+        if !done {
+            panic!(
+                "timed out after {TIMEOUT:?} waiting for {what}; last seen: {:?}",
+                *rx.borrow()
+            );
+        }
+    }
+
+    /// Stops the agent's pod and starts none, as when its node is down,
+    /// until [`Kubelet::resume`].
+    pub fn hold(&self) {
+        self.hold.send_replace(true);
+    }
+
+    pub fn resume(&self) {
+        self.hold.send_replace(false);
+    }
+}
+
+/// `Ok` when the cluster's ManagedClusterAddOn has condition `type_` True.
+pub async fn condition(hub: &kube::Client, cluster: &str, type_: &str) -> Result<(), String> {
+    let mca = Api::<ManagedClusterAddOn>::namespaced(hub.clone(), cluster)
+        .get_opt(keys::ADDON_NAME)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("no ManagedClusterAddOn")?;
+    let conditions = mca.status.and_then(|s| s.conditions).unwrap_or_default();
+    if conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+    {
+        Ok(())
+    } else {
+        Err(format!("{conditions:?}"))
+    }
+}
+
+/// A key of a Secret, as text.
+pub fn secret_text(secret: &Secret, key: &str) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default()
+}
+
+pub fn client_cert(secret: &Secret) -> String {
+    secret_text(secret, "tls.crt")
+}
+
+pub fn subject_of(pem: &str) -> String {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    cert.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A hub with OCM, `cluster1` and `cluster2` joined, the addon's hub side
+/// installed and the hub-controller running.
+pub struct AddonHub {
+    pub fleet: &'static Fleet,
+    pub client: kube::Client,
+    pub kubeconfig: PathBuf,
+    pub controller: Binary,
+    /// The hub-controller's log.
+    pub log: PathBuf,
+    /// Where the agents dial the hub-controller.
+    pub grpc: SocketAddr,
+    _files: tempfile::TempDir,
+}
+
+impl Drop for AddonHub {
+    fn drop(&mut self) {
+        // A failed test shows what the hub-controller said.
+        if std::thread::panicking() {
+            let log = self.hub_log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- hub-controller log (last lines) ---");
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+impl AddonHub {
+    /// Starts the fleet, applies `deploy/hub/addon.yaml` as checked in,
+    /// points the agents at a free address and starts the hub-controller
+    /// there with `--grpc-manage-certificates`; returns once the signing CA
+    /// exists and the serving CA is published to the agents.
+    pub async fn start() -> Self {
+        let fleet: &'static Fleet = Box::leak(Box::new(
+            Fleet::start("hub", &CLUSTERS.map(|c| (c, JoinOptions::default())))
+                .await
+                .expect("the hub starts and the clusters join"),
+        ));
+        let hub = fleet.hub.cluster();
+        let client = hub.client().await.unwrap();
+        hub.ensure_namespace(argocd_pull_addon::HUB_NAMESPACE)
+            .await
+            .unwrap();
+        for c in &fleet.clusters {
+            c.ensure_namespace(SPOKE_NS).await.unwrap();
+        }
+        let kubeconfig = hub.kubeconfig().to_path_buf();
+        run(
+            &paths::bin_dir().join("kubectl"),
+            &[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "apply",
+                "--server-side",
+                "-f",
+                repo_file("deploy/hub/addon.yaml").to_str().unwrap(),
+            ],
+        )
+        .await;
+        let grpc = net::free_addr().unwrap();
+        adc_api(&client)
+            .patch(
+                argocd_pull_addon::DEPLOYMENT_CONFIG,
+                &PatchParams::apply("platform-team").force(),
+                &Patch::Apply(json!({
+                    "apiVersion": "addon.open-cluster-management.io/v1alpha1",
+                    "kind": "AddOnDeploymentConfig",
+                    "spec": { "customizedVariables": [
+                        { "name": "HUB_GRPC_ADDRESS", "value": format!("https://{grpc}") },
+                    ] },
+                })),
+            )
+            .await
+            .unwrap();
+
+        // The hub-controller keeps the CAs and its serving certificate.
+        let files = tempfile::tempdir().unwrap();
+        let file = |n: &str| files.path().join(n).display().to_string();
+        let log = hub.dir().join("hub-controller.log");
+        let controller = Binary::start_as(
+            hub.kubeconfig(),
+            &[
+                "--leader-elect=false",
+                "--authorization=none",
+                "--grpc-addr",
+                &grpc.to_string(),
+                "--grpc-manage-certificates",
+                "--grpc-san=127.0.0.1",
+                "--grpc-tls-cert",
+                &file("tls.crt"),
+                "--grpc-tls-key",
+                &file("tls.key"),
+                "--grpc-client-ca",
+                &file("ca.crt"),
+                "--certificate-check-interval=2s",
+            ],
+            Stdio::from(std::fs::File::create(&log).unwrap()),
+        );
+        wait::until("the hub-controller to be ready", TIMEOUT, || async {
+            match net::http_get(controller.admin, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!(
+                    "{other:?}\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )),
+            }
+        })
+        .await;
+        let secrets: Api<Secret> =
+            Api::namespaced(client.clone(), argocd_pull_addon::HUB_NAMESPACE);
+        let signing = wait::exists(&secrets, argocd_pull_addon::SIGNING_CA_SECRET, TIMEOUT).await;
+        assert_eq!(signing.type_.as_deref(), Some("kubernetes.io/tls"));
+        wait::until(
+            "the serving CA in the AddOnDeploymentConfig",
+            TIMEOUT,
+            || async {
+                let adc = adc_api(&client)
+                    .get(argocd_pull_addon::DEPLOYMENT_CONFIG)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let vars = adc.spec.customized_variables.unwrap_or_default();
+                let value = |name: &str| {
+                    vars.iter()
+                        .find(|v| v.name == name)
+                        .and_then(|v| v.value.clone())
+                        .unwrap_or_default()
+                };
+                if value(argocd_pull_addon::HUB_CA_VARIABLE).contains("BEGIN CERTIFICATE")
+                    && !value("HUB_GRPC_ADDRESS").is_empty()
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{vars:?}"))
+                }
+            },
+        )
+        .await;
+        Self {
+            fleet,
+            client,
+            kubeconfig,
+            controller,
+            log,
+            grpc,
+            _files: files,
+        }
+    }
+
+    pub fn hub_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn metrics(&self) -> String {
+        net::http_get(self.controller.admin, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// Waits until the hub-controller's metric says whether `cluster`'s
+    /// agent is connected.
+    pub async fn hub_sees_connected(&self, cluster: &str, connected: bool) {
+        let line = format!(
+            "argocd_pull_hub_grpc_agent_connected{{cluster=\"{cluster}\"}} {}",
+            u8::from(connected)
+        );
+        wait::until(
+            &format!("the hub to see {cluster}'s agent connected={connected}"),
+            TIMEOUT,
+            || async {
+                let metrics = self.metrics().await;
+                if metrics.contains(&line) {
+                    Ok(())
+                } else {
+                    Err(metrics
+                        .lines()
+                        .filter(|l| l.starts_with("argocd_pull_hub_grpc_agent_connected"))
+                        .collect::<Vec<_>>()
+                        .join("\n"))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Once the clusters' ManagedClusterAddOns exist: OCM's addon-manager
+    /// renders the deploy work and the real work agent applies it, the
+    /// real CSR flow issues each agent a certificate with the identity the
+    /// hub accepts, the agents (run by a kubelet each) connect with it, and
+    /// OCM reports the addon Available. The kubelets, in cluster order.
+    pub async fn agents_deployed_and_connected(&self) -> Vec<Kubelet> {
+        let deploy_work = deploy_work();
+        for cluster in CLUSTERS {
+            let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), cluster);
+            wait::until(
+                &format!("{deploy_work} applied on {cluster}"),
+                TIMEOUT,
+                || async {
+                    let w = works
+                        .get_opt(&deploy_work)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .ok_or("no work yet")?;
+                    let applied = w.status.and_then(|s| s.conditions).unwrap_or_default();
+                    if applied
+                        .iter()
+                        .any(|c| c.type_ == "Applied" && c.status == "True")
+                    {
+                        Ok(())
+                    } else {
+                        Err(format!("{applied:?}"))
+                    }
+                },
+            )
+            .await;
+        }
+
+        // The certificates come through the real CSR flow, signed with the
+        // CA the hub-controller keeps, for the identity the hub accepts.
+        let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());
+        wait::until("two signed CSRs of the addon's signer", TIMEOUT, || async {
+            let list = csrs
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let signed = list
+                .items
+                .iter()
+                .filter(|c| c.spec.signer_name == argocd_pull_addon::SIGNER_NAME)
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.certificate.as_ref())
+                        .is_some()
+                })
+                .count();
+            if signed >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{signed} signed"))
+            }
+        })
+        .await;
+        let mut kubelets = Vec::new();
+        for c in &self.fleet.clusters {
+            let spoke_secrets: Api<Secret> = Api::namespaced(c.client().await.unwrap(), AGENT_NS);
+            let secret = wait::exists(
+                &spoke_secrets,
+                &argocd_pull_addon::client_cert_secret(),
+                TIMEOUT,
+            )
+            .await;
+            assert_eq!(subject_of(&client_cert(&secret)), agent_subject(c.name()));
+            kubelets.push(Kubelet::start(c));
+        }
+
+        // Connected with that identity, and OCM reports the addon Available.
+        for (i, cluster) in CLUSTERS.iter().enumerate() {
+            kubelets[i]
+                .shows(&format!("{cluster}'s agent connected"), |s| s.connected)
+                .await;
+            self.hub_sees_connected(cluster, true).await;
+            wait::until(&format!("{cluster}'s addon Available"), TIMEOUT, || {
+                condition(&self.client, cluster, "Available")
+            })
+            .await;
+        }
+        kubelets
+    }
+
+    /// Creates an Application for each cluster in the hub namespace `team`
+    /// (`guestbook-<cluster>`), checks it goes over gRPC (no ManifestWork
+    /// but the deploy work) and that the status the spoke writes reaches
+    /// the hub copy. The spoke Applications' uids, in cluster order.
+    pub async fn deliver_over_grpc(&self, team: &str) -> Vec<String> {
+        let hub_apps = apps_api(&self.client, team);
+        for cluster in CLUSTERS {
+            let a = app(
+                &format!("guestbook-{cluster}"),
+                team,
+                json!({
+                    keys::MANAGED_CLUSTER: cluster,
+                    keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NS,
+                    keys::SKIP_RECONCILE: "true",
+                }),
+                json!({}),
+            );
+            hub_apps.create(&PostParams::default(), &a).await.unwrap();
+        }
+        let mut spoke_uids = Vec::new();
+        for c in &self.fleet.clusters {
+            let name = format!("guestbook-{}", c.name());
+            let spoke = apps_api(&c.client().await.unwrap(), SPOKE_NS);
+            let delivered = wait::exists(&spoke, &name, TIMEOUT).await;
+            spoke_uids.push(delivered.metadata.uid.clone().unwrap());
+            let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), c.name());
+            let list = works.list(&Default::default()).await.unwrap();
+            assert!(
+                list.items
+                    .iter()
+                    .all(|w| w.metadata.name.as_deref() == Some(&deploy_work())),
+                "{name} went over gRPC, not in a ManifestWork"
+            );
+            self.status_reaches_hub(team, c.name(), "Healthy").await;
+        }
+        spoke_uids
+    }
+
+    /// The spoke's Argo CD reports `guestbook-<cluster>` Synced with
+    /// health `health`; waits until the hub copy in `team` shows it.
+    pub async fn status_reaches_hub(&self, team: &str, cluster: &str, health: &str) {
+        let name = format!("guestbook-{cluster}");
+        let spoke = apps_api(
+            &self.fleet.cluster(cluster).client().await.unwrap(),
+            SPOKE_NS,
+        );
+        spoke
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": {
+                    "sync": { "status": "Synced", "revision": "abc" },
+                    "health": { "status": health } } })),
+            )
+            .await
+            .unwrap();
+        hub_app_shows(&apps_api(&self.client, team), &name, health).await;
+    }
+
+    /// Waits until `cluster`'s Application `guestbook-<cluster>` travels in
+    /// a ManifestWork the real work agent applied, with the deploy work
+    /// gone, and checks the hand-over did not delete and recreate the
+    /// spoke's Application (whose uid was `uid`).
+    pub async fn fell_back_to_manifest_work(&self, cluster: &str, uid: &str) {
+        let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), cluster);
+        let deploy_work = deploy_work();
+        wait::until(
+            &format!("{cluster}'s Application in an applied ManifestWork"),
+            TIMEOUT,
+            || async {
+                let list = works
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let names: Vec<_> = list
+                    .items
+                    .iter()
+                    .filter_map(|w| w.metadata.name.clone())
+                    .collect();
+                let applied = list.items.iter().any(|w| {
+                    w.metadata.name.as_deref() != Some(&deploy_work)
+                        && w.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Applied" && c.status == "True")
+                            })
+                });
+                if applied && !names.contains(&deploy_work) {
+                    Ok(())
+                } else {
+                    Err(format!("applied {applied}: {names:?}"))
+                }
+            },
+        )
+        .await;
+        let spoke = apps_api(
+            &self.fleet.cluster(cluster).client().await.unwrap(),
+            SPOKE_NS,
+        );
+        // Give a wrong deletion time to happen, then check it did not.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let still = spoke.get(&format!("guestbook-{cluster}")).await.unwrap();
+        assert_eq!(
+            still.metadata.uid.as_deref(),
+            Some(uid),
+            "{cluster}'s Application was deleted and recreated in the hand-over"
+        );
+    }
+}
+
+/// Waits until the hub copy `name` reports health `health`.
+pub async fn hub_app_shows(hub_apps: &Api<Application>, name: &str, health: &str) {
+    wait::until(
+        &format!("{name}'s health {health} on the hub"),
+        TIMEOUT,
+        || async {
+            let a: Application = hub_apps.get(name).await.map_err(|e| e.to_string())?;
+            if a.data["status"]["health"]["status"] == health {
+                Ok(())
+            } else {
+                Err(a.data["status"].to_string())
+            }
+        },
+    )
+    .await;
+}
