@@ -39,12 +39,12 @@ pub const ADDON_NAME: &str = "argocd-pull";
 /// Annotation on a hub Application forcing its transport: `grpc` or
 /// `manifestwork` (otherwise: gRPC where the addon is enabled).
 pub const TRANSPORT: &str = "argocd-pull.io/transport";
-/// Annotation on a hub Application: the sync operation handed to the gRPC
-/// transport, as `<operation id> <hash of .operation>`; the id stays the
-/// same across restarts, so the spoke runs it once.
+/// Annotation on a hub Application where releases up to 0.1 kept a sync's
+/// operation id; now removed when found (the id lives in the operation's
+/// `info`, where an ApplicationSet does not rewrite it).
 pub const SYNC_REQUEST: &str = "argocd-pull.io/sync-request";
-/// Annotation on a hub Application: the refresh handed to the gRPC
-/// transport, as `<operation id> <normal|hard>`.
+/// Annotation on a hub Application where releases up to 0.1 kept a
+/// refresh's operation id; now removed when found.
 pub const REFRESH_REQUEST: &str = "argocd-pull.io/refresh-request";
 /// Label on a read-only hub mirror of an autonomous agent's Application:
 /// the cluster it mirrors.

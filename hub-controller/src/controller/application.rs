@@ -27,9 +27,12 @@ use crate::delivery::authz::{Authorization, selected_by_placement};
 use crate::delivery::delivered_copy;
 use crate::delivery::feedback::{feedback, spoke_problem, status_update};
 use crate::delivery::operation::{self, carried_operation};
+use crate::delivery::status_patch::status_patch;
 use crate::delivery::target::{Target, is_pulled, target};
 use crate::delivery::transport::{Transport, TransportError, choose};
-use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL, is_applied, manifest_work, work_name};
+use crate::delivery::work::{
+    MANAGED_BY, MANAGED_BY_LABEL, applied_on_spoke, is_applied, manifest_work, work_name,
+};
 
 /// How long in-flight reconciles get to finish once shutdown begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -367,6 +370,27 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "sync operation handed over to the spoke");
     }
 
+    if app.annotations().contains_key(keys::REFRESH) && applied_on_spoke(&applied) {
+        // The work agent has put the refresh on the spoke's copy, where Argo
+        // CD takes it off once done. Take it off the hub copy too, or every
+        // later apply of the work would ask for another refresh.
+        let patch = json!({ "metadata": {
+            "resourceVersion": app.resource_version(),
+            "annotations": { keys::REFRESH: null },
+        }});
+        match apps
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "refresh handed over to the spoke");
+            }
+            // Changed meanwhile: decided again on the next reconcile.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+
     let current = app.data.get("status").cloned().unwrap_or(Value::Null);
     let mut status = Value::Object(Default::default());
     let mut requeue = false;
@@ -550,9 +574,9 @@ fn shows_any_of_ours(status: &Value) -> bool {
             })
 }
 
-/// Server-side applies `status` (argocd-pull's fields only) unless the
-/// Application already shows exactly that, so that our own writes do not
-/// make more work.
+/// Writes `status` (argocd-pull's fields only) unless the Application
+/// already shows exactly that, so that our own writes do not make more
+/// work; see [`status_patch`] for why a merge patch.
 async fn write_status(
     app: &Application,
     apps: &Api<Application>,
@@ -572,28 +596,20 @@ async fn write_status(
         // list says the same and is valid.
         map.insert("conditions".into(), json!([]));
     }
-    let keys = status
-        .as_object()
-        .map(|m| m.keys().cloned().collect::<Vec<_>>())
-        .unwrap_or_default();
-    let unchanged = keys
-        .iter()
-        .map(String::as_str)
-        .chain(["conditions"])
-        .all(|k| current.get(k) == status.get(k));
-    if unchanged {
+    // Our fields: what the feedback fills in, and the condition list.
+    let keys = ["health", "sync", "operationState", "conditions"];
+    let wanted = status;
+    let Some(patch) = status_patch(current, &wanted, Some(&keys)) else {
         return Ok(());
-    }
-    tracing::debug!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), from = %current, to = %status, "writing status");
-    let patch = json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "status": status,
-    });
+    };
+    tracing::debug!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), from = %current, to = %wanted, "writing status");
     apps.patch(
         &app.name_any(),
-        &PatchParams::apply(STATUS_MANAGER).force(),
-        &Patch::Apply(&patch),
+        &PatchParams {
+            field_manager: Some(STATUS_MANAGER.into()),
+            ..Default::default()
+        },
+        &Patch::Merge(&patch),
     )
     .await?;
     Ok(())

@@ -197,6 +197,23 @@ pub fn manifest_work(
 /// equal (the API server stores them as they are, and a removed
 /// `.operation` must count); elsewhere the server may add defaults, so the
 /// desired fields only need to be present.
+/// Whether the work agent has applied the current version of `work` to the
+/// spoke (its `Applied` condition observed this generation).
+pub fn applied_on_spoke(work: &ManifestWork) -> bool {
+    let generation = work.metadata.generation;
+    work.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "Applied"
+                    && c.status == "True"
+                    && generation.is_some()
+                    && c.observed_generation == generation
+            })
+        })
+}
+
 pub fn is_applied(desired: &ManifestWork, existing: &ManifestWork) -> bool {
     let (d, e) = match (
         serde_json::to_value(&desired.spec),
@@ -423,5 +440,23 @@ mod tests {
             String::new(),
         );
         assert!(!is_applied(&desired, &left));
+    }
+
+    #[test]
+    fn applied_on_spoke_means_this_generation() {
+        let mut w: ManifestWork = serde_json::from_value(serde_json::json!({
+            "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": { "name": "w", "generation": 2 },
+            "spec": {},
+            "status": { "conditions": [{ "type": "Applied", "status": "True",
+                "observedGeneration": 1, "reason": "x", "message": "x",
+                "lastTransitionTime": "2026-01-01T00:00:00Z" }] }
+        }))
+        .unwrap();
+        assert!(!applied_on_spoke(&w), "an older generation was applied");
+        w.metadata.generation = Some(1);
+        assert!(applied_on_spoke(&w));
+        w.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert!(!applied_on_spoke(&w));
     }
 }

@@ -38,6 +38,7 @@ use super::plan::{self, Assignment, Command, Facts, HubRef};
 use crate::cached::CachedApp;
 use crate::controller::STATUS_MANAGER;
 use crate::controller::application::is_argocd_finalizer;
+use crate::delivery::status_patch::status_patch;
 
 /// Field manager of the read-only mirrors.
 pub const MIRROR_MANAGER: &str = "argocd-pull-mirror";
@@ -668,14 +669,17 @@ impl Hub {
         }
         let newly_refused =
             condition.is_some() && plan::condition_of(&current) != condition.as_deref();
+        // A merge patch, not server-side apply: see `status_patch`.
+        let Some(patch) = status_patch(&current, &status, None) else {
+            return Ok(());
+        };
         api.patch(
             &r.name,
-            &PatchParams::apply(STATUS_MANAGER).force(),
-            &Patch::Apply(json!({
-                "apiVersion": "argoproj.io/v1alpha1",
-                "kind": "Application",
-                "status": status,
-            })),
+            &PatchParams {
+                field_manager: Some(STATUS_MANAGER.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(&patch),
         )
         .await?;
         self.metrics.status_writes.inc();
@@ -738,9 +742,14 @@ impl Hub {
         cs: &ClusterState,
         key: &ObjectKey,
     ) -> Result<(), kube::Error> {
-        let plan = plan::commands(app);
-        if !plan.stamps.is_empty() {
-            let patch = plan::stamp_patch(app, &plan.stamps);
+        let refresh_id = cs
+            .lock()
+            .ops
+            .iter()
+            .find(|(id, op)| op.owner == owner && plan::is_refresh_id(id))
+            .map(|(id, _)| id.clone());
+        let plan = plan::commands(app, refresh_id.as_deref());
+        if let Some(patch) = plan.stamp {
             return match api
                 .patch(
                     &app.name_any(),
