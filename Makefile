@@ -9,7 +9,7 @@ CLUSTERS_DIR ?= $(CACHE)/clusters
 TESTENV := $(CURDIR)/target/debug/testenv
 export ARGOCD_PULL_CACHE := $(CACHE)
 
-.PHONY: all tools build lint fmt generate check-generated test test-unit clusters clusters-down demo demo-down clean
+.PHONY: all tools build lint fmt generate check-generated test test-unit clusters clusters-down demo demo-down demo-status clean
 
 all: build
 
@@ -67,11 +67,21 @@ clusters-down:
 	@$(CARGO) build -q -p argocd-pull-test --bin testenv
 	@$(TESTENV) --dir $(CLUSTERS_DIR) down
 
-## demo: a local hub and two managed clusters, and how to reach them
-demo: clusters
-	@bash test/demo.sh $(CLUSTERS_DIR)
+## demo: the pull model end to end on this machine (hub + 2 clusters, OCM, Argo CD, argocd-pull, example/)
+DEMO_DIR ?= $(CACHE)/demo
+demo: tools
+	@$(CARGO) build -q --locked -p argocd-pull-test -p argocd-pull-hub-controller -p argocd-pull-spoke-agent --bins
+	@bash test/demo.sh $(DEMO_DIR)
 
-demo-down: clusters-down
+## demo-status: the demo's status table again
+demo-status:
+	@$(CARGO) build -q -p argocd-pull-test --bin testenv
+	@$(TESTENV) --dir $(DEMO_DIR) status
+
+## demo-down: stop the demo and remove its data
+demo-down:
+	@$(CARGO) build -q -p argocd-pull-test --bin testenv
+	@$(TESTENV) --dir $(DEMO_DIR) down
 
 ## bench-manifestwork: our hub-controller next to upstream's Go controller on one real hub (docs/benchmarks.md)
 .PHONY: bench-manifestwork

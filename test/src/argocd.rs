@@ -313,6 +313,12 @@ impl GitServer {
     /// Starts `git daemon` on a free loopback port, in a fresh folder under
     /// [`paths::run_dir`].
     pub async fn start() -> Result<Self> {
+        Self::start_on(None).await
+    }
+
+    /// Starts `git daemon` on 127.0.0.1:`port` (a free one with `None`);
+    /// fails if that port is taken.
+    pub async fn start_on(port: Option<u16>) -> Result<Self> {
         let base = paths::run_dir();
         std::fs::create_dir_all(&base)?;
         let dir = tempfile::Builder::new()
@@ -326,7 +332,7 @@ impl GitServer {
         // kill of `git`: start the daemon itself.
         let daemon = PathBuf::from(run(git().arg("--exec-path"))?).join("git-daemon");
         let port = procs
-            .start("git-daemon", 1, |ports| {
+            .start_on("git-daemon", 1, port, |ports| {
                 let mut cmd = git_command(&daemon);
                 cmd.arg("--listen=127.0.0.1")
                     .arg(format!("--port={}", ports[0]))
@@ -508,11 +514,36 @@ impl Processes {
         ports: usize,
         command: impl Fn(&[u16]) -> Command,
     ) -> Result<Vec<u16>> {
+        self.start_on(name, ports, None, command).await
+    }
+
+    /// [`Processes::start`], with the first port fixed to `first` if given
+    /// (then a port clash is an error, not retried).
+    async fn start_on(
+        &self,
+        name: &'static str,
+        ports: usize,
+        first: Option<u16>,
+        command: impl Fn(&[u16]) -> Command,
+    ) -> Result<Vec<u16>> {
+        if let Some(port) = first {
+            // Something else listening there would pass for our process.
+            std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("{name} needs 127.0.0.1:{port}, which is taken: {e}"),
+                )
+            })?;
+        }
         let mut last = None;
-        for _ in 0..PORT_ATTEMPTS {
-            let picked = (0..ports)
+        let attempts = if first.is_some() { 1 } else { PORT_ATTEMPTS };
+        for _ in 0..attempts {
+            let mut picked = (0..ports)
                 .map(|_| free_addr().map(|a| a.port()))
                 .collect::<std::io::Result<Vec<u16>>>()?;
+            if let Some(port) = first {
+                picked[0] = port;
+            }
             self.group().spawn(name, command(&picked))?;
             match self.wait_listening(name, picked[0]).await {
                 Ok(()) => return Ok(picked),

@@ -41,8 +41,36 @@ pub struct Pod {
 struct Mount {
     path: String,
     dir: PathBuf,
-    secret: bool,
-    name: String,
+    source: Source,
+}
+
+/// What a volume holds: a Secret's or ConfigMap's keys as files, or an
+/// empty folder the process writes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Source {
+    Secret(String),
+    ConfigMap(String),
+    EmptyDir,
+}
+
+impl Pod {
+    /// The container's arguments with each `--flag=value` of `overrides`
+    /// in place of the Deployment's own value of that flag (what a
+    /// process outside a pod must change: its listen addresses, say).
+    pub fn args_with(&self, overrides: &[(&str, String)]) -> Vec<String> {
+        let mut args: Vec<String> = self
+            .args
+            .iter()
+            .filter(|a| {
+                !overrides
+                    .iter()
+                    .any(|(flag, _)| *a == flag || a.starts_with(&format!("{flag}=")))
+            })
+            .cloned()
+            .collect();
+        args.extend(overrides.iter().map(|(flag, v)| format!("{flag}={v}")));
+        args
+    }
 }
 
 /// Reads Deployment `namespace/name` of `cluster` and prepares its pod in
@@ -71,16 +99,16 @@ pub async fn materialize(
         let Some(volume) = spec.volumes.iter().flatten().find(|v| v.name == m.name) else {
             continue;
         };
-        let (secret, object) = match (&volume.secret, &volume.config_map) {
-            (Some(s), _) => (true, s.secret_name.clone().unwrap_or_default()),
-            (_, Some(c)) => (false, c.name.clone()),
+        let source = match (&volume.secret, &volume.config_map, &volume.empty_dir) {
+            (Some(s), _, _) => Source::Secret(s.secret_name.clone().unwrap_or_default()),
+            (_, Some(c), _) => Source::ConfigMap(c.name.clone()),
+            (_, _, Some(_)) => Source::EmptyDir,
             _ => continue,
         };
         mounts.push(Mount {
             path: m.mount_path.trim_end_matches('/').to_string(),
             dir: dir.join("volumes").join(&m.name),
-            secret,
-            name: object,
+            source,
         });
     }
     let mut pod = Pod {
@@ -106,11 +134,27 @@ pub async fn materialize(
         .iter()
         .map(|a| rewrite(a))
         .collect();
+    // Literal values, and the two downward-API fields a controller reads
+    // (its pod's name and namespace, for leader election).
+    let pod_name = format!("{name}-kubelet");
     pod.env = container
         .env
         .unwrap_or_default()
         .into_iter()
-        .filter_map(|e| e.value.map(|v| (e.name, rewrite(&v))))
+        .filter_map(|e| {
+            let field = e
+                .value_from
+                .as_ref()
+                .and_then(|f| f.field_ref.as_ref())
+                .map(|f| f.field_path.as_str());
+            let value = match (e.value, field) {
+                (Some(v), _) => rewrite(&v),
+                (None, Some("metadata.name")) => pod_name.clone(),
+                (None, Some("metadata.namespace")) => namespace.to_string(),
+                _ => return None,
+            };
+            Some((e.name, value))
+        })
         .collect();
     let sa = spec
         .service_account_name
@@ -134,9 +178,13 @@ pub async fn materialize(
 pub async fn refresh(cluster: &Cluster, namespace: &str, pod: &Pod) -> Result<bool> {
     let client = cluster.client().await?;
     for m in &pod.mounts {
-        let files: BTreeMap<String, Vec<u8>> = if m.secret {
-            match Api::<Secret>::namespaced(client.clone(), namespace)
-                .get_opt(&m.name)
+        let files: BTreeMap<String, Vec<u8>> = match &m.source {
+            Source::EmptyDir => {
+                std::fs::create_dir_all(&m.dir)?;
+                continue;
+            }
+            Source::Secret(name) => match Api::<Secret>::namespaced(client.clone(), namespace)
+                .get_opt(name)
                 .await?
             {
                 Some(s) => s
@@ -146,19 +194,20 @@ pub async fn refresh(cluster: &Cluster, namespace: &str, pod: &Pod) -> Result<bo
                     .map(|(k, v)| (k, v.0))
                     .collect(),
                 None => return Ok(false),
-            }
-        } else {
-            match Api::<ConfigMap>::namespaced(client.clone(), namespace)
-                .get_opt(&m.name)
-                .await?
-            {
-                Some(c) => c
-                    .data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_bytes()))
-                    .collect(),
-                None => return Ok(false),
+            },
+            Source::ConfigMap(name) => {
+                match Api::<ConfigMap>::namespaced(client.clone(), namespace)
+                    .get_opt(name)
+                    .await?
+                {
+                    Some(c) => c
+                        .data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.into_bytes()))
+                        .collect(),
+                    None => return Ok(false),
+                }
             }
         };
         std::fs::create_dir_all(&m.dir)?;
@@ -224,4 +273,208 @@ pub async fn set_ready(
         .await?;
     }
     Ok(!list.items.is_empty())
+}
+
+/// What a [`Runner`] last saw of its pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// The Deployment exists and its process runs.
+    pub running: bool,
+    /// The process answers its readiness probe (`/readyz` on its admin
+    /// address) with 200.
+    pub ready: bool,
+    /// How often the process exited and was started again.
+    pub restarts: u32,
+}
+
+/// Runs one Deployment's pod as a local process, as the kubelet would run
+/// its container: from the command line, files and service account
+/// [`materialize`] prepares, with `overrides` in place of what only works
+/// inside a pod (listen addresses, say) and the admin address (where
+/// `/readyz` is probed) on a free loopback port. Call [`Runner::tick`]
+/// periodically: it starts the process once the Deployment and everything
+/// it mounts exist, restarts it when it exits (with a back-off, its
+/// previous log kept as `<name>.previous.log`) or when the pod template
+/// changes, stops it when the Deployment goes, copies rotated Secrets into
+/// its files, and writes its readiness onto the Deployment's pods. The
+/// process is killed when the runner is dropped, or by the reaper when the
+/// whole process dies.
+pub struct Runner {
+    namespace: String,
+    deployment: String,
+    process: &'static str,
+    binary: PathBuf,
+    overrides: Vec<(&'static str, String)>,
+    dir: PathBuf,
+    group: crate::process::Group,
+    current: Option<Current>,
+    restarts: u32,
+}
+
+struct Current {
+    generation: i64,
+    pod: Pod,
+    admin: std::net::SocketAddr,
+    started: std::time::Instant,
+    ready: Option<bool>,
+}
+
+/// How long an exited process waits before it is started again.
+const RESTART_BACKOFF: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Runner {
+    /// A runner for Deployment `namespace/deployment`, running `binary` as
+    /// process `process` (its log: `<dir>/<process>.log`).
+    pub fn new(
+        namespace: &str,
+        deployment: &str,
+        process: &'static str,
+        binary: PathBuf,
+        overrides: Vec<(&'static str, String)>,
+        dir: PathBuf,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let keep = std::env::var_os("ARGOCD_PULL_KEEP_DATA").is_some();
+        let group = crate::process::Group::new(dir.join("process"), keep)?;
+        std::fs::create_dir_all(dir.join("process"))?;
+        Ok(Self {
+            namespace: namespace.to_string(),
+            deployment: deployment.to_string(),
+            process,
+            binary,
+            overrides,
+            dir,
+            group,
+            current: None,
+            restarts: 0,
+        })
+    }
+
+    /// The log of the running (or last) process.
+    pub fn log(&self) -> PathBuf {
+        self.dir
+            .join("process")
+            .join(format!("{}.log", self.process))
+    }
+
+    /// The admin address (`/readyz`, `/metrics`) of the running process.
+    pub fn admin(&self) -> Option<std::net::SocketAddr> {
+        self.current.as_ref().map(|c| c.admin)
+    }
+
+    /// One round of the kubelet's work; see [`Runner`].
+    pub async fn tick(&mut self, cluster: &Cluster) -> Result<Status> {
+        let client = cluster.client().await?;
+        let generation = Api::<Deployment>::namespaced(client, &self.namespace)
+            .get_opt(&self.deployment)
+            .await?
+            .map(|d| d.metadata.generation.unwrap_or_default());
+        // Deleted or rolled out: the old pod goes.
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|c| Some(c.generation) != generation)
+        {
+            self.group.stop(self.process);
+            self.current = None;
+        }
+        let Some(generation) = generation else {
+            return Ok(Status {
+                restarts: self.restarts,
+                ..Status::default()
+            });
+        };
+        if self.current.is_none() {
+            let pod_dir = self.dir.join("pod");
+            let Some(pod) =
+                materialize(cluster, &self.namespace, &self.deployment, &pod_dir).await?
+            else {
+                return Ok(Status {
+                    restarts: self.restarts,
+                    ..Status::default()
+                });
+            };
+            let admin = crate::net::free_addr()?;
+            self.spawn(&pod, admin)?;
+            self.current = Some(Current {
+                generation,
+                pod,
+                admin,
+                started: std::time::Instant::now(),
+                ready: None,
+            });
+        }
+        let started = self.current.as_ref().expect("started above").started;
+        if self.group.exited(Some(self.process)).is_some() && started.elapsed() > RESTART_BACKOFF {
+            let log = self.log();
+            let _ = std::fs::rename(&log, log.with_extension("previous.log"));
+            self.group.stop(self.process);
+            let current = self.current.as_ref().expect("started above");
+            let (pod, admin) = (current.pod.clone(), current.admin);
+            self.spawn(&pod, admin)?;
+            self.restarts += 1;
+            let current = self.current.as_mut().expect("still there");
+            current.started = std::time::Instant::now();
+        }
+        let current = self.current.as_mut().expect("still there");
+        // Rotated Secrets reach the pod's files, as the kubelet syncs them.
+        refresh(cluster, &self.namespace, &current.pod).await?;
+        let ready = matches!(
+            crate::net::http_get(current.admin, "/readyz").await,
+            Ok((200, _))
+        );
+        if current.ready != Some(ready)
+            && set_ready(cluster, &self.namespace, &self.deployment, ready).await?
+        {
+            current.ready = Some(ready);
+        }
+        Ok(Status {
+            running: self.group.exited(Some(self.process)).is_none(),
+            ready,
+            restarts: self.restarts,
+        })
+    }
+
+    fn spawn(&mut self, pod: &Pod, admin: std::net::SocketAddr) -> Result<()> {
+        let mut overrides = self.overrides.clone();
+        overrides.push(("--admin-addr", admin.to_string()));
+        overrides.push(("--kubeconfig", pod.kubeconfig.display().to_string()));
+        let mut cmd = std::process::Command::new(&self.binary);
+        cmd.args(pod.args_with(&overrides))
+            .envs(pod.env.iter().map(|(k, v)| (k, v)));
+        self.group.spawn(self.process, cmd)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_replace_the_deployments_own_flags() {
+        let pod = Pod {
+            args: vec![
+                "--grpc-addr=0.0.0.0:8443".into(),
+                "--grpc-manage-certificates".into(),
+                "--log-format=json".into(),
+            ],
+            env: Vec::new(),
+            kubeconfig: PathBuf::from("/k"),
+            generation: 1,
+            mounts: Vec::new(),
+        };
+        assert_eq!(
+            pod.args_with(&[
+                ("--grpc-addr", "127.0.0.1:1".into()),
+                ("--admin-addr", "127.0.0.1:2".into())
+            ]),
+            [
+                "--grpc-manage-certificates",
+                "--log-format=json",
+                "--grpc-addr=127.0.0.1:1",
+                "--admin-addr=127.0.0.1:2",
+            ]
+        );
+    }
 }

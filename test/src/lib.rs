@@ -21,6 +21,7 @@ pub mod ocm;
 pub mod paths;
 pub mod pki;
 mod process;
+pub mod stack;
 pub mod wait;
 
 use std::collections::HashMap;
@@ -35,6 +36,8 @@ pub use crds::CrdSet;
 pub enum Error {
     #[error("{0} is missing: run `make tools` (test/tools/build.sh) first")]
     MissingTool(PathBuf),
+    #[error("{0} is missing: build it with `cargo build --workspace --bins`")]
+    MissingBinary(PathBuf),
     #[error("{name} exited during start-up; its log ends with:\n{log}")]
     Exited { name: &'static str, log: String },
     #[error("{0} could not bind its port")]

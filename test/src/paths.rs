@@ -43,3 +43,32 @@ pub fn run_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| cache_dir().join("run"))
 }
+
+/// One of argocd-pull's own binaries (`hub-controller`, `spoke-agent`) as
+/// Cargo built it: in `$ARGOCD_PULL_BIN_DIR`, or the workspace's
+/// `$CARGO_TARGET_DIR`/`target` `debug/` folder. `cargo test --workspace`
+/// and `make demo` build them before anything runs.
+pub fn own_binary(name: &str) -> crate::Result<PathBuf> {
+    let dir = std::env::var_os("ARGOCD_PULL_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_dir().join("target"))
+                .join("debug")
+        });
+    let path = dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(crate::Error::MissingBinary(path))
+    }
+}
+
+/// The top of the workspace (where `deploy/` and `example/` are).
+pub fn workspace_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test/ sits inside the workspace")
+        .to_path_buf()
+}

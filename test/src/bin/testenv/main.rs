@@ -16,6 +16,8 @@ use clap::{Parser, Subcommand};
 use testenv::ocm::{Hub, JoinOptions};
 use testenv::{Cluster, ClusterConfig, CrdSet};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(
     version,
@@ -56,6 +58,23 @@ enum Cmd {
         #[arg(long)]
         raw_feedback: bool,
     },
+    /// `make demo`: the whole pull model (OCM, Argo CD, argocd-pull from
+    /// deploy/hub, the addon on every cluster), `example/` applied, a
+    /// status table until it converges; then runs until interrupted.
+    Demo {
+        /// Port of the Git server on 127.0.0.1 (example/ points there).
+        #[arg(long, default_value_t = 9418)]
+        git_port: u16,
+        /// Give up when the example has not converged by then.
+        #[arg(long, default_value = "600s", value_parser = humantime_secs)]
+        timeout: Duration,
+    },
+    /// Print the status table of a running `testenv demo` in --dir.
+    Status {
+        /// Namespace of the Applications on the hub.
+        #[arg(long, default_value = "argocd")]
+        namespace: String,
+    },
     /// Stop the clusters of a running `testenv up` in --dir.
     Down {
         /// How long to wait for it to stop.
@@ -92,6 +111,8 @@ async fn main() -> Result<()> {
             .await
         }
         Cmd::Down { timeout } => down(dir, timeout).await,
+        Cmd::Demo { git_port, timeout } => demo::run(dir, git_port, timeout).await,
+        Cmd::Status { namespace } => demo::status(dir, &namespace).await,
     }
 }
 
@@ -101,19 +122,7 @@ async fn up(
     managed: Vec<String>,
     ocm: Option<JoinOptions>,
 ) -> Result<()> {
-    let pid_file = dir.join("testenv.pid");
-    if let Ok(pid) = std::fs::read_to_string(&pid_file)
-        && is_alive(pid.trim())
-    {
-        bail!(
-            "clusters are already running in {} (pid {}); run `testenv down` first",
-            dir.display(),
-            pid.trim()
-        );
-    }
-    std::fs::create_dir_all(&dir)?;
-    let _ = std::fs::remove_file(dir.join("ready"));
-    std::fs::write(&pid_file, std::process::id().to_string())?;
+    let pid_file = claim(&dir)?;
 
     // One after another: on two cores starting API servers in parallel is
     // not faster, and the first failure names its cluster.
@@ -184,6 +193,24 @@ async fn up(
     let _ = std::fs::remove_file(&pid_file);
     let _ = std::fs::remove_file(dir.join("ready"));
     Ok(())
+}
+
+/// Makes `dir` this process's (its pid file), unless another one runs there.
+fn claim(dir: &std::path::Path) -> Result<PathBuf> {
+    let pid_file = dir.join("testenv.pid");
+    if let Ok(pid) = std::fs::read_to_string(&pid_file)
+        && is_alive(pid.trim())
+    {
+        bail!(
+            "clusters are already running in {} (pid {}); run `testenv down` first",
+            dir.display(),
+            pid.trim()
+        );
+    }
+    std::fs::create_dir_all(dir)?;
+    let _ = std::fs::remove_file(dir.join("ready"));
+    std::fs::write(&pid_file, std::process::id().to_string())?;
+    Ok(pid_file)
 }
 
 async fn down(dir: PathBuf, timeout: Duration) -> Result<()> {

@@ -1,0 +1,407 @@
+//! The pull model end to end, on the topology of `make demo`: a hub with
+//! OCM and Argo CD's applicationset-controller, two managed clusters joined
+//! for real, each with its own Argo CD; argocd-pull installed from
+//! `deploy/hub`, its addon enabled on both clusters (`testenv::stack`);
+//! `example/` applied as a user would. cluster1's Applications go over
+//! gRPC, cluster2's in ManifestWorks (the example forces that).
+//!
+//! One test function, in phases, because the topology takes a minute to
+//! start and its helper processes belong to this test's runtime.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use argocd_pull_apis::argocd::application_resource;
+use argocd_pull_apis::keys;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use testenv::stack::{Stack, StackOptions};
+use testenv::{argocd, paths};
+
+const TIMEOUT: Duration = Duration::from_secs(150);
+const NS: &str = "argocd";
+
+fn example(path: &str) -> std::path::PathBuf {
+    paths::workspace_dir().join("example").join(path)
+}
+
+/// Polls `check` until it returns `Ok`; on timeout fails with the last
+/// error and the end of argocd-pull's logs.
+async fn eventually<T, F, Fut>(stack: &Stack, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() > deadline => panic!(
+                "timed out after {TIMEOUT:?} waiting for {what}; last seen: {last}\n{}",
+                stack.log_tails(40)
+            ),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+fn apps(client: &kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), NS, &application_resource())
+}
+
+async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value, String> {
+    api.get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .map(|o| serde_json::to_value(o).expect("an object serializes"))
+        .ok_or_else(|| format!("no Application {name}"))
+}
+
+fn at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// The hub copy of `name` is Synced and Healthy at `revision` (any, if empty).
+async fn converged(stack: &Stack, hub: &Api<DynamicObject>, name: &str, revision: &str) {
+    eventually(
+        stack,
+        &format!("{name} Synced/Healthy at {revision:?} on the hub"),
+        || async {
+            let a = get(hub, name).await?;
+            let ok = at(&a, "/status/sync/status") == "Synced"
+                && at(&a, "/status/health/status") == "Healthy"
+                && (revision.is_empty() || at(&a, "/status/sync/revision") == revision);
+            if ok {
+                Ok(())
+            } else {
+                Err(a["status"].to_string())
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_pull_model_end_to_end() {
+    testenv::init_tracing();
+    let stack = Stack::start(StackOptions::default(), &|step: &str| {
+        tracing::info!("stack: {step}")
+    })
+    .await
+    .expect("the hub, clusters, Argo CD and argocd-pull start");
+    let hub_client = stack.hub().client().await.unwrap();
+    let hub = apps(&hub_client);
+    let c1 = stack.cluster("cluster1").client().await.unwrap();
+    let c2 = stack.cluster("cluster2").client().await.unwrap();
+    let spokes = [("cluster1", apps(&c1)), ("cluster2", apps(&c2))];
+
+    // The example, applied as the README says.
+    stack.apply(&example("placement.yaml")).await.unwrap();
+    stack
+        .apply(&example("generator-configmap.yaml"))
+        .await
+        .unwrap();
+    stack.wait_placement(NS, "guestbook", 2).await.unwrap();
+    stack.apply(&example("applicationset.yaml")).await.unwrap();
+    let head = stack.repo.head().unwrap();
+    for (cluster, _) in &spokes {
+        converged(&stack, &hub, &format!("guestbook-{cluster}"), &head).await;
+    }
+    let rows = stack.applications(NS).await.unwrap();
+    let transports: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.cluster.as_str(), r.transport.as_str()))
+        .collect();
+    assert_eq!(
+        transports,
+        [("cluster1", "grpc"), ("cluster2", "manifestwork")]
+    );
+    for (cluster, client) in [("cluster1", &c1), ("cluster2", &c2)] {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "guestbook");
+        assert!(
+            cms.get_opt("guestbook-ui").await.unwrap().is_some(),
+            "{cluster}'s Argo CD deployed the guestbook"
+        );
+    }
+
+    // An Application for a cluster OCM does not know: a condition and an
+    // Event on it, and the others carry on (every later phase uses them).
+    stack
+        .apply(&example("mistakes/unknown-cluster.yaml"))
+        .await
+        .unwrap();
+    eventually(&stack, "the UnknownCluster condition", || async {
+        let a = get(&hub, "guestbook-nowhere").await?;
+        let conditions = a["status"]["conditions"].to_string();
+        if conditions.contains("UnknownCluster")
+            && conditions.contains("cluster-that-does-not-exist")
+        {
+            Ok(())
+        } else {
+            Err(conditions)
+        }
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(hub_client.clone(), NS);
+    eventually(&stack, "a Warning Event on guestbook-nowhere", || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=guestbook-nowhere"))
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("UnknownCluster")
+            })
+            .map(|_| ())
+            .ok_or_else(|| {
+                format!(
+                    "{:?}",
+                    list.items.iter().map(|e| &e.reason).collect::<Vec<_>>()
+                )
+            })
+    })
+    .await;
+
+    // A sync started on the hub runs once on the spoke, over either
+    // transport, and its operation state comes back.
+    for (cluster, spoke) in &spokes {
+        let name = format!("guestbook-{cluster}");
+        let user = format!("e2e-{cluster}");
+        hub.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "operation": {
+                "initiatedBy": { "username": user }, "sync": {} } })),
+        )
+        .await
+        .unwrap();
+        let started = eventually(
+            &stack,
+            &format!("{name}'s sync to run on {cluster}"),
+            || async {
+                let a = get(spoke, &name).await?;
+                if at(&a, "/status/operationState/operation/initiatedBy/username") == user
+                    && at(&a, "/status/operationState/phase") == "Succeeded"
+                {
+                    Ok(at(&a, "/status/operationState/startedAt").to_string())
+                } else {
+                    Err(a["status"]["operationState"].to_string())
+                }
+            },
+        )
+        .await;
+        eventually(
+            &stack,
+            &format!("{name}'s operation state on the hub"),
+            || async {
+                let a = get(&hub, &name).await?;
+                if at(&a, "/status/operationState/startedAt") == started
+                    && at(&a, "/status/operationState/phase") == "Succeeded"
+                    && a.get("operation").is_none_or(Value::is_null)
+                {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "operation {} state {}",
+                        a["operation"], a["status"]["operationState"]
+                    ))
+                }
+            },
+        )
+        .await;
+        // Once: nothing starts it again.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let again = get(spoke, &name).await.unwrap();
+        assert_eq!(
+            at(&again, "/status/operationState/startedAt"),
+            started,
+            "{name}'s sync ran again on {cluster}"
+        );
+    }
+
+    // Refresh: a new commit, and a refresh asked on the hub copy, reach
+    // both clusters' Argo CD (which would otherwise poll Git every 3 min).
+    let new_head = stack
+        .repo
+        .commit(
+            "a third ConfigMap",
+            &[(
+                "guestbook/extra.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: guestbook-extra\ndata:\n  added: \"by the refresh test\"\n",
+            )],
+        )
+        .unwrap();
+    for (cluster, _) in &spokes {
+        hub.patch(
+            &format!("guestbook-{cluster}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { keys::REFRESH: "normal" } } })),
+        )
+        .await
+        .unwrap();
+    }
+    for (cluster, client) in [("cluster1", &c1), ("cluster2", &c2)] {
+        converged(&stack, &hub, &format!("guestbook-{cluster}"), &new_head).await;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "guestbook");
+        assert!(cms.get_opt("guestbook-extra").await.unwrap().is_some());
+        // Done, as Argo CD says it: the annotation is gone from the hub copy.
+        eventually(
+            &stack,
+            &format!("guestbook-{cluster}'s refresh to finish"),
+            || async {
+                let a = get(&hub, &format!("guestbook-{cluster}")).await?;
+                match a.pointer(&format!(
+                    "/metadata/annotations/{}",
+                    keys::REFRESH.replace('/', "~1")
+                )) {
+                    None => Ok(()),
+                    Some(v) => Err(format!("still asking for a refresh: {v}")),
+                }
+            },
+        )
+        .await;
+    }
+
+    // Progressive sync: RollingSync syncs cluster1, and cluster2 only after
+    // cluster1's Application is reported Healthy.
+    stack
+        .apply(&example("progressive-sync/applicationset.yaml"))
+        .await
+        .unwrap();
+    for (cluster, _) in &spokes {
+        converged(
+            &stack,
+            &hub,
+            &format!("guestbook-rollout-{cluster}"),
+            &new_head,
+        )
+        .await;
+    }
+    let state = |v: &Value, f: &str| at(v, &format!("/status/operationState/{f}")).to_string();
+    let first = get(&spokes[0].1, "guestbook-rollout-cluster1")
+        .await
+        .unwrap();
+    let second = get(&spokes[1].1, "guestbook-rollout-cluster2")
+        .await
+        .unwrap();
+    assert!(
+        !state(&first, "finishedAt").is_empty() && !state(&second, "startedAt").is_empty(),
+        "both synced: {} / {}",
+        first["status"]["operationState"],
+        second["status"]["operationState"]
+    );
+    assert!(
+        state(&first, "finishedAt") <= state(&second, "startedAt"),
+        "cluster2 synced ({}) before cluster1 had finished ({})",
+        state(&second, "startedAt"),
+        state(&first, "finishedAt")
+    );
+    let rollout = Api::<DynamicObject>::namespaced_with(
+        hub_client.clone(),
+        NS,
+        &argocd::applicationset_resource(),
+    );
+    let set = rollout.get("guestbook-rollout").await.unwrap();
+    let steps: Vec<(String, String)> = set.data["status"]["applicationStatus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                s["application"].as_str().unwrap_or("").to_string(),
+                s["step"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("guestbook-rollout-cluster1".to_string(), "1".to_string()),
+            ("guestbook-rollout-cluster2".to_string(), "2".to_string()),
+        ],
+        "the ApplicationSet's own account of the steps"
+    );
+
+    // Deleting the ApplicationSets removes everything on the spokes: the
+    // Applications and what they deployed.
+    for set in ["guestbook", "guestbook-rollout"] {
+        rollout.delete(set, &DeleteParams::default()).await.unwrap();
+    }
+    for (cluster, client) in [("cluster1", &c1), ("cluster2", &c2)] {
+        let spoke = apps(client);
+        eventually(
+            &stack,
+            &format!("every Application gone on {cluster}"),
+            || async {
+                let left: Vec<String> = spoke
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .filter_map(|a| a.metadata.name)
+                    .collect();
+                if left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{left:?}"))
+                }
+            },
+        )
+        .await;
+        for ns in ["guestbook", "guestbook-rollout"] {
+            let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+            let left: Vec<String> = cms
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|c| c.metadata.name)
+                .filter(|n| n.starts_with("guestbook"))
+                .collect();
+            assert!(left.is_empty(), "{cluster} still has {left:?} in {ns}");
+        }
+    }
+    eventually(&stack, "the hub copies gone", || async {
+        let left: Vec<String> = hub
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter_map(|a| a.metadata.name)
+            .collect();
+        if left == ["guestbook-nowhere"] {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
+    let works =
+        Api::<argocd_pull_apis::ocm::ManifestWork>::namespaced(hub_client.clone(), "cluster2");
+    let left: Vec<String> = works
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|w| w.metadata.name)
+        .filter(|n| !n.starts_with("addon-"))
+        .collect();
+    assert!(left.is_empty(), "ManifestWorks left on the hub: {left:?}");
+
+    // Nothing in argocd-pull's logs says it failed to write.
+    for (name, log) in stack.logs() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(
+            !text.contains("is invalid"),
+            "{name}'s log shows a refused write:\n{}",
+            stack.log_tails(40)
+        );
+    }
+}
