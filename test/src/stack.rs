@@ -165,7 +165,7 @@ impl Stack {
         progress(&format!(
             "telling the agents where the hub is: HUB_GRPC_ADDRESS=https://{grpc} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}"
         ));
-        set_hub_address(hub, &format!("https://{grpc}")).await?;
+        set_hub_address(hub, DEPLOYMENT_CONFIG, &format!("https://{grpc}")).await?;
 
         let dir = hub.dir().join("kubelet");
         let mut runners = vec![(
@@ -295,19 +295,30 @@ impl Stack {
     /// URL pointed at this stack's Git server if it does not run on the
     /// example's port.
     pub async fn apply(&self, file: &Path) -> Result<()> {
+        self.apply_on(self.hub(), file).await
+    }
+
+    /// [`Stack::apply`] on `cluster`.
+    pub async fn apply_on(&self, cluster: &Cluster, file: &Path) -> Result<()> {
         let url = self.repo.url().to_string();
         if url == EXAMPLE_REPO_URL {
-            kubectl(self.hub(), &["apply", "-f", &file.display().to_string()]).await?;
+            kubectl(cluster, &["apply", "-f", &file.display().to_string()]).await?;
             return Ok(());
         }
         let text = std::fs::read_to_string(file)?;
-        let copy = self.hub().dir().join(
+        let copy = cluster.dir().join(
             file.file_name()
                 .unwrap_or_else(|| std::ffi::OsStr::new("example.yaml")),
         );
         std::fs::write(&copy, text.replace(EXAMPLE_REPO_URL, &url))?;
-        kubectl(self.hub(), &["apply", "-f", &copy.display().to_string()]).await?;
+        kubectl(cluster, &["apply", "-f", &copy.display().to_string()]).await?;
         Ok(())
+    }
+
+    /// Sets `HUB_GRPC_ADDRESS` in AddOnDeploymentConfig `config` (in the
+    /// hub's argocd-pull namespace) to where this stack's hub listens.
+    pub async fn set_hub_address(&self, config: &str) -> Result<()> {
+        set_hub_address(self.hub(), config, &format!("https://{}", self.grpc)).await
     }
 
     /// Waits until OCM's placement controller has decided on `count`
@@ -588,7 +599,7 @@ fn commit_example_app(repo: &Repo) -> Result<()> {
     Ok(())
 }
 
-async fn set_hub_address(hub: &Cluster, address: &str) -> Result<()> {
+async fn set_hub_address(hub: &Cluster, config: &str, address: &str) -> Result<()> {
     let api = Api::<DynamicObject>::namespaced_with(
         hub.client().await?,
         HUB_NAMESPACE,
@@ -602,7 +613,7 @@ async fn set_hub_address(hub: &Cluster, address: &str) -> Result<()> {
         ] },
     });
     api.patch(
-        DEPLOYMENT_CONFIG,
+        config,
         &PatchParams::apply("platform-team").force(),
         &Patch::Apply(&patch),
     )

@@ -65,7 +65,9 @@ pub struct CertArgs {
     /// Namespace of the CA Secrets and of the addon's AddOnDeploymentConfig.
     #[arg(long = "addon-namespace", env = "ARGOCD_PULL_ADDON_NAMESPACE", default_value = argocd_pull_addon::HUB_NAMESPACE)]
     pub addon_namespace: String,
-    /// The AddOnDeploymentConfig whose `HUB_CA` variable carries the serving CA.
+    /// The addon's default AddOnDeploymentConfig. `HUB_CA` (the serving CA)
+    /// is published on it and on every other AddOnDeploymentConfig in
+    /// --addon-namespace (per-cluster configs).
     #[arg(long = "addon-deployment-config", env = "ARGOCD_PULL_ADDON_DEPLOYMENT_CONFIG", default_value = argocd_pull_addon::DEPLOYMENT_CONFIG)]
     pub addon_deployment_config: String,
     /// How often the certificates are checked (renewed when a third of
@@ -93,7 +95,7 @@ pub struct CertConfig {
     pub namespace: String,
     /// Names and addresses agents dial, for the serving certificate.
     pub sans: Vec<String>,
-    /// The AddOnDeploymentConfig (in `namespace`) that carries `HUB_CA`.
+    /// The default AddOnDeploymentConfig (in `namespace`); `HUB_CA` goes on every one there.
     pub deployment_config: String,
     /// Where the gRPC server reads its TLS material.
     pub files: TlsFiles,
@@ -182,39 +184,46 @@ impl Keeper {
         self.publish_hub_ca(&serving_ca.issued.cert_pem).await
     }
 
-    /// Sets `HUB_CA` on the AddOnDeploymentConfig, owning only that entry
-    /// (the list is a map keyed by name); nothing to do when the addon is
-    /// not installed.
+    /// Sets `HUB_CA` on every AddOnDeploymentConfig in the addon's
+    /// namespace (the default one and any per-cluster one, which replaces
+    /// the default for its clusters and so needs the CA too), owning only
+    /// that entry (the list is a map keyed by name). Nothing to do when the
+    /// addon is not installed.
     async fn publish_hub_ca(&self, pem: &str) -> anyhow::Result<()> {
         let api: Api<AddOnDeploymentConfig> =
             Api::namespaced(self.client.clone(), &self.config.namespace);
-        let name = &self.config.deployment_config;
-        let Some(current) = api.get_opt(name).await? else {
-            tracing::debug!(%name, "no AddOnDeploymentConfig to publish the serving CA in");
-            return Ok(());
-        };
-        let value = argocd_pull_addon::hub_ca_variable(pem);
-        let set = current.spec.customized_variables.iter().flatten().any(|v| {
-            v.name == argocd_pull_addon::HUB_CA_VARIABLE && v.value.as_ref() == Some(&value)
-        });
-        if set {
-            return Ok(());
+        let configs = api.list(&Default::default()).await?.items;
+        if !configs
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(&self.config.deployment_config))
+        {
+            tracing::debug!(name = %self.config.deployment_config, "no default AddOnDeploymentConfig to publish the serving CA in");
         }
-        let patch = json!({
-            "apiVersion": "addon.open-cluster-management.io/v1alpha1",
-            "kind": "AddOnDeploymentConfig",
-            "metadata": { "name": name, "namespace": self.config.namespace },
-            "spec": { "customizedVariables": [
-                { "name": argocd_pull_addon::HUB_CA_VARIABLE, "value": value }
-            ] },
-        });
-        api.patch(
-            name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-        tracing::info!(%name, "published the gRPC serving CA to the addon's agents");
+        let value = argocd_pull_addon::hub_ca_variable(pem);
+        for config in configs {
+            let name = config.metadata.name.clone().unwrap_or_default();
+            let set = config.spec.customized_variables.iter().flatten().any(|v| {
+                v.name == argocd_pull_addon::HUB_CA_VARIABLE && v.value.as_ref() == Some(&value)
+            });
+            if set {
+                continue;
+            }
+            let patch = json!({
+                "apiVersion": "addon.open-cluster-management.io/v1alpha1",
+                "kind": "AddOnDeploymentConfig",
+                "metadata": { "name": name, "namespace": self.config.namespace },
+                "spec": { "customizedVariables": [
+                    { "name": argocd_pull_addon::HUB_CA_VARIABLE, "value": value }
+                ] },
+            });
+            api.patch(
+                &name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+            tracing::info!(%name, "published the gRPC serving CA to the addon's agents");
+        }
         Ok(())
     }
 }
