@@ -137,7 +137,7 @@ impl Connection {
             subject = %loaded.subject, "connected to the hub");
         // Compare right away: whatever a broken stream lost is repaired now.
         self.state().control(self.observed_digest());
-        let sender = tokio::spawn(send_loop(
+        let sender = AbortOnDrop(tokio::spawn(send_loop(
             self.state().clone(),
             self.worker.clone(),
             id,
@@ -145,11 +145,11 @@ impl Connection {
             heartbeat,
             digest_interval,
             self.config.mode == Mode::Autonomous,
-        ));
+        )));
         let end = self
             .receive(&mut inbound, shutdown, heartbeat, &loaded.fingerprint)
             .await;
-        sender.abort();
+        drop(sender);
         self.state().detach(id);
         end
     }
@@ -515,5 +515,36 @@ fn hub_kind(m: &HubMessage) -> &'static str {
         Some(Kind::Digest(_)) => "digest",
         Some(Kind::ResyncRequest(_)) => "resync_request",
         Some(Kind::Heartbeat(_)) => "heartbeat",
+    }
+}
+
+/// A spawned task that is aborted when this is dropped: when the session's
+/// future is dropped half-way (the agent shutting down, or its caller
+/// giving up), its send loop must not live on, keeping the stream open and
+/// the hub believing the agent is connected.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod abort_on_drop_tests {
+    use super::AbortOnDrop;
+
+    #[tokio::test]
+    async fn dropping_the_guard_stops_the_task() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+        let guard = AbortOnDrop(tokio::spawn(async move {
+            // Holds the sender until aborted.
+            let _tx = tx;
+            std::future::pending::<()>().await;
+        }));
+        drop(guard);
+        // The task's end drops the sender: the channel closes.
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await;
+        assert_eq!(closed, Ok(None), "the task outlived its guard");
     }
 }
