@@ -224,9 +224,9 @@ pub async fn refresh(cluster: &Cluster, namespace: &str, pod: &Pod) -> Result<bo
     Ok(true)
 }
 
-/// Writes what the kubelet would onto the Deployment's pods (created by
-/// the cluster's real deployment and replica-set controllers): running, and
-/// ready or not. The controllers then count them into the Deployment's
+/// Writes what the kubelet would onto the Deployment's newest pod (created
+/// by the cluster's real deployment and replica-set controllers): running,
+/// and ready or not. The controllers then count them into the Deployment's
 /// status, which is what OCM's health check reads. `false` while the
 /// Deployment has no pod yet.
 pub async fn set_ready(
@@ -255,7 +255,30 @@ pub async fn set_ready(
         .list(&kube::api::ListParams::default().labels(&selector))
         .await?;
     let status = if ready { "True" } else { "False" };
-    for pod in &list.items {
+    // One process runs here, so one pod is shown running: the newest (of
+    // the newest ReplicaSet during a rollout). Other replicas stay pending.
+    let newest = list.items.iter().max_by(|a, b| {
+        (&a.metadata.creation_timestamp, &a.metadata.name)
+            .cmp(&(&b.metadata.creation_timestamp, &b.metadata.name))
+    });
+    if let Some(pod) = newest {
+        // The containers too, so that `kubectl get pods` shows them ready.
+        let containers: Vec<_> = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .map(|c| {
+                json!({
+                    "name": c.name,
+                    "image": c.image.clone().unwrap_or_default(),
+                    "imageID": "",
+                    "ready": ready,
+                    "started": true,
+                    "restartCount": 0,
+                    "state": { "running": {} },
+                })
+            })
+            .collect();
         let patch = json!({ "status": {
             "phase": "Running",
             "conditions": [
@@ -264,6 +287,7 @@ pub async fn set_ready(
                 { "type": "ContainersReady", "status": status },
                 { "type": "Ready", "status": status },
             ],
+            "containerStatuses": containers,
         }});
         pods.patch_status(
             pod.metadata.name.as_deref().unwrap_or_default(),
