@@ -258,4 +258,46 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
         env.spokes[AUTONOMOUS].argocd.syncs_of("local-b"),
         vec!["from-hub".to_string()]
     );
+
+    // Someone's own hub Application in the cluster's namespace is never
+    // taken over by a mirror of the same name: it gets a Warning event and
+    // stays as it is.
+    let mut own = local_app("local-d", "hub-own");
+    own.metadata.namespace = Some("cluster2".into());
+    mirrors(&env)
+        .create(&PostParams::default(), &own)
+        .await
+        .unwrap();
+    spoke
+        .create(&PostParams::default(), &local_app("local-d", "spoke-d"))
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(env.hub_client.clone(), "cluster2");
+    wait::until(
+        "a MirrorNameTaken event on the hub's own local-d",
+        TIMEOUT,
+        || async {
+            let list = events
+                .list(&kube::api::ListParams::default().fields("involvedObject.name=local-d"))
+                .await
+                .map_err(|e| e.to_string())?;
+            if list
+                .items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("MirrorNameTaken"))
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?}",
+                    list.items.iter().map(|e| &e.reason).collect::<Vec<_>>()
+                ))
+            }
+        },
+    )
+    .await;
+    let kept = mirrors(&env).get("local-d").await.unwrap();
+    assert_eq!(kept.data["spec"]["source"]["path"], "hub-own");
+    assert!(!kept.labels().contains_key(keys::MIRROR_OF));
 }

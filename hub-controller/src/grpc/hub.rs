@@ -853,6 +853,22 @@ impl Hub {
                     serde_json::from_slice(&report.application_json).unwrap_or_default();
                 let status: Value = serde_json::from_slice(&report.status_json).unwrap_or_default();
                 let wanted = plan::mirror(cluster, key, &app, &status, &version);
+                if current.is_none() {
+                    // The mirror cache sees only mirrors: a hub Application
+                    // of that name without our label is someone else's and
+                    // must not be taken over.
+                    if let Some(other) = api.get_opt(&key.name).await?
+                        && !is_ours(&other)
+                    {
+                        let message = format!(
+                            "cluster {cluster}'s Application {source} is not mirrored: this Application has its name in namespace {cluster}; rename one of them"
+                        );
+                        tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
+                        self.event(&other, EventType::Warning, "MirrorNameTaken", &message)
+                            .await;
+                        return Ok(());
+                    }
+                }
                 if let Some(m) = &current {
                     if !is_ours(m) {
                         tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
