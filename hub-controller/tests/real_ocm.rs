@@ -284,6 +284,35 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
             "no conditions without the gate: {hub_status}"
         );
     }
+    // Asked for the conditions (--raw-feedback) from a work agent without
+    // the gate: the hub copy says so, and what to do.
+    if extra == Extra::Messages {
+        let apps = apps.clone();
+        let message = wait::until(
+            &format!("{name}: the missing feedback explained"),
+            TIMEOUT,
+            || async {
+                let a = apps.get(&app_name).await.map_err(|e| e.to_string())?;
+                a.data
+                    .pointer("/status/conditions")
+                    .and_then(|c| c.as_array())
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
+                    .and_then(|c| c["message"].as_str().map(String::from))
+                    .ok_or_else(|| format!("{:?}", a.data.get("status")))
+            },
+        )
+        .await;
+        assert!(
+            message.starts_with("StatusFeedbackSyncFailed: ")
+                && message.contains("RawFeedbackJsonString=true"),
+            "{message}"
+        );
+    } else {
+        assert!(
+            conditions.iter().all(|c| c["type"] != CONDITION),
+            "{name}: no delivery problem: {hub_status}"
+        );
+    }
 
     // The operation has been handed over: it leaves the work, and the work
     // agent never puts it back on the spoke (ignoreFields OnSpokeChange).

@@ -96,8 +96,36 @@ pub struct SpokeProblem {
 }
 
 /// Why the work agent could not apply the Application, if it says so:
-/// the work's or the manifest's `Applied=False`, or the work's `Degraded=True`.
+/// the work's or the manifest's `Applied=False`, or the work's
+/// `Degraded=True`; failing that, why part of the status does not come
+/// back (the manifest's `StatusFeedbackSynced=False`), with what to do.
 pub fn spoke_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option<SpokeProblem> {
+    apply_problem(work, namespace, name).or_else(|| feedback_problem(work, namespace, name))
+}
+
+fn feedback_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option<SpokeProblem> {
+    let c = manifest_status(work, namespace, name)?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "StatusFeedbackSynced" && c.status == "False")?;
+    // The work agent's own words, then what to do about them.
+    let hint = if c.message.contains("is not found") {
+        "; lists and maps (conditions, resources) come back only from work agents \
+         started with --feature-gates=RawFeedbackJsonString=true: enable it there, or \
+         start the hub-controller without --raw-feedback"
+    } else if c.message.contains("larger than the maximum length") {
+        "; the work agent returns at most 1,024 characters per field, so that field \
+         is missing on the hub copy; the rest of the status still comes back"
+    } else {
+        ""
+    };
+    Some(SpokeProblem {
+        reason: c.reason.clone(),
+        message: format!("{}{hint}", c.message),
+    })
+}
+
+fn apply_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option<SpokeProblem> {
     let manifest = manifest_status(work, namespace, name)
         .map(|m| m.conditions.as_slice())
         .unwrap_or_default();
@@ -260,6 +288,69 @@ mod tests {
         assert!(p.message.contains("not found"));
         w.status.as_mut().unwrap().resource_status = None;
         assert!(spoke_problem(&w, "argocd", "a").is_none());
+    }
+
+    #[test]
+    fn reports_feedback_the_work_agent_cannot_return_with_what_to_do() {
+        let failed = |message: &str| {
+            work(
+                json!([{ "resourceMeta": meta("argocd", "a", 0), "conditions": [
+                { "type": "Applied", "status": "True", "reason": "AppliedManifestComplete",
+                  "message": "ok", "lastTransitionTime": "2026-11-21T10:00:00Z" },
+                { "type": "StatusFeedbackSynced", "status": "False",
+                  "reason": "StatusFeedbackSyncFailed", "message": message,
+                  "lastTransitionTime": "2026-11-21T10:00:00Z" }] }]),
+            )
+        };
+        // What OCM v1.2.1's work agent says without RawFeedbackJsonString.
+        let p = spoke_problem(
+            &failed("Sync status feedback failed with error the type []interface {} of the value for conditions is not found"),
+            "argocd",
+            "a",
+        )
+        .unwrap();
+        assert_eq!(p.reason, "StatusFeedbackSyncFailed");
+        assert!(
+            p.message.starts_with("Sync status feedback failed"),
+            "{}",
+            p.message
+        );
+        assert!(
+            p.message.contains("RawFeedbackJsonString=true"),
+            "{}",
+            p.message
+        );
+        assert!(
+            p.message.contains("without --raw-feedback"),
+            "{}",
+            p.message
+        );
+        let p = spoke_problem(
+            &failed("Sync status feedback failed with error the length of returned json raw string for name conditions is larger than the maximum length 1024"),
+            "argocd",
+            "a",
+        )
+        .unwrap();
+        assert!(
+            p.message
+                .contains("the rest of the status still comes back"),
+            "{}",
+            p.message
+        );
+        // Applied and fed back: nothing to report.
+        let mut ok = failed("x");
+        ok.status
+            .as_mut()
+            .unwrap()
+            .resource_status
+            .as_mut()
+            .unwrap()
+            .manifests
+            .as_mut()
+            .unwrap()[0]
+            .conditions[1]
+            .status = "True".into();
+        assert!(spoke_problem(&ok, "argocd", "a").is_none());
     }
 
     fn fb(health: &str, started: &str) -> Feedback {
