@@ -266,39 +266,51 @@ async fn the_pull_model_end_to_end() {
     }
 
     // Progressive sync: RollingSync syncs cluster1, and cluster2 only after
-    // cluster1's Application is reported Healthy.
+    // cluster1's Application is reported Healthy on the hub. Watched as it
+    // happens: the first moment cluster2's Argo CD has a sync, cluster1's
+    // must have synced and its hub copy must show Healthy.
     stack
         .apply(&example("progressive-sync/applicationset.yaml"))
         .await
         .unwrap();
-    for (cluster, _) in &spokes {
-        converged(
-            &stack,
-            &hub,
-            &format!("guestbook-rollout-{cluster}"),
-            &new_head,
-        )
-        .await;
+    let (rollout1, rollout2) = ("guestbook-rollout-cluster1", "guestbook-rollout-cluster2");
+    let done = |a: &Value| {
+        at(a, "/status/sync/status") == "Synced"
+            && at(a, "/status/health/status") == "Healthy"
+            && at(a, "/status/sync/revision") == new_head
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    let mut checked = false;
+    loop {
+        let second = get(&spokes[1].1, rollout2).await.unwrap_or_default();
+        if !checked && !at(&second, "/status/operationState/startedAt").is_empty() {
+            let first_hub = get(&hub, rollout1).await.unwrap();
+            let first_spoke = get(&spokes[0].1, rollout1).await.unwrap();
+            assert!(
+                at(&first_hub, "/status/health/status") == "Healthy"
+                    && !at(&first_spoke, "/status/operationState/startedAt").is_empty(),
+                "cluster2 started syncing while cluster1 was not reported Healthy: hub {} / spoke {}",
+                first_hub["status"],
+                first_spoke["status"]["operationState"]
+            );
+            checked = true;
+        }
+        let (h1, h2) = (
+            get(&hub, rollout1).await.unwrap_or_default(),
+            get(&hub, rollout2).await.unwrap_or_default(),
+        );
+        if checked && done(&h1) && done(&h2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rollout did not finish within {TIMEOUT:?}: {} / {}\n{}",
+            h1["status"],
+            h2["status"],
+            stack.log_tails(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let state = |v: &Value, f: &str| at(v, &format!("/status/operationState/{f}")).to_string();
-    let first = get(&spokes[0].1, "guestbook-rollout-cluster1")
-        .await
-        .unwrap();
-    let second = get(&spokes[1].1, "guestbook-rollout-cluster2")
-        .await
-        .unwrap();
-    assert!(
-        !state(&first, "finishedAt").is_empty() && !state(&second, "startedAt").is_empty(),
-        "both synced: {} / {}",
-        first["status"]["operationState"],
-        second["status"]["operationState"]
-    );
-    assert!(
-        state(&first, "finishedAt") <= state(&second, "startedAt"),
-        "cluster2 synced ({}) before cluster1 had finished ({})",
-        state(&second, "startedAt"),
-        state(&first, "finishedAt")
-    );
     let rollout = Api::<DynamicObject>::namespaced_with(
         hub_client.clone(),
         NS,
