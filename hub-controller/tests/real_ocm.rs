@@ -104,6 +104,20 @@ impl Setup {
     }
 }
 
+/// Waits for argocd-pull's condition on hub Application `name`; its message.
+async fn condition_message(apps: &Api<Application>, name: &str, what: &str) -> String {
+    wait::until(what, TIMEOUT, || async {
+        let a = apps.get(name).await.map_err(|e| e.to_string())?;
+        a.data
+            .pointer("/status/conditions")
+            .and_then(|c| c.as_array())
+            .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
+            .and_then(|c| c["message"].as_str().map(String::from))
+            .ok_or_else(|| format!("{:?}", a.data.get("status")))
+    })
+    .await
+}
+
 fn spoke_apps(client: &kube::Client) -> Api<Application> {
     Api::namespaced_with(client.clone(), SPOKE_NAMESPACE, &application_resource())
 }
@@ -287,19 +301,10 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
     // Asked for the conditions (--raw-feedback) from a work agent without
     // the gate: the hub copy says so, and what to do.
     if extra == Extra::Messages {
-        let apps = apps.clone();
-        let message = wait::until(
+        let message = condition_message(
+            &apps,
+            &app_name,
             &format!("{name}: the missing feedback explained"),
-            TIMEOUT,
-            || async {
-                let a = apps.get(&app_name).await.map_err(|e| e.to_string())?;
-                a.data
-                    .pointer("/status/conditions")
-                    .and_then(|c| c.as_array())
-                    .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
-                    .and_then(|c| c["message"].as_str().map(String::from))
-                    .ok_or_else(|| format!("{:?}", a.data.get("status")))
-            },
         )
         .await;
         assert!(
@@ -501,16 +506,7 @@ async fn status_comes_back_through_the_real_work_agent_by_default() {
     )
     .await
     .unwrap();
-    let message = wait::until("the spoke's error on the hub copy", TIMEOUT, || async {
-        let a = apps.get("misplaced").await.map_err(|e| e.to_string())?;
-        a.data
-            .pointer("/status/conditions")
-            .and_then(|c| c.as_array())
-            .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
-            .and_then(|c| c["message"].as_str().map(String::from))
-            .ok_or_else(|| format!("{:?}", a.data.get("status")))
-    })
-    .await;
+    let message = condition_message(&apps, "misplaced", "the spoke's error on the hub copy").await;
     assert!(
         message.contains(r#"namespaces "argocd-elsewhere" not found"#),
         "{message}"

@@ -58,6 +58,18 @@ async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value, String> {
         .ok_or_else(|| format!("no Application {name}"))
 }
 
+/// The names of the Applications `api` lists.
+async fn names(api: &Api<DynamicObject>) -> Result<Vec<String>, String> {
+    Ok(api
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .filter_map(|a| a.metadata.name)
+        .collect())
+}
+
 fn at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
@@ -348,14 +360,7 @@ async fn the_pull_model_end_to_end() {
             &stack,
             &format!("every Application gone on {cluster}"),
             || async {
-                let left: Vec<String> = spoke
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .items
-                    .into_iter()
-                    .filter_map(|a| a.metadata.name)
-                    .collect();
+                let left = names(&spoke).await?;
                 if left.is_empty() {
                     Ok(())
                 } else {
@@ -379,14 +384,7 @@ async fn the_pull_model_end_to_end() {
         }
     }
     eventually(&stack, "the hub copies gone", || async {
-        let left: Vec<String> = hub
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .into_iter()
-            .filter_map(|a| a.metadata.name)
-            .collect();
+        let left = names(&hub).await?;
         if left == ["guestbook-nowhere"] {
             Ok(())
         } else {
