@@ -746,7 +746,10 @@ impl Hub {
             .lock()
             .ops
             .iter()
-            .find(|(id, op)| op.owner == owner && plan::is_refresh_id(id))
+            .find(|(_, op)| {
+                op.owner == owner
+                    && matches!(op.request.kind, Some(operation_request::Kind::Refresh(_)))
+            })
             .map(|(id, _)| id.clone());
         let plan = plan::commands(app, refresh_id.as_deref());
         if let Some(patch) = plan.stamp {

@@ -324,11 +324,6 @@ pub fn commands(app: &Application, refresh_id: Option<&str>) -> CommandPlan {
     plan
 }
 
-/// Whether `id` is a refresh's.
-pub fn is_refresh_id(id: &str) -> bool {
-    id.contains(".refresh.")
-}
-
 pub fn refresh_name(kind: RefreshKind) -> &'static str {
     match kind {
         RefreshKind::Hard => "hard",
@@ -719,7 +714,6 @@ mod tests {
                 Command::Refresh(RefreshKind::Hard)
             )]
         );
-        assert!(is_refresh_id("u-1.refresh.7") && !is_refresh_id("u-1.sync.7"));
         let later = commands(&a, Some("u-1.refresh.3"));
         assert_eq!(later.ready[0].0, "u-1.refresh.3");
         assert_eq!(
