@@ -137,6 +137,10 @@ impl Spoke {
                     .arg("--repo-server-plaintext")
                     .arg(format!("--redis={redis}"))
                     .arg(format!("--metrics-port={}", ports[0]))
+                    // No periodic refresh (default every 3 min): a new
+                    // commit reaches an Application only through a refresh
+                    // or an event, so tests of refresh cannot pass by waiting.
+                    .arg("--app-resync=3600")
                     .arg("--status-processors=4")
                     .arg("--operation-processors=2")
                     .env("KUBECONFIG", &kubeconfig)
