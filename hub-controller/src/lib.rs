@@ -9,7 +9,9 @@ pub mod certs;
 pub mod controller;
 pub mod delivery;
 pub mod grpc;
+pub mod hub;
 pub mod metrics;
+pub mod status;
 
 use argocd_pull_runtime::{
     AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs, Readiness, admin::Admin, lease, shutdown,
@@ -100,10 +102,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("argocd_pull_hub");
     let metrics = metrics::Metrics::register(&mut registry);
     let grpc_metrics = grpc::metrics::GrpcMetrics::register(&mut registry);
+    let api_metrics = argocd_pull_runtime::client::ApiMetrics::register(&mut registry);
     let admin = Admin::new(readiness.clone(), registry);
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 
-    let client = match args.client.client().await {
+    let client = match args.client.client(api_metrics).await {
         Ok(c) => c,
         Err(e) => {
             stop.fire();

@@ -12,9 +12,21 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabels {
+    pub transport: &'static str,
+    pub trigger: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub reconciles: Counter,
+    /// Reconciles by what triggered them: a storm shows here (many
+    /// requeues or error retries per Application change) without logs.
+    pub triggers: Family<TriggerLabels, Counter>,
+    /// Decisions put off because the cache did not show our own last
+    /// write yet (taken again when its echo arrives).
+    pub echo_waits: Counter,
     pub reconcile_errors: Counter,
     pub reconcile_seconds: Histogram,
     pub refused: Family<ReasonLabel, Counter>,
@@ -29,6 +41,8 @@ impl Default for Metrics {
     fn default() -> Self {
         Self {
             reconciles: Counter::default(),
+            triggers: Family::default(),
+            echo_waits: Counter::default(),
             reconcile_errors: Counter::default(),
             // 1 ms to about 16 s.
             reconcile_seconds: Histogram::new(
@@ -52,6 +66,16 @@ impl Metrics {
             "application_reconciles",
             "Application reconciles started",
             m.reconciles.clone(),
+        );
+        registry.register(
+            "reconciles",
+            "Reconciles by transport and trigger (application, work, cluster, placement, transport-switch, requeue-*, error-retry)",
+            m.triggers.clone(),
+        );
+        registry.register(
+            "echo_waits",
+            "Decisions put off until the watch shows this process's own last write of the object",
+            m.echo_waits.clone(),
         );
         registry.register(
             "application_reconcile_errors",

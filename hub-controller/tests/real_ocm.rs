@@ -13,7 +13,7 @@ use std::time::Duration;
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
-use argocd_pull_hub_controller::controller::CONDITION;
+use argocd_pull_hub_controller::status::CONDITION;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;

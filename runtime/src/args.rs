@@ -30,11 +30,40 @@ pub struct ClientArgs {
     /// Kubeconfig context to use (default: the current context).
     #[arg(long, env = "ARGOCD_PULL_CONTEXT")]
     pub context: Option<String>,
+    /// Requests per second to the API server, on average (watches aside);
+    /// 0 for no limit.
+    #[arg(long = "api-qps", env = "ARGOCD_PULL_API_QPS", default_value_t = 400.0)]
+    pub qps: f64,
+    /// Requests that may go at once above `--api-qps` after a quiet spell.
+    #[arg(
+        long = "api-burst",
+        env = "ARGOCD_PULL_API_BURST",
+        default_value_t = 800
+    )]
+    pub burst: u32,
+    /// Requests (watches aside) waiting for the API server at once; 0 for
+    /// no limit.
+    #[arg(
+        long = "api-max-in-flight",
+        env = "ARGOCD_PULL_API_MAX_IN_FLIGHT",
+        default_value_t = 16
+    )]
+    pub max_in_flight: usize,
 }
 
 impl ClientArgs {
-    /// Builds a client from the flags, or from the in-cluster service account.
-    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+    /// The client-side limits the flags set.
+    pub fn limits(&self) -> crate::client::Limits {
+        crate::client::Limits {
+            qps: self.qps,
+            burst: self.burst,
+            max_in_flight: self.max_in_flight,
+        }
+    }
+
+    /// Builds a client from the flags, or from the in-cluster service
+    /// account, counting its requests in `metrics` (see [`crate::client`]).
+    pub async fn client(&self, metrics: crate::client::ApiMetrics) -> anyhow::Result<kube::Client> {
         use kube::config::{KubeConfigOptions, Kubeconfig};
         let options = KubeConfigOptions {
             context: self.context.clone(),
@@ -49,7 +78,10 @@ impl ClientArgs {
             }
             None => kube::Config::infer().await?,
         };
-        Ok(kube::Client::try_from(config)?)
+        crate::client::build(
+            config,
+            &crate::client::ApiLayer::new(metrics, self.limits()),
+        )
     }
 }
 

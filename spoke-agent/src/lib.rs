@@ -161,10 +161,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let mut registry = Registry::with_prefix("argocd_pull_agent");
     let metrics = metrics::AgentMetrics::register(&mut registry);
+    let api_metrics = argocd_pull_runtime::client::ApiMetrics::register(&mut registry);
     let admin = Admin::new(readiness.clone(), registry);
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 
-    let client = args.client.client().await?;
+    let client = args.client.client(api_metrics).await?;
     let version = client
         .apiserver_version()
         .await

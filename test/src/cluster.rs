@@ -287,6 +287,12 @@ impl Cluster {
         client_for(&self.kubeconfig).await
     }
 
+    /// The admin client's configuration, to build a client with layers.
+    pub async fn config(&self) -> Result<kube::Config> {
+        let kc = Kubeconfig::read_from(&self.kubeconfig)?;
+        Ok(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

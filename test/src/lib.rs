@@ -21,6 +21,7 @@ pub mod ocm;
 pub mod paths;
 pub mod pki;
 mod process;
+pub mod slow_watch;
 pub mod stack;
 pub mod wait;
 

@@ -12,27 +12,31 @@ use argocd_pull_apis::ocm::{
     placement_decision_resource,
 };
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
-use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::caches::{self, Lookup};
-use super::{CONDITION, Context, Error, STATUS_MANAGER, WORK_MANAGER};
+use super::{Context, Error, WORK_MANAGER};
 use crate::cached::CachedApp;
 use crate::delivery::authz::{Authorization, selected_by_placement};
 use crate::delivery::delivered_copy;
 use crate::delivery::feedback::{feedback, spoke_problem, status_update};
 use crate::delivery::operation::{self, carried_operation};
-use crate::delivery::status_patch::status_patch;
 use crate::delivery::target::{Target, is_pulled, target};
 use crate::delivery::transport::{Transport, TransportError, choose};
 use crate::delivery::work::{
     MANAGED_BY, MANAGED_BY_LABEL, applied_on_spoke, is_applied, manifest_work, work_name,
 };
+use crate::status::Reason;
+use crate::status::condition::{
+    OWNED, condition_of, owned_status, set_condition, shows_any_of_ours,
+};
+use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 
 /// How long in-flight reconciles get to finish once shutdown begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -66,7 +70,10 @@ pub async fn run(
     )
     .inspect(move |event| {
         if let Ok(watcher::Event::Apply(a) | watcher::Event::InitApply(a)) = event {
-            q.triggered(ObjectRef::from_obj_with(a, application_resource()));
+            q.triggered(
+                ObjectRef::from_obj_with(a, application_resource()),
+                "application",
+            );
         }
     })
     .applied_objects();
@@ -86,7 +93,7 @@ pub async fn run(
     let work_owner = move |work: ManifestWork| {
         let owner = caches::work_owner(&work).filter(|o| store.get(o).is_some());
         if let Some(o) = &owner {
-            q.triggered(o.clone());
+            q.triggered(o.clone(), "work");
         }
         owner
     };
@@ -105,7 +112,7 @@ pub async fn run(
     let (q, store) = (queue.clone(), app_store.clone());
     let cluster_apps = move |mc: PartialObjectMeta<ManagedCluster>| {
         let refs = caches::apps_targeting(&store, &mc.name_any());
-        refs.iter().for_each(|r| q.triggered(r.clone()));
+        refs.iter().for_each(|r| q.triggered(r.clone(), "cluster"));
         refs
     };
 
@@ -123,7 +130,8 @@ pub async fn run(
     let (q, store) = (queue.clone(), app_store.clone());
     let namespace_apps = move |pd: DynamicObject| {
         let refs = caches::apps_in(&store, &pd.namespace().unwrap_or_default());
-        refs.iter().for_each(|r| q.triggered(r.clone()));
+        refs.iter()
+            .for_each(|r| q.triggered(r.clone(), "placement"));
         refs
     };
 
@@ -138,7 +146,7 @@ pub async fn run(
         let switched =
             tokio_stream::wrappers::UnboundedReceiverStream::new(switches).map(move |r| {
                 let r = ObjectRef::new_with(&r.name, application_resource()).within(&r.namespace);
-                q.triggered(r.clone());
+                q.triggered(r.clone(), "transport-switch");
                 r
             });
         controller = controller.reconcile_on(switched);
@@ -167,14 +175,23 @@ pub async fn run(
             }
         }
     });
-    let (q, store) = (queue.clone(), app_store);
+    let (q, store, writer) = (queue.clone(), app_store, ctx.writer.clone());
+    let grpc = ctx.grpc.clone();
     let down = shutdown.clone().wait();
     tokio::spawn(async move {
         tokio::pin!(down);
         loop {
             tokio::select! {
                 _ = &mut down => return,
-                _ = tokio::time::sleep(Duration::from_secs(10)) => q.prune(&store),
+                _ = tokio::time::sleep(Duration::from_secs(10)) => {
+                    q.prune(&store);
+                    // Writes whose echo will never come: the Application is gone.
+                    writer.written().retain(|ns, name| {
+                        let r = ObjectRef::new_with(name, application_resource()).within(ns);
+                        store.get(&r).is_some()
+                            || grpc.as_ref().is_some_and(|g| g.mirrors.get(&r).is_some())
+                    });
+                }
             }
         }
     });
@@ -203,17 +220,26 @@ fn drop_managed_fields<K: kube::Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-fn error_policy(app: Arc<CachedApp>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(app: Arc<CachedApp>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.queue.triggered(
+        ObjectRef::from_obj_with(app.as_ref(), application_resource()),
+        "error-retry",
+    );
     tracing::warn!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
 
 pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.queue.started(&ObjectRef::from_obj_with(
-        app.as_ref(),
-        application_resource(),
-    ));
+    let key = ObjectRef::from_obj_with(app.as_ref(), application_resource());
+    let trigger = ctx.queue.started(&key);
     ctx.metrics.reconciles.inc();
+    ctx.metrics
+        .triggers
+        .get_or_create(&crate::metrics::TriggerLabels {
+            transport: "manifestwork",
+            trigger,
+        })
+        .inc();
     let started = std::time::Instant::now();
     // Every Application is reconciled when the controller starts, and all
     // of them wait here for the caches: parse each only once it can go
@@ -224,10 +250,24 @@ pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action,
     if let Some(hub) = &ctx.grpc {
         hub.wait_synced().await;
     }
-    let result = Box::pin(reconcile_inner(&app.application(), &ctx)).await;
+    let result = if ctx.writer.behind(&app.metadata) {
+        // The cache does not show our last write of this Application yet:
+        // deciding now would repeat or undo it. Its echo comes back here.
+        ctx.metrics.echo_waits.inc();
+        Ok(Action::await_change())
+    } else {
+        Box::pin(reconcile_inner(&app.application(), &ctx)).await
+    };
+    if let Ok(action) = &result
+        && *action != Action::await_change()
+    {
+        // The only requeues left: a work or spoke copy still being deleted.
+        ctx.queue.triggered(key, "requeue-deleting");
+    }
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
+    ctx.queue.finished();
     if result.is_err() {
         ctx.metrics.reconcile_errors.inc();
     }
@@ -248,7 +288,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             // The gRPC side deletes it on the spoke and releases it.
             return hand_over_to_grpc(app, &t, ctx).await;
         }
-        return finalize(app, &apps, ctx).await;
+        return finalize(app, ctx).await;
     }
     if !is_pulled(app) {
         return Ok(Action::await_change());
@@ -256,7 +296,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     let target = match target(app) {
         Ok(t) => t,
         Err(e) => {
-            refuse(app, &apps, ctx, "InvalidAnnotation", &e.to_string()).await?;
+            refuse(app, ctx, Reason::InvalidAnnotation, &e.to_string()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -265,10 +305,10 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         Ok(Transport::Grpc) => return hand_over_to_grpc(app, &target, ctx).await,
         Err(e) => {
             let reason = match e {
-                TransportError::Invalid(_) => "InvalidAnnotation",
-                TransportError::GrpcDisabled => "TransportUnavailable",
+                TransportError::Invalid(_) => Reason::InvalidAnnotation,
+                TransportError::GrpcDisabled => Reason::TransportUnavailable,
             };
-            refuse(app, &apps, ctx, reason, &e.to_string()).await?;
+            refuse(app, ctx, reason, &e.to_string()).await?;
             return Ok(Action::await_change());
         }
     }
@@ -278,16 +318,15 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             target.cluster,
             keys::MANAGED_CLUSTER
         );
-        refuse(app, &apps, ctx, "UnknownCluster", &msg).await?;
+        refuse(app, ctx, Reason::UnknownCluster, &msg).await?;
         // The cluster joining triggers a reconcile.
         return Ok(Action::await_change());
     }
     if !authorized(ctx, &ns, &target.cluster) {
         refuse(
             app,
-            &apps,
             ctx,
-            "NotAuthorized",
+            Reason::NotAuthorized,
             &Authorization::refusal(&ns, &target.cluster),
         )
         .await?;
@@ -297,7 +336,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     let mut work = match manifest_work(app, &target, delivered_copy(app, &target), &ctx.options) {
         Ok(w) => w,
         Err(e) => {
-            refuse(app, &apps, ctx, "TooLarge", &e.to_string()).await?;
+            refuse(app, ctx, Reason::TooLarge, &e.to_string()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -319,7 +358,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
                 "ManifestWork {}/{work_name} already exists for another Application; rename this Application",
                 target.cluster
             );
-            refuse(app, &apps, ctx, "WorkConflict", &msg).await?;
+            refuse(app, ctx, Reason::WorkConflict, &msg).await?;
             return Ok(Action::await_change());
         }
     }
@@ -358,15 +397,20 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         }
     };
 
+    // Each write below returns the Application as written; what follows
+    // decides from that, never from the older copy.
+    let mut app = std::borrow::Cow::Borrowed(app);
     if app.data.get("operation").is_some_and(|o| !o.is_null()) {
         // Handed over to the spoke in the work; the hub copy must not run it
         // again. A merge patch removes only .operation.
-        apps.patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "operation": null })),
-        )
-        .await?;
+        let Some(written) = ctx
+            .writer
+            .patch(&app, COMMAND_MANAGER, &json!({ "operation": null }))
+            .await?
+        else {
+            return Ok(Action::await_change());
+        };
+        app = std::borrow::Cow::Owned(written);
         tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "sync operation handed over to the spoke");
     }
 
@@ -378,27 +422,20 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             "resourceVersion": app.resource_version(),
             "annotations": { keys::REFRESH: null },
         }});
-        match apps
-            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(_) => {
+        match ctx.writer.patch(&app, COMMAND_MANAGER, &patch).await? {
+            Some(written) => {
+                app = std::borrow::Cow::Owned(written);
                 tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "refresh handed over to the spoke");
             }
-            // Changed meanwhile: decided again on the next reconcile.
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
+            // Changed meanwhile: decided again from its next version.
+            None => return Ok(Action::await_change()),
         }
     }
 
     let current = app.data.get("status").cloned().unwrap_or(Value::Null);
-    let mut status = Value::Object(Default::default());
-    let mut requeue = false;
-    if let Some(fb) = feedback(&applied, &target.app_namespace, &name) {
-        let update = status_update(&current, &fb);
-        status = update.status;
-        requeue = update.requeue;
-    }
+    let mut status = feedback(&applied, &target.app_namespace, &name)
+        .map(|fb| status_update(&current, &fb))
+        .unwrap_or_else(|| json!({}));
     let problem = spoke_problem(&applied, &target.app_namespace, &name);
     set_condition(
         &mut status,
@@ -406,12 +443,10 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             .as_ref()
             .map(|p| format!("{}: {}", p.reason, p.message)),
     );
-    write_status(app, &apps, &current, status).await?;
-    Ok(if requeue {
-        Action::requeue(Duration::from_secs(1))
-    } else {
-        Action::await_change()
-    })
+    // A `Progressing` shown first (see `status::progress`) is followed by
+    // the real health when its echo brings the Application back here.
+    write_status(&app, ctx, status).await?;
+    Ok(Action::await_change())
 }
 
 /// The transport of `app` (see [`crate::delivery::transport`]); waits for
@@ -492,97 +527,38 @@ fn authorized(ctx: &Context, ns: &str, cluster: &str) -> bool {
         || selected_by_placement(cluster, &ctx.caches.decided_in(ns))
 }
 
-/// Records why the Application is not delivered: a condition on it and a
-/// Warning event, both saying what to fix.
+/// Records why the Application is not delivered: a condition on it and,
+/// when the reason is new, a Warning event, both saying what to fix.
 async fn refuse(
     app: &Application,
-    apps: &Api<Application>,
     ctx: &Context,
-    reason: &str,
+    reason: Reason,
     message: &str,
 ) -> Result<(), Error> {
-    tracing::warn!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), reason, message, "not delivered");
-    ctx.metrics
-        .refused
-        .get_or_create(&crate::metrics::ReasonLabel {
-            reason: reason.into(),
-        })
-        .inc();
     let current = app.data.get("status").cloned().unwrap_or(Value::Null);
+    let condition = format!("{reason}: {message}");
     // Keep whatever status the spoke reported last; add the condition.
     let mut status = owned_status(&current);
-    set_condition(&mut status, Some(format!("{reason}: {message}")));
-    write_status(app, apps, &current, status).await?;
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(message.into()),
-        action: "Deliver".into(),
-        secondary: None,
-    };
-    let reference = app.object_ref(&application_resource());
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-        tracing::warn!(error = %e, "could not publish event");
+    set_condition(&mut status, Some(condition.clone()));
+    write_status(app, ctx, status).await?;
+    if condition_of(&current) != Some(condition.as_str()) {
+        tracing::warn!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), %reason, message, "not delivered");
+        ctx.metrics
+            .refused
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+        ctx.writer
+            .event(app, EventType::Warning, reason.as_str(), message)
+            .await;
     }
     Ok(())
 }
 
-/// The status fields argocd-pull writes, taken from a current status.
-fn owned_status(current: &Value) -> Value {
-    let mut out = serde_json::Map::new();
-    for key in ["health", "sync", "operationState"] {
-        if let Some(v) = current.get(key) {
-            out.insert(key.into(), v.clone());
-        }
-    }
-    Value::Object(out)
-}
-
-/// Sets (or, with `None`, removes) argocd-pull's condition, keeping others.
-pub(crate) fn set_condition(status: &mut Value, message: Option<String>) {
-    let mut conditions: Vec<Value> = status
-        .get("conditions")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c.get("type").and_then(Value::as_str) != Some(CONDITION))
-        .collect();
-    if let Some(message) = message {
-        conditions.push(json!({ "type": CONDITION, "message": message }));
-    }
-    if let Value::Object(map) = status {
-        if conditions.is_empty() {
-            map.remove("conditions");
-        } else {
-            map.insert("conditions".into(), conditions.into());
-        }
-    }
-}
-
-/// Whether `status` holds a field argocd-pull writes.
-fn shows_any_of_ours(status: &Value) -> bool {
-    ["health", "sync", "operationState"]
-        .iter()
-        .any(|k| status.get(k).is_some())
-        || status
-            .get("conditions")
-            .and_then(Value::as_array)
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.get("type").and_then(Value::as_str) == Some(CONDITION))
-            })
-}
-
-/// Writes `status` (argocd-pull's fields only) unless the Application
-/// already shows exactly that, so that our own writes do not make more
-/// work; see [`status_patch`] for why a merge patch.
-async fn write_status(
-    app: &Application,
-    apps: &Api<Application>,
-    current: &Value,
-    mut status: Value,
-) -> Result<(), Error> {
+/// Writes `status` (argocd-pull's fields only) through the one writer.
+async fn write_status(app: &Application, ctx: &Context, mut status: Value) -> Result<(), Error> {
+    let current = app.data.get("status").unwrap_or(&Value::Null);
     if let Value::Object(map) = &mut status
         && map.is_empty()
     {
@@ -596,40 +572,12 @@ async fn write_status(
         // list says the same and is valid.
         map.insert("conditions".into(), json!([]));
     }
-    // Our fields: what the feedback fills in, and the condition list.
-    let keys = ["health", "sync", "operationState", "conditions"];
-    let wanted = status;
-    let Some(patch) = status_patch(current, &wanted, Some(&keys)) else {
-        return Ok(());
-    };
-    tracing::debug!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), from = %current, to = %wanted, "writing status");
-    apps.patch(
-        &app.name_any(),
-        &PatchParams {
-            field_manager: Some(STATUS_MANAGER.into()),
-            ..Default::default()
-        },
-        &Patch::Merge(&patch),
-    )
-    .await?;
+    ctx.writer.write_status(app, &status, Some(&OWNED)).await?;
     Ok(())
 }
 
-/// Argo CD's finalizers: the hub's Argo CD skips the dormant copy, so only
-/// argocd-pull can release them, once the spoke has deleted its copy.
-pub(crate) fn is_argocd_finalizer(f: &str) -> bool {
-    f.split('/')
-        .next()
-        .is_some_and(|domain| domain.ends_with("argocd.argoproj.io"))
-}
-
-async fn finalize(
-    app: &Application,
-    apps: &Api<Application>,
-    ctx: &Context,
-) -> Result<Action, Error> {
-    let finalizers = app.finalizers();
-    if !finalizers.iter().any(|f| is_argocd_finalizer(f)) {
+async fn finalize(app: &Application, ctx: &Context) -> Result<Action, Error> {
+    if !holds_argocd_finalizer(app) {
         // Nothing of ours holds it; the sweep removes the work.
         return Ok(Action::await_change());
     }
@@ -649,88 +597,6 @@ async fn finalize(
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
     }
-    let remaining: Vec<&String> = finalizers
-        .iter()
-        .filter(|f| !is_argocd_finalizer(f))
-        .collect();
-    // The resourceVersion makes this fail instead of dropping a finalizer
-    // someone added meanwhile; the retry re-reads.
-    let patch = json!({ "metadata": {
-        "finalizers": remaining,
-        "resourceVersion": app.resource_version(),
-    }});
-    match apps
-        .patch(
-            &app.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-        Err(e) => return Err(e.into()),
-    }
-    tracing::info!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), "spoke copy deleted; finalizers released");
+    ctx.writer.release_finalizers(app).await?;
     Ok(Action::await_change())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recognises_every_argocd_finalizer() {
-        for f in [
-            "resources-finalizer.argocd.argoproj.io",
-            "resources-finalizer.argocd.argoproj.io/background",
-            "resources-finalizer.argocd.argoproj.io/foreground",
-            "post-delete-finalizer.argocd.argoproj.io",
-            "post-delete-finalizer.argocd.argoproj.io/cleanup",
-        ] {
-            assert!(is_argocd_finalizer(f), "{f}");
-        }
-        for f in [
-            "example.com/keep",
-            "kubernetes",
-            "argocd.argoproj.io.evil.com/x",
-        ] {
-            assert!(!is_argocd_finalizer(f), "{f}");
-        }
-    }
-
-    #[test]
-    fn an_empty_status_is_only_written_to_take_back_our_fields() {
-        assert!(!shows_any_of_ours(&Value::Null));
-        assert!(!shows_any_of_ours(&json!({})));
-        assert!(!shows_any_of_ours(
-            &json!({ "conditions": [{ "type": "SyncError" }], "reconciledAt": "x" })
-        ));
-        assert!(shows_any_of_ours(
-            &json!({ "health": { "status": "Healthy" } })
-        ));
-        assert!(shows_any_of_ours(&json!({ "operationState": {} })));
-        assert!(shows_any_of_ours(
-            &json!({ "conditions": [{ "type": CONDITION, "message": "x" }] })
-        ));
-    }
-
-    #[test]
-    fn condition_is_set_replaced_and_removed() {
-        let mut status = json!({ "conditions": [{ "type": "SyncError", "message": "x" }] });
-        set_condition(&mut status, Some("UnknownCluster: no".into()));
-        set_condition(&mut status, Some("TooLarge: big".into()));
-        assert_eq!(
-            status["conditions"],
-            json!([{ "type": "SyncError", "message": "x" }, { "type": CONDITION, "message": "TooLarge: big" }])
-        );
-        set_condition(&mut status, None);
-        assert_eq!(
-            status["conditions"],
-            json!([{ "type": "SyncError", "message": "x" }])
-        );
-        let mut empty = json!({});
-        set_condition(&mut empty, None);
-        assert_eq!(empty, json!({}));
-    }
 }

@@ -4,7 +4,7 @@
 //! trigger: a cluster joining, a Placement changing its decisions or the work
 //! agent writing feedback re-reconciles exactly the Applications concerned.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use argocd_pull_apis::keys;
@@ -148,13 +148,16 @@ pub fn apps_in(apps: &Store<CachedApp>, ns: &str) -> Vec<ObjectRef<CachedApp>> {
 }
 
 /// The reconcile queue's depth: Applications that something triggered and
-/// whose reconcile has not started yet (retries scheduled for later are not
-/// counted). kube-runtime keeps its queue private, so the triggers are
-/// counted on their way in.
+/// whose reconcile has not started yet, with what triggered each (the last
+/// trigger, when several came before the reconcile started). kube-runtime
+/// keeps its queue private, so the triggers are recorded on their way in;
+/// requeues and error retries are recorded when they are scheduled.
 #[derive(Clone)]
 pub struct Queue {
-    pending: Arc<Mutex<HashSet<ObjectRef<CachedApp>>>>,
+    pending: Arc<Mutex<HashMap<ObjectRef<CachedApp>, &'static str>>>,
     gauge: Gauge,
+    /// Reconciles started and not finished yet.
+    running: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Queue {
@@ -162,26 +165,42 @@ impl Queue {
         Self {
             pending: Arc::default(),
             gauge,
+            running: Arc::default(),
         }
     }
 
-    pub fn triggered(&self, key: ObjectRef<CachedApp>) {
+    pub fn triggered(&self, key: ObjectRef<CachedApp>, trigger: &'static str) {
         let mut p = self.pending.lock().expect("lock");
-        p.insert(key);
+        p.insert(key, trigger);
         self.gauge.set(p.len() as i64);
     }
 
-    pub fn started(&self, key: &ObjectRef<CachedApp>) {
+    /// The reconcile of `key` starts; returns what triggered it.
+    pub fn started(&self, key: &ObjectRef<CachedApp>) -> &'static str {
         let mut p = self.pending.lock().expect("lock");
-        p.remove(key);
+        let trigger = p.remove(key);
         self.gauge.set(p.len() as i64);
+        self.running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        trigger.unwrap_or("unknown")
+    }
+
+    /// A reconcile [`Queue::started`] has finished.
+    pub fn finished(&self) {
+        self.running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Reconciles running now.
+    pub fn running(&self) -> usize {
+        self.running.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Drops entries whose Application is gone: kube-runtime never
     /// reconciles those, so they would otherwise count forever.
     pub fn prune(&self, apps: &Store<CachedApp>) {
         let mut p = self.pending.lock().expect("lock");
-        p.retain(|k| apps.get(k).is_some());
+        p.retain(|k, _| apps.get(k).is_some());
         self.gauge.set(p.len() as i64);
     }
 
@@ -295,13 +314,14 @@ mod tests {
         let one = apps_in(&apps, "a").remove(0);
         let gone = ObjectRef::new_with("gone", argocd_pull_apis::argocd::application_resource())
             .within("a");
-        q.triggered(one.clone());
-        q.triggered(one.clone());
-        q.triggered(gone);
+        q.triggered(one.clone(), "application");
+        q.triggered(one.clone(), "work");
+        q.triggered(gone, "application");
         assert_eq!((q.depth(), gauge.get()), (2, 2));
         q.prune(&apps);
         assert_eq!((q.depth(), gauge.get()), (1, 1));
-        q.started(&one);
+        assert_eq!(q.started(&one), "work", "the last trigger counts");
         assert_eq!((q.depth(), gauge.get()), (0, 0));
+        assert_eq!(q.started(&one), "unknown");
     }
 }

@@ -13,7 +13,6 @@ use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
 use kube::Client;
 use kube::api::{DynamicObject, PartialObjectMeta};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::store::Writer;
 
 use crate::cached::CachedApp;
@@ -22,19 +21,16 @@ use caches::{Caches, Queue, Written};
 use crate::delivery::authz::Authorization;
 use crate::delivery::work::WorkOptions;
 use crate::metrics::Metrics;
+use crate::status::AppWriter;
 
 /// Field manager of the ManifestWorks.
 pub const WORK_MANAGER: &str = "argocd-pull-hub";
-/// Field manager of the status written onto hub Applications.
-pub const STATUS_MANAGER: &str = "argocd-pull-status";
-/// Condition type on the hub Application when it cannot be delivered or
-/// applied. Argo CD's UI shows `...Error` conditions as errors.
-pub const CONDITION: &str = "PullDeliveryError";
 
 /// Shared state of the reconcilers.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    /// The one writer of hub Applications, shared with the gRPC transport.
+    pub writer: Arc<AppWriter>,
     pub options: WorkOptions,
     pub authorization: Authorization,
     pub metrics: Metrics,
@@ -73,10 +69,10 @@ impl Context {
         metrics: Metrics,
         grpc: Option<Arc<crate::grpc::Hub>>,
     ) -> Arc<Self> {
-        let reporter = Reporter {
-            controller: "argocd-pull-hub-controller".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
+        let writer = grpc
+            .as_ref()
+            .map(|g| g.writer.clone())
+            .unwrap_or_else(|| AppWriter::new(client.clone()));
         let writers = Writers {
             apps: Writer::new(application_resource()),
             clusters: Writer::default(),
@@ -91,7 +87,7 @@ impl Context {
             synced: Default::default(),
         };
         Arc::new(Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            writer,
             client,
             options,
             authorization,

@@ -147,40 +147,15 @@ fn apply_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option<Spo
         })
 }
 
-/// The status fields to write onto the hub Application, given its current
-/// `.status` and fresh feedback.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StatusUpdate {
-    /// The `.status` fields argocd-pull owns.
-    pub status: Value,
-    /// Write again soon: a synthetic `Progressing` was written for a new
-    /// sync and the real health must follow.
-    pub requeue: bool,
-}
-
-/// Builds the status update. When a new sync has started (a new
-/// `operationState.startedAt`) and the spoke is already `Healthy`, the hub
-/// first gets `Progressing`, so that ApplicationSet RollingSync, which only
-/// sees the hub copy, observes the Progressing -> Healthy transition that a
-/// fast sync on the spoke went through between two feedback scrapes.
-pub fn status_update(hub_status: &Value, fb: &Feedback) -> StatusUpdate {
-    let hub_started = hub_status
-        .pointer("/operationState/startedAt")
-        .and_then(Value::as_str);
-    let new_sync = fb.started_at.is_some() && fb.started_at.as_deref() != hub_started;
-    let hub_health = hub_status.pointer("/health/status").and_then(Value::as_str);
-    let fake_progressing =
-        new_sync && fb.health.as_deref() == Some("Healthy") && hub_health != Some("Progressing");
-
+/// The status fields argocd-pull owns, to write onto the hub Application
+/// given its current `.status` and fresh feedback; a new sync the spoke
+/// already finished is shown `Progressing` first (see
+/// [`crate::status::progress`]).
+pub fn status_update(hub_status: &Value, fb: &Feedback) -> Value {
     let mut status = Map::new();
-    let health = if fake_progressing {
-        Some("Progressing".to_string())
-    } else {
-        fb.health.clone()
-    };
-    if let Some(h) = health {
+    if let Some(h) = &fb.health {
         let mut health = json!({ "status": h });
-        if let Some(m) = fb.health_message.as_ref().filter(|_| !fake_progressing) {
+        if let Some(m) = &fb.health_message {
             health["message"] = m.clone().into();
         }
         status.insert("health".into(), health);
@@ -203,10 +178,9 @@ pub fn status_update(hub_status: &Value, fb: &Feedback) -> StatusUpdate {
     if let Some(c) = &fb.conditions {
         status.insert("conditions".into(), c.clone());
     }
-    StatusUpdate {
-        status: Value::Object(status),
-        requeue: fake_progressing,
-    }
+    let mut status = Value::Object(status);
+    crate::status::progress::show_progressing_first(hub_status, &mut status);
+    status
 }
 
 #[cfg(test)]
@@ -370,26 +344,23 @@ mod tests {
                           "operationState": { "startedAt": "T1", "phase": "Succeeded", "operation": {} } });
         // The spoke already finished a new sync (T2) between two scrapes.
         let first = status_update(&hub, &fb("Healthy", "T2"));
-        assert!(first.requeue);
-        assert_eq!(first.status["health"]["status"], "Progressing");
-        assert_eq!(first.status["operationState"]["startedAt"], "T2");
+        assert_eq!(first["health"]["status"], "Progressing");
+        assert_eq!(first["operationState"]["startedAt"], "T2");
         // Once the hub shows Progressing for T2, the real health follows.
         let hub = json!({ "health": { "status": "Progressing" },
                           "operationState": { "startedAt": "T2", "phase": "Succeeded", "operation": {} } });
         let second = status_update(&hub, &fb("Healthy", "T2"));
-        assert!(!second.requeue);
-        assert_eq!(second.status["health"]["status"], "Healthy");
+        assert_eq!(second["health"]["status"], "Healthy");
         // No new sync: nothing synthetic.
-        let third = status_update(&second.status, &fb("Healthy", "T2"));
-        assert_eq!(third.status["health"]["status"], "Healthy");
-        assert!(!third.requeue);
+        let third = status_update(&second, &fb("Healthy", "T2"));
+        assert_eq!(third["health"]["status"], "Healthy");
     }
 
     #[test]
     fn writes_the_schema_required_operation_fields_together() {
         let u = status_update(&Value::Null, &fb("Progressing", "T1"));
         assert_eq!(
-            u.status,
+            u,
             json!({
                 "health": { "status": "Progressing" },
                 "sync": { "status": "Synced", "revision": "r1" },
@@ -402,6 +373,6 @@ mod tests {
             ..Default::default()
         };
         let u = status_update(&Value::Null, &partial);
-        assert_eq!(u.status, json!({ "health": { "status": "Missing" } }));
+        assert_eq!(u, json!({ "health": { "status": "Missing" } }));
     }
 }

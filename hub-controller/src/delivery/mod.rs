@@ -8,7 +8,6 @@ pub mod cluster_secret;
 pub mod delivered;
 pub mod feedback;
 pub mod operation;
-pub mod status_patch;
 pub mod target;
 pub mod transport;
 pub mod work;

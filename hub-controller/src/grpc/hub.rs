@@ -23,11 +23,11 @@ use argocd_pull_proto::v1::{
 };
 use argocd_pull_runtime::workqueue::WorkQueue;
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -36,9 +36,8 @@ use super::cluster::{ClusterState, Item, Observation, Work};
 use super::metrics::GrpcMetrics;
 use super::plan::{self, Assignment, Command, Facts, HubRef};
 use crate::cached::CachedApp;
-use crate::controller::STATUS_MANAGER;
-use crate::controller::application::is_argocd_finalizer;
-use crate::delivery::status_patch::status_patch;
+use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
+use crate::status::{AppWriter, Reason};
 
 /// Field manager of the read-only mirrors.
 pub const MIRROR_MANAGER: &str = "argocd-pull-mirror";
@@ -126,7 +125,9 @@ pub struct Hub {
     decisions: Store<DynamicObject>,
     pub queue: WorkQueue<Work>,
     synced: watch::Sender<bool>,
-    recorder: Recorder,
+    /// The one writer of hub Applications, shared with the ManifestWork
+    /// transport.
+    pub writer: Arc<AppWriter>,
     next_session: AtomicU64,
     writers: Mutex<Option<Writers>>,
     /// Applications that moved to or from this transport, for the
@@ -161,12 +162,8 @@ impl Hub {
             addons: reflector::store::Writer::default(),
             decisions: reflector::store::Writer::new(placement_decision_resource()),
         };
-        let reporter = Reporter {
-            controller: "argocd-pull-hub-controller".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Arc::new(Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            writer: AppWriter::new(client.clone()),
             apps: writers.apps.as_reader(),
             mirrors: writers.mirrors.as_reader(),
             addons: writers.addons.as_reader(),
@@ -343,7 +340,9 @@ impl Hub {
                     (0, false)
                 }
                 E::Delete(a) => {
-                    self.unassign(&HubRef::of(&a));
+                    let r = HubRef::of(&a);
+                    self.writer.written().forget(&r.namespace, &r.name);
+                    self.unassign(&r);
                     (0, false)
                 }
                 E::Init => (0, false),
@@ -583,17 +582,20 @@ impl Hub {
     }
 
     async fn reconcile_app(&self, r: &HubRef) -> Result<(), kube::Error> {
-        let Some(app) = self.apps.get(&app_ref(r)).map(|c| c.application()) else {
+        let Some(cached) = self.apps.get(&app_ref(r)) else {
             return Ok(());
         };
+        if self.writer.behind(&cached.metadata) {
+            // Decided again when the echo of our last write arrives.
+            return Ok(());
+        }
+        let app = cached.application();
         let assignment = self
             .index
             .lock()
             .expect("never poisoned")
             .assignment(r)
             .cloned();
-        let api: Api<Application> =
-            Api::namespaced_with(self.client.clone(), &r.namespace, &application_resource());
         let (cluster, key, reason, message) = match assignment {
             None | Some(Assignment::NotOurs { .. }) => return Ok(()),
             Some(Assignment::Refused {
@@ -610,7 +612,7 @@ impl Hub {
             }) => {
                 let cs = self.cluster(&cluster);
                 if deleting {
-                    return self.finalize(&app, &api, &cs, &key).await;
+                    return self.finalize(&app, &cs, &key).await;
                 }
                 let winner = self
                     .index
@@ -625,20 +627,20 @@ impl Hub {
                         key.name,
                         keys::MANAGED_CLUSTER_APP_NAMESPACE
                     );
-                    (cluster, key, Some(plan::SPOKE_CONFLICT), msg)
+                    (cluster, key, Some(Reason::SpokeConflict), msg)
                 } else if cs.mode() == Some(AgentMode::Autonomous) {
                     let msg = format!(
                         "the agent of cluster {cluster} runs in autonomous mode: its Applications are defined on the cluster; deliver this one by ManifestWork (annotation {}: manifestwork) or run the agent in managed mode",
                         keys::TRANSPORT
                     );
-                    (cluster, key, Some(plan::AUTONOMOUS_CLUSTER), msg)
+                    (cluster, key, Some(Reason::AutonomousCluster), msg)
                 } else {
                     let rejected = cs.lock().rejected.get(&key).cloned();
                     match rejected {
                         Some(m) => (
                             cluster,
                             key,
-                            Some(plan::REJECTED_BY_AGENT),
+                            Some(Reason::RejectedByAgent),
                             format!("the agent refused it: {m}"),
                         ),
                         None => (cluster, key, None, String::new()),
@@ -648,8 +650,7 @@ impl Hub {
         };
         let cs = self.cluster(&cluster);
         if reason.is_none() {
-            self.commands(&app, &api, Work::App(r.clone()), &cs, &key)
-                .await?;
+            self.commands(&app, Work::App(r.clone()), &cs, &key).await?;
         }
         let observed = match cs.lock().observed.get(&key) {
             Some(Observation::Observed { report, .. }) => {
@@ -669,24 +670,21 @@ impl Hub {
         }
         let newly_refused =
             condition.is_some() && plan::condition_of(&current) != condition.as_deref();
-        // A merge patch, not server-side apply: see `status_patch`.
-        let Some(patch) = status_patch(&current, &status, None) else {
+        if self
+            .writer
+            .write_status(&app, &status, None)
+            .await?
+            .is_none()
+        {
             return Ok(());
-        };
-        api.patch(
-            &r.name,
-            &PatchParams {
-                field_manager: Some(STATUS_MANAGER.into()),
-                ..Default::default()
-            },
-            &Patch::Merge(&patch),
-        )
-        .await?;
+        }
         self.metrics.status_writes.inc();
         if let (true, Some(reason)) = (newly_refused, reason) {
-            tracing::warn!(%cluster, namespace = %r.namespace, name = %r.name, reason, %message, "not delivered");
-            self.metrics.refuse(&cluster, reason);
-            self.event(&app, EventType::Warning, reason, &message).await;
+            tracing::warn!(%cluster, namespace = %r.namespace, name = %r.name, %reason, %message, "not delivered");
+            self.metrics.refuse(&cluster, reason.as_str());
+            self.writer
+                .event(&app, EventType::Warning, reason.as_str(), &message)
+                .await;
         }
         Ok(())
     }
@@ -696,40 +694,17 @@ impl Hub {
     async fn finalize(
         &self,
         app: &Application,
-        api: &Api<Application>,
         cs: &ClusterState,
         key: &ObjectKey,
     ) -> Result<(), kube::Error> {
-        let finalizers = app.finalizers();
-        if !finalizers.iter().any(|f| is_argocd_finalizer(f)) {
+        if !holds_argocd_finalizer(app) {
             return Ok(());
         }
         let gone_for = cs.lock().gone.get(key).cloned();
         if gone_for.as_deref() != app.metadata.uid.as_deref() {
             return Ok(());
         }
-        let remaining: Vec<&String> = finalizers
-            .iter()
-            .filter(|f| !is_argocd_finalizer(f))
-            .collect();
-        let patch = json!({ "metadata": {
-            "finalizers": remaining,
-            "resourceVersion": app.resource_version(),
-        }});
-        match api
-            .patch(
-                &app.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-        tracing::info!(cluster = %cs.name, namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), "spoke copy deleted; finalizers released");
-        Ok(())
+        self.writer.release_finalizers(app).await
     }
 
     /// Stamps, sends and completes the sync and refresh commands `app`
@@ -737,7 +712,6 @@ impl Hub {
     async fn commands(
         &self,
         app: &Application,
-        api: &Api<Application>,
         owner: Work,
         cs: &ClusterState,
         key: &ObjectKey,
@@ -753,19 +727,9 @@ impl Hub {
             .map(|(id, _)| id.clone());
         let plan = plan::commands(app, refresh_id.as_deref());
         if let Some(patch) = plan.stamp {
-            return match api
-                .patch(
-                    &app.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(patch),
-                )
-                .await
-            {
-                // Our own write brings the Application back here.
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(()),
-                Err(e) => Err(e),
-            };
+            // Our own write brings the Application back here.
+            self.writer.patch(app, COMMAND_MANAGER, &patch).await?;
+            return Ok(());
         }
         let ids: Vec<String> = plan.ready.iter().map(|(id, _)| id.clone()).collect();
         cs.retain_ops(&owner, &ids);
@@ -795,23 +759,22 @@ impl Hub {
                         cs.op_done(&id);
                         continue;
                     };
-                    match api
-                        .patch(
-                            &app.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(patch),
-                        )
-                        .await
+                    // Changed meanwhile (None): decided again from its next version.
+                    if self
+                        .writer
+                        .patch(app, COMMAND_MANAGER, &patch)
+                        .await?
+                        .is_some()
                     {
-                        Ok(_) => {
-                            cs.op_done(&id);
-                            let what = match command {
-                                Command::Sync(_) => "sync",
-                                Command::Refresh(_) => "refresh",
-                            };
-                            if outcome == AckOutcome::Rejected {
-                                tracing::warn!(cluster = %cs.name, id, %message, "the agent refused a {what}");
-                                self.event(
+                        cs.op_done(&id);
+                        let what = match command {
+                            Command::Sync(_) => "sync",
+                            Command::Refresh(_) => "refresh",
+                        };
+                        if outcome == AckOutcome::Rejected {
+                            tracing::warn!(cluster = %cs.name, id, %message, "the agent refused a {what}");
+                            self.writer
+                                .event(
                                     app,
                                     EventType::Warning,
                                     "CommandRejected",
@@ -821,12 +784,9 @@ impl Hub {
                                     ),
                                 )
                                 .await;
-                            } else {
-                                tracing::info!(cluster = %cs.name, id, ?outcome, "{what} handed over to the spoke");
-                            }
+                        } else {
+                            tracing::info!(cluster = %cs.name, id, ?outcome, "{what} handed over to the spoke");
                         }
-                        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
-                        Err(e) => return Err(e),
                     }
                     // One write per pass: the next one reads the new version.
                     return Ok(());
@@ -838,10 +798,20 @@ impl Hub {
 
     async fn reconcile_mirror(&self, cluster: &str, key: &ObjectKey) -> Result<(), kube::Error> {
         let cs = self.cluster(cluster);
-        let current = self
+        let cached = self
             .mirrors
-            .get(&ObjectRef::new_with(&key.name, application_resource()).within(cluster))
-            .map(|m| m.application());
+            .get(&ObjectRef::new_with(&key.name, application_resource()).within(cluster));
+        let cached_rv = cached
+            .as_ref()
+            .and_then(|m| m.metadata.resource_version.clone());
+        if self.writer.written().behind_key(
+            &(cluster.to_string(), key.name.clone()),
+            cached_rv.as_deref(),
+        ) {
+            // Decided again when the echo of our last write arrives.
+            return Ok(());
+        }
+        let current = cached.map(|m| m.application());
         let api: Api<Application> =
             Api::namespaced_with(self.client.clone(), cluster, &application_resource());
         let source = format!("{}/{}", key.namespace, key.name);
@@ -867,7 +837,8 @@ impl Hub {
                             "cluster {cluster}'s Application {source} is not mirrored: this Application has its name in namespace {cluster}; rename one of them"
                         );
                         tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
-                        self.event(&other, EventType::Warning, "MirrorNameTaken", &message)
+                        self.writer
+                            .event(&other, EventType::Warning, "MirrorNameTaken", &message)
                             .await;
                         return Ok(());
                     }
@@ -881,7 +852,6 @@ impl Hub {
                         return self
                             .commands(
                                 m,
-                                &api,
                                 Work::Mirror {
                                     cluster: cluster.into(),
                                     key: key.clone(),
@@ -899,6 +869,7 @@ impl Hub {
                         &Patch::Apply(&wanted),
                     )
                     .await?;
+                self.writer.written().record(&applied.metadata);
                 self.metrics.status_writes.inc();
                 // Fields someone else added to the spec are not the
                 // mirror's: take them out (server-side apply keeps them).
@@ -909,10 +880,14 @@ impl Hub {
                 ) {
                     let patch = json!({ "metadata": { "resourceVersion": applied.resource_version() }, "spec": diff });
                     match api
-                        .patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
+                        .patch(
+                            &key.name,
+                            &PatchParams::apply(MIRROR_MANAGER),
+                            &Patch::Merge(patch),
+                        )
                         .await
                     {
-                        Ok(_) => {}
+                        Ok(m) => self.writer.written().record(&m.metadata),
                         Err(kube::Error::Api(s)) if s.code == 409 => {}
                         Err(e) => return Err(e),
                     }
@@ -934,6 +909,7 @@ impl Hub {
                         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                         Err(e) => return Err(e),
                     }
+                    self.writer.written().forget(cluster, &key.name);
                     tracing::info!(%cluster, %source, "spoke Application gone; mirror deleted");
                 }
                 Ok(())
@@ -950,7 +926,6 @@ impl Hub {
                     }
                     self.commands(
                         &m,
-                        &api,
                         Work::Mirror {
                             cluster: cluster.into(),
                             key: key.clone(),
@@ -963,20 +938,6 @@ impl Hub {
                 Ok(())
             }
             None => Ok(()),
-        }
-    }
-
-    async fn event(&self, app: &Application, type_: EventType, reason: &str, note: &str) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.into()),
-            action: "Deliver".into(),
-            secondary: None,
-        };
-        let reference = app.object_ref(&application_resource());
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %e, "could not publish event");
         }
     }
 }

@@ -13,12 +13,12 @@ use argocd_pull_proto::v1::{ObjectKey, ObjectMeta, RefreshKind};
 use kube::ResourceExt;
 use serde_json::{Map, Value, json};
 
-use crate::controller::CONDITION;
-use crate::controller::application::set_condition;
 use crate::delivery::authz::Authorization;
 use crate::delivery::delivered_copy;
 use crate::delivery::target::{is_pulled, target};
 use crate::delivery::transport::{Transport, choose};
+use crate::status::Reason;
+use crate::status::condition::{owned_status, set_condition};
 
 /// A hub Application, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -74,7 +74,7 @@ pub enum Assignment {
     Refused {
         cluster: String,
         key: ObjectKey,
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
     /// Deliver (or, while the hub copy is being deleted, delete) it.
@@ -106,12 +106,6 @@ pub struct Facts<'a> {
     /// Clusters the PlacementDecisions of a namespace select.
     pub decided_in: &'a dyn Fn(&str) -> Vec<String>,
 }
-
-pub const NOT_AUTHORIZED: &str = "NotAuthorized";
-pub const TOO_LARGE: &str = "TooLarge";
-pub const REJECTED_BY_AGENT: &str = "RejectedByAgent";
-pub const AUTONOMOUS_CLUSTER: &str = "AutonomousCluster";
-pub const SPOKE_CONFLICT: &str = "SpokeConflict";
 
 /// Decides what the gRPC transport does with `app`.
 pub fn assign(app: &Application, facts: &Facts) -> Assignment {
@@ -146,7 +140,7 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
         return Assignment::Refused {
             cluster: target.cluster.clone(),
             key,
-            reason: NOT_AUTHORIZED,
+            reason: Reason::NotAuthorized,
             message: Authorization::refusal(&ns, &target.cluster),
         };
     }
@@ -159,7 +153,7 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
         return Assignment::Refused {
             cluster: target.cluster,
             key,
-            reason: TOO_LARGE,
+            reason: Reason::TooLarge,
             message: e.to_string(),
         };
     }
@@ -379,18 +373,7 @@ pub fn hub_status(current: &Value, observed: Option<&Value>, condition: Option<S
         None => owned_status(current),
     };
     if observed.is_some() {
-        let started = |s: &Value| {
-            s.pointer("/operationState/startedAt")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        let new_sync = started(&status).is_some() && started(&status) != started(current);
-        let healthy = status.pointer("/health/status").and_then(Value::as_str) == Some("Healthy");
-        let hub_progressing =
-            current.pointer("/health/status").and_then(Value::as_str) == Some("Progressing");
-        if new_sync && healthy && !hub_progressing {
-            status["health"] = json!({ "status": "Progressing" });
-        }
+        crate::status::progress::show_progressing_first(current, &mut status);
     }
     set_condition(&mut status, condition);
     if status.as_object().is_some_and(Map::is_empty) {
@@ -401,28 +384,8 @@ pub fn hub_status(current: &Value, observed: Option<&Value>, condition: Option<S
     status
 }
 
-/// The fields the ManifestWork transport writes, kept when there is no
-/// observed status to write (a refusal before anything was delivered).
-fn owned_status(current: &Value) -> Value {
-    let mut out = Map::new();
-    for key in ["health", "sync", "operationState", "conditions"] {
-        if let Some(v) = current.get(key) {
-            out.insert(key.into(), v.clone());
-        }
-    }
-    Value::Object(out)
-}
-
 /// argocd-pull's condition message in a status, if any.
-pub fn condition_of(status: &Value) -> Option<&str> {
-    status
-        .get("conditions")?
-        .as_array()?
-        .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(CONDITION))?
-        .get("message")?
-        .as_str()
-}
+pub use crate::status::condition::condition_of;
 
 // ---------------------------------------------------------------------------
 // Autonomous mirrors
@@ -581,7 +544,7 @@ mod tests {
         assert!(matches!(
             assign(&deliverable, &facts(true, &authz, &[])),
             Assignment::Refused {
-                reason: NOT_AUTHORIZED,
+                reason: Reason::NotAuthorized,
                 ..
             }
         ));
@@ -608,7 +571,7 @@ mod tests {
         assert!(matches!(
             assign(&big, &facts(true, &authz, &["c1"])),
             Assignment::Refused {
-                reason: TOO_LARGE,
+                reason: Reason::TooLarge,
                 ..
             }
         ));

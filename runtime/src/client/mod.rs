@@ -1,0 +1,205 @@
+//! The Kubernetes client every binary builds: kube's own stack with one
+//! layer of ours around it that counts each request by verb, resource and
+//! response code (`<prefix>_api_requests_total`) and applies the
+//! client-side [`limit`]s. A storm of requests then shows on a dashboard,
+//! and one process cannot crowd the other clients of its API server.
+
+pub mod classify;
+pub mod limit;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use kube::client::Body;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tower::buffer::Buffer;
+use tower::{BoxError, Layer, Service};
+
+pub use limit::Limits;
+use limit::{Limiter, retry_after};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub verb: String,
+    pub resource: String,
+    /// The HTTP status code, or `error` when no response came.
+    pub code: String,
+}
+
+/// Requests to the API server by verb, resource and code.
+#[derive(Clone, Default)]
+pub struct ApiMetrics {
+    pub requests: Family<RequestLabels, Counter>,
+}
+
+impl ApiMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "api_requests",
+            "Requests to the Kubernetes API server, by verb, resource and response code",
+            m.requests.clone(),
+        );
+        m
+    }
+
+    /// Requests counted so far with this verb and resource (any code).
+    pub fn count(&self, verb: &str, resource: &str) -> u64 {
+        // prometheus-client has no iteration over a family: read the
+        // codes a request can end with.
+        [
+            "200", "201", "404", "409", "422", "429", "500", "503", "error",
+        ]
+        .iter()
+        .map(|code| {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    verb: verb.into(),
+                    resource: resource.into(),
+                    code: (*code).into(),
+                })
+                .get()
+        })
+        .sum()
+    }
+}
+
+/// The layer of ours around kube's stack.
+#[derive(Clone)]
+pub struct ApiLayer {
+    metrics: ApiMetrics,
+    limiter: Arc<Limiter>,
+}
+
+impl ApiLayer {
+    pub fn new(metrics: ApiMetrics, limits: Limits) -> Self {
+        Self {
+            metrics,
+            limiter: Arc::new(Limiter::new(limits)),
+        }
+    }
+}
+
+/// Builds a client from `config` with the [`ApiLayer`].
+pub fn build(config: kube::Config, layer: &ApiLayer) -> anyhow::Result<kube::Client> {
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(layer)
+        .build())
+}
+
+type Inner<S> = Buffer<Request<Body>, <S as Service<Request<Body>>>::Future>;
+
+impl<S> Layer<S> for ApiLayer
+where
+    S: Service<Request<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + Sync,
+{
+    type Service = ApiService<S>;
+
+    fn layer(&self, inner: S) -> ApiService<S> {
+        ApiService {
+            // A buffer makes kube's (not cloneable) stack shareable by the
+            // requests waiting on the limits.
+            inner: Buffer::new(inner, 1024),
+            layer: self.clone(),
+        }
+    }
+}
+
+pub struct ApiService<S: Service<Request<Body>>> {
+    inner: Inner<S>,
+    layer: ApiLayer,
+}
+
+impl<S, B> Service<Request<Body>> for ApiService<S>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + Sync,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Readiness is awaited per request below, after the limits.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let mut inner = self.inner.clone();
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let (verb, resource) = classify::classify(
+                request.method(),
+                request.uri().path(),
+                request.uri().query(),
+            );
+            let limited = verb != "watch";
+            let mut request = request;
+            let mut retried = false;
+            loop {
+                let permit = if limited {
+                    layer.limiter.admit().await
+                } else {
+                    None
+                };
+                // Kept to send again after a 429, when the body allows it.
+                let again = (!retried).then(|| clone_request(&request)).flatten();
+                let result = tower::ServiceExt::ready(&mut inner)
+                    .await?
+                    .call(request)
+                    .await;
+                drop(permit);
+                let code = match &result {
+                    Ok(r) => r.status().as_u16().to_string(),
+                    Err(_) => "error".to_string(),
+                };
+                layer
+                    .metrics
+                    .requests
+                    .get_or_create(&RequestLabels {
+                        verb: verb.into(),
+                        resource: resource.clone(),
+                        code,
+                    })
+                    .inc();
+                if let Ok(response) = &result
+                    && response.status() == http::StatusCode::TOO_MANY_REQUESTS
+                    && let Some(after) =
+                        retry_after(response.headers().get(http::header::RETRY_AFTER))
+                {
+                    tracing::debug!(verb, %resource, ?after, "the API server asked to slow down");
+                    layer.limiter.pause(after);
+                    if let Some(again) = again {
+                        request = again;
+                        retried = true;
+                        continue;
+                    }
+                }
+                return result;
+            }
+        })
+    }
+}
+
+fn clone_request(r: &Request<Body>) -> Option<Request<Body>> {
+    let body = r.body().try_clone()?;
+    let mut out = Request::builder()
+        .method(r.method().clone())
+        .uri(r.uri().clone())
+        .version(r.version())
+        .body(body)
+        .ok()?;
+    *out.headers_mut() = r.headers().clone();
+    out.extensions_mut().clone_from(r.extensions());
+    Some(out)
+}
