@@ -4,14 +4,17 @@
 
 #![forbid(unsafe_code)]
 
-pub mod cached;
 pub mod certs;
-pub mod controller;
-pub mod delivery;
-pub mod grpc;
+#[cfg(test)]
+mod fixtures;
 pub mod hub;
 pub mod metrics;
+pub mod render;
+pub mod route;
 pub mod status;
+pub mod transport;
+
+use transport::{grpc, manifestwork};
 
 use argocd_pull_runtime::{
     AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs, Readiness, admin::Admin, lease, shutdown,
@@ -59,7 +62,7 @@ pub struct Args {
         env = "ARGOCD_PULL_ALLOWED_TARGETS",
         value_delimiter = ','
     )]
-    pub allowed_targets: Vec<delivery::authz::AllowRule>,
+    pub allowed_targets: Vec<route::authz::AllowRule>,
     #[command(flatten)]
     pub grpc: grpc::GrpcArgs,
     #[command(flatten)]
@@ -189,7 +192,7 @@ async fn run_controllers(
     readiness: Readiness,
     shutdown: shutdown::Shutdown,
 ) -> anyhow::Result<()> {
-    let authorization = delivery::authz::Authorization {
+    let authorization = route::authz::Authorization {
         require_placement: args.authorization == AuthorizationMode::Placement,
         allow: args.allowed_targets.clone(),
     };
@@ -222,21 +225,21 @@ async fn run_controllers(
         }
         None => None,
     };
-    let ctx = controller::Context::with_grpc(
+    let ctx = manifestwork::Context::with_grpc(
         client.clone(),
-        delivery::work::WorkOptions {
+        render::work::WorkOptions {
             raw_feedback: args.raw_feedback,
         },
         authorization,
         metrics.clone(),
         grpc,
     );
-    let secrets = tokio::spawn(controller::clusters::run(
+    let secrets = tokio::spawn(manifestwork::cluster_secrets::run(
         client.clone(),
         args.argocd_namespace.clone(),
         shutdown.clone().wait(),
     ));
-    let sweep = tokio::spawn(controller::sweep::run(
+    let sweep = tokio::spawn(manifestwork::sweep::run(
         client,
         metrics,
         args.sweep_interval,
@@ -244,7 +247,7 @@ async fn run_controllers(
     ));
     let synced = readiness.clone();
     synced.set("applications-synced", false);
-    controller::application::run(
+    manifestwork::application::run(
         ctx,
         move || synced.set("applications-synced", true),
         shutdown.clone(),

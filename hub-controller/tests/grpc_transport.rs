@@ -7,7 +7,7 @@
 
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
-use argocd_pull_hub_controller::delivery::work::work_name;
+use argocd_pull_hub_controller::render::work::work_name;
 use argocd_pull_spoke_agent::Mode;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};

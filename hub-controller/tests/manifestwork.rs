@@ -9,11 +9,11 @@ use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::placement_decision_resource;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
-use argocd_pull_hub_controller::controller::{self, Context};
-use argocd_pull_hub_controller::delivery::authz::Authorization;
-use argocd_pull_hub_controller::delivery::work::WorkOptions;
 use argocd_pull_hub_controller::metrics::Metrics;
+use argocd_pull_hub_controller::render::work::WorkOptions;
+use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::status::CONDITION;
+use argocd_pull_hub_controller::transport::manifestwork::{self, Context};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::DynamicObject;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -46,7 +46,7 @@ async fn hub_with_controller() -> Hub {
     );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(controller::application::run(
+    tokio::spawn(manifestwork::application::run(
         ctx.clone(),
         move || {
             let _ = synced_tx.send(());
@@ -385,7 +385,7 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
     })
     .await;
     assert_eq!(
-        controller::sweep::sweep_once(client, &hub.ctx.metrics)
+        manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
             .await
             .unwrap(),
         1
@@ -405,7 +405,7 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
             .is_some()
     );
     assert_eq!(
-        controller::sweep::sweep_once(client, &hub.ctx.metrics)
+        manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
             .await
             .unwrap(),
         0,
@@ -495,7 +495,7 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
     let client = cluster.client().await.unwrap();
     cluster.ensure_namespace("argocd").await.unwrap();
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
-    tokio::spawn(controller::clusters::run(
+    tokio::spawn(manifestwork::cluster_secrets::run(
         client.clone(),
         "argocd".into(),
         shutdown.wait(),
@@ -581,7 +581,7 @@ async fn adopts_applications_from_argocd_pull_integration_without_deleting_them(
     wait::exists(&works, &format!("{ns}.guestbook"), TIMEOUT).await;
 
     assert_eq!(
-        controller::sweep::sweep_once(client, &hub.ctx.metrics)
+        manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
             .await
             .unwrap(),
         0,
@@ -612,7 +612,7 @@ async fn adopts_applications_from_argocd_pull_integration_without_deleting_them(
             .deletion_timestamp
             .is_none()
     );
-    controller::sweep::sweep_once(client, &hub.ctx.metrics)
+    manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
         .await
         .unwrap();
     assert_eq!(hub.ctx.metrics.works_adopted.get(), 1);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
-use argocd_pull_hub_controller::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL};
+use argocd_pull_hub_controller::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};

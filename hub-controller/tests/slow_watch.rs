@@ -10,10 +10,10 @@ use std::time::Duration;
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
-use argocd_pull_hub_controller::controller::{self, Context};
-use argocd_pull_hub_controller::delivery::authz::Authorization;
-use argocd_pull_hub_controller::delivery::work::{WorkOptions, work_name};
 use argocd_pull_hub_controller::metrics::Metrics;
+use argocd_pull_hub_controller::render::work::{WorkOptions, work_name};
+use argocd_pull_hub_controller::route::authz::Authorization;
+use argocd_pull_hub_controller::transport::manifestwork::{self, Context};
 use futures::StreamExt;
 use http::Method;
 use kube::api::{Api, ListParams, PostParams};
@@ -51,7 +51,7 @@ async fn a_late_watch_costs_no_extra_status_writes() {
     );
     let (_stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(controller::application::run(
+    tokio::spawn(manifestwork::application::run(
         ctx.clone(),
         move || {
             let _ = synced_tx.send(());
@@ -112,7 +112,7 @@ async fn a_late_watch_costs_no_extra_status_writes() {
                     ("operationStatePhase", "Succeeded"),
                     ("operationStateStartedAt", STARTED),
                 ];
-                feed_back(&works, &work_name(&ns, name), "argocd", name, &values).await;
+                feed_back(&works, &work_name(&ns, name), &ns, name, &values).await;
             }
         })
         .await;

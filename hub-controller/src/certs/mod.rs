@@ -30,7 +30,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use pki::Issued;
 use serde_json::json;
 
-use crate::grpc::tls::TlsFiles;
+use crate::transport::grpc::tls::TlsFiles;
 
 /// Secret with the serving CA.
 pub const SERVING_CA_SECRET: &str = "argocd-pull-serving-ca";

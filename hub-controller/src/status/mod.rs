@@ -5,6 +5,8 @@
 //! ([`writer`]) that never decides from a cache older than its own writes.
 
 pub mod condition;
+pub mod feedback;
+pub mod observed;
 pub mod patch;
 pub mod progress;
 pub mod writer;

@@ -20,22 +20,22 @@ use kube::runtime::reflector::{ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use serde_json::{Value, json};
 
-use super::caches::{self, Lookup};
 use super::{Context, Error, WORK_MANAGER};
-use crate::cached::CachedApp;
-use crate::delivery::authz::{Authorization, selected_by_placement};
-use crate::delivery::delivered_copy;
-use crate::delivery::feedback::{feedback, spoke_problem, status_update};
-use crate::delivery::operation::{self, carried_operation};
-use crate::delivery::target::{Target, is_pulled, target};
-use crate::delivery::transport::{Transport, TransportError, choose};
-use crate::delivery::work::{
+use crate::hub::cached::CachedApp;
+use crate::hub::caches::{self, Lookup};
+use crate::render::delivered_copy;
+use crate::render::operation::{self, carried_operation};
+use crate::render::work::{
     MANAGED_BY, MANAGED_BY_LABEL, applied_on_spoke, is_applied, manifest_work, work_name,
 };
+use crate::route::authz::{Authorization, selected_by_placement};
+use crate::route::target::{Target, is_pulled, target};
+use crate::route::transport::{Transport, TransportError, choose};
 use crate::status::Reason;
 use crate::status::condition::{
     OWNED, condition_of, owned_status, set_condition, shows_any_of_ours,
 };
+use crate::status::feedback::{feedback, spoke_problem, status_update};
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 
 /// How long in-flight reconciles get to finish once shutdown begins.
@@ -449,7 +449,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     Ok(Action::await_change())
 }
 
-/// The transport of `app` (see [`crate::delivery::transport`]); waits for
+/// The transport of `app` (see [`crate::route::transport`]); waits for
 /// the gRPC side's view of the addons, so a cluster's Applications are never
 /// delivered by work just because that view is still loading.
 async fn transport_of(
@@ -521,7 +521,7 @@ async fn hand_over_to_grpc(
     Ok(Action::await_change())
 }
 
-/// Whether namespace `ns` may deploy to `cluster` (see [`crate::delivery::authz`]).
+/// Whether namespace `ns` may deploy to `cluster` (see [`crate::route::authz`]).
 fn authorized(ctx: &Context, ns: &str, cluster: &str) -> bool {
     ctx.authorization.allowed_without_placement(ns, cluster)
         || selected_by_placement(cluster, &ctx.caches.decided_in(ns))

@@ -9,7 +9,7 @@ use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use serde_json::{Map, Value, json};
 
-use super::target::Target;
+use crate::route::target::Target;
 
 /// The destination the spoke's Argo CD uses for its own cluster.
 pub const IN_CLUSTER: &str = "https://kubernetes.default.svc";

@@ -41,8 +41,8 @@ pub fn cluster_secret(cluster: &ManagedCluster, argocd_namespace: &str) -> Secre
                 (keys::ARGOCD_SECRET_TYPE.to_string(), "cluster".to_string()),
                 (CLUSTER_NAME_LABEL.to_string(), name.clone()),
                 (
-                    crate::delivery::work::MANAGED_BY_LABEL.to_string(),
-                    crate::delivery::work::MANAGED_BY.to_string(),
+                    crate::render::work::MANAGED_BY_LABEL.to_string(),
+                    crate::render::work::MANAGED_BY.to_string(),
                 ),
             ])),
             owner_references: cluster.controller_owner_ref(&()).map(|o| vec![o]),

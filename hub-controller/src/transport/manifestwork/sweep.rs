@@ -18,9 +18,9 @@ use argocd_pull_apis::ocm::ManifestWork;
 use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
-use crate::delivery::target::{is_pulled, target};
-use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::metrics::Metrics;
+use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::route::target::{is_pulled, target};
 
 /// Whether a work should go, given its hub Application (if it still exists).
 pub fn is_orphan(work: &ManifestWork, app: Option<&Application>) -> bool {

@@ -16,7 +16,7 @@ use argocd_pull_proto::v1::{
 };
 use tokio::sync::{Notify, watch};
 
-use super::plan::{Desired, HubRef};
+use crate::route::assign::{Desired, HubRef};
 
 /// At most this many object messages in flight to one agent.
 pub const WINDOW: usize = 512;

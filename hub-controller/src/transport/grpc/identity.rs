@@ -72,7 +72,7 @@ fn matches(parts: &[Part], rest: &str, captured: &mut Option<String>) -> bool {
 }
 
 fn is_dns_label(s: &str) -> bool {
-    crate::delivery::target::dns_label(s).is_ok() && !s.is_empty()
+    crate::route::target::dns_label(s).is_ok() && !s.is_empty()
 }
 
 impl FromStr for Pattern {

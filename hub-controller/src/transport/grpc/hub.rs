@@ -33,9 +33,13 @@ use tokio::sync::watch;
 
 use super::GrpcConfig;
 use super::cluster::{ClusterState, Item, Observation, Work};
+use super::commands::{self, Command};
 use super::metrics::GrpcMetrics;
-use super::plan::{self, Assignment, Command, Facts, HubRef};
-use crate::cached::CachedApp;
+use crate::hub::cached::CachedApp;
+use crate::render::grpc as render;
+use crate::route::assign::{self, Assignment, Facts, HubRef};
+use crate::status::condition::condition_of;
+use crate::status::observed::hub_status;
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 use crate::status::{AppWriter, Reason};
 
@@ -233,7 +237,7 @@ impl Hub {
                 .flat_map(|pd| argocd_pull_apis::ocm::decided_clusters(pd))
                 .collect()
         };
-        plan::assign(
+        assign::assign(
             app,
             &Facts {
                 grpc_served: true,
@@ -525,7 +529,7 @@ impl Hub {
         {
             return None;
         }
-        let hub_uid = plan::uid_of_version(version)?.to_string();
+        let hub_uid = assign::uid_of_version(version)?.to_string();
         Some(if at.is_empty() {
             Item::Delete { hub_uid }
         } else {
@@ -536,7 +540,7 @@ impl Hub {
     /// A mirror seen on the hub is part of the hub's replica of the
     /// observed set until the agent reports it again (after a restart).
     fn seed_mirror(&self, cluster: &str, key: &ObjectKey, mirror: &CachedApp) {
-        let Some(version) = mirror.annotations().get(plan::MIRROR_VERSION) else {
+        let Some(version) = mirror.annotations().get(render::MIRROR_VERSION) else {
             return;
         };
         let cs = self.cluster(cluster);
@@ -660,16 +664,15 @@ impl Hub {
         };
         let condition = reason.map(|r| format!("{r}: {message}"));
         let current = app.data.get("status").cloned().unwrap_or(Value::Null);
-        if observed.is_none() && condition.is_none() && plan::condition_of(&current).is_none() {
+        if observed.is_none() && condition.is_none() && condition_of(&current).is_none() {
             // Nothing reported yet and nothing wrong: nothing to write.
             return Ok(());
         }
-        let status = plan::hub_status(&current, observed.as_ref(), condition.clone());
+        let status = hub_status(&current, observed.as_ref(), condition.clone());
         if status == current {
             return Ok(());
         }
-        let newly_refused =
-            condition.is_some() && plan::condition_of(&current) != condition.as_deref();
+        let newly_refused = condition.is_some() && condition_of(&current) != condition.as_deref();
         if self
             .writer
             .write_status(&app, &status, None)
@@ -725,7 +728,7 @@ impl Hub {
                     && matches!(op.request.kind, Some(operation_request::Kind::Refresh(_)))
             })
             .map(|(id, _)| id.clone());
-        let plan = plan::commands(app, refresh_id.as_deref());
+        let plan = commands::commands(app, refresh_id.as_deref());
         if let Some(patch) = plan.stamp {
             // Our own write brings the Application back here.
             self.writer.patch(app, COMMAND_MANAGER, &patch).await?;
@@ -755,7 +758,7 @@ impl Hub {
                     }
                 }
                 Some((outcome, message)) => {
-                    let Some(patch) = plan::completion_patch(app, &id, &command) else {
+                    let Some(patch) = commands::completion_patch(app, &id, &command) else {
                         cs.op_done(&id);
                         continue;
                     };
@@ -825,7 +828,7 @@ impl Hub {
                 let app: Value =
                     serde_json::from_slice(&report.application_json).unwrap_or_default();
                 let status: Value = serde_json::from_slice(&report.status_json).unwrap_or_default();
-                let wanted = plan::mirror(cluster, key, &app, &status, &version);
+                let wanted = render::mirror(cluster, key, &app, &status, &version);
                 if current.is_none() {
                     // The mirror cache sees only mirrors: a hub Application
                     // of that name without our label is someone else's and
@@ -848,7 +851,7 @@ impl Hub {
                         tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
                         return Ok(());
                     }
-                    if plan::mirror_matches(m, &wanted) {
+                    if render::mirror_matches(m, &wanted) {
                         return self
                             .commands(
                                 m,

@@ -11,10 +11,10 @@
 //! - [`tls`]: certificates, refused handshakes logged with the cluster.
 
 pub mod cluster;
+pub mod commands;
 pub mod hub;
 pub mod identity;
 pub mod metrics;
-pub mod plan;
 pub mod session;
 pub mod tls;
 
@@ -31,7 +31,7 @@ use clap::Args;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::delivery::authz::Authorization;
+use crate::route::authz::Authorization;
 pub use hub::Hub;
 use identity::{IdentityError, IdentityMap, Pattern, cert_info};
 

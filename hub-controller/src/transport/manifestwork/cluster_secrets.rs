@@ -14,8 +14,8 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use super::WORK_MANAGER;
-use crate::delivery::cluster_secret::cluster_secret;
-use crate::delivery::work::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::render::cluster_secret::cluster_secret;
+use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
 
 struct Ctx {
     client: Client,

@@ -14,7 +14,7 @@ use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::cached::CachedApp;
+use crate::hub::cached::CachedApp;
 
 /// Read side of the caches.
 #[derive(Clone)]

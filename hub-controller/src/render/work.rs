@@ -20,7 +20,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::delivered::owning_application_set;
-use super::target::Target;
+use crate::route::target::Target;
 
 /// Label on every ManifestWork argocd-pull manages, so it can list its own.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -256,7 +256,7 @@ fn contains(big: &Value, small: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::delivered_copy;
+    use crate::render::delivered_copy;
     use serde_json::json;
 
     fn app(name: &str) -> Application {
@@ -436,7 +436,7 @@ mod tests {
         assert!(!is_applied(&desired, &bare));
         let mut left = stored.clone();
         left.annotations_mut().insert(
-            super::super::operation::PREVIOUS_STARTED_AT.into(),
+            crate::render::operation::PREVIOUS_STARTED_AT.into(),
             String::new(),
         );
         assert!(!is_applied(&desired, &left));

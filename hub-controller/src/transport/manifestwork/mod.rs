@@ -1,10 +1,10 @@
 //! The I/O side of the ManifestWork transport: a kube-runtime controller
 //! over pull-model Applications, and the sweep of orphaned ManifestWorks.
-//! Every decision is made by the pure functions in [`crate::delivery`].
+//! Every decision is made by the pure functions in [`crate::route`],
+//! [`crate::render`] and [`crate::status`].
 
 pub mod application;
-pub mod caches;
-pub mod clusters;
+pub mod cluster_secrets;
 pub mod sweep;
 
 use std::sync::{Arc, Mutex};
@@ -15,12 +15,12 @@ use kube::Client;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::store::Writer;
 
-use crate::cached::CachedApp;
-use caches::{Caches, Queue, Written};
+use crate::hub::cached::CachedApp;
+use crate::hub::caches::{Caches, Queue, Written};
 
-use crate::delivery::authz::Authorization;
-use crate::delivery::work::WorkOptions;
 use crate::metrics::Metrics;
+use crate::render::work::WorkOptions;
+use crate::route::authz::Authorization;
 use crate::status::AppWriter;
 
 /// Field manager of the ManifestWorks.
@@ -37,8 +37,8 @@ pub struct Context {
     pub caches: Caches,
     pub queue: Queue,
     /// The gRPC transport, when this hub serves it: Applications it
-    /// delivers are left to it (see [`crate::delivery::transport`]).
-    pub grpc: Option<Arc<crate::grpc::Hub>>,
+    /// delivers are left to it (see [`crate::route::transport`]).
+    pub grpc: Option<Arc<crate::transport::grpc::Hub>>,
     /// The write sides of the caches, taken once by the controller's run.
     writers: Mutex<Option<Writers>>,
 }
@@ -67,7 +67,7 @@ impl Context {
         options: WorkOptions,
         authorization: Authorization,
         metrics: Metrics,
-        grpc: Option<Arc<crate::grpc::Hub>>,
+        grpc: Option<Arc<crate::transport::grpc::Hub>>,
     ) -> Arc<Self> {
         let writer = grpc
             .as_ref()

@@ -1,0 +1,276 @@
+//! Pure: what one hub Application means for the gRPC transport, decided
+//! from the watch caches' facts: delivered (with the exact bytes the agent
+//! gets), refused (with the reason the condition shows), or not this
+//! transport's. Its [`Assignment`] is what the gRPC index holds.
+
+use std::sync::Arc;
+
+use argocd_pull_apis::argocd::Application;
+use argocd_pull_proto::content;
+use argocd_pull_proto::limits;
+use argocd_pull_proto::v1::{ObjectKey, ObjectMeta};
+use kube::ResourceExt;
+
+use crate::render::grpc::grpc_copy;
+use crate::route::authz::Authorization;
+use crate::route::target::{is_pulled, target};
+use crate::route::transport::{Transport, choose};
+use crate::status::Reason;
+
+/// A hub Application, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HubRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl HubRef {
+    pub fn of<K: kube::Resource>(app: &K) -> Self {
+        Self {
+            namespace: app.namespace().unwrap_or_default(),
+            name: app.name_any(),
+        }
+    }
+}
+
+impl std::fmt::Display for HubRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What the hub wants on a cluster for one key (managed mode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub hub: HubRef,
+    pub hub_uid: String,
+    /// `<hub uid>.<content hash>`: changes with the content, and names the
+    /// hub Application, so a delete can be addressed even after a restart.
+    pub version: String,
+    pub json: Arc<Vec<u8>>,
+    pub meta: ObjectMeta,
+}
+
+/// The hub uid inside a desired version (see [`Desired::version`]).
+pub fn uid_of_version(version: &str) -> Option<&str> {
+    version
+        .rsplit_once('.')
+        .map(|(uid, _)| uid)
+        .filter(|u| !u.is_empty())
+}
+
+/// What the gRPC transport does with one hub Application.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Assignment {
+    /// Not for the gRPC transport (not pulled, bad annotations, or delivered
+    /// by ManifestWork). `target` is where it would go, when known, so that
+    /// an agent still holding it can be told to let go.
+    NotOurs { target: Option<(String, ObjectKey)> },
+    /// For the gRPC transport, but it cannot be delivered; the condition and
+    /// event say why. What the agent already has is left alone.
+    Refused {
+        cluster: String,
+        key: ObjectKey,
+        reason: Reason,
+        message: String,
+    },
+    /// Deliver (or, while the hub copy is being deleted, delete) it.
+    Deliver {
+        cluster: String,
+        key: ObjectKey,
+        desired: Arc<Desired>,
+        deleting: bool,
+    },
+}
+
+impl Assignment {
+    /// The (cluster, key) it concerns, if any.
+    pub fn slot(&self) -> Option<(&str, &ObjectKey)> {
+        match self {
+            Assignment::NotOurs { target } => target.as_ref().map(|(c, k)| (c.as_str(), k)),
+            Assignment::Refused { cluster, key, .. } | Assignment::Deliver { cluster, key, .. } => {
+                Some((cluster.as_str(), key))
+            }
+        }
+    }
+}
+
+/// What the hub knows about the world, from its caches.
+pub struct Facts<'a> {
+    pub grpc_served: bool,
+    pub addon_enabled: &'a dyn Fn(&str) -> bool,
+    pub authorization: &'a Authorization,
+    /// Clusters the PlacementDecisions of a namespace select.
+    pub decided_in: &'a dyn Fn(&str) -> Vec<String>,
+}
+
+/// Decides what the gRPC transport does with `app`.
+pub fn assign(app: &Application, facts: &Facts) -> Assignment {
+    if !is_pulled(app) {
+        return Assignment::NotOurs { target: None };
+    }
+    let Ok(target) = target(app) else {
+        // The ManifestWork side reports bad annotations for every transport.
+        return Assignment::NotOurs { target: None };
+    };
+    let key = ObjectKey {
+        namespace: target.app_namespace.clone(),
+        name: app.name_any(),
+    };
+    let slot = Some((target.cluster.clone(), key.clone()));
+    match choose(
+        app.metadata.annotations.as_ref(),
+        (facts.addon_enabled)(&target.cluster),
+        facts.grpc_served,
+    ) {
+        Ok(Transport::Grpc) => {}
+        _ => return Assignment::NotOurs { target: slot },
+    }
+    let deleting = app.metadata.deletion_timestamp.is_some();
+    let ns = app.namespace().unwrap_or_default();
+    if !deleting
+        && !facts
+            .authorization
+            .allowed_without_placement(&ns, &target.cluster)
+        && !crate::route::authz::selected_by_placement(&target.cluster, &(facts.decided_in)(&ns))
+    {
+        return Assignment::Refused {
+            cluster: target.cluster.clone(),
+            key,
+            reason: Reason::NotAuthorized,
+            message: Authorization::refusal(&ns, &target.cluster),
+        };
+    }
+    let copy = grpc_copy(app, &target);
+    let json = content::canonical(&copy);
+    if let Err(e) = limits::check_object_json(
+        &format!("Application {}/{}", key.namespace, key.name),
+        json.len(),
+    ) {
+        return Assignment::Refused {
+            cluster: target.cluster,
+            key,
+            reason: Reason::TooLarge,
+            message: e.to_string(),
+        };
+    }
+    let uid = app.metadata.uid.clone().unwrap_or_default();
+    let version = format!("{uid}.{}", content::hash_bytes(&json));
+    let desired = Desired {
+        hub: HubRef::of(app),
+        hub_uid: uid.clone(),
+        meta: ObjectMeta {
+            uid,
+            resource_version: app.resource_version().unwrap_or_default(),
+            generation: app.metadata.generation.unwrap_or_default(),
+            version: version.clone(),
+        },
+        version,
+        json: Arc::new(json),
+    };
+    Assignment::Deliver {
+        cluster: target.cluster,
+        key,
+        desired: Arc::new(desired),
+        deleting,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::*;
+    use argocd_pull_apis::keys;
+    use serde_json::json;
+    fn facts<'a>(addon: bool, authz: &'a Authorization, decided: &'a [&'a str]) -> Facts<'a> {
+        let addon_enabled: &'a dyn Fn(&str) -> bool = if addon { &|_| true } else { &|_| false };
+        Facts {
+            grpc_served: true,
+            addon_enabled,
+            authorization: authz,
+            decided_in: Box::leak(Box::new(move |_: &str| {
+                decided.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+            })),
+        }
+    }
+
+    #[test]
+    fn assignment_table() {
+        let authz = Authorization::default();
+        let deliverable = app(json!({}));
+        match assign(&deliverable, &facts(true, &authz, &["c1"])) {
+            Assignment::Deliver {
+                cluster,
+                key: k,
+                desired,
+                deleting,
+            } => {
+                assert_eq!(
+                    (cluster.as_str(), k, deleting),
+                    ("c1", key("team", "guestbook"), false)
+                );
+                assert!(desired.version.starts_with("u-1."));
+                assert_eq!(uid_of_version(&desired.version), Some("u-1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // No addon: the ManifestWork transport's, but its slot is known.
+        assert_eq!(
+            assign(&deliverable, &facts(false, &authz, &["c1"])),
+            Assignment::NotOurs {
+                target: Some(("c1".into(), key("team", "guestbook")))
+            }
+        );
+        // Not selected by a Placement.
+        assert!(matches!(
+            assign(&deliverable, &facts(true, &authz, &[])),
+            Assignment::Refused {
+                reason: Reason::NotAuthorized,
+                ..
+            }
+        ));
+        // Deleting: deliver the delete whatever the Placement says now.
+        let deleting = app(json!({ "metadata": { "deletionTimestamp": "2026-01-01T00:00:00Z" } }));
+        assert!(matches!(
+            assign(&deleting, &facts(true, &authz, &[])),
+            Assignment::Deliver { deleting: true, .. }
+        ));
+        // Not pulled, or an annotation the ManifestWork side reports.
+        let unpulled = app(json!({ "metadata": { "labels": { keys::PULL_LABEL: "false" } } }));
+        assert_eq!(
+            assign(&unpulled, &facts(true, &authz, &["c1"])),
+            Assignment::NotOurs { target: None }
+        );
+        let forced =
+            app(json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } }));
+        assert!(matches!(
+            assign(&forced, &facts(true, &authz, &["c1"])),
+            Assignment::NotOurs { target: Some(_) }
+        ));
+        // Too large for one object.
+        let big = app(json!({ "spec": { "big": "x".repeat(limits::MAX_OBJECT_JSON_BYTES) } }));
+        assert!(matches!(
+            assign(&big, &facts(true, &authz, &["c1"])),
+            Assignment::Refused {
+                reason: Reason::TooLarge,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_version_moves_with_the_delivered_content_only() {
+        let authz = Authorization::default();
+        let v = |a: &Application| match assign(a, &facts(true, &authz, &["c1"])) {
+            Assignment::Deliver { desired, .. } => desired.version.clone(),
+            other => panic!("{other:?}"),
+        };
+        let with_status = app(json!({ "status": { "health": { "status": "Healthy" } },
+                                      "metadata": { "resourceVersion": "99" } }));
+        assert_eq!(v(&app(json!({}))), v(&with_status));
+        assert_ne!(
+            v(&app(json!({}))),
+            v(&app(json!({ "spec": { "project": "other" } })))
+        );
+    }
+}
