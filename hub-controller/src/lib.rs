@@ -247,7 +247,7 @@ async fn run_controllers(
     ));
     let synced = readiness.clone();
     synced.set("applications-synced", false);
-    manifestwork::application::run(
+    manifestwork::controller::run(
         ctx,
         move || synced.set("applications-synced", true),
         shutdown.clone(),

@@ -46,7 +46,7 @@ async fn hub_with_controller() -> Hub {
     );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(manifestwork::application::run(
+    tokio::spawn(manifestwork::controller::run(
         ctx.clone(),
         move || {
             let _ = synced_tx.send(());

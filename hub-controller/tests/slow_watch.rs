@@ -51,7 +51,7 @@ async fn a_late_watch_costs_no_extra_status_writes() {
     );
     let (_stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(manifestwork::application::run(
+    tokio::spawn(manifestwork::controller::run(
         ctx.clone(),
         move || {
             let _ = synced_tx.send(());

@@ -49,6 +49,10 @@ pub struct Desired {
     pub version: String,
     pub json: Arc<Vec<u8>>,
     pub meta: ObjectMeta,
+    /// The hub Application's creationTimestamp, in seconds: when two hub
+    /// Applications name the same spoke Application and neither holds it
+    /// yet, the older gets it.
+    pub created: i64,
 }
 
 /// The hub uid inside a desired version (see [`Desired::version`]).
@@ -167,6 +171,11 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
         },
         version,
         json: Arc::new(json),
+        created: app
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
     };
     Assignment::Deliver {
         cluster: target.cluster,

@@ -5,6 +5,7 @@
 
 pub mod application;
 pub mod cluster_secrets;
+pub mod controller;
 pub mod sweep;
 
 use std::sync::{Arc, Mutex};

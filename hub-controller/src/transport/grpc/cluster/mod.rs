@@ -1,0 +1,442 @@
+//! What the hub holds for one cluster's agent, across its connections: the
+//! desired set (managed mode), the outbox that delivers it, the latest
+//! observed report of every Application, and the commands not yet
+//! acknowledged. No I/O: the session moves messages in and out, the index
+//! and the reconcilers read and change it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use argocd_pull_proto::coalesce::Outbox;
+use argocd_pull_proto::digest::{Entries, Repair, resync_requests};
+use argocd_pull_proto::v1::{
+    AckOutcome, AgentMode, ApplicationDelete, ApplicationUpsert, DigestSet, HubMessage, ObjectKey,
+    ObservedApplication, OperationRequest, hub_message,
+};
+use tokio::sync::{Notify, watch};
+
+use crate::route::assign::{Desired, HubRef};
+
+mod ops;
+mod sessions;
+
+/// At most this many object messages in flight to one agent.
+pub const WINDOW: usize = 512;
+
+/// An object message waiting in the outbox.
+#[derive(Clone, Debug)]
+pub enum Item {
+    Upsert(Arc<Desired>),
+    Delete { hub_uid: String },
+    Release { hub_uid: String },
+}
+
+/// Two items are the same message when they would change the same thing:
+/// an upsert is its content version (a new resourceVersion of the hub
+/// Application, say from a status write, is not a new desired state).
+impl PartialEq for Item {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Item::Upsert(a), Item::Upsert(b)) => a.version == b.version,
+            (Item::Delete { hub_uid: a }, Item::Delete { hub_uid: b })
+            | (Item::Release { hub_uid: a }, Item::Release { hub_uid: b }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// The latest report of one Application.
+#[derive(Clone, Debug)]
+pub enum Observation {
+    Observed {
+        version: String,
+        report: Arc<ObservedApplication>,
+    },
+    Gone,
+    /// Known only from the mirror on the hub (autonomous mode, before the
+    /// agent reported it again): in the replica, nothing to write.
+    Mirrored {
+        version: String,
+    },
+}
+
+/// Which hub object a command belongs to, and where its completion goes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Work {
+    /// A pull-model hub Application (managed mode).
+    App(HubRef),
+    /// The read-only mirror of an autonomous agent's Application.
+    Mirror { cluster: String, key: ObjectKey },
+}
+
+#[derive(Clone, Debug)]
+pub struct PendingOp {
+    pub request: OperationRequest,
+    pub owner: Work,
+    /// The session it was last sent on.
+    sent_in: Option<u64>,
+    not_before: Option<Instant>,
+    pub outcome: Option<(AckOutcome, String)>,
+}
+
+/// The connected agent.
+#[derive(Debug)]
+struct Session {
+    id: u64,
+    mode: AgentMode,
+    /// Ends the session's tasks when a newer connection replaces it.
+    stop: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+pub struct Inner {
+    /// Managed mode: what the hub wants on the cluster, live objects only
+    /// (the set its digest covers).
+    pub desired: BTreeMap<ObjectKey, Arc<Desired>>,
+    outbox: Option<Outbox<ObjectKey, Item>>,
+    /// The last item put in the outbox per key, so that an unchanged
+    /// decision is not sent again.
+    enqueued: HashMap<ObjectKey, Item>,
+    /// Handed out and not yet acknowledged, by key.
+    in_flight: HashMap<ObjectKey, (u64, Item, Instant)>,
+    /// The latest report per key: the hub's replica of the observed set.
+    pub observed: HashMap<ObjectKey, Observation>,
+    pub ops: BTreeMap<String, PendingOp>,
+    session: Option<Session>,
+    /// Acknowledgements and resync requests, sent ahead of object messages.
+    control: VecDeque<HubMessage>,
+    /// Why the agent refused the latest value of a key.
+    pub rejected: HashMap<ObjectKey, String>,
+    /// Keys whose delete the agent has requested, with the hub uid.
+    delete_acked: HashMap<ObjectKey, String>,
+    /// Keys the agent reported gone after their delete, with the hub uid.
+    pub gone: HashMap<ObjectKey, String>,
+    /// Keys reported gone while their delete was on its way, with the hub
+    /// uid of the delete: its acknowledgement completes it. (An agent that
+    /// finds nothing to delete may say `gone` before it answers the delete;
+    /// waiting for another `gone` would wait for ever.)
+    gone_before_ack: HashMap<ObjectKey, String>,
+}
+
+impl Inner {
+    fn outbox(&mut self) -> &mut Outbox<ObjectKey, Item> {
+        self.outbox.get_or_insert_with(|| Outbox::new(WINDOW))
+    }
+}
+
+/// See the module documentation.
+pub struct ClusterState {
+    pub name: String,
+    inner: Mutex<Inner>,
+    /// Wakes the session's sender.
+    pub wake: Notify,
+}
+
+impl ClusterState {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            inner: Mutex::new(Inner::default()),
+            wake: Notify::new(),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .expect("never poisoned: no code panics holding it")
+    }
+
+    fn enqueue(&self, inner: &mut Inner, key: &ObjectKey, item: Item) {
+        if inner.enqueued.get(key) == Some(&item) {
+            return;
+        }
+        inner.enqueued.insert(key.clone(), item.clone());
+        inner.outbox().upsert(key.clone(), item);
+        self.wake.notify_one();
+    }
+
+    /// The hub wants `desired` on the cluster under `key`.
+    pub fn set_desired(&self, key: &ObjectKey, desired: Arc<Desired>) {
+        let mut inner = self.lock();
+        inner.gone.remove(key);
+        inner.delete_acked.remove(key);
+        inner.gone_before_ack.remove(key);
+        if inner
+            .desired
+            .get(key)
+            .is_none_or(|d| d.version != desired.version)
+        {
+            inner.rejected.remove(key);
+        }
+        inner.desired.insert(key.clone(), desired.clone());
+        self.enqueue(&mut inner, key, Item::Upsert(desired));
+    }
+
+    /// The hub Application of `key` is being deleted: delete it on the spoke.
+    pub fn set_deleting(&self, key: &ObjectKey, hub_uid: &str) {
+        let mut inner = self.lock();
+        inner.desired.remove(key);
+        let item = Item::Delete {
+            hub_uid: hub_uid.into(),
+        };
+        self.enqueue(&mut inner, key, item);
+    }
+
+    /// No hub Application wants `key` any more: delete what was delivered.
+    pub fn remove(&self, key: &ObjectKey) {
+        let mut inner = self.lock();
+        if let Some(d) = inner.desired.remove(key) {
+            let item = Item::Delete {
+                hub_uid: d.hub_uid.clone(),
+            };
+            self.enqueue(&mut inner, key, item);
+        }
+    }
+
+    /// `key` moved to the ManifestWork transport: the agent lets go of it.
+    pub fn release(&self, key: &ObjectKey) {
+        let mut inner = self.lock();
+        if let Some(d) = inner.desired.remove(key) {
+            let item = Item::Release {
+                hub_uid: d.hub_uid.clone(),
+            };
+            self.enqueue(&mut inner, key, item);
+        }
+    }
+
+    /// Sends `item` for `key` again whatever was sent before (a repair).
+    pub fn resend(&self, key: &ObjectKey, item: Item) {
+        let mut inner = self.lock();
+        inner.enqueued.insert(key.clone(), item.clone());
+        inner.outbox().upsert(key.clone(), item);
+        self.wake.notify_one();
+    }
+
+    /// Forgets everything about `key` once nothing is desired or pending
+    /// for it (the Application is gone on both sides), so that memory
+    /// follows the Applications there are.
+    pub fn forget_if_idle(&self, key: &ObjectKey) {
+        let mut inner = self.lock();
+        if inner.desired.contains_key(key)
+            || inner.enqueued.contains_key(key)
+            || inner.in_flight.contains_key(key)
+        {
+            return;
+        }
+        inner.gone.remove(key);
+        inner.delete_acked.remove(key);
+        inner.gone_before_ack.remove(key);
+        inner.rejected.remove(key);
+        if matches!(inner.observed.get(key), Some(Observation::Gone)) {
+            inner.observed.remove(key);
+        }
+    }
+
+    /// Sends the desired value of `key` again, if there is one.
+    pub fn resend_desired(&self, key: &ObjectKey) -> bool {
+        let desired = self.lock().desired.get(key).cloned();
+        match desired {
+            Some(d) => {
+                self.resend(key, Item::Upsert(d));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the hub has anything to do with `key` in managed mode.
+    pub fn knows(&self, key: &ObjectKey) -> bool {
+        let inner = self.lock();
+        inner.desired.contains_key(key) || inner.enqueued.contains_key(key)
+    }
+
+    /// The desired set, for digests and repairs.
+    pub fn desired_entries(&self) -> Entries {
+        self.lock()
+            .desired
+            .iter()
+            .map(|(k, d)| (k.clone(), d.version.clone()))
+            .collect()
+    }
+
+    /// The hub's replica of the observed set.
+    pub fn observed_entries(&self) -> Entries {
+        self.lock()
+            .observed
+            .iter()
+            .filter_map(|(k, o)| match o {
+                Observation::Observed { version, .. } | Observation::Mirrored { version } => {
+                    Some((k.clone(), version.clone()))
+                }
+                Observation::Gone => None,
+            })
+            .collect()
+    }
+
+    /// Records a report. Returns true when it is a `gone` that completes a
+    /// delete the agent had acknowledged.
+    pub fn observe(&self, key: &ObjectKey, observation: Observation) -> bool {
+        let mut inner = self.lock();
+        let completes = matches!(observation, Observation::Gone)
+            && match inner.delete_acked.get(key).cloned() {
+                Some(uid) => {
+                    inner.gone.insert(key.clone(), uid);
+                    inner.enqueued.remove(key);
+                    true
+                }
+                None => false,
+            };
+        match &observation {
+            Observation::Gone if !completes => {
+                if let Some((_, Item::Delete { hub_uid }, _)) = inner.in_flight.get(key) {
+                    let hub_uid = hub_uid.clone();
+                    inner.gone_before_ack.insert(key.clone(), hub_uid);
+                }
+            }
+            Observation::Observed { .. } => {
+                inner.gone_before_ack.remove(key);
+            }
+            _ => {}
+        }
+        inner.observed.insert(key.clone(), observation);
+        completes
+    }
+
+    /// Asks the agent for its observed entries of one bucket again.
+    pub fn request_resync(&self, bucket: u32) {
+        let entries = self.observed_entries();
+        for r in resync_requests(DigestSet::Observed, &entries, &[bucket]) {
+            self.control(HubMessage {
+                kind: Some(hub_message::Kind::ResyncRequest(r)),
+            });
+        }
+    }
+
+    /// Queues a control message (acknowledgement, resync request).
+    pub fn control(&self, m: HubMessage) {
+        self.lock().control.push_back(m);
+        self.wake.notify_one();
+    }
+
+    /// The agent acknowledged (key, seq). Returns the acknowledged item when
+    /// it matched what was in flight. A delete acknowledged after the agent
+    /// reported the Application gone (while the delete was on its way) is
+    /// complete.
+    pub fn object_acked(
+        &self,
+        key: &ObjectKey,
+        seq: u64,
+        outcome: AckOutcome,
+        message: &str,
+    ) -> Option<Item> {
+        let mut inner = self.lock();
+        let (s, item, _) = inner.in_flight.get(key).cloned()?;
+        if s != seq {
+            return None;
+        }
+        match outcome {
+            AckOutcome::Retry => {
+                // Sent again by `retry` after a pause, not at once.
+                return None;
+            }
+            AckOutcome::Rejected => {
+                inner.rejected.insert(key.clone(), message.to_string());
+            }
+            _ => {
+                if matches!(item, Item::Upsert(_)) {
+                    inner.rejected.remove(key);
+                }
+            }
+        }
+        inner.in_flight.remove(key);
+        inner.outbox().ack(key, seq);
+        match &item {
+            Item::Delete { hub_uid } if outcome == AckOutcome::Applied => {
+                inner.delete_acked.insert(key.clone(), hub_uid.clone());
+                if inner.gone_before_ack.remove(key).as_ref() == Some(hub_uid) {
+                    inner.gone.insert(key.clone(), hub_uid.clone());
+                    if inner.enqueued.get(key) == Some(&item) {
+                        inner.enqueued.remove(key);
+                    }
+                }
+            }
+            Item::Release { .. } if inner.enqueued.get(key) == Some(&item) => {
+                inner.enqueued.remove(key);
+            }
+            _ => {}
+        }
+        drop(inner);
+        self.wake.notify_one();
+        Some(item)
+    }
+
+    /// Sends (key, seq) again: the agent could not apply it now.
+    pub fn retry(&self, key: &ObjectKey, seq: u64) {
+        let mut inner = self.lock();
+        if inner.in_flight.get(key).is_some_and(|(s, _, _)| *s == seq) {
+            inner.in_flight.remove(key);
+            inner.outbox().nack(key, seq);
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Seconds the oldest unacknowledged object message has waited, and the
+    /// number of keys pending or in flight.
+    pub fn lag(&self) -> (f64, usize) {
+        let mut inner = self.lock();
+        let oldest = inner
+            .in_flight
+            .values()
+            .map(|(_, _, t)| t.elapsed().as_secs_f64())
+            .fold(0.0, f64::max);
+        (oldest, inner.outbox().len())
+    }
+
+    /// Applies the repairs for the desired set the agent asked for; `remove`
+    /// decides what a key the hub does not want becomes (a delete, a
+    /// release, or nothing).
+    pub fn repair(&self, repairs: Vec<Repair>, remove: impl Fn(&ObjectKey) -> Option<Item>) {
+        for r in repairs {
+            match r {
+                Repair::Send(key) => {
+                    self.resend_desired(&key);
+                }
+                Repair::Remove(key) => {
+                    if let Some(item) = remove(&key) {
+                        self.resend(&key, item);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn object_message(key: ObjectKey, seq: u64, item: &Item) -> HubMessage {
+    let kind = match item {
+        Item::Upsert(d) => hub_message::Kind::Upsert(ApplicationUpsert {
+            key: Some(key),
+            seq,
+            meta: Some(d.meta.clone()),
+            application_json: d.json.as_ref().clone(),
+        }),
+        Item::Delete { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
+            key: Some(key),
+            seq,
+            hub_uid: hub_uid.clone(),
+            release: false,
+        }),
+        Item::Release { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
+            key: Some(key),
+            seq,
+            hub_uid: hub_uid.clone(),
+            release: true,
+        }),
+    };
+    HubMessage { kind: Some(kind) }
+}
+
+#[cfg(test)]
+mod tests;

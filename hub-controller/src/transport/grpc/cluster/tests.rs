@@ -1,0 +1,262 @@
+//! Unit tests of the per-cluster state.
+use super::*;
+use argocd_pull_proto::v1::ObjectMeta;
+
+fn key(name: &str) -> ObjectKey {
+    ObjectKey {
+        namespace: "ns".into(),
+        name: name.into(),
+    }
+}
+
+fn desired(name: &str, version: &str) -> Arc<Desired> {
+    Arc::new(Desired {
+        hub: HubRef {
+            namespace: "team".into(),
+            name: name.into(),
+        },
+        hub_uid: format!("uid-{name}"),
+        version: version.into(),
+        json: Arc::new(b"{}".to_vec()),
+        meta: ObjectMeta {
+            version: version.into(),
+            ..Default::default()
+        },
+        created: 0,
+    })
+}
+
+fn kinds(ms: &[HubMessage]) -> Vec<String> {
+    ms.iter()
+        .map(|m| match m.kind.as_ref().unwrap() {
+            hub_message::Kind::Upsert(u) => format!("upsert {}", u.key.as_ref().unwrap().name),
+            hub_message::Kind::Delete(d) if d.release => {
+                format!("release {}", d.key.as_ref().unwrap().name)
+            }
+            hub_message::Kind::Delete(d) => format!("delete {}", d.key.as_ref().unwrap().name),
+            hub_message::Kind::Operation(o) => format!("op {}", o.operation_id),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_new_resource_version_alone_is_not_sent_again() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    assert_eq!(c.next_messages(1, 10).len(), 1);
+    let mut newer = (*desired("a", "v1")).clone();
+    newer.meta.resource_version = "99".into();
+    c.set_desired(&key("a"), Arc::new(newer));
+    assert!(c.next_messages(1, 10).is_empty());
+}
+
+#[test]
+fn only_changes_are_sent_and_the_latest_wins() {
+    let c = ClusterState::new("c1");
+    c.set_desired(&key("a"), desired("a", "v1"));
+    c.set_desired(&key("a"), desired("a", "v1"));
+    c.set_desired(&key("a"), desired("a", "v2"));
+    assert!(c.next_messages(1, 10).is_empty(), "no session yet");
+    c.attach(1, AgentMode::Managed);
+    let sent = c.next_messages(1, 10);
+    assert_eq!(kinds(&sent), ["upsert a"]);
+    let hub_message::Kind::Upsert(u) = sent[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(u.meta.as_ref().unwrap().version, "v2");
+    // Unchanged: nothing more.
+    c.set_desired(&key("a"), desired("a", "v2"));
+    assert!(c.next_messages(1, 10).is_empty());
+    assert!(
+        c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "")
+            .is_some()
+    );
+    assert_eq!(c.desired_entries().len(), 1);
+}
+
+#[test]
+fn a_delete_is_confirmed_by_gone_after_its_acknowledgement() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    let up = c.next_messages(1, 10);
+    c.set_deleting(&key("a"), "uid-a");
+    assert!(
+        c.desired_entries().is_empty(),
+        "a deleting object is not desired"
+    );
+    // A gone before the delete is acknowledged confirms nothing.
+    assert!(!c.observe(&key("a"), Observation::Gone));
+    let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    let del = c.next_messages(1, 10);
+    assert_eq!(kinds(&del), ["delete a"]);
+    let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    assert!(c.observe(&key("a"), Observation::Gone));
+    assert_eq!(
+        c.lock().gone.get(&key("a")).map(String::as_str),
+        Some("uid-a")
+    );
+}
+
+/// What an agent that finds nothing to delete may answer: `gone` first,
+/// then the acknowledgement. The delete is complete (a finalizer can be
+/// released) and, once no hub Application names the key, forgotten.
+#[test]
+fn a_gone_before_the_delete_is_acknowledged_completes_it_with_the_ack() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    let up = c.next_messages(1, 10);
+    let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    c.set_deleting(&key("a"), "uid-a");
+    let del = c.next_messages(1, 10);
+    let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    assert!(!c.observe(&key("a"), Observation::Gone));
+    assert!(c.lock().gone.is_empty(), "not before the acknowledgement");
+    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    assert_eq!(
+        c.lock().gone.get(&key("a")).map(String::as_str),
+        Some("uid-a")
+    );
+    c.forget_if_idle(&key("a"));
+    let inner = c.lock();
+    assert!(
+        inner.gone.is_empty()
+            && inner.delete_acked.is_empty()
+            && inner.enqueued.is_empty()
+            && inner.observed.is_empty(),
+        "nothing is left of a key gone on both sides"
+    );
+}
+
+/// A `gone` from before the Application was delivered again says
+/// nothing about the delete that follows.
+#[test]
+fn a_gone_before_the_delete_was_sent_does_not_complete_it() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    let up = c.next_messages(1, 10);
+    let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    assert!(!c.observe(&key("a"), Observation::Gone));
+    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    c.set_deleting(&key("a"), "uid-a");
+    let del = c.next_messages(1, 10);
+    let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    assert!(c.lock().gone.is_empty(), "the spoke copy may still exist");
+    assert!(c.observe(&key("a"), Observation::Gone));
+}
+
+#[test]
+fn a_new_session_gets_what_the_old_one_left_in_flight() {
+    let c = ClusterState::new("c1");
+    let mut old = c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    assert_eq!(kinds(&c.next_messages(1, 10)), ["upsert a"]);
+    c.control(HubMessage::default());
+    c.attach(2, AgentMode::Managed);
+    assert!(*old.borrow_and_update(), "the old session is told to stop");
+    assert!(
+        c.next_messages(1, 10).is_empty(),
+        "the old session gets nothing"
+    );
+    assert_eq!(
+        kinds(&c.next_messages(2, 10)),
+        ["upsert a"],
+        "no stale control"
+    );
+}
+
+#[test]
+fn commands_go_once_per_session_until_answered() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Autonomous);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    let owner = Work::Mirror {
+        cluster: "c1".into(),
+        key: key("a"),
+    };
+    let op = OperationRequest {
+        operation_id: "op-1".into(),
+        key: Some(key("a")),
+        kind: None,
+    };
+    assert!(c.add_op(op.clone(), owner.clone()));
+    assert!(!c.add_op(op, owner.clone()));
+    assert_eq!(
+        kinds(&c.next_messages(1, 10)),
+        ["op op-1"],
+        "autonomous: commands only"
+    );
+    assert!(c.next_messages(1, 10).is_empty());
+    c.attach(2, AgentMode::Autonomous);
+    assert_eq!(
+        kinds(&c.next_messages(2, 10)),
+        ["op op-1"],
+        "resent after reconnect"
+    );
+    assert_eq!(c.op_answered("op-1", AckOutcome::Retry, ""), None);
+    assert!(!c.has_ready(2), "a retry waits a moment");
+    assert_eq!(
+        c.op_answered("op-1", AckOutcome::Duplicate, ""),
+        Some(owner.clone())
+    );
+    assert!(c.next_messages(2, 10).is_empty());
+    c.op_done("op-1");
+    assert!(c.lock().ops.is_empty());
+}
+
+#[test]
+fn a_release_is_forgotten_once_acknowledged() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    let m = c.next_messages(1, 10);
+    let hub_message::Kind::Upsert(u) = m[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    c.release(&key("a"));
+    let m = c.next_messages(1, 10);
+    assert_eq!(kinds(&m), ["release a"]);
+    let hub_message::Kind::Delete(d) = m[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    assert!(!c.knows(&key("a")));
+}
+
+#[test]
+fn a_rejection_is_kept_until_a_new_value() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    let m = c.next_messages(1, 10);
+    let hub_message::Kind::Upsert(u) = m[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    c.object_acked(&key("a"), u.seq, AckOutcome::Rejected, "too big");
+    assert_eq!(c.lock().rejected[&key("a")], "too big");
+    assert!(c.next_messages(1, 10).is_empty(), "not retried");
+    c.set_desired(&key("a"), desired("a", "v2"));
+    assert!(c.lock().rejected.is_empty());
+    assert_eq!(kinds(&c.next_messages(1, 10)), ["upsert a"]);
+}

@@ -1,0 +1,363 @@
+//! Which hub Application goes where, by Application and by (cluster, key),
+//! and what each (cluster, key) must be on its agent. Pure: fed with
+//! assignments, it answers from memory; the hub applies its answers to the
+//! per-cluster state.
+//!
+//! One owner per spoke Application: when several hub Applications name the
+//! same (cluster, key), the one that holds it keeps it for as long as it is
+//! assigned to deliver it; a newcomer is refused (`SpokeConflict`) and
+//! never sees the holder's spec or status. When nobody holds it (first
+//! delivery, or after a restart) the oldest hub Application gets it, then
+//! the first by namespace and name.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use argocd_pull_proto::v1::ObjectKey;
+
+use super::super::cluster::Item;
+use crate::route::assign::{Assignment, Desired, HubRef, uid_of_version};
+
+type Slot = (String, ObjectKey);
+
+#[derive(Default)]
+pub struct Index {
+    assign: HashMap<HubRef, Assignment>,
+    by_slot: HashMap<Slot, BTreeSet<HubRef>>,
+    holder: HashMap<Slot, HubRef>,
+}
+
+/// What the agent of a cluster must have under one key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The holder's desired Application.
+    Deliver(Arc<Desired>),
+    /// The holder is being deleted: delete the spoke copy it created.
+    Delete { hub_uid: String },
+    /// Only refused Applications name it: keep what the agent has until
+    /// the refusal is fixed.
+    Keep,
+    /// It moved to the ManifestWork transport: let go without deleting.
+    Release,
+    /// Nothing names it any more.
+    Remove,
+}
+
+fn slot_of(a: &Assignment) -> Option<Slot> {
+    a.slot().map(|(c, k)| (c.to_string(), k.clone()))
+}
+
+fn delivers(a: Option<&Assignment>) -> Option<&Arc<Desired>> {
+    match a {
+        Some(Assignment::Deliver { desired, .. }) => Some(desired),
+        _ => None,
+    }
+}
+
+impl Index {
+    pub fn assignment(&self, r: &HubRef) -> Option<&Assignment> {
+        self.assign.get(r)
+    }
+
+    pub fn contains(&self, r: &HubRef) -> bool {
+        self.assign.contains_key(r)
+    }
+
+    pub fn refs(&self) -> Vec<HubRef> {
+        self.assign.keys().cloned().collect()
+    }
+
+    /// The hub Application that delivers (cluster, key).
+    pub fn winner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
+        self.holder
+            .get(&(cluster.to_string(), key.clone()))
+            .cloned()
+    }
+
+    /// The Applications that name (cluster, key), with their assignment.
+    fn at(&self, slot: &Slot) -> Vec<(&HubRef, &Assignment)> {
+        self.by_slot
+            .get(slot)
+            .into_iter()
+            .flatten()
+            .filter_map(|r| self.assign.get(r).map(|a| (r, a)))
+            .collect()
+    }
+
+    pub fn has_slot(&self, cluster: &str, key: &ObjectKey) -> bool {
+        self.by_slot
+            .get(&(cluster.to_string(), key.clone()))
+            .is_some_and(|s| !s.is_empty())
+    }
+
+    /// Records `a` for `r` (`None`: `r` is gone); returns the slots whose
+    /// decision may have changed.
+    pub fn set(&mut self, r: &HubRef, a: Option<Assignment>) -> Vec<(String, ObjectKey)> {
+        let old = match a {
+            Some(a) => self.assign.insert(r.clone(), a),
+            None => self.assign.remove(r),
+        };
+        let old_slot = old.as_ref().and_then(slot_of);
+        let new_slot = self.assign.get(r).and_then(slot_of);
+        if old_slot != new_slot {
+            if let Some(s) = &old_slot
+                && let Some(set) = self.by_slot.get_mut(s)
+            {
+                set.remove(r);
+                if set.is_empty() {
+                    self.by_slot.remove(s);
+                }
+            }
+            if let Some(s) = &new_slot {
+                self.by_slot.entry(s.clone()).or_default().insert(r.clone());
+            }
+        }
+        let slots: Vec<Slot> = old_slot.into_iter().chain(new_slot).collect();
+        for s in &slots {
+            self.elect(s);
+        }
+        slots
+    }
+
+    /// Keeps the holder of `slot` while it still delivers it; otherwise
+    /// the oldest Application that delivers it becomes the holder.
+    fn elect(&mut self, slot: &Slot) {
+        if let Some(h) = self.holder.get(slot)
+            && self.by_slot.get(slot).is_some_and(|s| s.contains(h))
+            && delivers(self.assign.get(h)).is_some()
+        {
+            return;
+        }
+        let next = self
+            .at(slot)
+            .into_iter()
+            .filter_map(|(r, a)| delivers(Some(a)).map(|d| (d.created, r.clone())))
+            .min()
+            .map(|(_, r)| r);
+        match next {
+            Some(r) => {
+                self.holder.insert(slot.clone(), r);
+            }
+            None => {
+                self.holder.remove(slot);
+            }
+        }
+    }
+
+    /// What the agent of `cluster` must have under `key`, and the other
+    /// Applications that name it (they show the conflict).
+    pub fn decide(&self, cluster: &str, key: &ObjectKey) -> (Decision, Vec<HubRef>) {
+        let slot = (cluster.to_string(), key.clone());
+        let at = self.at(&slot);
+        let holder = self.holder.get(&slot);
+        let others: Vec<HubRef> = at
+            .iter()
+            .map(|(r, _)| (*r).clone())
+            .filter(|r| Some(r) != holder)
+            .collect();
+        let decision = match holder.and_then(|h| self.assign.get(h)) {
+            Some(Assignment::Deliver {
+                desired,
+                deleting: true,
+                ..
+            }) => Decision::Delete {
+                hub_uid: desired.hub_uid.clone(),
+            },
+            Some(Assignment::Deliver { desired, .. }) => Decision::Deliver(desired.clone()),
+            _ if at
+                .iter()
+                .any(|(_, a)| matches!(a, Assignment::Refused { .. })) =>
+            {
+                Decision::Keep
+            }
+            _ if !at.is_empty() => Decision::Release,
+            _ => Decision::Remove,
+        };
+        (decision, others)
+    }
+
+    /// What a key the hub does not want becomes, when the agent still has
+    /// it (a digest repair): released if a hub Application now delivers it
+    /// by ManifestWork, left alone while a refusal or a delivery stands,
+    /// deleted otherwise. `version` is the agent's, naming the hub uid.
+    pub fn removal(&self, cluster: &str, key: &ObjectKey, version: &str) -> Option<Item> {
+        let slot = (cluster.to_string(), key.clone());
+        match self.decide(cluster, key).0 {
+            Decision::Delete { hub_uid } => return Some(Item::Delete { hub_uid }),
+            Decision::Deliver(_) | Decision::Keep => return None,
+            Decision::Release | Decision::Remove => {}
+        }
+        let hub_uid = uid_of_version(version)?.to_string();
+        Some(if self.at(&slot).is_empty() {
+            Item::Delete { hub_uid }
+        } else {
+            Item::Release { hub_uid }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Reason;
+    use argocd_pull_proto::v1::ObjectMeta;
+
+    fn r(name: &str) -> HubRef {
+        HubRef {
+            namespace: "team".into(),
+            name: name.into(),
+        }
+    }
+
+    fn key() -> ObjectKey {
+        ObjectKey {
+            namespace: "argocd".into(),
+            name: "guestbook".into(),
+        }
+    }
+
+    fn deliver(name: &str, created: i64, deleting: bool) -> Assignment {
+        Assignment::Deliver {
+            cluster: "c1".into(),
+            key: key(),
+            deleting,
+            desired: Arc::new(Desired {
+                hub: r(name),
+                hub_uid: format!("uid-{name}"),
+                version: format!("uid-{name}.h"),
+                json: Arc::new(b"{}".to_vec()),
+                meta: ObjectMeta::default(),
+                created,
+            }),
+        }
+    }
+
+    fn refused(name: &str) -> Assignment {
+        let _ = name;
+        Assignment::Refused {
+            cluster: "c1".into(),
+            key: key(),
+            reason: Reason::NotAuthorized,
+            message: "no".into(),
+        }
+    }
+
+    fn not_ours() -> Assignment {
+        Assignment::NotOurs {
+            target: Some(("c1".into(), key())),
+        }
+    }
+
+    fn delivered_for(index: &Index) -> Option<String> {
+        match index.decide("c1", &key()).0 {
+            Decision::Deliver(d) => Some(d.hub.name.clone()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_first_holder_keeps_the_spoke_application() {
+        let mut i = Index::default();
+        // "b" is delivered first; "a" comes later, older and sorting first.
+        i.set(&r("b"), Some(deliver("b", 20, false)));
+        i.set(&r("a"), Some(deliver("a", 10, false)));
+        assert_eq!(i.winner("c1", &key()), Some(r("b")));
+        assert_eq!(delivered_for(&i).as_deref(), Some("b"));
+        assert_eq!(
+            i.decide("c1", &key()).1,
+            vec![r("a")],
+            "the newcomer shows the conflict"
+        );
+        // The holder changing (a new spec) keeps it.
+        i.set(&r("b"), Some(deliver("b", 20, false)));
+        assert_eq!(i.winner("c1", &key()), Some(r("b")));
+        // The holder gone: the other takes over.
+        i.set(&r("b"), None);
+        assert_eq!(delivered_for(&i).as_deref(), Some("a"));
+        assert!(i.decide("c1", &key()).1.is_empty());
+    }
+
+    #[test]
+    fn with_no_holder_the_oldest_gets_it() {
+        let mut i = Index::default();
+        // As after a restart: both arrive from the first list, with no
+        // holder known; the older wins whatever the order.
+        i.set(&r("z-old"), Some(deliver("z-old", 5, false)));
+        i.set(&r("a-new"), Some(deliver("a-new", 9, false)));
+        assert_eq!(i.winner("c1", &key()), Some(r("z-old")));
+        let mut j = Index::default();
+        j.set(&r("a-new"), Some(deliver("a-new", 9, false)));
+        assert_eq!(j.winner("c1", &key()), Some(r("a-new")), "alone, it holds");
+        j.set(&r("z-old"), Some(deliver("z-old", 5, false)));
+        assert_eq!(
+            j.winner("c1", &key()),
+            Some(r("a-new")),
+            "a holder is never displaced"
+        );
+    }
+
+    #[test]
+    fn decisions_for_every_kind_of_slot() {
+        let mut i = Index::default();
+        assert_eq!(i.decide("c1", &key()).0, Decision::Remove);
+        i.set(&r("a"), Some(refused("a")));
+        assert_eq!(i.decide("c1", &key()).0, Decision::Keep);
+        assert_eq!(i.winner("c1", &key()), None);
+        i.set(&r("a"), Some(not_ours()));
+        assert_eq!(i.decide("c1", &key()).0, Decision::Release);
+        i.set(&r("a"), Some(deliver("a", 1, true)));
+        assert_eq!(
+            i.decide("c1", &key()).0,
+            Decision::Delete {
+                hub_uid: "uid-a".into()
+            }
+        );
+        let slots = i.set(&r("a"), None);
+        assert_eq!(slots, vec![("c1".to_string(), key())]);
+        assert_eq!(i.decide("c1", &key()).0, Decision::Remove);
+        assert!(!i.has_slot("c1", &key()));
+    }
+
+    #[test]
+    fn a_refused_newcomer_does_not_take_a_held_slot() {
+        let mut i = Index::default();
+        i.set(&r("holder"), Some(deliver("holder", 1, false)));
+        i.set(&r("other"), Some(refused("other")));
+        assert_eq!(delivered_for(&i).as_deref(), Some("holder"));
+    }
+
+    #[test]
+    fn removal_of_what_the_agent_still_has() {
+        let mut i = Index::default();
+        // Nothing names it: delete what the agent has, by the hub uid in
+        // its version.
+        assert_eq!(
+            i.removal("c1", &key(), "uid-x.h"),
+            Some(Item::Delete {
+                hub_uid: "uid-x".into()
+            })
+        );
+        assert_eq!(i.removal("c1", &key(), "no-dot"), None);
+        // Moved to ManifestWork: release, do not delete.
+        i.set(&r("a"), Some(not_ours()));
+        assert_eq!(
+            i.removal("c1", &key(), "uid-a.h"),
+            Some(Item::Release {
+                hub_uid: "uid-a".into()
+            })
+        );
+        // Refused or delivered: leave it alone.
+        i.set(&r("a"), Some(refused("a")));
+        assert_eq!(i.removal("c1", &key(), "uid-a.h"), None);
+        i.set(&r("a"), Some(deliver("a", 1, false)));
+        assert_eq!(i.removal("c1", &key(), "uid-a.h"), None);
+        // Being deleted: delete the holder's copy.
+        i.set(&r("a"), Some(deliver("a", 1, true)));
+        assert_eq!(
+            i.removal("c1", &key(), "uid-a.h"),
+            Some(Item::Delete {
+                hub_uid: "uid-a".into()
+            })
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! Autonomous mode: the read-only hub mirror of each Application an
+//! autonomous agent reports, written by server-side apply as
+//! `argocd-pull-mirror`, deleted when the spoke's copy is gone, and the
+//! commands a mirror carries.
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_proto::content;
+use argocd_pull_proto::digest::bucket_of;
+use argocd_pull_proto::v1::ObjectKey;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use serde_json::{Value, json};
+
+use super::super::cluster::{Observation, Work};
+use super::{Hub, MIRROR_MANAGER};
+use crate::hub::cached::CachedApp;
+use crate::render::grpc as render;
+
+impl Hub {
+    /// A mirror seen on the hub is part of the hub's replica of the
+    /// observed set until the agent reports it again (after a restart).
+    pub(super) fn seed_mirror(&self, cluster: &str, key: &ObjectKey, mirror: &CachedApp) {
+        let Some(version) = mirror.annotations().get(render::MIRROR_VERSION) else {
+            return;
+        };
+        let cs = self.cluster(cluster);
+        let mut inner = cs.lock();
+        inner
+            .observed
+            .entry(key.clone())
+            .or_insert_with(|| Observation::Mirrored {
+                version: version.clone(),
+            });
+    }
+
+    pub(super) async fn reconcile_mirror(
+        &self,
+        cluster: &str,
+        key: &ObjectKey,
+    ) -> Result<(), kube::Error> {
+        let cs = self.cluster(cluster);
+        let cached = self
+            .mirrors
+            .get(&ObjectRef::new_with(&key.name, application_resource()).within(cluster));
+        let cached_rv = cached
+            .as_ref()
+            .and_then(|m| m.metadata.resource_version.clone());
+        if self.writer.written().behind_key(
+            &(cluster.to_string(), key.name.clone()),
+            cached_rv.as_deref(),
+        ) {
+            // Decided again when the echo of our last write arrives.
+            return Ok(());
+        }
+        let current = cached.map(|m| m.application());
+        let api: Api<Application> =
+            Api::namespaced_with(self.client.clone(), cluster, &application_resource());
+        let source = format!("{}/{}", key.namespace, key.name);
+        let is_ours = |m: &Application| {
+            m.annotations().get(keys::MIRROR_SOURCE) == Some(&source)
+                && m.labels().get(keys::MIRROR_OF).map(String::as_str) == Some(cluster)
+        };
+        let observation = cs.lock().observed.get(key).cloned();
+        match observation {
+            Some(Observation::Observed { version, report }) => {
+                let app: Value =
+                    serde_json::from_slice(&report.application_json).unwrap_or_default();
+                let status: Value = serde_json::from_slice(&report.status_json).unwrap_or_default();
+                let wanted = render::mirror(cluster, key, &app, &status, &version);
+                if current.is_none() {
+                    // The mirror cache sees only mirrors: a hub Application
+                    // of that name without our label is someone else's and
+                    // must not be taken over.
+                    if let Some(other) = api.get_opt(&key.name).await?
+                        && !is_ours(&other)
+                    {
+                        let message = format!(
+                            "cluster {cluster}'s Application {source} is not mirrored: this Application has its name in namespace {cluster}; rename one of them"
+                        );
+                        tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
+                        self.writer
+                            .event(&other, EventType::Warning, "MirrorNameTaken", &message)
+                            .await;
+                        return Ok(());
+                    }
+                }
+                if let Some(m) = &current {
+                    if !is_ours(m) {
+                        tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
+                        return Ok(());
+                    }
+                    if render::mirror_matches(m, &wanted) {
+                        return self
+                            .commands(
+                                m,
+                                Work::Mirror {
+                                    cluster: cluster.into(),
+                                    key: key.clone(),
+                                },
+                                &cs,
+                                key,
+                            )
+                            .await;
+                    }
+                }
+                let applied = api
+                    .patch(
+                        &key.name,
+                        &PatchParams::apply(MIRROR_MANAGER).force(),
+                        &Patch::Apply(&wanted),
+                    )
+                    .await?;
+                self.writer.written().record(&applied.metadata);
+                self.metrics.status_writes.inc();
+                // Fields someone else added to the spec are not the
+                // mirror's: take them out (server-side apply keeps them).
+                let have = serde_json::to_value(&applied).unwrap_or_default();
+                if let Some(diff) = content::merge_diff(
+                    have.get("spec").unwrap_or(&Value::Null),
+                    wanted.get("spec").unwrap_or(&Value::Null),
+                ) {
+                    let patch = json!({ "metadata": { "resourceVersion": applied.resource_version() }, "spec": diff });
+                    match api
+                        .patch(
+                            &key.name,
+                            &PatchParams::apply(MIRROR_MANAGER),
+                            &Patch::Merge(patch),
+                        )
+                        .await
+                    {
+                        Ok(m) => self.writer.written().record(&m.metadata),
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+            Some(Observation::Gone) => {
+                cs.lock().observed.remove(key);
+                if let Some(m) = current.filter(|m| is_ours(m)) {
+                    let dp = DeleteParams {
+                        preconditions: Some(kube::api::Preconditions {
+                            uid: m.metadata.uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..Default::default()
+                    };
+                    match api.delete(&key.name, &dp).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                        Err(e) => return Err(e),
+                    }
+                    self.writer.written().forget(cluster, &key.name);
+                    tracing::info!(%cluster, %source, "spoke Application gone; mirror deleted");
+                }
+                Ok(())
+            }
+            Some(Observation::Mirrored { .. }) => {
+                // Known from the hub only (after a restart): the spec must
+                // still be what the mirror was written with, else the agent
+                // is asked for the Application again.
+                if let Some(m) = current.filter(|m| is_ours(m)) {
+                    let spec_hash = m.data.get("spec").map(content::hash).unwrap_or_default();
+                    if m.annotations().get(keys::SPEC_HASH) != Some(&spec_hash) {
+                        cs.lock().observed.remove(key);
+                        cs.request_resync(bucket_of(key));
+                    }
+                    self.commands(
+                        &m,
+                        Work::Mirror {
+                            cluster: cluster.into(),
+                            key: key.clone(),
+                        },
+                        &cs,
+                        key,
+                    )
+                    .await?;
+                }
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// The mirror work of a mirror seen on the hub.
+pub(super) fn mirror_work(m: &CachedApp) -> Option<Work> {
+    let cluster = m.labels().get(keys::MIRROR_OF)?.clone();
+    let (ns, name) = m.annotations().get(keys::MIRROR_SOURCE)?.split_once('/')?;
+    Some(Work::Mirror {
+        cluster,
+        key: ObjectKey {
+            namespace: ns.into(),
+            name: name.into(),
+        },
+    })
+}

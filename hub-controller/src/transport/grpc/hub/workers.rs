@@ -1,0 +1,279 @@
+//! The workers: everything the gRPC transport writes to the hub API
+//! server for a hub Application (status and condition, command stamps and
+//! completion, finalizer release), one keyed work queue, parallel across
+//! Applications, each through the one writer ([`crate::status::writer`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::keys;
+use argocd_pull_proto::content;
+use argocd_pull_proto::v1::{
+    AckOutcome, AgentMode, ObjectKey, OperationRequest, SyncOperation, operation_request,
+};
+use kube::runtime::events::EventType;
+use serde_json::Value;
+
+use super::super::cluster::{ClusterState, Observation, Work};
+use super::super::commands::{self, Command};
+use super::{Hub, app_ref};
+use crate::route::assign::{Assignment, HubRef};
+use crate::status::Reason;
+use crate::status::condition::condition_of;
+use crate::status::observed::hub_status;
+use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
+
+impl Hub {
+    /// Runs `n` workers until the queue is closed.
+    pub async fn run_workers(self: Arc<Self>, n: usize) {
+        let workers: Vec<_> = (0..n.max(1))
+            .map(|_| {
+                let hub = self.clone();
+                tokio::spawn(async move {
+                    while let Some(work) = hub.queue.next().await {
+                        if let Err(e) = hub.reconcile(&work).await {
+                            tracing::warn!(?work, error = %e, "gRPC transport: write failed; retrying");
+                            hub.queue.add_after(work.clone(), Duration::from_secs(2));
+                        }
+                        hub.queue.done(&work);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.await;
+        }
+    }
+
+    async fn reconcile(&self, work: &Work) -> Result<(), kube::Error> {
+        self.wait_synced().await;
+        match work {
+            Work::App(r) => self.reconcile_app(r).await,
+            Work::Mirror { cluster, key } => self.reconcile_mirror(cluster, key).await,
+        }
+    }
+
+    async fn reconcile_app(&self, r: &HubRef) -> Result<(), kube::Error> {
+        let Some(cached) = self.apps.get(&app_ref(r)) else {
+            return Ok(());
+        };
+        if self.writer.behind(&cached.metadata) {
+            // Decided again when the echo of our last write arrives.
+            return Ok(());
+        }
+        let app = cached.application();
+        let assignment = self
+            .index
+            .lock()
+            .expect("never poisoned")
+            .assignment(r)
+            .cloned();
+        let (cluster, key, reason, message) = match assignment {
+            None | Some(Assignment::NotOurs { .. }) => return Ok(()),
+            Some(Assignment::Refused {
+                cluster,
+                key,
+                reason,
+                message,
+            }) => (cluster, key, Some(reason), message),
+            Some(Assignment::Deliver {
+                cluster,
+                key,
+                deleting,
+                ..
+            }) => {
+                let cs = self.cluster(&cluster);
+                if deleting {
+                    return self.finalize(&app, &cs, &key).await;
+                }
+                let winner = self
+                    .index
+                    .lock()
+                    .expect("never poisoned")
+                    .winner(&cluster, &key);
+                if winner.as_ref() != Some(r) {
+                    let other = winner.map(|w| w.to_string()).unwrap_or_default();
+                    let msg = format!(
+                        "Application {}/{} on cluster {cluster} is already delivered for {other}: rename this Application or change its {} annotation",
+                        key.namespace,
+                        key.name,
+                        keys::MANAGED_CLUSTER_APP_NAMESPACE
+                    );
+                    (cluster, key, Some(Reason::SpokeConflict), msg)
+                } else if cs.mode() == Some(AgentMode::Autonomous) {
+                    let msg = format!(
+                        "the agent of cluster {cluster} runs in autonomous mode: its Applications are defined on the cluster; deliver this one by ManifestWork (annotation {}: manifestwork) or run the agent in managed mode",
+                        keys::TRANSPORT
+                    );
+                    (cluster, key, Some(Reason::AutonomousCluster), msg)
+                } else {
+                    let rejected = cs.lock().rejected.get(&key).cloned();
+                    match rejected {
+                        Some(m) => (
+                            cluster,
+                            key,
+                            Some(Reason::RejectedByAgent),
+                            format!("the agent refused it: {m}"),
+                        ),
+                        None => (cluster, key, None, String::new()),
+                    }
+                }
+            }
+        };
+        let cs = self.cluster(&cluster);
+        if reason.is_none() {
+            self.commands(&app, Work::App(r.clone()), &cs, &key).await?;
+        }
+        // Only the holder of the spoke Application shows its status: a
+        // refused or conflicting one never sees another team's.
+        let holds = self
+            .index
+            .lock()
+            .expect("never poisoned")
+            .winner(&cluster, &key)
+            .as_ref()
+            == Some(r);
+        let observed = match cs.lock().observed.get(&key) {
+            Some(Observation::Observed { report, .. }) if holds => {
+                serde_json::from_slice::<Value>(&report.status_json).ok()
+            }
+            _ => None,
+        };
+        let condition = reason.map(|r| format!("{r}: {message}"));
+        let current = app.data.get("status").cloned().unwrap_or(Value::Null);
+        if observed.is_none() && condition.is_none() && condition_of(&current).is_none() {
+            // Nothing reported yet and nothing wrong: nothing to write.
+            return Ok(());
+        }
+        let status = hub_status(&current, observed.as_ref(), condition.clone());
+        if status == current {
+            return Ok(());
+        }
+        let newly_refused = condition.is_some() && condition_of(&current) != condition.as_deref();
+        if self
+            .writer
+            .write_status(&app, &status, None)
+            .await?
+            .is_none()
+        {
+            return Ok(());
+        }
+        self.metrics.status_writes.inc();
+        if let (true, Some(reason)) = (newly_refused, reason) {
+            tracing::warn!(%cluster, namespace = %r.namespace, name = %r.name, %reason, %message, "not delivered");
+            self.metrics.refuse(&cluster, reason.as_str());
+            self.writer
+                .event(&app, EventType::Warning, reason.as_str(), &message)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// A deleting hub Application: its Argo CD finalizers are released once
+    /// the agent has reported the spoke copy gone after deleting it.
+    async fn finalize(
+        &self,
+        app: &Application,
+        cs: &ClusterState,
+        key: &ObjectKey,
+    ) -> Result<(), kube::Error> {
+        if !holds_argocd_finalizer(app) {
+            return Ok(());
+        }
+        let gone_for = cs.lock().gone.get(key).cloned();
+        if gone_for.as_deref() != app.metadata.uid.as_deref() {
+            return Ok(());
+        }
+        self.writer.release_finalizers(app).await
+    }
+
+    /// Stamps, sends and completes the sync and refresh commands `app`
+    /// (a hub Application or a mirror) carries.
+    pub(super) async fn commands(
+        &self,
+        app: &Application,
+        owner: Work,
+        cs: &ClusterState,
+        key: &ObjectKey,
+    ) -> Result<(), kube::Error> {
+        let refresh_id = cs
+            .lock()
+            .ops
+            .iter()
+            .find(|(_, op)| {
+                op.owner == owner
+                    && matches!(op.request.kind, Some(operation_request::Kind::Refresh(_)))
+            })
+            .map(|(id, _)| id.clone());
+        let plan = commands::commands(app, refresh_id.as_deref());
+        if let Some(patch) = plan.stamp {
+            // Our own write brings the Application back here.
+            self.writer.patch(app, COMMAND_MANAGER, &patch).await?;
+            return Ok(());
+        }
+        let ids: Vec<String> = plan.ready.iter().map(|(id, _)| id.clone()).collect();
+        cs.retain_ops(&owner, &ids);
+        for (id, command) in plan.ready {
+            let outcome = cs.lock().ops.get(&id).and_then(|op| op.outcome.clone());
+            match outcome {
+                None => {
+                    let kind = match &command {
+                        Command::Sync(op) => operation_request::Kind::Sync(SyncOperation {
+                            operation_json: content::canonical(op),
+                        }),
+                        Command::Refresh(kind) => operation_request::Kind::Refresh(
+                            argocd_pull_proto::v1::RefreshRequest { kind: *kind as i32 },
+                        ),
+                    };
+                    let request = OperationRequest {
+                        operation_id: id.clone(),
+                        key: Some(key.clone()),
+                        kind: Some(kind),
+                    };
+                    if cs.add_op(request, owner.clone()) {
+                        tracing::debug!(cluster = %cs.name, id, "command queued for the agent");
+                    }
+                }
+                Some((outcome, message)) => {
+                    let Some(patch) = commands::completion_patch(app, &id, &command) else {
+                        cs.op_done(&id);
+                        continue;
+                    };
+                    // Changed meanwhile (None): decided again from its next version.
+                    if self
+                        .writer
+                        .patch(app, COMMAND_MANAGER, &patch)
+                        .await?
+                        .is_some()
+                    {
+                        cs.op_done(&id);
+                        let what = match command {
+                            Command::Sync(_) => "sync",
+                            Command::Refresh(_) => "refresh",
+                        };
+                        if outcome == AckOutcome::Rejected {
+                            tracing::warn!(cluster = %cs.name, id, %message, "the agent refused a {what}");
+                            self.writer
+                                .event(
+                                    app,
+                                    EventType::Warning,
+                                    "CommandRejected",
+                                    &format!(
+                                        "the agent of cluster {} refused the {what}: {message}",
+                                        cs.name
+                                    ),
+                                )
+                                .await;
+                        } else {
+                            tracing::info!(cluster = %cs.name, id, ?outcome, "{what} handed over to the spoke");
+                        }
+                    }
+                    // One write per pass: the next one reads the new version.
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}

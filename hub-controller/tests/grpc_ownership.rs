@@ -1,0 +1,155 @@
+//! One owner per spoke Application, on real API servers: two hub
+//! Applications from two teams, each authorized for the cluster, name the
+//! same Application on it (same name, `ocm-managed-cluster-app-namespace`
+//! pointing both at `argocd`). The one delivered first keeps it; the later
+//! one is refused with a condition and an Event naming the holder, never
+//! shows the holder's status, and deleting it leaves the spoke alone. The
+//! later one's namespace sorts first, so a rule of "first by name" (the
+//! old one) fails here.
+
+use argocd_pull_hub_controller::status::CONDITION;
+use argocd_pull_spoke_agent::Mode;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testenv::wait;
+
+mod common;
+mod grpc_env;
+use grpc_env::{Env, TIMEOUT};
+
+fn spec(path: &str) -> Value {
+    json!({ "spec": {
+        "project": "default",
+        "source": { "repoURL": "https://git.example/repo.git", "path": path, "targetRevision": "HEAD" },
+        "destination": { "server": "https://kubernetes.default.svc", "namespace": "guestbook" }
+    } })
+}
+
+#[tokio::test]
+async fn the_first_delivered_keeps_the_spoke_application() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.wait_connected().await;
+    let spoke = env.spoke_apps(0);
+
+    // Team A delivers `shared` first.
+    let hub_a = env.hub_apps();
+    hub_a
+        .create(
+            &PostParams::default(),
+            &env.app("shared", 0, spec("team-a")),
+        )
+        .await
+        .unwrap();
+    let path_on_spoke = |want: &'static str| {
+        let spoke = spoke.clone();
+        async move {
+            let a = spoke.get_opt("shared").await.map_err(|e| e.to_string())?;
+            match a {
+                Some(a) if a.data["spec"]["source"]["path"] == want => Ok(a),
+                other => Err(format!(
+                    "{:?}",
+                    other.map(|a| a.data["spec"]["source"].clone())
+                )),
+            }
+        }
+    };
+    let first = wait::until("team A's Application on the spoke", TIMEOUT, || {
+        path_on_spoke("team-a")
+    })
+    .await;
+    wait::until(
+        "team A's hub copy shows the spoke's health",
+        TIMEOUT,
+        || async {
+            let a = hub_a.get("shared").await.map_err(|e| e.to_string())?;
+            if a.data["status"]["health"]["status"].is_string() {
+                Ok(())
+            } else {
+                Err(a.data["status"].to_string())
+            }
+        },
+    )
+    .await;
+
+    // Team B, in a namespace that sorts first, asks for the same one.
+    let ns_b = env.hub.namespace("aaa").await.unwrap();
+    assert!(ns_b < env.team, "{ns_b} sorts before {}", env.team);
+    common::placement_selects(&env.hub_client, &ns_b, &["cluster1"]).await;
+    let hub_b = common::apps_api(&env.hub_client, &ns_b);
+    let mut b = env.app("shared", 0, spec("team-b"));
+    b.metadata.namespace = Some(ns_b.clone());
+    hub_b.create(&PostParams::default(), &b).await.unwrap();
+
+    let holder = format!("{}/shared", env.team);
+    let refused = wait::until("team B refused, naming the holder", TIMEOUT, || async {
+        let b = hub_b.get("shared").await.map_err(|e| e.to_string())?;
+        let condition = b.data["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
+            .and_then(|c| c["message"].as_str())
+            .map(str::to_string);
+        match condition {
+            Some(m) if m.starts_with("SpokeConflict: ") && m.contains(&holder) => Ok(b),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let status = &refused.data["status"];
+    assert!(
+        status.get("health").is_none() && status.get("sync").is_none(),
+        "the refused Application never shows the holder's status: {status}"
+    );
+    let events: Api<Event> = Api::namespaced(env.hub_client.clone(), &ns_b);
+    let conflict = events
+        .list(&ListParams::default().fields("involvedObject.name=shared"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("SpokeConflict"))
+        .expect("a SpokeConflict event on team B's Application");
+    assert!(conflict.message.unwrap_or_default().contains(&holder));
+    // The spoke still has team A's, the same object.
+    let now = path_on_spoke("team-a").await.expect("still team A's");
+    assert_eq!(now.metadata.uid, first.metadata.uid);
+
+    // Deleting the refused one leaves the spoke alone; team A keeps going.
+    hub_b
+        .delete("shared", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until("team B's Application gone", TIMEOUT, || async {
+        match hub_b.get_opt("shared").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|o| o.is_some()))),
+        }
+    })
+    .await;
+    hub_a
+        .patch(
+            "shared",
+            &PatchParams::default(),
+            &Patch::Merge(spec("team-a2")),
+        )
+        .await
+        .unwrap();
+    let later = wait::until("team A's change on the spoke", TIMEOUT, || {
+        path_on_spoke("team-a2")
+    })
+    .await;
+    assert_eq!(
+        later.metadata.uid, first.metadata.uid,
+        "never deleted on the spoke"
+    );
+    let a = hub_a.get("shared").await.unwrap();
+    assert!(
+        a.data["status"]["conditions"]
+            .as_array()
+            .is_none_or(|cs| cs.iter().all(|c| c["type"] != CONDITION)),
+        "team A never refused: {}",
+        a.data["status"]
+    );
+}
