@@ -75,18 +75,51 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
     hub.write_kubeconfig_as(SA_USER, Some("system:serviceaccounts"), &kubeconfig)
         .unwrap();
     let sa = testenv::client_for(&kubeconfig).await.unwrap();
+    // A hub Application of a tenant.
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": { "name": "x", "namespace": "default" },
+        "spec": { "project": "default", "destination": {} },
+    }))
+    .unwrap();
+    let admin_apps: Api<DynamicObject> =
+        Api::namespaced_with(admin.clone(), "default", &application_resource());
+    let mut hub_app = app.clone();
+    hub_app.metadata.annotations = Some([("team".to_string(), "a".to_string())].into());
+    hub_app.metadata.finalizers = Some(vec!["resources-finalizer.argocd.argoproj.io".into()]);
+    admin_apps
+        .create(&PostParams::default(), &hub_app)
+        .await
+        .unwrap();
     // Admission policies take effect a moment after they are created: wait
-    // until a write they forbid is refused (a dry run: nothing is stored).
+    // until a write each forbids is refused (dry runs: nothing is stored).
     let probe: Api<Secret> = Api::namespaced(sa.clone(), "argocd");
+    let probe_apps: Api<DynamicObject> =
+        Api::namespaced_with(sa.clone(), "default", &application_resource());
     wait::until("the admission policies in force", TIMEOUT, || async {
         let dry = PatchParams {
             dry_run: true,
             ..PatchParams::apply(MANAGER).force()
         };
         let body = json!({ "apiVersion": "v1", "kind": "Secret", "metadata": { "name": "probe" } });
-        match probe.patch("probe", &dry, &Patch::Apply(body)).await {
-            Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
-            other => Err(format!("{:?}", other.map(|_| "allowed"))),
+        let secret = probe.patch("probe", &dry, &Patch::Apply(body)).await;
+        let dry = PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let spec = json!({ "spec": { "project": "probe" } });
+        let app = probe_apps.patch("x", &dry, &Patch::Merge(spec)).await;
+        match (secret, app) {
+            (Err(kube::Error::Api(s)), Err(kube::Error::Api(a)))
+                if s.code == 403 && a.code == 403 =>
+            {
+                Ok(())
+            }
+            (s, a) => Err(format!(
+                "secret {:?}, application {:?}",
+                s.map(|_| "allowed"),
+                a.map(|_| "allowed")
+            )),
         }
     })
     .await;
@@ -188,12 +221,6 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
     // Applications: never created or deleted.
     let apps: Api<DynamicObject> =
         Api::namespaced_with(sa.clone(), "default", &application_resource());
-    let app: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": { "name": "x", "namespace": "default" },
-        "spec": { "project": "default", "destination": {} },
-    }))
-    .unwrap();
     refused(
         "create an Application",
         apps.create(&PostParams::default(), &app).await,
@@ -201,6 +228,49 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
     refused(
         "delete an Application",
         apps.delete("x", &DeleteParams::default()).await,
+    );
+    // An Application it may patch (status, annotations of its own), but not
+    // its spec or labels: one the hub's Argo CD reconciles must stay out of
+    // the controller's reach.
+    for (what, patch) in [
+        (
+            "change an Application's spec",
+            json!({ "spec": { "source": { "repoURL": "https://evil.example.com/r.git" } } }),
+        ),
+        (
+            "label an Application",
+            json!({ "metadata": { "labels": { "argocd-pull.io/mirror-of": "cluster1" } } }),
+        ),
+        (
+            "change someone else's annotation",
+            json!({ "metadata": { "annotations": { "team": "b" } } }),
+        ),
+        (
+            "add a finalizer",
+            json!({ "metadata": { "finalizers": ["resources-finalizer.argocd.argoproj.io", "x/y"] } }),
+        ),
+    ] {
+        refused(
+            what,
+            Api::<DynamicObject>::namespaced_with(sa.clone(), "default", &application_resource())
+                .patch("x", &PatchParams::default(), &Patch::Merge(patch))
+                .await,
+        );
+    }
+    let sa_apps: Api<DynamicObject> =
+        Api::namespaced_with(sa.clone(), "default", &application_resource());
+    allowed(
+        "write status, an own annotation, release a finalizer",
+        sa_apps
+            .patch(
+                "x",
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": { "annotations": { "argocd-pull.io/x": "1" }, "finalizers": null },
+                    "status": { "health": { "status": "Healthy" } },
+                })),
+            )
+            .await,
     );
 
     // ManifestWorks: its own only. An OCM addon's work deploys to every
