@@ -151,14 +151,20 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             "apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": { "name": AGENT_NAME, "namespace": AGENT_NAMESPACE, "labels": labels },
         }),
-        // The agent watches the Applications it manages (labelled) across
-        // the cluster, and writes only in the Argo CD namespace.
+        // Least privilege, from what the agent calls (spoke-agent/src):
+        // in managed mode it watches the Applications it manages (labelled)
+        // across the cluster, and reads, creates (a server-side apply of a
+        // new one), patches and deletes them in the Argo CD namespace only;
+        // in autonomous mode it watches that namespace and only patches
+        // (a sync, refresh or terminate command), never creating or deleting.
+        // It never updates (PUT). The mode picks the RoleBinding, so an
+        // agent that claims the other mode still has only its own Role.
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": { "name": AGENT_NAME, "labels": labels },
             "rules": [{
                 "apiGroups": ["argoproj.io"], "resources": ["applications"],
-                "verbs": ["get", "list", "watch"],
+                "verbs": ["list", "watch"],
             }],
         }),
         json!({
@@ -167,18 +173,24 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AGENT_NAME },
             "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
         }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": { "name": AGENT_NAME, "namespace": config.argocd_namespace, "labels": labels },
-            "rules": [{
-                "apiGroups": ["argoproj.io"], "resources": ["applications"],
-                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-            }],
-        }),
+        agent_role(
+            config,
+            "managed",
+            &["get", "create", "patch", "delete"],
+            &labels,
+        ),
+        agent_role(
+            config,
+            "autonomous",
+            &["get", "list", "watch", "patch"],
+            &labels,
+        ),
+        // Named after the mode: a RoleBinding's roleRef cannot change, so a
+        // new mode is a new binding (the work agent deletes the old one).
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": { "name": AGENT_NAME, "namespace": config.argocd_namespace, "labels": labels },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT_NAME },
+            "metadata": { "name": format!("{AGENT_NAME}-{{{{AGENT_MODE}}}}"), "namespace": config.argocd_namespace, "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{AGENT_NAME}-{{{{AGENT_MODE}}}}") },
             "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
         }),
         json!({
@@ -204,6 +216,43 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             }],
         },
     })
+}
+
+/// The agent's Role in the Argo CD namespace for one mode
+/// (`argocd-pull-agent-<mode>`).
+fn agent_role(config: &AddonConfig, mode: &str, verbs: &[&str], labels: &Value) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": { "name": format!("{AGENT_NAME}-{mode}"), "namespace": config.argocd_namespace, "labels": labels },
+        "rules": [{
+            "apiGroups": ["argoproj.io"], "resources": ["applications"],
+            "verbs": verbs,
+        }],
+    })
+}
+
+/// The agent's RBAC as OCM renders it for a cluster whose agent runs in
+/// `mode` (`managed` or `autonomous`): the template's ServiceAccount,
+/// ClusterRole(Binding), Roles and RoleBinding with `{{AGENT_MODE}}`
+/// substituted, in apply order. For tests that run as the agent.
+pub fn agent_rbac(config: &AddonConfig, mode: &str) -> Vec<Value> {
+    let template = add_on_template(config);
+    template["spec"]["agentSpec"]["workload"]["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            m["kind"] == "Namespace"
+                || m["kind"] == "ServiceAccount"
+                || m["apiVersion"]
+                    .as_str()
+                    .is_some_and(|v| v.starts_with("rbac.authorization.k8s.io/"))
+        })
+        .map(|m| {
+            serde_json::from_str(&m.to_string().replace("{{AGENT_MODE}}", mode))
+                .expect("substituting a name keeps it JSON")
+        })
+        .collect()
 }
 
 fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
@@ -398,6 +447,58 @@ mod tests {
         );
         // OCM registers the agent in the namespace of the first Deployment.
         assert_eq!(deployment["metadata"]["namespace"], AGENT_NAMESPACE);
+    }
+
+    #[test]
+    fn the_agent_never_updates_and_autonomous_mode_cannot_create_or_delete() {
+        let config = AddonConfig::default();
+        let verbs = |mode: &str| -> Vec<(String, String, Vec<String>)> {
+            agent_rbac(&config, mode)
+                .iter()
+                .filter(|m| m["kind"] == "Role" || m["kind"] == "ClusterRole")
+                .map(|m| {
+                    let bound = agent_rbac(&config, mode).iter().any(|b| {
+                        b["roleRef"]["name"] == m["metadata"]["name"]
+                            && b["roleRef"]["kind"] == m["kind"]
+                    });
+                    (m, bound)
+                })
+                .filter(|(_, bound)| *bound)
+                .flat_map(|(m, _)| {
+                    m["rules"].as_array().unwrap().iter().map(move |r| {
+                        (
+                            m["kind"].as_str().unwrap().to_string(),
+                            r["resources"].to_string(),
+                            serde_json::from_value(r["verbs"].clone()).unwrap(),
+                        )
+                    })
+                })
+                .collect()
+        };
+        for mode in ["managed", "autonomous"] {
+            for (kind, resources, verbs) in verbs(mode) {
+                assert_eq!(
+                    resources, r#"["applications"]"#,
+                    "{mode}: only Applications"
+                );
+                assert!(
+                    !verbs.iter().any(|v| v == "update" || v == "*"),
+                    "{mode} {kind}: {verbs:?}"
+                );
+                if mode == "autonomous" {
+                    assert!(
+                        !verbs.iter().any(|v| v == "create" || v == "delete"),
+                        "autonomous {kind}: {verbs:?}"
+                    );
+                }
+            }
+        }
+        assert!(
+            verbs("managed")
+                .iter()
+                .any(|(_, _, v)| v.contains(&"create".to_string())),
+            "managed mode creates"
+        );
     }
 
     #[test]

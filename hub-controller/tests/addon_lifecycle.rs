@@ -444,7 +444,13 @@ async fn placements_install_certificate_refusals_and_uninstall() {
         let spoke = fleet.cluster(cluster).client().await.unwrap();
         gone(Api::<Namespace>::all(spoke.clone()), AGENT_NS).await;
         gone(Api::<ClusterRole>::all(spoke.clone()), AGENT).await;
-        gone(Api::<Role>::namespaced(spoke.clone(), SPOKE_NS), AGENT).await;
+        for mode in ["managed", "autonomous"] {
+            gone(
+                Api::<Role>::namespaced(spoke.clone(), SPOKE_NS),
+                &format!("{AGENT}-{mode}"),
+            )
+            .await;
+        }
     }
     // Nothing of the addon is left on the hub, and the hub-controller,
     // which keeps checking its certificates, does not bring the

@@ -13,6 +13,7 @@ pub mod coalesce;
 pub mod content;
 pub mod digest;
 pub mod limits;
+pub mod owner;
 pub mod validate;
 pub mod version;
 

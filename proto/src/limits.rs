@@ -155,6 +155,7 @@ mod tests {
                     status_json: vec![b'x'; MAX_OBJECT_JSON_BYTES],
                     application_json: vec![b'x'; MAX_OBJECT_JSON_BYTES],
                     last_operation_id: "o".repeat(128),
+                    hub_uid: "u".repeat(36),
                 })),
             })),
         };

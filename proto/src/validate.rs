@@ -67,7 +67,7 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
                     if meta.version.is_empty() {
                         return Err(malformed(W, "observed.meta.version is empty"));
                     }
-                    Ok(())
+                    uid(W, "observed.hub_uid", &o.hub_uid)
                 }
                 Some(status_report::State::Gone(_)) => Ok(()),
             }
@@ -125,7 +125,7 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
             if d.hub_uid.is_empty() {
                 return Err(malformed(W, "hub_uid is empty"));
             }
-            Ok(())
+            uid(W, "hub_uid", &d.hub_uid)
         }
         Some(Kind::Operation(o)) => {
             const W: &str = "OperationRequest";
@@ -162,20 +162,64 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
     }
 }
 
+/// Whether `s` is a namespace name the API server accepts: an RFC 1123
+/// label (lower-case letters, digits and `-`, starting and ending with a
+/// letter or digit, at most 63 characters).
+pub fn is_namespace(s: &str) -> bool {
+    s.len() <= MAX_NAMESPACE_LEN && is_label(s)
+}
+
+/// Whether `s` is an Application name the API server accepts: an RFC 1123
+/// subdomain (labels of lower-case letters, digits and `-` joined by `.`,
+/// at most 253 characters).
+pub fn is_name(s: &str) -> bool {
+    s.len() <= MAX_NAME_LEN && s.split('.').all(is_label)
+}
+
+fn is_label(s: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = s.as_bytes();
+    !b.is_empty()
+        && alnum(b[0])
+        && alnum(b[b.len() - 1])
+        && b.iter().all(|&c| alnum(c) || c == b'-')
+}
+
 fn key(what: &str, key: Option<&ObjectKey>) -> Result<(), Malformed> {
     let Some(key) = key else {
         return Err(malformed(what, "key is missing"));
     };
-    if key.namespace.is_empty() || key.namespace.len() > MAX_NAMESPACE_LEN {
+    // A key names an Application on the managed cluster: anything the API
+    // server would refuse (and a path segment like `..`) never gets further.
+    if !is_namespace(&key.namespace) {
         return Err(malformed(
             what,
-            format!("key.namespace {:?} is empty or too long", key.namespace),
+            format!(
+                "key.namespace {:?} is not a namespace name (RFC 1123 label, at most {MAX_NAMESPACE_LEN} characters)",
+                key.namespace
+            ),
         ));
     }
-    if key.name.is_empty() || key.name.len() > MAX_NAME_LEN {
+    if !is_name(&key.name) {
         return Err(malformed(
             what,
-            format!("key.name {:?} is empty or too long", key.name),
+            format!(
+                "key.name {:?} is not an object name (RFC 1123 subdomain, at most {MAX_NAME_LEN} characters)",
+                key.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The longest uid accepted (Kubernetes uids are 36-character UUIDs).
+pub const MAX_UID_LEN: usize = 128;
+
+fn uid(what: &str, field: &str, uid: &str) -> Result<(), Malformed> {
+    if uid.len() > MAX_UID_LEN {
+        return Err(malformed(
+            what,
+            format!("{field} is longer than {MAX_UID_LEN} characters"),
         ));
     }
     Ok(())
@@ -311,7 +355,9 @@ mod tests {
                     }),
                     ..gone.clone()
                 })),
-                Err("malformed StatusReport: key.namespace \"\" is empty or too long"),
+                Err(
+                    "malformed StatusReport: key.namespace \"\" is not a namespace name (RFC 1123 label, at most 63 characters)",
+                ),
             ),
             (
                 agent(Kind::Status(StatusReport {
@@ -429,7 +475,7 @@ mod tests {
                     }),
                     ..upsert()
                 })),
-                Err("is empty or too long"),
+                Err("is not an object name"),
             ),
             (
                 hub(Kind::Delete(ApplicationDelete {

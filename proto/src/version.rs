@@ -24,8 +24,14 @@ pub const MIN_PROTOCOL_VERSION: u32 = if PROTOCOL_VERSION > 1 {
 /// The agent can terminate a running sync (`OperationRequest.terminate`).
 pub const CAPABILITY_TERMINATE_OPERATION: &str = "terminate-operation";
 
+/// The agent never overwrites or deletes an Application it did not deliver
+/// for the hub Application a message is about: it refuses the upsert with
+/// `ObjectAck.owner_conflict`, runs a command only where
+/// `OperationRequest.hub_uid` matches, and reports `ObservedApplication.hub_uid`.
+pub const CAPABILITY_OWNER_CHECK: &str = "owner-check";
+
 /// Every capability this release implements, offered by default.
-pub const CAPABILITIES: &[&str] = &[CAPABILITY_TERMINATE_OPERATION];
+pub const CAPABILITIES: &[&str] = &[CAPABILITY_TERMINATE_OPERATION, CAPABILITY_OWNER_CHECK];
 
 /// At most this many capabilities in one Hello.
 pub const MAX_CAPABILITIES: usize = 64;

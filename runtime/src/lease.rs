@@ -6,6 +6,13 @@
 //! moment the change was seen: clocks of different machines are never
 //! compared. Every write carries the resourceVersion that was read, so two
 //! candidates can never both win.
+//!
+//! Every call to the API server has a timeout of its own, shorter than the
+//! renew deadline: a call that hangs (a frozen connection) must not keep a
+//! leader acting past the moment a standby may take over. The leader
+//! reports the lease lost at the latest `renew_deadline` after the start of
+//! its last successful renewal, which is before the lease `duration` a
+//! standby waits.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +41,12 @@ pub struct LeaseConfig {
 }
 
 impl LeaseConfig {
+    /// The longest one call to the API server may take: half the renew
+    /// deadline, so that a hung call leaves time for another attempt.
+    pub fn call_timeout(&self) -> Duration {
+        self.renew_deadline / 2
+    }
+
     /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retries.
     pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
         Self {
@@ -134,6 +147,14 @@ impl Leadership {
         if *self.lost.borrow() {
             return;
         }
+        let timeout = self.config.call_timeout();
+        match tokio::time::timeout(timeout, self.release_once()).await {
+            Ok(()) => {}
+            Err(_) => tracing::warn!(?timeout, "could not release the leader lease in time"),
+        }
+    }
+
+    async fn release_once(&self) {
         match self.api.get(&self.config.name).await {
             Ok(mut lease) => {
                 let spec = lease.spec.get_or_insert_with(Default::default);
@@ -167,19 +188,27 @@ pub async fn acquire(
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     let mut observer = Observer::default();
     let mut last_holder = String::new();
-    loop {
-        match try_acquire_or_renew(&api, &config, &mut observer).await {
-            Ok(Next::Wait { holder }) => {
+    let acquired = loop {
+        let started = Instant::now();
+        let attempt = tokio::select! {
+            a = tokio::time::timeout(config.call_timeout(), try_acquire_or_renew(&api, &config, &mut observer)) => a,
+            _ = shutdown.clone().wait() => return None,
+        };
+        match attempt {
+            Err(_) => {
+                tracing::warn!(lease = %config.name, timeout = ?config.call_timeout(), "the API server did not answer about the leader lease in time; retrying")
+            }
+            Ok(Ok(Next::Wait { holder })) => {
                 if holder != last_holder {
                     tracing::info!(lease = %config.name, %holder, "another replica leads; standing by");
                     last_holder = holder;
                 }
             }
-            Ok(_) => {
+            Ok(Ok(_)) => {
                 tracing::info!(lease = %config.name, identity = %config.identity, "became the leader");
-                break;
+                break started;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!(lease = %config.name, namespace = %config.namespace, error = %e,
                 "cannot read or write the leader lease; check the namespace exists and the RBAC allows leases")
             }
@@ -187,9 +216,9 @@ pub async fn acquire(
         if sleep_or_shutdown(config.retry_period, &shutdown).await {
             return None;
         }
-    }
+    };
     let (tx, lost) = watch::channel(false);
-    let renewer = tokio::spawn(renew(api.clone(), config.clone(), observer, tx));
+    let renewer = tokio::spawn(renew(api.clone(), config.clone(), observer, acquired, tx));
     Some(Leadership {
         lost,
         renewer,
@@ -198,27 +227,41 @@ pub async fn acquire(
     })
 }
 
+/// Renews until the lease is taken or cannot be renewed within the renew
+/// deadline, counted from the start of the last successful renewal
+/// (`renewed`); then reports it lost. No call may outlive the deadline.
 async fn renew(
     api: Api<Lease>,
     config: LeaseConfig,
     mut observer: Observer,
+    mut renewed: Instant,
     lost: watch::Sender<bool>,
 ) {
-    let mut renewed = Instant::now();
+    let left = |renewed: Instant| config.renew_deadline.saturating_sub(renewed.elapsed());
     loop {
-        tokio::time::sleep(config.retry_period).await;
-        match try_acquire_or_renew(&api, &config, &mut observer).await {
-            Ok(Next::Wait { holder }) => {
+        tokio::time::sleep(config.retry_period.min(left(renewed))).await;
+        let remaining = left(renewed);
+        if remaining.is_zero() {
+            tracing::error!(lease = %config.name, deadline = ?config.renew_deadline, "could not renew the leader lease in time");
+            break;
+        }
+        let started = Instant::now();
+        let attempt = tokio::time::timeout(
+            config.call_timeout().min(remaining),
+            try_acquire_or_renew(&api, &config, &mut observer),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(Next::Wait { holder })) => {
                 tracing::error!(lease = %config.name, %holder, "leader lease taken by another replica");
                 break;
             }
-            Ok(_) => renewed = Instant::now(),
-            Err(e) if renewed.elapsed() < config.renew_deadline => {
+            Ok(Ok(_)) => renewed = started,
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "could not renew the leader lease; retrying");
             }
-            Err(e) => {
-                tracing::error!(error = %e, deadline = ?config.renew_deadline, "could not renew the leader lease in time");
-                break;
+            Err(_) => {
+                tracing::warn!(lease = %config.name, "the API server did not answer the lease renewal in time; retrying");
             }
         }
     }

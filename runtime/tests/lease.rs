@@ -1,15 +1,22 @@
 //! Leader election against a real API server: one leader at a time, a
 //! released lease is taken at once, an abandoned one after its duration,
-//! and a leader whose lease is taken notices.
+//! a leader whose lease is taken notices, and a leader whose connection to
+//! the API server freezes stops before a standby takes over.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use argocd_pull_runtime::lease::{LeaseConfig, acquire};
 use argocd_pull_runtime::shutdown;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use testenv::{CrdSet, wait};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 /// Fast timings so that the test does not wait 15 s per step.
 fn config(ns: &str, identity: &str) -> LeaseConfig {
@@ -29,6 +36,129 @@ async fn holder(api: &Api<Lease>) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
+/// A TCP proxy on 127.0.0.1 in front of the API server that can be frozen:
+/// connections stay open, but no byte moves either way until it thaws, as
+/// with a hung connection. Counts the bytes clients sent.
+struct Proxy {
+    addr: std::net::SocketAddr,
+    frozen: watch::Sender<bool>,
+    sent: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: std::net::SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (frozen, rx) = watch::channel(false);
+        let sent = Arc::new(AtomicU64::new(0));
+        let counter = sent.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                conns.spawn(pump(cr, sw, rx.clone(), Some(counter.clone())));
+                conns.spawn(pump(sr, cw, rx.clone(), None));
+            }
+        });
+        Self {
+            addr,
+            frozen,
+            sent,
+            task,
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// A client of `cluster` (admin) that goes through this proxy.
+    async fn client(&self, kubeconfig: &std::path::Path) -> kube::Client {
+        let kc = Kubeconfig::read_from(kubeconfig).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        config.cluster_url = format!("https://{}", self.addr).parse().unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // Ends the accept loop and, with its JoinSet, every connection.
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: watch::Receiver<bool>,
+    counter: Option<Arc<AtomicU64>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Read before the freeze, held after it: nothing reaches the other side.
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        if let Some(c) = &counter {
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn upstream(cluster: &testenv::Cluster) -> std::net::SocketAddr {
+    let server = cluster.server().trim_start_matches("https://");
+    server
+        .parse()
+        .expect("the API server listens on 127.0.0.1:<port>")
+}
+
+/// Watches the lease until `renewals` renewals by `holder` have been seen
+/// over more than `span` (each one a new resourceVersion), failing as soon
+/// as anyone else holds it.
+async fn held_through(api: &Api<Lease>, holder: &str, renewals: usize, span: Duration) {
+    let started = Instant::now();
+    let mut versions = std::collections::BTreeSet::new();
+    while versions.len() < renewals || started.elapsed() <= span {
+        assert!(
+            started.elapsed() < span * 4,
+            "only {} renewals by {holder} in {:?}",
+            versions.len(),
+            started.elapsed()
+        );
+        let lease = api.get("leader").await.unwrap();
+        let now_held_by = lease.spec.and_then(|s| s.holder_identity);
+        assert_eq!(
+            now_held_by.as_deref(),
+            Some(holder),
+            "the lease changed hands"
+        );
+        versions.insert(lease.metadata.resource_version.unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn one_leader_at_a_time_and_a_released_lease_is_taken_at_once() {
     testenv::init_tracing();
@@ -43,11 +173,11 @@ async fn one_leader_at_a_time_and_a_released_lease_is_taken_at_once() {
         .expect("a leads");
     assert_eq!(holder(&api).await.as_deref(), Some("a"));
 
-    // b stands by for well over a lease duration while a renews.
+    // b stands by while a renews, over more than a lease duration: the
+    // lease keeps changing, and only ever as a's.
     let b = tokio::spawn(acquire(client.clone(), config(&ns, "b"), down.clone()));
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    held_through(&api, "a", 6, Duration::from_secs(4)).await;
     assert!(!b.is_finished(), "b must not lead while a renews");
-    assert_eq!(holder(&api).await.as_deref(), Some("a"));
 
     // a steps down gracefully: b takes over, and a's hand-back is recorded.
     a.release().await;
@@ -119,8 +249,27 @@ async fn an_abandoned_lease_is_taken_over_after_its_duration_not_before() {
     let mut held = ghost.clone();
     held.spec.as_mut().unwrap().lease_duration_seconds = Some(600);
     api.create(&PostParams::default(), &held).await.unwrap();
-    let d = tokio::spawn(acquire(client.clone(), config(&ns, "d"), down.clone()));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // d reads the lease through a proxy, so that its attempts can be seen.
+    let proxy = Proxy::start(upstream(cluster)).await;
+    let through = proxy.client(cluster.kubeconfig()).await;
+    let d = tokio::spawn(acquire(through, config(&ns, "d"), down.clone()));
+    wait::until(
+        "d to try for the lease a few times",
+        Duration::from_secs(10),
+        || async {
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                seen.push(proxy.sent());
+                tokio::time::sleep(Duration::from_millis(350)).await;
+            }
+            if seen[0] > 0 && seen[0] < seen[1] && seen[1] < seen[2] {
+                Ok(())
+            } else {
+                Err(format!("bytes sent {seen:?}"))
+            }
+        },
+    )
+    .await;
     stop.fire();
     let got = tokio::time::timeout(Duration::from_secs(5), d)
         .await
@@ -128,4 +277,57 @@ async fn an_abandoned_lease_is_taken_over_after_its_duration_not_before() {
         .unwrap();
     assert!(got.is_none(), "d must not lead");
     assert_eq!(holder(&api).await.as_deref(), Some("ghost"));
+}
+
+#[tokio::test]
+async fn a_leader_whose_api_connection_freezes_stops_before_anyone_takes_over() {
+    testenv::init_tracing();
+    let cluster = testenv::shared("lease", CrdSet::None).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let ns = cluster.namespace("lease").await.unwrap();
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let (_stop, down) = shutdown::channel();
+
+    // The leader talks to the API server through a proxy; the standby does not.
+    let proxy = Proxy::start(upstream(cluster)).await;
+    let leader_config = config(&ns, "frozen");
+    let deadline = leader_config.renew_deadline;
+    let a = acquire(
+        proxy.client(cluster.kubeconfig()).await,
+        leader_config,
+        down.clone(),
+    )
+    .await
+    .expect("the leader leads");
+    let b = tokio::spawn(acquire(
+        client.clone(),
+        config(&ns, "standby"),
+        down.clone(),
+    ));
+    held_through(&api, "frozen", 3, Duration::from_millis(600)).await;
+
+    // Its connection hangs: every call it makes now waits forever.
+    let frozen_at = Instant::now();
+    proxy.freeze();
+    tokio::time::timeout(deadline * 3, a.lost())
+        .await
+        .expect("the leader reports the lease lost although its calls hang");
+    let lost_after = frozen_at.elapsed();
+    // Its last renewal started before the freeze; slack for the scheduler.
+    assert!(
+        lost_after <= deadline + Duration::from_millis(500),
+        "lost reported {lost_after:?} after the freeze, deadline {deadline:?}"
+    );
+    let b = tokio::time::timeout(Duration::from_secs(15), b)
+        .await
+        .expect("the standby takes over")
+        .unwrap()
+        .expect("the standby leads");
+    let taken_after = frozen_at.elapsed();
+    assert!(
+        lost_after < taken_after,
+        "two leaders: the standby led {taken_after:?} after the freeze, the old leader stopped at {lost_after:?}"
+    );
+    assert_eq!(holder(&api).await.as_deref(), Some("standby"));
+    b.release().await;
 }

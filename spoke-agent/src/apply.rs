@@ -5,6 +5,7 @@
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_proto::content;
+use argocd_pull_proto::owner::Holder;
 use argocd_pull_proto::v1::{ObjectKey, ObjectMeta, ObservedApplication, RefreshKind};
 use kube::ResourceExt;
 use serde_json::{Map, Value, json};
@@ -94,6 +95,88 @@ pub fn is_managed(app: &Application) -> bool {
     app.labels().get(keys::HUB_MANAGED).map(String::as_str) == Some("true")
 }
 
+/// The hub Application `app` was delivered for, if it was.
+pub fn hub_uid(app: &Application) -> Option<&str> {
+    app.annotations()
+        .get(keys::HUB_UID)
+        .map(String::as_str)
+        .filter(|u| !u.is_empty())
+}
+
+/// Whether `app` is managed by this agent for the hub Application `uid`:
+/// the only Applications it may change or delete for that hub Application.
+pub fn is_delivered_for(app: &Application, uid: &str) -> bool {
+    is_managed(app) && !uid.is_empty() && hub_uid(app) == Some(uid)
+}
+
+/// Whose the Application at an upsert's key is, as far as the agent may
+/// act on it. Ownership is recorded on the object: the agent labels what it
+/// manages ([`keys::HUB_MANAGED`]) and notes the hub Application it was
+/// delivered for ([`keys::HUB_UID`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// Nothing there: create it (without forcing, so that one created
+    /// meanwhile by someone else makes the write conflict instead of being
+    /// overwritten).
+    Free,
+    /// Delivered by this agent for this hub Application: apply.
+    Ours,
+    /// Left by a ManifestWork for this hub Application (a switch of
+    /// transport, which orphans it): take it over. Either the hub marked it
+    /// with this hub Application's uid, or it is exactly what the hub
+    /// delivers (same spec, labels and annotations), so that taking it over
+    /// changes nothing on the cluster.
+    Adopt,
+    /// Someone else's: refuse, and leave it alone.
+    Refuse(Holder),
+}
+
+/// Decides [`Ownership`] of `existing` (the Application at the key, as read)
+/// for an upsert from the hub Application `uid` whose applied configuration
+/// is `config` (from [`applied_config`]).
+pub fn ownership(existing: Option<&Application>, uid: &str, config: &Value) -> Ownership {
+    let Some(app) = existing else {
+        return Ownership::Free;
+    };
+    if is_managed(app) {
+        return match hub_uid(app) {
+            Some(h) if h == uid && !uid.is_empty() => Ownership::Ours,
+            Some(h) => Ownership::Refuse(Holder::HubApplication(h.to_string())),
+            None => Ownership::Refuse(Holder::NotArgocdPull),
+        };
+    }
+    if !uid.is_empty() && hub_uid(app) == Some(uid) {
+        return Ownership::Adopt;
+    }
+    if hub_uid(app).is_none() && is_what_the_hub_delivers(app, config) {
+        return Ownership::Adopt;
+    }
+    Ownership::Refuse(Holder::NotArgocdPull)
+}
+
+/// Whether `app` has the spec of `config` and carries every label and
+/// annotation the hub delivered, with the same values (the agent's own
+/// markers aside).
+fn is_what_the_hub_delivers(app: &Application, config: &Value) -> bool {
+    let wanted_spec = config.get("spec").unwrap_or(&Value::Null);
+    if content::hash(app.data.get("spec").unwrap_or(&Value::Null)) != content::hash(wanted_spec) {
+        return false;
+    }
+    let carries = |field: &str, have: &std::collections::BTreeMap<String, String>| {
+        config
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !k.starts_with(keys::OWN_PREFIX))
+            .all(|(k, v)| {
+                v.as_str()
+                    .is_some_and(|v| have.get(k).map(String::as_str) == Some(v))
+            })
+    };
+    carries("labels", app.labels()) && carries("annotations", app.annotations())
+}
+
 /// Whether the spec differs from what the agent last wrote.
 pub fn is_edited(app: &Application) -> bool {
     let hash = content::hash(app.data.get("spec").unwrap_or(&Value::Null));
@@ -136,6 +219,11 @@ pub fn observed(app: &Application, autonomous: bool) -> (String, ObservedApplica
         Vec::new()
     };
     let last_operation_id = operation_ids(app).pop().unwrap_or_default();
+    let hub_uid = if autonomous {
+        String::new()
+    } else {
+        hub_uid(app).unwrap_or_default().to_string()
+    };
     let version = content::hash_bytes(
         &[
             status.as_slice(),
@@ -143,6 +231,8 @@ pub fn observed(app: &Application, autonomous: bool) -> (String, ObservedApplica
             application.as_slice(),
             b"\0",
             last_operation_id.as_bytes(),
+            b"\0",
+            hub_uid.as_bytes(),
         ]
         .concat(),
     );
@@ -156,6 +246,7 @@ pub fn observed(app: &Application, autonomous: bool) -> (String, ObservedApplica
         status_json: status,
         application_json: application,
         last_operation_id,
+        hub_uid,
     };
     (version, observed)
 }
@@ -371,6 +462,125 @@ mod tests {
         assert!(recorded.ends_with(",new") && !recorded.contains("op-0,"));
         assert_eq!(p["metadata"]["annotations"][keys::REFRESH], "hard");
         assert_eq!(run_command(&a, "t", &Command::Terminate), Run::Nothing);
+    }
+
+    #[test]
+    fn only_what_the_agent_delivered_for_this_hub_application_is_written() {
+        let config = applied_config(
+            &key(),
+            &serde_json::to_vec(&delivered()).unwrap(),
+            "hub-a",
+            "v1",
+        )
+        .unwrap();
+        let ours = app(config.clone());
+        let with = |f: &dyn Fn(&mut Value)| {
+            let mut v = config.clone();
+            f(&mut v);
+            app(v)
+        };
+        let other_hub_app = with(&|v| v["metadata"]["annotations"][keys::HUB_UID] = json!("hub-b"));
+        let unmarked_managed = with(&|v| {
+            v["metadata"]["annotations"]
+                .as_object_mut()
+                .unwrap()
+                .remove(keys::HUB_UID);
+        });
+        // What a ManifestWork left on the cluster: the delivered copy as is.
+        let left_by_a_work = app(delivered());
+        let marked_by_the_hub = {
+            let mut v = delivered();
+            v["spec"]["source"]["path"] = json!("older");
+            v["metadata"]["annotations"] = json!({ keys::HUB_UID: "hub-a" });
+            app(v)
+        };
+        let local = {
+            let mut v = delivered();
+            v["spec"]["source"]["path"] = json!("mine");
+            app(v)
+        };
+        let local_same_spec_other_labels = {
+            let mut v = delivered();
+            v["metadata"]["labels"] = json!({ "team": "b" });
+            app(v)
+        };
+        let local_marked_for_another = {
+            let mut v = delivered();
+            v["metadata"]["annotations"] = json!({ keys::HUB_UID: "hub-b" });
+            app(v)
+        };
+        let cases: [(&str, Option<&Application>, Ownership); 9] = [
+            ("nothing there", None, Ownership::Free),
+            ("delivered for it", Some(&ours), Ownership::Ours),
+            (
+                "delivered for another hub Application",
+                Some(&other_hub_app),
+                Ownership::Refuse(Holder::HubApplication("hub-b".into())),
+            ),
+            (
+                "managed without a hub uid",
+                Some(&unmarked_managed),
+                Ownership::Refuse(Holder::NotArgocdPull),
+            ),
+            (
+                "left by a work, as delivered",
+                Some(&left_by_a_work),
+                Ownership::Adopt,
+            ),
+            (
+                "left by a work the hub marked",
+                Some(&marked_by_the_hub),
+                Ownership::Adopt,
+            ),
+            (
+                "created locally",
+                Some(&local),
+                Ownership::Refuse(Holder::NotArgocdPull),
+            ),
+            (
+                "created locally, same spec, other labels",
+                Some(&local_same_spec_other_labels),
+                Ownership::Refuse(Holder::NotArgocdPull),
+            ),
+            (
+                "marked for another hub Application",
+                Some(&local_marked_for_another),
+                Ownership::Refuse(Holder::NotArgocdPull),
+            ),
+        ];
+        for (what, existing, want) in cases {
+            assert_eq!(ownership(existing, "hub-a", &config), want, "{what}");
+        }
+        // A hub that sends no uid owns nothing.
+        assert_eq!(
+            ownership(Some(&ours), "", &config),
+            Ownership::Refuse(Holder::HubApplication("hub-a".into()))
+        );
+        assert!(is_delivered_for(&ours, "hub-a"));
+        assert!(!is_delivered_for(&ours, "hub-b") && !is_delivered_for(&ours, ""));
+        assert!(
+            !is_delivered_for(&marked_by_the_hub, "hub-a"),
+            "not managed by the agent"
+        );
+    }
+
+    #[test]
+    fn reports_carry_the_hub_application_they_belong_to() {
+        let config = applied_config(
+            &key(),
+            &serde_json::to_vec(&delivered()).unwrap(),
+            "hub-a",
+            "v1",
+        )
+        .unwrap();
+        let (v_a, o) = observed(&app(config.clone()), false);
+        assert_eq!(o.hub_uid, "hub-a");
+        let mut b = config.clone();
+        b["metadata"]["annotations"][keys::HUB_UID] = json!("hub-b");
+        let (v_b, o) = observed(&app(b), false);
+        assert_eq!(o.hub_uid, "hub-b");
+        assert_ne!(v_a, v_b, "a new holder is a new report");
+        assert_eq!(observed(&app(config), true).1.hub_uid, "", "autonomous");
     }
 
     #[test]

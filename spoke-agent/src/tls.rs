@@ -61,6 +61,19 @@ impl TlsFiles {
             .and_then(|cn| cn.as_str().ok())
             .unwrap_or_default()
             .to_string();
+        // OCM (through the kubelet) swaps the certificate and key together,
+        // but a reader can still open the new certificate and the old key
+        // around the swap: a mismatched pair is "not yet", never a dial.
+        let spki = x509.public_key().raw;
+        if !key_matches(&key, spki).map_err(|e| {
+            anyhow::anyhow!("{} is not a usable private key: {e}", self.key.display())
+        })? {
+            anyhow::bail!(
+                "client certificate {} does not match its key {} (a renewal in progress?): trying again shortly",
+                self.cert.display(),
+                self.key.display()
+            );
+        }
         let not_after = x509.validity().not_after.timestamp();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -83,6 +96,16 @@ impl TlsFiles {
             not_after,
         })
     }
+}
+
+/// Whether the PEM private key `key` is the one of the public key `spki`
+/// (DER SubjectPublicKeyInfo of the certificate). A key type whose public
+/// half cannot be derived is taken as matching: the handshake decides.
+fn key_matches(key: &[u8], spki: &[u8]) -> Result<bool, String> {
+    use rustls::pki_types::{PrivateKeyDer, pem::PemObject};
+    let der = PrivateKeyDer::from_pem_slice(key).map_err(|e| e.to_string())?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&der).map_err(|e| e.to_string())?;
+    Ok(signer.public_key().is_none_or(|p| p.as_ref() == spki))
 }
 
 #[cfg(test)]
@@ -121,6 +144,11 @@ mod tests {
             .unwrap();
         std::fs::write(&files.cert, &renewed.cert_pem).unwrap();
         assert_ne!(files.fingerprint().unwrap(), loaded.fingerprint);
+        // Halfway through a renewal: the new certificate, the old key.
+        let e = err(&files);
+        assert!(e.contains("does not match its key"), "{e}");
+        std::fs::write(&files.key, &renewed.key_pem).unwrap();
+        assert!(files.load().is_ok(), "the pair is whole again");
         let expired = ca
             .client_valid("agent", (2020, 1, 1), (2021, 1, 1))
             .unwrap();

@@ -11,6 +11,7 @@ use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_proto::content;
 use argocd_pull_proto::digest::{Entries, bucket_of, resync_requests};
+use argocd_pull_proto::owner::{self, Holder};
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, ApplicationUpsert, DigestSet, ObjectAck, ObjectKey, OperationAck,
     OperationRequest, agent_message, operation_request,
@@ -146,27 +147,74 @@ impl Worker {
             Ok(c) => c,
             Err(e) => return self.counted((AckOutcome::Rejected, e.to_string())),
         };
-        if let Some(current) = self.cached(key) {
-            if current.metadata.deletion_timestamp.is_some() {
-                return self.counted((
-                    AckOutcome::Retry,
-                    "the Application is being deleted on the cluster; it is created again once gone".into(),
-                ));
+        // The cache holds only what the agent manages; anything else at this
+        // key is read live, and every write carries the resourceVersion its
+        // ownership was decided on.
+        let mut current = self.cached(key).map(Arc::unwrap_or_clone);
+        if current.is_none() {
+            current = match api.get_opt(&key.name).await {
+                Ok(c) => c,
+                Err(e) => return self.counted(write_error(e)),
+            };
+        }
+        for _ in 0..3 {
+            if let Some(c) = &current {
+                if c.metadata.deletion_timestamp.is_some() {
+                    return self.counted((
+                        AckOutcome::Retry,
+                        "the Application is being deleted on the cluster; it is created again once gone".into(),
+                    ));
+                }
+                let unchanged = apply::is_delivered_for(c, &meta.uid)
+                    && !apply::is_edited(c)
+                    && c.annotations().get(keys::DESIRED_VERSION) == Some(&meta.version);
+                if unchanged {
+                    self.state.remember(key, u);
+                    return applied();
+                }
             }
-            let unchanged = apply::is_managed(&current)
-                && !apply::is_edited(&current)
-                && current.annotations().get(keys::DESIRED_VERSION) == Some(&meta.version)
-                && current.annotations().get(keys::HUB_UID) == Some(&meta.uid);
-            if unchanged {
-                self.state.remember(key, u);
-                return applied();
+            let precondition = match apply::ownership(current.as_ref(), &meta.uid, &config) {
+                apply::Ownership::Refuse(holder) => {
+                    let message = owner::conflict_message(key, &holder);
+                    tracing::warn!(namespace = %key.namespace, name = %key.name, hub_uid = %meta.uid, ?holder,
+                        "refused: the Application on this cluster is not this hub Application's; left alone");
+                    self.metrics
+                        .applies
+                        .get_or_create(&OutcomeLabel {
+                            outcome: "owner-conflict",
+                        })
+                        .inc();
+                    return (AckOutcome::Rejected, message);
+                }
+                apply::Ownership::Free => Precondition::Absent,
+                apply::Ownership::Ours | apply::Ownership::Adopt => Precondition::Version(
+                    current
+                        .as_ref()
+                        .and_then(|c| c.resource_version())
+                        .unwrap_or_default(),
+                ),
+            };
+            match self.write(api, key, &config, precondition).await {
+                Err(Stale) => {
+                    // Changed (or created) since it was read: decide again
+                    // on what is there now.
+                    current = match api.get_opt(&key.name).await {
+                        Ok(c) => c,
+                        Err(e) => return self.counted(write_error(e)),
+                    };
+                }
+                Ok(outcome) => {
+                    if outcome.0 == AckOutcome::Applied {
+                        self.state.remember(key, u);
+                    }
+                    return self.counted(outcome);
+                }
             }
         }
-        let outcome = self.write(api, key, &config).await;
-        if outcome.0 == AckOutcome::Applied {
-            self.state.remember(key, u);
-        }
-        self.counted(outcome)
+        self.counted((
+            AckOutcome::Retry,
+            "the Application keeps changing on the cluster".into(),
+        ))
     }
 
     fn counted(&self, outcome: Outcome) -> Outcome {
@@ -184,19 +232,50 @@ impl Worker {
 
     /// Server-side applies `config`, then takes out spec fields someone else
     /// added (server-side apply leaves fields it does not own alone), and
-    /// records the hash of the spec as the API server stored it.
-    async fn write(&self, api: &Api<Application>, key: &ObjectKey, config: &Value) -> Outcome {
-        let mut stored = match api
-            .patch(
-                &key.name,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(config),
-            )
-            .await
-        {
-            Ok(a) => a,
-            Err(e) => return write_error(e),
+    /// records the hash of the spec as the API server stored it. `Stale`
+    /// when the Application is no longer as it was when `precondition` was
+    /// decided (nothing was written then).
+    async fn write(
+        &self,
+        api: &Api<Application>,
+        key: &ObjectKey,
+        config: &Value,
+        precondition: Precondition,
+    ) -> Result<Outcome, Stale> {
+        let (params, body) = match &precondition {
+            // Not forced: a field someone else set meanwhile conflicts.
+            Precondition::Absent => (PatchParams::apply(MANAGER), config.clone()),
+            Precondition::Version(rv) => {
+                let mut body = config.clone();
+                body["metadata"]["resourceVersion"] = rv.clone().into();
+                (PatchParams::apply(MANAGER).force(), body)
+            }
         };
+        let mut stored = match api.patch(&key.name, &params, &Patch::Apply(&body)).await {
+            Ok(a) => a,
+            Err(kube::Error::Api(s)) if s.code == 409 => return Err(Stale),
+            Err(e) => return Ok(write_error(e)),
+        };
+        if precondition == Precondition::Absent
+            && stored
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .any(|m| m.manager.as_deref() != Some(MANAGER))
+        {
+            // Someone else created it between the read and this write with
+            // the same values (so nothing conflicted): it is not ours. Take
+            // the markers back off and refuse.
+            let _ = api
+                .patch(
+                    &key.name,
+                    &PatchParams::apply(MANAGER),
+                    &Patch::Merge(apply::release_patch()),
+                )
+                .await;
+            return Err(Stale);
+        }
         let wanted = config.get("spec").cloned().unwrap_or(Value::Null);
         if let Some(diff) =
             content::merge_diff(stored.data.get("spec").unwrap_or(&Value::Null), &wanted)
@@ -214,7 +293,7 @@ impl Worker {
                 .await
             {
                 Ok(a) => stored = a,
-                Err(e) => return write_error(e),
+                Err(e) => return Ok(write_error(e)),
             }
         }
         let hash = content::hash(stored.data.get("spec").unwrap_or(&Value::Null));
@@ -232,11 +311,11 @@ impl Worker {
                 )
                 .await
             {
-                return write_error(e);
+                return Ok(write_error(e));
             }
         }
         tracing::debug!(namespace = %key.namespace, name = %key.name, "applied");
-        applied()
+        Ok(applied())
     }
 
     async fn revert_edit(&self, api: &Api<Application>, key: &ObjectKey) {
@@ -253,12 +332,21 @@ impl Worker {
             Some(u) => {
                 tracing::info!(namespace = %key.namespace, name = %key.name, "reverting a local edit of an Application the hub manages");
                 let meta = u.meta.clone().unwrap_or_default();
+                if !apply::is_delivered_for(&current, &meta.uid) {
+                    return;
+                }
                 let Ok(config) =
                     apply::applied_config(key, &u.application_json, &meta.uid, &meta.version)
                 else {
                     return;
                 };
-                let (outcome, message) = self.write(api, key, &config).await;
+                let rv = current.resource_version().unwrap_or_default();
+                let (outcome, message) = self
+                    .write(api, key, &config, Precondition::Version(rv))
+                    .await
+                    .unwrap_or_else(|Stale| {
+                        (AckOutcome::Retry, "changed while being reverted".into())
+                    });
                 if outcome != AckOutcome::Applied {
                     tracing::warn!(namespace = %key.namespace, name = %key.name, %message, "could not revert a local edit; retrying");
                     self.queue.add_after(key.clone(), Duration::from_secs(2));
@@ -299,9 +387,9 @@ impl Worker {
             Err(e) => return (write_error(e), false),
         };
         match current {
-            Some(app)
-                if app.annotations().get(keys::HUB_UID).map(String::as_str) == Some(hub_uid) =>
-            {
+            // Only a copy this agent delivered for that hub Application; any
+            // other Application of that name is left alone.
+            Some(app) if apply::is_delivered_for(&app, hub_uid) => {
                 if app.metadata.deletion_timestamp.is_none() {
                     let dp = DeleteParams {
                         preconditions: Some(Preconditions {
@@ -332,7 +420,7 @@ impl Worker {
             Err(e) => return write_error(e),
         };
         if let Some(app) = current
-            && app.annotations().get(keys::HUB_UID).map(String::as_str) == Some(hub_uid)
+            && apply::is_delivered_for(&app, hub_uid)
         {
             if let Err(e) = api
                 .patch(
@@ -394,6 +482,12 @@ impl Worker {
                 }
                 Err(e) => return write_error(e),
             };
+            if self.mode == Mode::Managed && !apply::is_managed(&current) {
+                // A command from the hub only ever concerns what the agent
+                // manages for it.
+                let holder = Holder::NotArgocdPull;
+                return (AckOutcome::Rejected, owner::conflict_message(key, &holder));
+            }
             match apply::run_command(&current, &op.operation_id, &command) {
                 Run::Duplicate => return (AckOutcome::Duplicate, String::new()),
                 Run::Nothing => return applied(),
@@ -411,6 +505,16 @@ impl Worker {
         (AckOutcome::Retry, "the Application keeps changing".into())
     }
 }
+
+/// What a write was decided on: nothing there, or this resourceVersion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Precondition {
+    Absent,
+    Version(String),
+}
+
+/// The Application changed since its ownership was decided.
+struct Stale;
 
 /// What the hub should do about a failed write: a request the API server
 /// will never accept is refused with its message; anything else is retried.

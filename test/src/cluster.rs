@@ -437,7 +437,11 @@ fn write_pki(dir: &Path) -> Result<(Ca, CertKey)> {
         ("sa.pub", &sa_pub),
     ];
     for (name, content) in files {
-        std::fs::write(dir.join(name), content)?;
+        if name.ends_with(".key") {
+            pki::write_private(&dir.join(name), content.as_bytes())?;
+        } else {
+            std::fs::write(dir.join(name), content)?;
+        }
     }
     Ok((ca, admin))
 }
@@ -474,6 +478,7 @@ fn write_kubeconfig_user(
         "contexts": [{ "name": name, "context": { "cluster": name, "user": name }}],
         "current-context": name,
     });
-    std::fs::write(path, serde_yaml::to_string(&config)?)?;
+    // It holds a private key or a token.
+    pki::write_private(path, serde_yaml::to_string(&config)?.as_bytes())?;
     Ok(())
 }

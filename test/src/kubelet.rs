@@ -211,6 +211,18 @@ pub async fn refresh(cluster: &Cluster, namespace: &str, pod: &Pod) -> Result<bo
             }
         };
         std::fs::create_dir_all(&m.dir)?;
+        if matches!(m.source, Source::Secret(_)) {
+            // As the kubelet does: every file of the Secret changes at once
+            // (a certificate never pairs with the previous key), and each
+            // is readable by its owner only.
+            let unchanged = files
+                .iter()
+                .all(|(key, content)| std::fs::read(m.dir.join(key)).is_ok_and(|c| &c == content));
+            if !unchanged {
+                crate::pki::write_files_atomically(&m.dir, &files)?;
+            }
+            continue;
+        }
         for (key, content) in files {
             let path = m.dir.join(&key);
             if std::fs::read(&path).is_ok_and(|c| c == content) {

@@ -228,6 +228,12 @@ pub struct ObservedApplication {
     /// the hub can tell which sync the `status.operationState` belongs to.
     #[prost(string, tag = "4")]
     pub last_operation_id: ::prost::alloc::string::String,
+    /// Managed mode: the uid of the hub Application this Application was
+    /// delivered for (its `argocd-pull.io/hub-uid` annotation), so that the hub
+    /// writes the status onto that hub Application only. Covered by
+    /// `meta.version`. Empty in autonomous mode and from older agents.
+    #[prost(string, tag = "5")]
+    pub hub_uid: ::prost::alloc::string::String,
 }
 /// The Application is gone from the managed cluster.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -392,6 +398,15 @@ pub enum AckOutcome {
     /// Will never apply as sent (malformed JSON, too large, not allowed in this
     /// mode); `message` says why. The sender does not retry this value; a newer
     /// value for the same key is sent as usual.
+    ///
+    /// An agent with capability "owner-check" never overwrites or deletes an
+    /// Application it did not deliver for the hub Application a message is
+    /// about. It rejects such an ApplicationUpsert with a `message` that starts
+    /// with `OwnerConflict: ` and names the holder: `held by hub Application
+    /// <uid>` when it delivered the Application for another hub Application,
+    /// `not delivered by argocd-pull` otherwise (created on the managed
+    /// cluster, or delivered by a ManifestWork without argocd-pull's mark).
+    /// The `owner` module of the argocd-pull-proto crate writes and parses it.
     Rejected = 2,
     /// Could not apply now (the API server was unavailable, a conflict); the
     /// sender sends the key's latest value again.

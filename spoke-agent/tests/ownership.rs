@@ -1,0 +1,429 @@
+//! The agent never overwrites or deletes an Application it did not deliver
+//! for the hub Application a message is about, and says so to the hub; and
+//! the RBAC the addon gives it is all it needs and no more. Against a real
+//! API server, with the agent's worker running as the agent's service
+//! account with exactly the RBAC `argocd-pull-addon` renders.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_addon::{AGENT_NAME, AGENT_NAMESPACE, AddonConfig, agent_rbac};
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_proto::owner::{self, Holder};
+use argocd_pull_proto::v1::{
+    AckOutcome, AgentMessage, ApplicationUpsert, ObjectKey, ObjectMeta, OperationRequest,
+    RefreshRequest, agent_message, operation_request, status_report,
+};
+use argocd_pull_runtime::workqueue::WorkQueue;
+use argocd_pull_spoke_agent::Mode;
+use argocd_pull_spoke_agent::metrics::AgentMetrics;
+use argocd_pull_spoke_agent::state::{AgentState, Instruction};
+use argocd_pull_spoke_agent::worker::Worker;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use testenv::{Cluster, CrdSet, wait};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const ARGOCD: &str = "argocd";
+
+fn sa_user() -> String {
+    format!("system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_NAME}")
+}
+
+/// Applies the agent's RBAC for `mode` as OCM would render it.
+async fn install_rbac(cluster: &Cluster, mode: &str) {
+    let client = cluster.client().await.unwrap();
+    for object in agent_rbac(&AddonConfig::default(), mode) {
+        let obj: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+        let gvk = kube::core::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+        let (ar, caps) = kube::discovery::pinned_kind(&client, &gvk).await.unwrap();
+        let api: Api<DynamicObject> = match (caps.scope, obj.namespace()) {
+            (kube::discovery::Scope::Namespaced, Some(ns)) => {
+                Api::namespaced_with(client.clone(), &ns, &ar)
+            }
+            _ => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(
+            &obj.name_any(),
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", obj.name_any()));
+    }
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> bool {
+    let out = std::process::Command::new(testenv::paths::bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["auth", "can-i"])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+fn application(name: &str, path: &str) -> Value {
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": { "name": name, "namespace": ARGOCD },
+        "spec": {
+            "project": "default",
+            "source": { "repoURL": "https://git.example.com/r.git", "path": path },
+            "destination": { "server": "https://kubernetes.default.svc" },
+        },
+    })
+}
+
+fn key(name: &str) -> ObjectKey {
+    ObjectKey {
+        namespace: ARGOCD.into(),
+        name: name.into(),
+    }
+}
+
+struct Agent {
+    worker: Arc<Worker>,
+    state: Arc<AgentState>,
+    seq: u64,
+    _watch: tokio::task::JoinHandle<()>,
+}
+
+impl Agent {
+    /// The agent's worker and its watch of managed Applications, as
+    /// `run_agent` wires them, on `client`.
+    async fn start(client: kube::Client) -> Self {
+        let ar = application_resource();
+        let writer = reflector::store::Writer::new(ar.clone());
+        let store = writer.as_reader();
+        let api = Api::<Application>::all_with(client.clone(), &ar);
+        let config = watcher::Config::default().labels(&format!("{}=true", keys::HUB_MANAGED));
+        let watch = tokio::spawn(async move {
+            let events = reflector(writer, watcher::watcher(api, config)).default_backoff();
+            tokio::pin!(events);
+            while events.next().await.is_some() {}
+        });
+        store.wait_until_ready().await.unwrap();
+        let state = Arc::new(AgentState::default());
+        state.attach(1);
+        let mut registry = prometheus_client::registry::Registry::default();
+        let worker = Arc::new(Worker {
+            client,
+            state: state.clone(),
+            store,
+            mode: Mode::Managed,
+            metrics: AgentMetrics::register(&mut registry),
+            queue: WorkQueue::new(),
+        });
+        Self {
+            worker,
+            state,
+            seq: 0,
+            _watch: watch,
+        }
+    }
+
+    /// Carries out one instruction and returns the acknowledgement.
+    async fn instruct(&mut self, name: &str, instruction: Instruction) -> (AckOutcome, String) {
+        let (outcome, message, _) = self.instruct_all(name, instruction).await;
+        (outcome, message)
+    }
+
+    /// Also every message it queued for the hub.
+    async fn instruct_all(
+        &mut self,
+        name: &str,
+        instruction: Instruction,
+    ) -> (AckOutcome, String, Vec<AgentMessage>) {
+        self.seq += 1;
+        self.state.instruct(key(name), self.seq, instruction);
+        self.worker.reconcile(&key(name)).await;
+        let all = self.acks();
+        let (outcome, message) = all
+            .iter()
+            .cloned()
+            .find_map(|m| match m.kind {
+                Some(agent_message::Kind::ObjectAck(a)) if a.seq == self.seq => {
+                    Some((AckOutcome::try_from(a.outcome).unwrap(), a.message))
+                }
+                _ => None,
+            })
+            .expect("an acknowledgement");
+        (outcome, message, all)
+    }
+
+    async fn upsert(&mut self, name: &str, hub_uid: &str, path: &str) -> (AckOutcome, String) {
+        let u = ApplicationUpsert {
+            key: Some(key(name)),
+            seq: self.seq + 1,
+            meta: Some(ObjectMeta {
+                uid: hub_uid.into(),
+                version: format!("{hub_uid}.{path}"),
+                ..Default::default()
+            }),
+            application_json: serde_json::to_vec(&application(name, path)).unwrap(),
+        };
+        self.instruct(name, Instruction::Upsert(Arc::new(u))).await
+    }
+
+    /// Everything queued for the hub, status reports acknowledged as the
+    /// hub does (one per key is in flight at a time).
+    fn acks(&self) -> Vec<AgentMessage> {
+        let mut all = Vec::new();
+        loop {
+            let batch = self.state.next_messages(1, 1000);
+            if batch.is_empty() {
+                return all;
+            }
+            for m in &batch {
+                if let Some(agent_message::Kind::Status(s)) = &m.kind {
+                    self.state.acked(s.key.as_ref().unwrap(), s.seq);
+                }
+            }
+            all.extend(batch);
+        }
+    }
+}
+
+async fn resource_version(api: &Api<Application>, name: &str) -> String {
+    api.get(name).await.unwrap().resource_version().unwrap()
+}
+
+#[tokio::test]
+async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() {
+    testenv::init_tracing();
+    let cluster = testenv::shared("agent-ownership", CrdSet::Managed)
+        .await
+        .unwrap();
+    cluster.ensure_namespace(ARGOCD).await.unwrap();
+    install_rbac(cluster, "managed").await;
+    let kubeconfig = cluster.dir().join("agent-managed.kubeconfig");
+    cluster
+        .write_kubeconfig_as(&sa_user(), Some("system:serviceaccounts"), &kubeconfig)
+        .unwrap();
+    let admin = Api::<Application>::namespaced_with(
+        cluster.client().await.unwrap(),
+        ARGOCD,
+        &application_resource(),
+    );
+    let mut agent = Agent::start(testenv::client_for(&kubeconfig).await.unwrap()).await;
+
+    // An Application created on the cluster, not by argocd-pull.
+    admin
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(application("local", "mine")).unwrap(),
+        )
+        .await
+        .unwrap();
+    let local_rv = resource_version(&admin, "local").await;
+    let (outcome, message) = agent.upsert("local", "hub-a", "theirs").await;
+    assert_eq!(outcome, AckOutcome::Rejected, "{message}");
+    assert_eq!(
+        owner::parse_conflict(&message),
+        Some(Holder::NotArgocdPull),
+        "{message}"
+    );
+    assert_eq!(
+        resource_version(&admin, "local").await,
+        local_rv,
+        "not touched"
+    );
+
+    // Delivered for hub Application a; b's upsert of the same name is refused
+    // and names a as the holder.
+    let (outcome, message) = agent.upsert("gb", "hub-a", "a").await;
+    assert_eq!(outcome, AckOutcome::Applied, "{message}");
+    let gb_rv = wait::until("the agent to see its own write", TIMEOUT, || async {
+        let a = admin.get("gb").await.map_err(|e| e.to_string())?;
+        if agent
+            .worker
+            .store
+            .get(&reflector::ObjectRef::new_with("gb", application_resource()).within(ARGOCD))
+            .is_some()
+        {
+            Ok(a.resource_version().unwrap())
+        } else {
+            Err("not in the cache yet".to_string())
+        }
+    })
+    .await;
+    let (outcome, message) = agent.upsert("gb", "hub-b", "b").await;
+    assert_eq!(outcome, AckOutcome::Rejected, "{message}");
+    assert_eq!(
+        owner::parse_conflict(&message),
+        Some(Holder::HubApplication("hub-a".into())),
+        "{message}"
+    );
+    let gb = admin.get("gb").await.unwrap();
+    assert_eq!(gb.resource_version().unwrap(), gb_rv, "not touched");
+    assert_eq!(gb.data["spec"]["source"]["path"], "a");
+
+    // Deleting the refused one (or anything for a hub Application that
+    // holds nothing here) leaves the cluster alone.
+    for (name, hub_uid) in [("gb", "hub-b"), ("local", "hub-a")] {
+        let rv = resource_version(&admin, name).await;
+        let (outcome, _, sent) = agent
+            .instruct_all(
+                name,
+                Instruction::Delete {
+                    hub_uid: hub_uid.into(),
+                },
+            )
+            .await;
+        assert_eq!(
+            outcome,
+            AckOutcome::Applied,
+            "nothing of {hub_uid}'s to delete"
+        );
+        // What the hub last hears about that key: nothing there for it
+        // (gone), or the holder's Application, which names the holder.
+        let last = sent
+            .iter()
+            .rev()
+            .filter_map(|m| match &m.kind {
+                Some(agent_message::Kind::Status(s)) if s.key == Some(key(name)) => s.state.clone(),
+                _ => None,
+            })
+            .next();
+        match (name, last) {
+            ("gb", Some(status_report::State::Observed(o))) => assert_eq!(o.hub_uid, "hub-a"),
+            ("local", Some(status_report::State::Gone(_))) => {}
+            (_, other) => panic!("{name} after {hub_uid}'s delete: {other:?}"),
+        }
+        assert_eq!(
+            resource_version(&admin, name).await,
+            rv,
+            "{name} not touched"
+        );
+        let (outcome, _) = agent
+            .instruct(
+                name,
+                Instruction::Release {
+                    hub_uid: hub_uid.into(),
+                },
+            )
+            .await;
+        assert_eq!(outcome, AckOutcome::Applied);
+        assert_eq!(
+            resource_version(&admin, name).await,
+            rv,
+            "{name} not released"
+        );
+    }
+
+    // A command never reaches an Application the agent does not manage.
+    agent.state.add_op(
+        key("local"),
+        OperationRequest {
+            operation_id: "op-1".into(),
+            key: Some(key("local")),
+            kind: Some(operation_request::Kind::Refresh(RefreshRequest { kind: 1 })),
+        },
+    );
+    agent.worker.reconcile(&key("local")).await;
+    let refused = agent.acks().into_iter().find_map(|m| match m.kind {
+        Some(agent_message::Kind::OperationAck(a)) => Some((a.outcome, a.message)),
+        _ => None,
+    });
+    let (outcome, message) = refused.expect("an operation acknowledgement");
+    assert_eq!(outcome, AckOutcome::Rejected as i32, "{message}");
+    assert_eq!(resource_version(&admin, "local").await, local_rv);
+
+    // Its own it deletes, as the service account.
+    let (outcome, message) = agent
+        .instruct(
+            "gb",
+            Instruction::Delete {
+                hub_uid: "hub-a".into(),
+            },
+        )
+        .await;
+    assert_eq!(outcome, AckOutcome::Applied, "{message}");
+    wait::until("gb deleted", TIMEOUT, || async {
+        match admin.get_opt("gb").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|a| a.is_some()))),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_agents_rbac_allows_what_it_calls_and_nothing_else() {
+    testenv::init_tracing();
+    let cluster = testenv::shared("agent-rbac", CrdSet::Managed)
+        .await
+        .unwrap();
+    cluster.ensure_namespace(ARGOCD).await.unwrap();
+    let kubeconfig = cluster.dir().join("agent-rbac.kubeconfig");
+    cluster
+        .write_kubeconfig_as(&sa_user(), Some("system:serviceaccounts"), &kubeconfig)
+        .unwrap();
+    let apps = "applications.argoproj.io";
+    let never: &[&[&str]] = &[
+        &["update", apps, "-n", ARGOCD],
+        &["deletecollection", apps, "-n", ARGOCD],
+        &["create", apps, "-n", "default"],
+        &["patch", apps, "-n", "default"],
+        &["delete", apps, "-n", "default"],
+        &["get", "secrets", "-n", ARGOCD],
+        &["list", "secrets", "--all-namespaces"],
+        &["get", "secrets", "-n", AGENT_NAMESPACE],
+        &["create", "pods", "-n", AGENT_NAMESPACE],
+        &["update", "appprojects.argoproj.io", "-n", ARGOCD],
+        &["create", "applicationsets.argoproj.io", "-n", ARGOCD],
+        &["create", "rolebindings", "-n", ARGOCD],
+        &["escalate", "roles", "-n", ARGOCD],
+    ];
+    for (mode, allowed, denied) in [
+        (
+            "managed",
+            &[
+                &["list", apps, "--all-namespaces"][..],
+                &["watch", apps, "--all-namespaces"],
+                &["get", apps, "-n", ARGOCD],
+                &["create", apps, "-n", ARGOCD],
+                &["patch", apps, "-n", ARGOCD],
+                &["delete", apps, "-n", ARGOCD],
+            ][..],
+            &[][..],
+        ),
+        (
+            "autonomous",
+            &[
+                &["list", apps, "-n", ARGOCD][..],
+                &["watch", apps, "-n", ARGOCD],
+                &["get", apps, "-n", ARGOCD],
+                &["patch", apps, "-n", ARGOCD],
+            ][..],
+            &[
+                &["create", apps, "-n", ARGOCD][..],
+                &["delete", apps, "-n", ARGOCD],
+            ][..],
+        ),
+    ] {
+        // What OCM does on a change of mode: the other binding goes.
+        let admin = cluster.client().await.unwrap();
+        let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> = Api::namespaced(admin, ARGOCD);
+        for other in ["managed", "autonomous"].iter().filter(|m| **m != mode) {
+            let _ = bindings
+                .delete(&format!("{AGENT_NAME}-{other}"), &Default::default())
+                .await;
+        }
+        install_rbac(cluster, mode).await;
+        for a in allowed {
+            assert!(kubectl(&kubeconfig, a), "{mode}: the agent needs {a:?}");
+        }
+        for d in denied.iter().chain(never) {
+            assert!(!kubectl(&kubeconfig, d), "{mode}: the agent may {d:?}");
+        }
+    }
+}
