@@ -60,6 +60,11 @@ async fn the_deployed_rbac_is_enough_and_no_more() {
     for denied in [
         &["list", "secrets", "--all-namespaces"][..],
         &["get", "secrets", "-n", "kube-system"],
+        // Not even in the Argo CD namespace: argocd-secret and repository
+        // credentials live there; it only writes its cluster Secrets.
+        &["list", "secrets", "-n", "argocd"],
+        &["watch", "secrets", "-n", "argocd"],
+        &["get", "secrets/argocd-secret", "-n", "argocd"],
         &["create", "applications.argoproj.io", "-n", "default"],
         &["delete", "applications.argoproj.io", "-n", "default"],
         &[

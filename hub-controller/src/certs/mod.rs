@@ -330,8 +330,21 @@ fn write_if_changed(path: &Path, content: &str) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let tmp: PathBuf = path.with_extension("tmp");
-    std::fs::write(&tmp, content)
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
+    // Owner-only from the start: a key must never be readable by others,
+    // not even for a moment.
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(content.as_bytes())?;
+        f.sync_all()
+    };
+    write().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path)
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     Ok(())

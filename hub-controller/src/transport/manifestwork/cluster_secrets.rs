@@ -1,6 +1,12 @@
 //! Keeps one Argo CD cluster Secret per ManagedCluster in the hub's Argo CD
 //! namespace. Removal is left to Kubernetes garbage collection through the
 //! Secret's owner reference to its ManagedCluster.
+//!
+//! The Secrets are written, never read: watching them would need `list`
+//! on every Secret of the Argo CD namespace (RBAC cannot narrow a list by
+//! label), `argocd-secret` and repository credentials included. So a
+//! Secret deleted or edited by hand is restored by the periodic
+//! re-apply ([`RESTORE_EVERY`]) instead of by a watch.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +21,9 @@ use kube::{Client, ResourceExt};
 
 use super::WORK_MANAGER;
 use crate::render::cluster_secret::cluster_secret;
-use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
+
+/// How often each cluster's Secret is applied again.
+pub const RESTORE_EVERY: Duration = Duration::from_secs(600);
 
 struct Ctx {
     client: Client,
@@ -29,16 +37,11 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let clusters: Api<ManagedCluster> = Api::all(client.clone());
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &argocd_namespace);
     let ctx = Arc::new(Ctx {
         client,
         namespace: argocd_namespace,
     });
     Controller::new(clusters, watcher::Config::default())
-        .owns(
-            secrets,
-            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
-        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
@@ -57,7 +60,7 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
         &Patch::Apply(&secret),
     )
     .await?;
-    Ok(Action::await_change())
+    Ok(Action::requeue(RESTORE_EVERY))
 }
 
 fn error_policy(cluster: Arc<ManagedCluster>, error: &kube::Error, ctx: Arc<Ctx>) -> Action {

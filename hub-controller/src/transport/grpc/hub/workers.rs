@@ -23,6 +23,7 @@ use crate::status::Reason;
 use crate::status::condition::condition_of;
 use crate::status::observed::hub_status;
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
+use argocd_pull_proto::owner::{Holder, parse_conflict};
 
 impl Hub {
     /// Runs `n` workers until the queue is closed.
@@ -110,12 +111,10 @@ impl Hub {
                 } else {
                     let rejected = cs.lock().rejected.get(&key).cloned();
                     match rejected {
-                        Some(m) => (
-                            cluster,
-                            key,
-                            Some(Reason::RejectedByAgent),
-                            format!("the agent refused it: {m}"),
-                        ),
+                        Some(m) => {
+                            let (reason, message) = self.rejection(&cluster, &key, &m);
+                            (cluster, key, Some(reason), message)
+                        }
                         None => (cluster, key, None, String::new()),
                     }
                 }
@@ -135,7 +134,13 @@ impl Hub {
             .as_ref()
             == Some(r);
         let observed = match cs.lock().observed.get(&key) {
-            Some(Observation::Observed { report, .. }) if holds => {
+            // A report names the hub Application it was delivered for
+            // (agents before `owner-check` leave it empty).
+            Some(Observation::Observed { report, .. })
+                if holds
+                    && (report.hub_uid.is_empty()
+                        || app.metadata.uid.as_deref() == Some(report.hub_uid.as_str())) =>
+            {
                 serde_json::from_slice::<Value>(&report.status_json).ok()
             }
             _ => None,
@@ -168,6 +173,46 @@ impl Hub {
                 .await;
         }
         Ok(())
+    }
+
+    /// The condition for an upsert the agent refused: a spoke Application
+    /// that someone else holds is a conflict naming the holder, anything
+    /// else the cluster API server's own words.
+    fn rejection(&self, cluster: &str, key: &ObjectKey, message: &str) -> (Reason, String) {
+        let what = format!(
+            "Application {}/{} on cluster {cluster}",
+            key.namespace, key.name
+        );
+        match parse_conflict(message) {
+            Some(Holder::HubApplication(uid)) => {
+                let holder = self
+                    .apps
+                    .state()
+                    .iter()
+                    .find(|a| a.metadata.uid.as_deref() == Some(uid.as_str()))
+                    .map(|a| HubRef::of(a.as_ref()).to_string())
+                    .unwrap_or_else(|| {
+                        format!("a hub Application that no longer exists (uid {uid})")
+                    });
+                (
+                    Reason::SpokeConflict,
+                    format!(
+                        "{what} is held by {holder}, which keeps it: rename this Application or change its {} annotation",
+                        keys::MANAGED_CLUSTER_APP_NAMESPACE
+                    ),
+                )
+            }
+            Some(Holder::NotArgocdPull) => (
+                Reason::SpokeConflict,
+                format!(
+                    "{what} exists there and argocd-pull did not create it: rename this Application, or delete that one on the cluster"
+                ),
+            ),
+            None => (
+                Reason::RejectedByAgent,
+                format!("the agent refused it: {message}"),
+            ),
+        }
     }
 
     /// A deleting hub Application: its Argo CD finalizers are released once
