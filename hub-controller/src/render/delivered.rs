@@ -15,7 +15,10 @@ use crate::route::target::Target;
 pub const IN_CLUSTER: &str = "https://kubernetes.default.svc";
 
 /// Keys that route the hub copy and must not reach the spoke.
-const STRIPPED_ANNOTATIONS: [&str; 5] = [
+const STRIPPED_ANNOTATIONS: [&str; 6] = [
+    // kubectl's copy of the whole object as last applied: on the hub it
+    // holds the routing annotations and any value the spoke must not see.
+    "kubectl.kubernetes.io/last-applied-configuration",
     keys::MANAGED_CLUSTER,
     keys::MANAGED_CLUSTER_APP_NAMESPACE,
     keys::DESTINATION_NAME,
@@ -134,6 +137,8 @@ mod tests {
                     keys::MANAGED_CLUSTER: "cluster1",
                     keys::SKIP_RECONCILE: "true",
                     keys::REFRESH: "hard",
+                    "kubectl.kubernetes.io/last-applied-configuration":
+                        "{\"metadata\":{\"annotations\":{\"apps.open-cluster-management.io/ocm-managed-cluster\":\"cluster1\"}}}",
                     "note": "kept"
                 },
                 "finalizers": [keys::RESOURCES_FINALIZER],

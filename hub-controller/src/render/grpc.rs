@@ -35,6 +35,18 @@ pub fn grpc_copy(app: &Application, target: &crate::route::target::Target) -> Va
 /// Annotation on a mirror: the version of the agent's report it shows.
 pub const MIRROR_VERSION: &str = "argocd-pull.io/observed-version";
 
+/// Labels that make a hub Application a pull-model one: never on a mirror.
+const ROUTING_LABELS: [&str; 2] = [keys::PULL_LABEL, keys::APPLICATION_SET_LABEL];
+/// Annotations that route a hub Application: never on a mirror.
+const ROUTING_ANNOTATIONS: [&str; 6] = [
+    keys::MANAGED_CLUSTER,
+    keys::MANAGED_CLUSTER_APP_NAMESPACE,
+    keys::DESTINATION_NAME,
+    keys::DESTINATION_SERVER,
+    keys::HUB_APP_NAMESPACE,
+    keys::HUB_APP_NAME,
+];
+
 /// The read-only hub mirror of an autonomous agent's Application: in the
 /// namespace named after the cluster, kept off the hub's Argo CD, pointing
 /// at the cluster by name, without finalizers (deleting a mirror must never
@@ -47,13 +59,21 @@ pub fn mirror(cluster: &str, key: &ObjectKey, app: &Value, status: &Value, versi
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
+    // A mirror is inert: nothing on the spoke may make it a pull-model
+    // Application delivered elsewhere, whatever labels a spoke admin sets.
+    labels.retain(|k, _| !ROUTING_LABELS.contains(&k.as_str()) && !k.starts_with(keys::OWN_PREFIX));
     labels.insert(keys::MIRROR_OF.into(), cluster.into());
     let mut annotations: Map<String, Value> = meta
         .get("annotations")
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    annotations.retain(|k, _| k != keys::REFRESH && !k.starts_with(keys::OWN_PREFIX));
+    annotations.retain(|k, _| {
+        k != keys::REFRESH
+            && !ROUTING_ANNOTATIONS.contains(&k.as_str())
+            && !k.starts_with(keys::OWN_PREFIX)
+            && k != "kubectl.kubernetes.io/last-applied-configuration"
+    });
     annotations.insert(keys::SKIP_RECONCILE.into(), "true".into());
     annotations.insert(
         keys::MIRROR_SOURCE.into(),
@@ -131,8 +151,10 @@ mod tests {
         let spoke = json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": { "name": "local", "namespace": "argocd",
-                "labels": { "team": "a" },
-                "annotations": { keys::REFRESH: "normal", keys::OPERATION_IDS: "x", "note": "n" },
+                "labels": { "team": "a", keys::PULL_LABEL: "true", keys::MIRROR_OF: "c9" },
+                "annotations": { keys::REFRESH: "normal", keys::OPERATION_IDS: "x", "note": "n",
+                    keys::MANAGED_CLUSTER: "victim", keys::MANAGED_CLUSTER_APP_NAMESPACE: "kube-system",
+                    keys::TRANSPORT: "grpc" },
                 "finalizers": [keys::RESOURCES_FINALIZER] },
             "spec": { "project": "default",
                       "destination": { "server": "https://kubernetes.default.svc", "namespace": "x" } }
@@ -140,7 +162,18 @@ mod tests {
         let status = json!({ "health": { "status": "Healthy" } });
         let m = mirror("c1", &key("argocd", "local"), &spoke, &status, "v1");
         assert_eq!(m["metadata"]["namespace"], "c1");
-        assert_eq!(m["metadata"]["labels"][keys::MIRROR_OF], "c1");
+        // Inert: a spoke admin's routing labels and annotations are gone.
+        assert_eq!(
+            m["metadata"]["labels"],
+            json!({ "team": "a", keys::MIRROR_OF: "c1" })
+        );
+        for k in [
+            keys::MANAGED_CLUSTER,
+            keys::MANAGED_CLUSTER_APP_NAMESPACE,
+            keys::TRANSPORT,
+        ] {
+            assert!(m["metadata"]["annotations"].get(k).is_none(), "{k}");
+        }
         assert_eq!(m["metadata"]["annotations"][keys::SKIP_RECONCILE], "true");
         assert_eq!(
             m["metadata"]["annotations"][keys::MIRROR_SOURCE],

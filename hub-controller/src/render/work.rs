@@ -32,8 +32,11 @@ pub const HUB_APP_UID: &str = "argocd-pull.io/hub-application-uid";
 
 /// OCM refuses a ManifestWork whose manifests exceed 500 KiB.
 pub const MAX_MANIFESTS_BYTES: usize = 500 * 1024;
-/// Kubernetes object names are DNS subdomains of at most 253 characters.
-const MAX_NAME: usize = 253;
+/// Kubernetes object names are DNS subdomains of at most 253 characters,
+/// and OCM's work agent names the AppliedManifestWork of a work
+/// `<64-character hub hash>-<work name>`: a work name over 188 characters
+/// is accepted by the hub and never applied on the cluster.
+pub const MAX_NAME: usize = 253 - 64 - 1;
 const HASH_LEN: usize = 10;
 
 /// Scalar feedback, which every work agent returns.
@@ -74,7 +77,7 @@ pub enum WorkError {
 
 /// The name of the ManifestWork for a hub Application: `<namespace>.<name>`,
 /// unambiguous because namespaces contain no dots; when that is longer than
-/// 253 characters, a prefix of it plus a hash of the whole.
+/// [`MAX_NAME`] (188) characters, a prefix of it plus a hash of the whole.
 pub fn work_name(app_namespace: &str, app_name: &str) -> String {
     let full = format!("{app_namespace}.{app_name}");
     if full.len() <= MAX_NAME {
@@ -300,7 +303,12 @@ mod tests {
             format!("{long}.{long}.{long}.{}", "y".repeat(50)),
         ] {
             let n = work_name("some-namespace", &name);
-            assert!(n.len() <= 253, "{} chars", n.len());
+            assert!(
+                n.len() <= 188,
+                "{} chars: the work agent's AppliedManifestWork name must fit",
+                n.len()
+            );
+            assert!(format!("{}-{n}", "h".repeat(64)).len() <= 253);
             assert!(is_dns_subdomain(&n), "{n}");
             assert_eq!(n, work_name("some-namespace", &name), "deterministic");
         }

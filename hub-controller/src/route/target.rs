@@ -30,14 +30,16 @@ pub enum TargetError {
 /// namespace says otherwise.
 pub const DEFAULT_APP_NAMESPACE: &str = "argocd";
 
-/// Whether the Application opted in to the pull model (Go ParseBool).
+/// Whether the Application opted in to the pull model (Go ParseBool). An
+/// autonomous cluster's mirror never has: whoever labels one, it is not
+/// delivered anywhere.
 pub fn is_pulled(app: &Application) -> bool {
-    app.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(keys::PULL_LABEL))
-        .and_then(|v| keys::parse_bool(v))
-        .unwrap_or(false)
+    let labels = app.metadata.labels.as_ref();
+    labels.is_none_or(|l| !l.contains_key(keys::MIRROR_OF))
+        && labels
+            .and_then(|l| l.get(keys::PULL_LABEL))
+            .and_then(|v| keys::parse_bool(v))
+            .unwrap_or(false)
 }
 
 /// The delivery target of an Application that opted in.
@@ -127,6 +129,13 @@ mod tests {
             assert_eq!(is_pulled(&a), pulled, "{value:?}");
         }
         assert!(!is_pulled(&app(json!({}), json!({}), "ns")));
+        // A mirror labelled by someone is still not delivered anywhere.
+        let labelled_mirror = app(
+            json!({ keys::PULL_LABEL: "true", keys::MIRROR_OF: "c1" }),
+            json!({ keys::MANAGED_CLUSTER: "c2" }),
+            "c1",
+        );
+        assert!(!is_pulled(&labelled_mirror));
     }
 
     #[test]
