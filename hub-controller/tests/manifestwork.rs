@@ -176,18 +176,44 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
     })
     .await;
 
-    // Converged: our own status writes do not rewrite the work or loop. Each
-    // write of ours may cause one no-op reconcile, so let those settle, then
-    // nothing may happen at all.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rv = works
+    // Converged: our own status writes do not rewrite the work or loop.
+    // Once the controller has seen every write of its own and is idle,
+    // nothing of guestbook's may change while it handles something else
+    // (a probe Application, delivered: proof it kept working meanwhile).
+    wait::until(
+        "the controller idle, its own writes seen",
+        TIMEOUT,
+        || async {
+            let c = &hub.ctx;
+            let busy = c.writer.written().len() + c.queue.depth() + c.queue.running();
+            if busy == 0 { Ok(()) } else { Err(busy) }
+        },
+    )
+    .await;
+    let work_rv = works
         .get(&work_name)
         .await
         .unwrap()
         .metadata
         .resource_version;
-    let count = hub.ctx.reconcile_count();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let app_rv = apps
+        .get("guestbook")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    apps.create(
+        &PostParams::default(),
+        &app(
+            "probe",
+            &ns,
+            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+            json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+    wait::exists(&works, &format!("{ns}.probe"), TIMEOUT).await;
     assert_eq!(
         works
             .get(&work_name)
@@ -195,12 +221,17 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
             .unwrap()
             .metadata
             .resource_version,
-        rv
+        work_rv,
+        "the work was rewritten without a change"
     );
     assert_eq!(
-        hub.ctx.reconcile_count(),
-        count,
-        "no reconciles without changes"
+        apps.get("guestbook")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        app_rv,
+        "the Application was written again without a change"
     );
 
     // Deletion: the work goes first, then the Argo CD finalizer is released.
