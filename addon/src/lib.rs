@@ -349,8 +349,14 @@ pub fn render(config: &AddonConfig) -> String {
 /// test fails when the checked-in file drifts.
 pub fn render_helm_template() -> String {
     const VALUES: [(&str, &str); 4] = [
-        ("ARGOCDPULLHELMAGENTIMAGE", r#"{{ include "argocd-pull.agentImage" . }}"#),
-        ("ARGOCDPULLHELMAGENTNAMESPACE", "{{ .Values.agent.argocdNamespace }}"),
+        (
+            "ARGOCDPULLHELMAGENTIMAGE",
+            r#"{{ include "argocd-pull.agentImage" . }}"#,
+        ),
+        (
+            "ARGOCDPULLHELMAGENTNAMESPACE",
+            "{{ .Values.agent.argocdNamespace }}",
+        ),
         ("ARGOCDPULLHELMGRPCADDRESS", "{{ .Values.grpc.address }}"),
         ("ARGOCDPULLHELMAGENTMODE", "{{ .Values.agent.mode }}"),
     ];

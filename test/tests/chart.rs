@@ -161,8 +161,11 @@ fn every_value_lands_where_a_user_expects_it() {
         "LoadBalancer"
     );
     assert_eq!(
-        find(&rendered, "Role", "argocd-pull-hub-controller-cluster-secrets")["metadata"]
-            ["namespace"],
+        find(
+            &rendered,
+            "Role",
+            "argocd-pull-hub-controller-cluster-secrets"
+        )["metadata"]["namespace"],
         "gitops"
     );
     assert_eq!(
@@ -181,7 +184,10 @@ fn every_value_lands_where_a_user_expects_it() {
         .unwrap();
     let role = manifests.iter().find(|m| m["kind"] == "Role").unwrap();
     assert_eq!(role["metadata"]["namespace"], "gitops-spoke");
-    let agent = manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+    let agent = manifests
+        .iter()
+        .find(|m| m["kind"] == "Deployment")
+        .unwrap();
     assert_eq!(
         agent["spec"]["template"]["spec"]["containers"][0]["image"],
         "{{AGENT_IMAGE}}"
