@@ -131,9 +131,11 @@ build_image() {
   done
   local ld
   ld=$(interp "$binary")
-  mkdir -p "$rootfs$(dirname "$ld")"
-  # (Debian's /lib64 entry is an absolute symlink: resolve it inside the base.)
-  cp -L "$libdir/$(basename "$ld")" "$rootfs$ld"
+  if [ -n "$ld" ]; then # (none for a static binary)
+    mkdir -p "$rootfs$(dirname "$ld")"
+    # (Debian's /lib64 entry is an absolute symlink: resolve it inside the base.)
+    cp -L "$libdir/$(basename "$ld")" "$rootfs$ld"
+  fi
   # Licences of what the image carries.
   local p
   for p in "${base_pkgs[@]}"; do
@@ -195,6 +197,8 @@ trap 'rm -rf "$work"' EXIT
 for n in "${names[@]}"; do
   case $n in
     hub-controller|spoke-agent) build_image "$n" ;;
+    # The harness's sandbox image (test/tools/node/pause.c), for its nodes.
+    pause) build_image "$n" ;;
     *) die "unknown image $n (hub-controller or spoke-agent)" ;;
   esac
 done

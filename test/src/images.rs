@@ -60,6 +60,27 @@ pub fn build(bin_dir: &Path, profile: &str, out: &Path) -> Result<Vec<Image>> {
         .collect()
 }
 
+/// Builds one image (`hub-controller`, `spoke-agent`, or the harness's
+/// `pause`) from the binary of that name in `bin_dir`, and opens it.
+pub fn build_one(bin_dir: &Path, name: &str, out: &Path) -> Result<Image> {
+    let script = paths::workspace_dir().join("deploy/images/build.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .args(["--profile", "debug", "--bin-dir"])
+        .arg(bin_dir)
+        .arg("--out")
+        .arg(out)
+        .arg(name)
+        .env("ARGOCD_PULL_CACHE", paths::cache_dir())
+        .env("ARGOCD_PULL_IMAGE_GZIP", "1")
+        .stdin(Stdio::null())
+        .output()?;
+    if !output.status.success() {
+        return Err(command_error("deploy/images/build.sh", &output));
+    }
+    open(&out.join(format!("argocd-pull-{name}.oci.tar")))
+}
+
 /// The images of this test binary's own debug build, built once into
 /// `target/test-images/` (the binaries Cargo built for the tests).
 pub async fn shared() -> Result<&'static [Image]> {

@@ -287,9 +287,9 @@ build_helm() {
 # itself is Debian's (build_runc).
 build_node() {
   local k=$here/kube m=$here/node out=$bin/node
-  if fresh node "$k/go.mod" "$k/go.sum" "$m/go.mod" "$m/go.sum" <(declare -f build_node) \
+  if fresh node "$k/go.mod" "$k/go.sum" "$m/go.mod" "$m/go.sum" "$m/pause.c" <(declare -f build_node) \
     && [ -x "$bin/kubelet" ] && [ -x "$bin/kube-scheduler" ] && [ -x "$out/containerd" ] \
-    && [ -x "$out/containerd-shim-runc-v2" ] && [ -x "$out/ctr" ] && [ -x "$out/cni/bridge" ]; then
+    && [ -x "$out/containerd-shim-runc-v2" ] && [ -x "$out/ctr" ] && [ -x "$out/cni/bridge" ] && [ -x "$out/pause" ]; then
     return
   fi
   local v minor cv
@@ -310,7 +310,9 @@ build_node() {
   (cd "$m" && go build -trimpath -ldflags "-s -w" -o "$out/cni/" \
     github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/main/loopback \
     github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/meta/portmap)
-  mark node "$k/go.mod" "$k/go.sum" "$m/go.mod" "$m/go.sum" <(declare -f build_node)
+  # The sandbox ("pause") program, static: no registry serves Kubernetes' own.
+  gcc -static -Os -o "$out/pause" "$m/pause.c"
+  mark node "$k/go.mod" "$k/go.sum" "$m/go.mod" "$m/go.sum" "$m/pause.c" <(declare -f build_node)
   log "node components built in $((SECONDS - t0))s"
 }
 
