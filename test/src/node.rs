@@ -31,10 +31,20 @@ done
 sleep 0.2
 grep -F " $dir" /proc/mounts | cut -d' ' -f2 | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
 ip netns delete "$netns" 2>/dev/null
+# Containers' processes (pause, the pods') name no folder: they are found
+# by the node's cgroups, killed, and the cgroups removed once empty.
 if [ -f "$dir/cgroup-root" ]; then
   root=$(cat "$dir/cgroup-root")
-  for h in /sys/fs/cgroup/*/"$root"; do
-    [ -d "$h" ] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null
+  for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    left=""
+    for h in /sys/fs/cgroup/*/"$root"; do
+      [ -d "$h" ] || continue
+      left=1
+      find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | xargs -r kill -KILL 2>/dev/null
+      find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null
+    done
+    [ -z "$left" ] && break
+    sleep 0.25
   done
 fi
 rm -rf "$dir"
@@ -366,6 +376,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+oomScoreAdj: 0
 "#,
                 d = d.display(),
                 ip = self.node_ip,
@@ -415,6 +426,22 @@ serializeImagePulls: false
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// The memory cgroup (v1) of a container of this node, from the pod's
+    /// UID and the container's ID as its status gives them
+    /// (`containerd://<id>`), and its QoS class (`burstable`, `besteffort`;
+    /// `guaranteed` pods sit at the top).
+    pub fn memory_cgroup(&self, qos: &str, pod_uid: &str, container_id: &str) -> PathBuf {
+        let root = std::fs::read_to_string(self.dir.join("cgroup-root")).unwrap_or_default();
+        let mut dir = PathBuf::from("/sys/fs/cgroup/memory")
+            .join(root.trim())
+            .join("kubepods");
+        if qos != "guaranteed" {
+            dir.push(qos);
+        }
+        dir.join(format!("pod{pod_uid}"))
+            .join(container_id.trim_start_matches("containerd://"))
     }
 
     /// A command run inside the node: its network and mount namespaces.
@@ -479,6 +506,14 @@ state = "{d}/state"
 
 [plugins."io.containerd.runtime.v2.task"]
   platforms = ["linux/amd64"]
+
+# Lowering a process's oom_score_adj needs CAP_SYS_RESOURCE, which this
+# machine does not give: runc then fails ("can't get final child's PID
+# from pipe") for every sandbox (-998). Keep scores at containerd's own.
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  # Pod network namespaces in the node's folder, not the machine's /run/netns.
+  netns_mounts_under_state_dir = true
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "docker.io/library/argocd-pull-pause:{version}"

@@ -101,7 +101,7 @@ async fn the_hub_controller_runs_as_a_pod_of_deploy_hub_on_a_real_kubelet() {
             "--replicas=1",
         ],
     );
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let pods = kubectl(
             hub.kubeconfig(),
@@ -119,8 +119,9 @@ async fn the_hub_controller_runs_as_a_pod_of_deploy_hub_on_a_real_kubelet() {
         }
         assert!(
             Instant::now() < deadline,
-            "no Ready hub-controller pod: {pods}\n{}",
-            kubectl(hub.kubeconfig(), &["-n", "argocd-pull", "describe", "pods"])
+            "no Ready hub-controller pod: {pods}\n{}\nruntime logs:\n{}",
+            kubectl(hub.kubeconfig(), &["-n", "argocd-pull", "describe", "pods"]),
+            runtime_logs(node.dir())
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -128,4 +129,91 @@ async fn the_hub_controller_runs_as_a_pod_of_deploy_hub_on_a_real_kubelet() {
         "{}",
         kubectl(hub.kubeconfig(), &["get", "pods", "-A", "-o", "wide"])
     );
+
+    // Its memory as the kernel counts it, next to the Deployment's limit.
+    let pod: serde_json::Value = serde_json::from_str(&kubectl(
+        hub.kubeconfig(),
+        &["-n", "argocd-pull", "get", "pods", "-o", "json"],
+    ))
+    .unwrap();
+    let pod = pod["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+        .unwrap();
+    let cgroup = node.memory_cgroup(
+        &pod["status"]["qosClass"].as_str().unwrap().to_lowercase(),
+        pod["metadata"]["uid"].as_str().unwrap(),
+        pod["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .unwrap(),
+    );
+    let read = |f: &str| -> u64 {
+        std::fs::read_to_string(cgroup.join(f))
+            .unwrap_or_else(|e| panic!("{}: {e}", cgroup.join(f).display()))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (peak, limit) = (
+        read("memory.max_usage_in_bytes"),
+        read("memory.limit_in_bytes"),
+    );
+    eprintln!(
+        "hub-controller container: peak memory {} MiB of its {} MiB limit",
+        peak >> 20,
+        limit >> 20
+    );
+    assert_eq!(limit, 512 << 20, "the Deployment's limit is the cgroup's");
+    assert!(peak > 0 && peak < limit);
+
+    // The kubelet runs the probes: one that cannot pass is seen failing.
+    kubectl(
+        hub.kubeconfig(),
+        &[
+            "-n",
+            "argocd-pull",
+            "patch",
+            "deployment/argocd-pull-hub-controller",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/template/spec/containers/0/readinessProbe/httpGet/path","value":"/no-such-path"}]"#,
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let events = kubectl(
+            hub.kubeconfig(),
+            &[
+                "-n",
+                "argocd-pull",
+                "get",
+                "events",
+                "--field-selector",
+                "reason=Unhealthy",
+                "-o",
+                "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+            ],
+        );
+        if events.contains("Readiness probe failed: HTTP probe failed with statuscode: 404") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failing readiness probe seen: {events}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// What runc said for each container of the node (the shims keep it).
+fn runtime_logs(dir: &Path) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("find \"$0\"/state -name log.json | head -3 | xargs -r tail -n 5; tail -n 20 \"$0\"/kubelet.log")
+        .arg(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
