@@ -41,16 +41,17 @@ check-generated: tools
 	@bash deploy/generate.sh --check
 
 ## images: the hub-controller and spoke-agent images as OCI archives in target/images/
-## (no container engine or registry needed; PROFILE=release|dev, ARCH=amd64|arm64; docs/operations.md)
+## (no container engine or registry needed; PROFILE=release|dev, ARCH=amd64|arm64, IMAGES_OUT=dir; docs/install.md)
 PROFILE ?= release
 ARCH ?= amd64
+IMAGES_OUT ?= $(CURDIR)/target/images
 IMAGE_TRIPLE := $(if $(filter arm64,$(ARCH)),aarch64-unknown-linux-gnu,)
 IMAGE_BIN_DIR := $(CURDIR)/target/$(if $(IMAGE_TRIPLE),$(IMAGE_TRIPLE)/,)$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 .PHONY: images
 images:
 	$(if $(IMAGE_TRIPLE),CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc,) $(CARGO) build --locked --profile $(PROFILE) $(if $(IMAGE_TRIPLE),--target $(IMAGE_TRIPLE),) \
 	  -p argocd-pull-hub-controller -p argocd-pull-spoke-agent --bins
-	@bash deploy/images/build.sh --profile $(PROFILE) --arch $(ARCH) --bin-dir $(IMAGE_BIN_DIR)
+	@bash deploy/images/build.sh --profile $(PROFILE) --arch $(ARCH) --bin-dir $(IMAGE_BIN_DIR) --out $(IMAGES_OUT)
 
 ## test: everything (unit, real-API-server integration, lint, drift checks)
 test: tools
