@@ -28,16 +28,30 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-## generate: regenerate the OCM types from the pinned upstream CRDs, and the wire contract's Rust from proto/
+## generate: regenerate the OCM types from the pinned upstream CRDs, the wire contract's Rust from proto/, and deploy/hub from the Helm chart
 generate: tools
 	@bash apis/generate.sh
 	@bash proto/generate.sh
-	$(CARGO) run -q -p argocd-pull-addon -- render > deploy/hub/addon.yaml
+	@bash deploy/generate.sh
 
-## check-generated: fail when checked-in generated code drifts from its source
+## check-generated: fail when checked-in generated code drifts from its source (and helm lint the chart)
 check-generated: tools
 	@bash apis/generate.sh --check
 	@bash proto/generate.sh --check
+	@bash deploy/generate.sh --check
+
+## images: the hub-controller and spoke-agent images as OCI archives in target/images/
+## (no container engine or registry needed; PROFILE=release|dev, ARCH=amd64|arm64, IMAGES_OUT=dir; docs/install.md)
+PROFILE ?= release
+ARCH ?= amd64
+IMAGES_OUT ?= $(CURDIR)/target/images
+IMAGE_TRIPLE := $(if $(filter arm64,$(ARCH)),aarch64-unknown-linux-gnu,)
+IMAGE_BIN_DIR := $(CURDIR)/target/$(if $(IMAGE_TRIPLE),$(IMAGE_TRIPLE)/,)$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
+.PHONY: images
+images:
+	$(if $(IMAGE_TRIPLE),CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc,) $(CARGO) build --locked --profile $(PROFILE) $(if $(IMAGE_TRIPLE),--target $(IMAGE_TRIPLE),) \
+	  -p argocd-pull-hub-controller -p argocd-pull-spoke-agent --bins
+	@bash deploy/images/build.sh --profile $(PROFILE) --arch $(ARCH) --bin-dir $(IMAGE_BIN_DIR) --out $(IMAGES_OUT)
 
 ## test: everything (unit, real-API-server integration, lint, drift checks)
 test: tools

@@ -15,8 +15,10 @@
 pub mod argocd;
 mod cluster;
 mod crds;
+pub mod images;
 pub mod kubelet;
 pub mod net;
+pub mod node;
 pub mod ocm;
 pub mod paths;
 pub mod pki;

@@ -8,6 +8,9 @@
 #   $CACHE/bin/argocd        (Argo CD's application-controller, repo-server
 #                             and applicationset-controller in one binary)
 #   $CACHE/bin/redis-server  (Debian's redis, unpacked into $CACHE/redis)
+#   $CACHE/bin/runc          (Debian's runc, unpacked into $CACHE/runc)
+#   $CACHE/bin/helm
+#   $CACHE/bin/{kubelet,kube-scheduler}, $CACHE/bin/node/{containerd,containerd-shim-runc-v2,ctr,cni/*}
 #   $CACHE/crds/{hub,managed}/*.yaml
 #   $CACHE/ocm/*.yaml                                    (OCM's bootstrap RBAC)
 #
@@ -232,6 +235,93 @@ build_redis() {
   log "$("$bin/redis-server" --version | cut -d' ' -f1-3) ready in $((SECONDS - t0))s"
 }
 
+# runc, the OCI runtime that runs argocd-pull's images in the tests, from
+# the system's (Debian) package, unpacked into the cache like Redis. Its
+# only library beyond libc is libseccomp, which apt itself needs.
+build_runc() {
+  local out=$cache/runc
+  if fresh runc <(declare -f build_runc) && "$bin/runc" --version >/dev/null 2>&1; then
+    return
+  fi
+  command -v apt-get >/dev/null || { log "runc: apt-get is needed to fetch Debian's runc"; exit 1; }
+  local t0=$SECONDS dl=$cache/runc-debs
+  rm -rf "$out" "$dl" && mkdir -p "$out" "$dl"
+  local opts=()
+  [ "$(id -u)" = 0 ] && opts=(-o APT::Sandbox::User=root)
+  if ! (cd "$dl" && apt-get -q "${opts[@]}" download runc >/dev/null); then
+    [ "$(id -u)" = 0 ] || { log "runc: apt-get download failed; run 'apt-get update' as root first"; exit 1; }
+    apt-get -q update >/dev/null
+    (cd "$dl" && apt-get -q "${opts[@]}" download runc >/dev/null)
+  fi
+  dpkg-deb -x "$dl"/runc_*.deb "$out"
+  rm -rf "$dl"
+  if ldd "$out/usr/sbin/runc" | grep 'not found'; then
+    log "runc: the libraries above are missing (apt-get install libseccomp2)"
+    exit 1
+  fi
+  ln -sf "$out/usr/sbin/runc" "$bin/runc"
+  mark runc <(declare -f build_runc)
+  log "$("$bin/runc" --version | head -1) ready in $((SECONDS - t0))s"
+}
+
+# Helm, to lint and render the chart (deploy/helm/argocd-pull) in the tests.
+build_helm() {
+  local m=$here/helm
+  if fresh helm "$m/go.mod" "$m/go.sum" <(declare -f build_helm) && [ -x "$bin/helm" ]; then
+    return
+  fi
+  local v
+  v=$(awk '$1 == "helm.sh/helm/v4" { print $2 }' "$m/go.mod")
+  log "building helm $v (about 2 minutes on 2 cores when cold)"
+  local t0=$SECONDS
+  (cd "$m" && go build -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$v" \
+    -o "$bin/helm" helm.sh/helm/v4/cmd/helm)
+  mark helm "$m/go.mod" "$m/go.sum" <(declare -f build_helm)
+  log "helm built in $((SECONDS - t0))s"
+}
+
+# What a real node of the harness runs: the kubelet and kube-scheduler from
+# the same Kubernetes release as the API server (kube/go.mod), containerd
+# with its runc shim and ctr, and the CNI plugins (node/go.mod). runc
+# itself is Debian's (build_runc).
+build_node() {
+  local k=$here/kube m=$here/node out=$bin/node
+  if fresh node "$k/go.mod" "$k/go.sum" "$m/go.mod" "$m/go.sum" "$m/pause.c" <(declare -f build_node) \
+    && [ -x "$bin/kubelet" ] && [ -x "$bin/kube-scheduler" ] && [ -x "$out/containerd" ] \
+    && [ -x "$out/containerd-shim-runc-v2" ] && [ -x "$out/ctr" ] && [ -x "$out/cni/bridge" ] && [ -x "$out/pause" ]; then
+    return
+  fi
+  local v minor cv
+  v=$(awk '$1 == "k8s.io/kubernetes" { print $2 }' "$k/go.mod")
+  minor=$(echo "$v" | cut -d. -f2)
+  cv=$(awk '$1 == "github.com/containerd/containerd/v2" { print $2 }' "$m/go.mod")
+  log "building kubelet and kube-scheduler $v, containerd $cv and the CNI plugins (about 5 minutes on 2 cores after Kubernetes)"
+  local t0=$SECONDS
+  local pkg=k8s.io/component-base/version
+  (cd "$k" && go build -trimpath \
+    -ldflags "-s -w -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
+    -o "$bin/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler)
+  mkdir -p "$out/cni"
+  (cd "$m" && go build -trimpath \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$cv" \
+    -o "$out/" github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr)
+  (cd "$m" && go build -trimpath -ldflags "-s -w" -o "$out/cni/" \
+    github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/main/loopback \
+    github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/meta/portmap)
+  # The sandbox ("pause") program, static: no registry serves Kubernetes' own.
+  gcc -static -Os -o "$out/pause" "$m/pause.c"
+  mark node "$k/go.mod" "$k/go.sum" "$m/go.mod" "$m/go.sum" "$m/pause.c" <(declare -f build_node)
+  log "node components built in $((SECONDS - t0))s"
+}
+
+# `build.sh PART...` builds only those parts (e.g. `build.sh helm runc`).
+if [ $# -gt 0 ]; then
+  for part in "$@"; do "build_$part"; done
+  exit 0
+fi
+
 build_etcd
 build_kube
 collect_crds
@@ -239,4 +329,7 @@ build_ocm
 build_clusteradm
 build_argocd
 build_redis
+build_runc
+build_helm
+build_node
 log "ready: $bin"

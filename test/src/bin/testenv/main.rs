@@ -75,6 +75,15 @@ enum Cmd {
         #[arg(long, default_value = "argocd")]
         namespace: String,
     },
+    /// Pipe connections from one endpoint to another (`tcp:ADDR:PORT` or
+    /// `unix:PATH`): how a node inside its network namespace reaches its
+    /// API server on the machine's loopback (testenv::node).
+    Relay {
+        #[arg(long)]
+        listen: testenv::node::Endpoint,
+        #[arg(long)]
+        to: testenv::node::Endpoint,
+    },
     /// Stop the clusters of a running `testenv up` in --dir.
     Down {
         /// How long to wait for it to stop.
@@ -113,6 +122,7 @@ async fn main() -> Result<()> {
         Cmd::Down { timeout } => down(dir, timeout).await,
         Cmd::Demo { git_port, timeout } => demo::run(dir, git_port, timeout).await,
         Cmd::Status { namespace } => demo::status(dir, &namespace).await,
+        Cmd::Relay { listen, to } => Ok(testenv::node::relay(listen, to).await?),
     }
 }
 
