@@ -9,9 +9,6 @@ use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::placement_decision_resource;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
-use argocd_pull_hub_controller::metrics::Metrics;
-use argocd_pull_hub_controller::render::work::WorkOptions;
-use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::status::CONDITION;
 use argocd_pull_hub_controller::transport::manifestwork::{self, Context};
 use k8s_openapi::api::core::v1::Event;
@@ -21,7 +18,7 @@ use serde_json::{Value, json};
 use testenv::{Cluster, ClusterConfig, CrdSet, wait};
 
 mod common;
-use common::{app, apps_api, feed_back, managed_cluster, placement_selects};
+use common::{app, apps_api, feed_back, managed_cluster, placement_selects, run_controller};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -38,22 +35,7 @@ async fn hub_with_controller() -> Hub {
         .await
         .unwrap();
     let client = cluster.client().await.unwrap();
-    let ctx = Context::new(
-        client.clone(),
-        WorkOptions::default(),
-        Authorization::default(),
-        Metrics::default(),
-    );
-    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(manifestwork::controller::run(
-        ctx.clone(),
-        move || {
-            let _ = synced_tx.send(());
-        },
-        shutdown,
-    ));
-    synced_rx.await.expect("the Application cache syncs");
+    let (ctx, stop) = run_controller(client.clone()).await;
     Hub {
         cluster,
         client,

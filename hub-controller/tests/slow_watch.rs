@@ -10,10 +10,7 @@ use std::time::Duration;
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
-use argocd_pull_hub_controller::metrics::Metrics;
-use argocd_pull_hub_controller::render::work::{WorkOptions, work_name};
-use argocd_pull_hub_controller::route::authz::Authorization;
-use argocd_pull_hub_controller::transport::manifestwork::{self, Context};
+use argocd_pull_hub_controller::render::work::work_name;
 use futures::StreamExt;
 use http::Method;
 use kube::api::{Api, ListParams, PostParams};
@@ -22,7 +19,7 @@ use testenv::slow_watch::{RequestLog, SlowWatch};
 use testenv::{Cluster, ClusterConfig, CrdSet, wait};
 
 mod common;
-use common::{app, apps_api, feed_back, managed_cluster, placement_selects};
+use common::{app, apps_api, feed_back, managed_cluster, placement_selects, run_controller};
 
 const APPS: usize = 200;
 const WATCH_DELAY: Duration = Duration::from_secs(4);
@@ -43,22 +40,7 @@ async fn a_late_watch_costs_no_extra_status_writes() {
     }
     .client(hub.config().await.unwrap())
     .unwrap();
-    let ctx = Context::new(
-        slow,
-        WorkOptions::default(),
-        Authorization::default(),
-        Metrics::default(),
-    );
-    let (_stop, shutdown) = argocd_pull_runtime::shutdown::channel();
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(manifestwork::controller::run(
-        ctx.clone(),
-        move || {
-            let _ = synced_tx.send(());
-        },
-        shutdown,
-    ));
-    synced_rx.await.expect("the Application cache syncs");
+    let (ctx, _stop) = run_controller(slow).await;
 
     managed_cluster(&hub, "cluster1").await;
     let ns = hub.namespace("team").await.unwrap();

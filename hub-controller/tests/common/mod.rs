@@ -151,3 +151,32 @@ impl Binary {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
 }
+
+/// The ManifestWork controller in this process with `client`, default
+/// options, once its caches are synced; it stops when the trigger fires or
+/// is dropped.
+pub async fn run_controller(
+    client: kube::Client,
+) -> (
+    std::sync::Arc<argocd_pull_hub_controller::transport::manifestwork::Context>,
+    argocd_pull_runtime::shutdown::Trigger,
+) {
+    use argocd_pull_hub_controller::transport::manifestwork::{Context, controller};
+    let ctx = Context::new(
+        client,
+        argocd_pull_hub_controller::render::work::WorkOptions::default(),
+        argocd_pull_hub_controller::route::authz::Authorization::default(),
+        argocd_pull_hub_controller::metrics::Metrics::default(),
+    );
+    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(controller::run(
+        ctx.clone(),
+        move || {
+            let _ = synced_tx.send(());
+        },
+        shutdown,
+    ));
+    synced_rx.await.expect("the Application cache syncs");
+    (ctx, stop)
+}
