@@ -78,7 +78,7 @@ fi
 chmod -R u+w "$dir"
 
 # The grpc-http1 dependency: from the proxy if it serves it, else a tree.
-http1_version=$(cd "$dir" && go mod edit -json | sed -n "/\"Path\": \"${http1_module//./\\.}\"/{n;s/.*\"Version\": \"\(.*\)\".*/\1/p}")
+http1_version=$(awk -v m="$http1_module" '$1 == m { print $2 }' "$dir/go.mod")
 if [ -n "$http1_version" ] && ! (cd "$work" && GOFLAGS= go mod download "$http1_module@$http1_version" >/dev/null 2>&1); then
   log "the module proxy did not serve $http1_module@$http1_version"
   if [ -z "$http1_src" ]; then
