@@ -125,12 +125,16 @@ pub async fn run(
     // The work agent's part, and the user's.
     for name in &by_resource {
         if let Some(w) = work_of(name) {
-            let _ = feed_back_second(&client, &w).await;
+            if let Err(e) = feed_back_second(&client, &w).await {
+                tracing::warn!("case feedback (by resource) not written: {e:#}");
+            }
         }
     }
     for name in &long {
         if let Some(w) = work_of(name) {
-            let _ = feed_back(client.clone(), w).await;
+            if let Err(e) = feed_back(client.clone(), w).await {
+                tracing::warn!("case feedback (long name) not written: {e:#}");
+            }
         }
     }
     for name in &refresh {
@@ -241,10 +245,12 @@ async fn feed_back_second(client: &kube::Client, w: &SeenWork) -> Result<()> {
     let status = json!({ "status": { "resourceStatus": { "manifests": [
         { "resourceMeta": { "group": "", "version": "v1", "kind": "ConfigMap", "resource": "configmaps",
                             "namespace": w.app_namespace, "name": "decoy", "ordinal": 1 },
+          "conditions": [],
           "statusFeedback": { "values": values("Degraded", "OutOfSync") } },
         { "resourceMeta": { "group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
                             "resource": "applications", "namespace": w.app_namespace,
                             "name": w.app_name, "ordinal": 0 },
+          "conditions": [],
           "statusFeedback": { "values": values("Healthy", "Synced") } }
     ]}}});
     api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(status))
