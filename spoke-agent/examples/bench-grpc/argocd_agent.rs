@@ -45,6 +45,23 @@ fn port(addr: SocketAddr) -> String {
     addr.port().to_string()
 }
 
+/// A free port on 127.0.0.1 below 32768: argocd-agent refuses metrics and
+/// health ports from 32768 up (`invalid port`), where the kernel hands out
+/// ephemeral ones.
+fn low_port() -> Result<SocketAddr> {
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as u64);
+    for i in 0..2000u64 {
+        let port = 20000 + ((seed + i * 7919) % 12000) as u16;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l.local_addr()?);
+        }
+    }
+    anyhow::bail!("no free port below 32768 on 127.0.0.1")
+}
+
 fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
@@ -68,7 +85,7 @@ impl ArgocdAgent {
         hub.ensure_namespace(agent_name).await?;
         spoke.ensure_namespace(AGENT_SPOKE_NS).await?;
         let (crt, key) = pki.hub_files();
-        let grpc = net::free_addr()?;
+        let grpc = low_port()?;
 
         // The agent keeps a cache client for Argo CD's redis; give it one.
         let redis_bin = paths::bin_dir().join("redis-server");
@@ -120,8 +137,8 @@ impl ArgocdAgent {
             .arg("--tls-client-key")
             .arg(&agent_tls.key)
             .args(["--redis-addr", &redis_addr.to_string()])
-            .args(["--metrics-port", &port(net::free_addr()?)])
-            .args(["--healthz-port", &port(net::free_addr()?)])
+            .args(["--metrics-port", &port(low_port()?)])
+            .args(["--healthz-port", &port(low_port()?)])
             .arg("--enable-resource-proxy=false")
             .args(["--log-level", "info"])
             .stdout(Stdio::null())
@@ -161,8 +178,8 @@ impl ArgocdAgent {
             .arg("--insecure-jwt-generate")
             .arg("--enable-resource-proxy=false")
             .arg("--disable-redis-proxy")
-            .args(["--metrics-port", &port(net::free_addr()?)])
-            .args(["--healthz-port", &port(net::free_addr()?)])
+            .args(["--metrics-port", &port(low_port()?)])
+            .args(["--healthz-port", &port(low_port()?)])
             .args(["--log-level", "info"])
             .stdout(Stdio::null())
             .stderr(log_file(&self.logs, "argocd-agent-principal.log")?)
