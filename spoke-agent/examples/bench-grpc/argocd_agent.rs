@@ -141,7 +141,8 @@ impl ArgocdAgent {
             .args(["--healthz-port", &port(low_port()?)])
             .arg("--enable-resource-proxy=false")
             .args(["--log-level", "info"])
-            .stdout(Stdio::null())
+            // It logs to stdout.
+            .stdout(log_file(&logs, "argocd-agent-agent.log")?)
             .stderr(log_file(&logs, "argocd-agent-agent.log")?)
             .kill_on_drop(true)
             .spawn()
@@ -181,7 +182,7 @@ impl ArgocdAgent {
             .args(["--metrics-port", &port(low_port()?)])
             .args(["--healthz-port", &port(low_port()?)])
             .args(["--log-level", "info"])
-            .stdout(Stdio::null())
+            .stdout(log_file(&self.logs, "argocd-agent-principal.log")?)
             .stderr(log_file(&self.logs, "argocd-agent-principal.log")?)
             .kill_on_drop(true)
             .spawn()
