@@ -124,17 +124,17 @@ pub async fn run(
 
     // The work agent's part, and the user's.
     for name in &by_resource {
-        if let Some(w) = work_of(name) {
-            if let Err(e) = feed_back_second(&client, &w).await {
-                tracing::warn!("case feedback (by resource) not written: {e:#}");
-            }
+        if let Some(w) = work_of(name)
+            && let Err(e) = feed_back_second(&client, &w).await
+        {
+            tracing::warn!("case feedback (by resource) not written: {e:#}");
         }
     }
     for name in &long {
-        if let Some(w) = work_of(name) {
-            if let Err(e) = feed_back(client.clone(), w).await {
-                tracing::warn!("case feedback (long name) not written: {e:#}");
-            }
+        if let Some(w) = work_of(name)
+            && let Err(e) = feed_back(client.clone(), w).await
+        {
+            tracing::warn!("case feedback (long name) not written: {e:#}");
         }
     }
     for name in &refresh {
