@@ -325,9 +325,16 @@ async fn one_side(
             hub_apps
                 .patch(&name, &PatchParams::default(), &Patch::Merge(spec))
                 .await?;
-            down.push(seen(&mut on_spoke, &rev, Duration::from_secs(30)).await? - start);
+            // A change not seen in 30 s counts as missed; the next one
+            // supersedes it, so the side goes on.
+            match seen(&mut on_spoke, &rev, Duration::from_secs(30)).await {
+                Ok(at) => down.push(at - start),
+                Err(_) => f.down_missed += 1,
+            }
         }
-        f.down = Some(crate::latency::percentiles(down));
+        if !down.is_empty() {
+            f.down = Some(crate::latency::percentiles(down));
+        }
         let mut up = Vec::with_capacity(args.changes);
         for i in 1..=args.changes {
             let m = format!("m{i}");
@@ -335,9 +342,14 @@ async fn one_side(
             spoke_apps
                 .patch(&name, &PatchParams::default(), &status_patch(&m))
                 .await?;
-            up.push(seen(&mut on_hub, &m, Duration::from_secs(30)).await? - start);
+            match seen(&mut on_hub, &m, Duration::from_secs(30)).await {
+                Ok(at) => up.push(at - start),
+                Err(_) => f.up_missed += 1,
+            }
         }
-        f.up = Some(crate::latency::percentiles(up));
+        if !up.is_empty() {
+            f.up = Some(crate::latency::percentiles(up));
+        }
 
         // Recovery after the hub side is killed and started again.
         let restarted = running.restart_hub().await?;

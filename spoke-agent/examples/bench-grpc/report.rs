@@ -26,6 +26,9 @@ impl Side {
 pub struct SideFigures {
     pub down: Option<Percentiles>,
     pub up: Option<Percentiles>,
+    /// Changes not seen on the other side within 30 s (each way).
+    pub down_missed: usize,
+    pub up_missed: usize,
     pub recovery_down: Option<Duration>,
     pub recovery_up: Option<Duration>,
     /// Status writes on the managed cluster, and how long writing them took.
@@ -53,6 +56,8 @@ impl std::fmt::Debug for SideFigures {
         f.debug_struct("SideFigures")
             .field("down", &p(&self.down))
             .field("up", &p(&self.up))
+            .field("down_missed", &self.down_missed)
+            .field("up_missed", &self.up_missed)
             .field("recovery_down", &self.recovery_down)
             .field("recovery_up", &self.recovery_up)
             .field("updates_written", &self.updates_written)
@@ -130,6 +135,16 @@ fn rows() -> Vec<Row> {
             "spoke status -> on the hub copy, p99",
             |f| secs(f.up.as_ref().map(|p| p.p99)),
             ms,
+        ),
+        (
+            "hub changes not applied on the spoke within 30 s",
+            |f| f.down.as_ref().map(|_| f.down_missed as f64),
+            count,
+        ),
+        (
+            "spoke statuses not on the hub copy within 30 s",
+            |f| f.up.as_ref().map(|_| f.up_missed as f64),
+            count,
         ),
         (
             "status writes on the spoke, written in (benchmark)",
