@@ -86,7 +86,7 @@ demo-down:
 
 ## bench-manifestwork: our hub-controller next to upstream's Go controller on one real hub (docs/benchmarks.md)
 .PHONY: bench-manifestwork
-BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream
+BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream --repeat 3
 bench-manifestwork: tools
 	@bash test/tools/build-upstream.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-manifestwork: upstream's controller is not available (set UPSTREAM_SRC, docs/benchmarks.md); the table will say so"; }
