@@ -26,6 +26,7 @@ fmt:
 ## lint: formatting and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
+	@for f in test/tools/*.sh; do bash -n "$$f" || exit 1; done
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## generate: regenerate the OCM types from the pinned upstream CRDs, the wire contract's Rust from proto/, and deploy/hub from the Helm chart
@@ -99,10 +100,10 @@ demo-down:
 
 ## bench-manifestwork: our hub-controller next to upstream's Go controller on one real hub (docs/benchmarks.md)
 .PHONY: bench-manifestwork
-BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream
+BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream --repeat 3
 bench-manifestwork: tools
 	@bash test/tools/build-upstream.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
-	  echo "bench-manifestwork: upstream's controller is not available; the table will say so"; }
+	  echo "bench-manifestwork: upstream's controller is not available (set UPSTREAM_SRC, docs/benchmarks.md); the table will say so"; }
 	$(CARGO) build --release --locked -p argocd-pull-hub-controller -p argocd-pull-test \
 	  --bin hub-controller --bin bench-manifestwork
 	$(CURDIR)/target/release/bench-manifestwork $(BENCH_ARGS)
@@ -112,15 +113,24 @@ bench-manifestwork: tools
 BENCH_GRPC_ARGS ?= --changes 1000 --apps 100 --updates 20000
 BENCH_GRPC_FLEET_ARGS ?= --agents 1000 --apps-per-agent 10
 BENCH_GRPC = $(CURDIR)/target/release/examples/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller
+BENCH_GRPC_COMPARE_ARGS ?= --changes 1000 --apps 100 --updates 5000
 bench-grpc: bench-grpc-build
 	$(BENCH_GRPC) latency $(BENCH_GRPC_ARGS)
+	$(BENCH_GRPC) compare $(BENCH_GRPC_COMPARE_ARGS)
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
+
+## bench-grpc-compare: only ours next to argocd-agent (principal + one managed agent, mTLS) on the same API servers
+.PHONY: bench-grpc-compare
+bench-grpc-compare: bench-grpc-build
+	$(BENCH_GRPC) compare $(BENCH_GRPC_COMPARE_ARGS)
 
 ## bench-grpc-fleet: only the fleet: 1,000 simulated agents (one load generator) x 10 Applications on one hub; peak RSS, reconnect and resync after restarts
 bench-grpc-fleet: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
 
 bench-grpc-build: tools
+	@bash test/tools/build-argocd-agent.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
+	  echo "bench-grpc: argocd-agent is not available (set ARGOCD_AGENT_SRC, docs/benchmarks.md); its column will say so"; }
 	$(CARGO) build --release --locked -p argocd-pull-hub-controller --bin hub-controller
 	$(CARGO) build --release --locked -p argocd-pull-spoke-agent --example bench-grpc
 

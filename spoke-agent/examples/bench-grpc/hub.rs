@@ -63,7 +63,7 @@ impl Pki {
         Ok(self.ca.client(subject, None)?)
     }
 
-    fn hub_files(&self) -> (PathBuf, PathBuf) {
+    pub fn hub_files(&self) -> (PathBuf, PathBuf) {
         (
             self.dir.path().join("hub.crt"),
             self.dir.path().join("hub.key"),

@@ -41,17 +41,17 @@ pub struct LatencyArgs {
 
 const NS: &str = "bench";
 
-fn app(name: &str, cluster: &str) -> Application {
+pub fn app(name: &str, cluster: &str) -> Application {
     serde_json::from_value(hub::application(NS, name, cluster)).expect("a valid Application")
 }
 
-struct Percentiles {
-    p50: Duration,
-    p99: Duration,
-    max: Duration,
+pub struct Percentiles {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
 }
 
-fn percentiles(mut samples: Vec<Duration>) -> Percentiles {
+pub fn percentiles(mut samples: Vec<Duration>) -> Percentiles {
     samples.sort();
     let at =
         |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
@@ -64,7 +64,7 @@ fn percentiles(mut samples: Vec<Duration>) -> Percentiles {
 
 /// Watches one Application and sends `extract` of every version seen, with
 /// the moment it arrived; stops when the receiver is dropped.
-fn watch_one(
+pub fn watch_one(
     client: kube::Client,
     ns: &str,
     name: &str,

@@ -22,15 +22,21 @@
 //! the time until it is again after the hub is killed (SIGKILL) and after
 //! it is stopped (SIGTERM) and started again.
 //!
+//! `bench-grpc compare`: ours next to argocd-agent on the same API servers
+//! (see `compare.rs`).
+//!
 //! `make bench-grpc` builds everything and runs both; `make bench-grpc-fleet`
 //! only the fleet. See docs/grpc.md.
 
 #![forbid(unsafe_code)]
 
+mod argocd_agent;
+mod compare;
 mod fleet;
 mod fleet_load_generator;
 mod hub;
 mod latency;
+mod report;
 
 use std::path::PathBuf;
 
@@ -54,6 +60,10 @@ enum Part {
     /// A fleet of simulated agents (a load generator) on one hub: peak
     /// memory, time to connect, time to reconnect and resync after restarts.
     Fleet(fleet::FleetArgs),
+    /// Ours and argocd-agent (principal and one managed agent, mTLS) side
+    /// by side on the same API servers: latency, one agent's throughput,
+    /// recovery after a hub restart.
+    Compare(compare::CompareArgs),
 }
 
 #[tokio::main]
@@ -73,5 +83,6 @@ async fn main() -> Result<()> {
     match args.part {
         Part::Latency(a) => latency::run(a, &hub_bin).await,
         Part::Fleet(a) => fleet::run(a, &hub_bin).await,
+        Part::Compare(a) => compare::run(a, &hub_bin).await,
     }
 }

@@ -4,4 +4,4 @@
 // checksums the Go toolchain verifies never need to be checked in here.
 module argocd-pull.local/tools/upstream
 
-go 1.25.5
+go 1.26.0

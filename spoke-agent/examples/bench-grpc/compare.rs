@@ -1,0 +1,451 @@
+//! `bench-grpc compare`: ours and argocd-agent side by side on the same hub
+//! and managed API servers, measured the same way from outside:
+//!
+//! - latency, one change at a time: a hub Application's spec change until
+//!   the managed cluster's watch shows it, and a status change on the
+//!   managed cluster's copy until the hub's watch shows it on the hub copy
+//!   (p50 and p99 over `--changes` each way);
+//! - one agent's status throughput: `--updates` status writes on the
+//!   managed cluster's copies of `--apps` Applications (32 in flight, as
+//!   Argo CD would write them), until every hub copy shows the last status
+//!   written for it; what is still wrong after a minute is counted as lost;
+//! - recovery: the hub side is killed (SIGKILL) and started again; the time
+//!   from the restart until a hub change is applied on the managed cluster,
+//!   and until a managed cluster's status change is on the hub copy.
+//!
+//! Both run their real agent against the real managed API server: ours in
+//! this process (the spoke-agent library), argocd-agent's as its binary.
+//! With `--repeat N` each side runs N times in alternating order.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use argocd_pull_apis::argocd::application_resource;
+use argocd_pull_runtime::Readiness;
+use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testenv::{Cluster, ClusterConfig, CrdSet};
+use tokio::sync::mpsc;
+
+use crate::argocd_agent::{AGENT_SPOKE_NS, ArgocdAgent};
+use crate::hub::{self, HubOptions, HubProcess, Pki, SPOKE_NS, agent_subject};
+use crate::latency::watch_one;
+use crate::report::{Side, SideFigures, print_tables};
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// Changes timed one at a time, each way.
+    #[arg(long, default_value_t = 1000)]
+    changes: usize,
+    /// Applications in the throughput part.
+    #[arg(long, default_value_t = 100)]
+    apps: usize,
+    /// Status writes on the managed cluster in the throughput part.
+    #[arg(long, default_value_t = 5000)]
+    updates: usize,
+    /// Runs of each side, in alternating order.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// argocd-agent's binary (default: <cache>/bin/argocd-agent, built by
+    /// test/tools/build-argocd-agent.sh).
+    #[arg(long)]
+    argocd_agent: Option<PathBuf>,
+}
+
+const OURS_NS: &str = "bench";
+const AGENT_NAME: &str = "agent1";
+
+/// One side while it runs: where its Applications live and how its hub
+/// part is killed and started again. One exists at a time: its size does
+/// not matter.
+#[allow(clippy::large_enum_variant)]
+enum Running<'a> {
+    Ours {
+        hub: HubProcess,
+        options: HubOptions<'a>,
+        stop: argocd_pull_runtime::shutdown::Trigger,
+        agent: tokio::task::JoinHandle<()>,
+    },
+    Peer(ArgocdAgent),
+}
+
+impl Running<'_> {
+    fn hub_ns(&self) -> &str {
+        match self {
+            Running::Ours { .. } => OURS_NS,
+            Running::Peer(p) => &p.agent_name,
+        }
+    }
+
+    fn spoke_ns(&self) -> &str {
+        match self {
+            Running::Ours { .. } => SPOKE_NS,
+            Running::Peer(_) => AGENT_SPOKE_NS,
+        }
+    }
+
+    /// The hub Application: ours needs the pull label and the cluster
+    /// annotation; argocd-agent delivers every Application in the agent's
+    /// namespace.
+    fn app(&self, name: &str) -> Value {
+        match self {
+            Running::Ours { .. } => hub::application(OURS_NS, name, "spoke1"),
+            Running::Peer(p) => json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                "metadata": { "name": name, "namespace": p.agent_name },
+                "spec": { "project": "default",
+                    "source": { "repoURL": "https://git.example/bench.git", "path": "app", "targetRevision": "v0" },
+                    "destination": { "server": "https://kubernetes.default.svc", "namespace": name } }
+            }),
+        }
+    }
+
+    /// SIGKILL, then start again; returns the moment of the new start.
+    async fn restart_hub(&mut self) -> Result<Instant> {
+        match self {
+            Running::Ours { hub, options, .. } => {
+                hub.kill().await?;
+                *hub = HubProcess::start(options)?;
+                Ok(hub.started)
+            }
+            Running::Peer(p) => {
+                p.kill_principal().await?;
+                p.start_principal()?;
+                Ok(p.principal_started)
+            }
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Running::Ours {
+                mut hub,
+                stop,
+                agent,
+                ..
+            } => {
+                stop.fire();
+                let _ = agent.await;
+                let _ = hub.kill().await;
+            }
+            Running::Peer(mut p) => {
+                let _ = p.kill_principal().await;
+            }
+        }
+    }
+}
+
+/// Waits until the watch shows `want`, at most `within`.
+async fn seen(
+    rx: &mut mpsc::UnboundedReceiver<(String, Instant)>,
+    want: &str,
+    within: Duration,
+) -> Result<Instant> {
+    let deadline = tokio::time::sleep(within);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => bail!("{want:?} not seen within {within:?}"),
+            got = rx.recv() => match got {
+                Some((v, at)) if v == want => return Ok(at),
+                Some(_) => {}
+                None => bail!("the watch ended"),
+            }
+        }
+    }
+}
+
+fn revision(v: &Value) -> Option<String> {
+    v.pointer("/spec/source/targetRevision")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn message(v: &Value) -> Option<String> {
+    v.pointer("/status/health/message")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn status_patch(message: &str) -> Patch<Value> {
+    Patch::Merge(json!({ "status": {
+        "health": { "status": "Healthy", "message": message },
+        "sync": { "status": "Synced" } } }))
+}
+
+pub async fn run(args: CompareArgs, hub_bin: &Path) -> Result<()> {
+    let peer_bin = args
+        .argocd_agent
+        .clone()
+        .unwrap_or_else(crate::argocd_agent::default_bin);
+    eprintln!("bench-grpc compare: starting a hub and a managed cluster");
+    let (hub, spoke) = tokio::join!(
+        Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)),
+        Cluster::start(ClusterConfig::new("spoke1", CrdSet::Managed)),
+    );
+    let (hub, spoke) = (hub?, spoke?);
+    let hub_client = hub.client().await?;
+    spoke.ensure_namespace(SPOKE_NS).await?;
+    hub.ensure_namespace(OURS_NS).await?;
+    hub::join(&hub_client, "spoke1").await?;
+    let pki = Pki::new()?;
+    let targets = vec![format!("{OURS_NS}=*")];
+
+    let mut figures: HashMap<Side, Vec<SideFigures>> = HashMap::new();
+    for round in 0..args.repeat {
+        let mut sides = vec![Side::Ours, Side::ArgocdAgent];
+        if round % 2 == 1 {
+            sides.reverse();
+        }
+        for side in sides {
+            let f = if side == Side::ArgocdAgent && !peer_bin.is_file() {
+                SideFigures::not_run(format!("{} is missing", peer_bin.display()))
+            } else {
+                eprintln!(
+                    "bench-grpc compare: round {}/{}: {}",
+                    round + 1,
+                    args.repeat,
+                    side.label()
+                );
+                let running = start(side, &targets, hub_bin, &peer_bin, &hub, &spoke, &pki).await?;
+                one_side(&args, running, &hub, &spoke, round).await
+            };
+            eprintln!("bench-grpc compare: {}: {f:?}", side.label());
+            figures.entry(side).or_default().push(f);
+        }
+    }
+    print_tables(&args_line(&args, hub.version()), &figures);
+    Ok(())
+}
+
+fn args_line(args: &CompareArgs, version: &str) -> String {
+    format!(
+        "gRPC transport side by side, real API servers (kube-apiserver {version}), {} changes each way, \
+         {} status writes over {} Applications, {} run(s) per side in alternating order; \
+         figures are median (min–max)",
+        args.changes, args.updates, args.apps, args.repeat
+    )
+}
+
+async fn start<'a>(
+    side: Side,
+    targets: &'a [String],
+    hub_bin: &'a Path,
+    peer_bin: &Path,
+    hub: &'a Cluster,
+    spoke: &Cluster,
+    pki: &'a Pki,
+) -> Result<Running<'a>> {
+    Ok(match side {
+        Side::Ours => {
+            let options = HubOptions {
+                bin: hub_bin,
+                hub,
+                pki,
+                grpc_addr: testenv::net::free_addr()?,
+                allowed_targets: targets,
+                log: Some(testenv::paths::run_dir().join("bench-logs/compare-ours-hub.log")),
+            };
+            std::fs::create_dir_all(testenv::paths::run_dir().join("bench-logs"))?;
+            let mut hub_process = HubProcess::start(&options)?;
+            hub_process.ready(Duration::from_secs(60)).await?;
+            let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+            let tls = pki.agent_files("spoke1", &agent_subject("spoke1", "bench"))?;
+            let spoke_client = spoke.client().await?;
+            let config = AgentConfig {
+                cluster_name: "spoke1".into(),
+                hub_address: format!("https://{}", options.grpc_addr),
+                tls,
+                argocd_namespace: SPOKE_NS.into(),
+                mode: Mode::Managed,
+                backoff_min: Duration::from_millis(100),
+                backoff_max: Duration::from_secs(2),
+                tls_reload_interval: Duration::from_secs(10),
+                workers: 16,
+            };
+            let agent = tokio::spawn(async move {
+                let _ = argocd_pull_spoke_agent::run_agent(
+                    config,
+                    spoke_client,
+                    AgentMetrics::default(),
+                    Readiness::default(),
+                    shutdown,
+                )
+                .await;
+            });
+            Running::Ours {
+                hub: hub_process,
+                options,
+                stop,
+                agent,
+            }
+        }
+        Side::ArgocdAgent => {
+            Running::Peer(ArgocdAgent::start(peer_bin, hub, spoke, pki, AGENT_NAME).await?)
+        }
+    })
+}
+
+/// Every part for one side; a part that fails is reported, not fatal.
+async fn one_side(
+    args: &CompareArgs,
+    mut running: Running<'_>,
+    hub: &Cluster,
+    spoke: &Cluster,
+    round: usize,
+) -> SideFigures {
+    let mut f = SideFigures::default();
+    let result = async {
+        let hub_client = hub.client().await?;
+        let spoke_client = spoke.client().await?;
+        let ar = application_resource();
+        let hub_apps: Api<DynamicObject> =
+            Api::namespaced_with(hub_client.clone(), running.hub_ns(), &ar);
+        let spoke_apps: Api<DynamicObject> =
+            Api::namespaced_with(spoke_client.clone(), running.spoke_ns(), &ar);
+
+        // Latency.
+        let name = format!("latency-r{round}");
+        let obj: DynamicObject = serde_json::from_value(running.app(&name))?;
+        hub_apps.create(&PostParams::default(), &obj).await?;
+        let mut on_spoke = watch_one(spoke_client.clone(), running.spoke_ns(), &name, revision);
+        let mut on_hub = watch_one(hub_client.clone(), running.hub_ns(), &name, message);
+        seen(&mut on_spoke, "v0", Duration::from_secs(120))
+            .await
+            .context("the first delivery")?;
+        let mut down = Vec::with_capacity(args.changes);
+        for i in 1..=args.changes {
+            let rev = format!("v{i}");
+            let start = Instant::now();
+            let spec = json!({ "spec": { "source": { "targetRevision": rev } } });
+            hub_apps
+                .patch(&name, &PatchParams::default(), &Patch::Merge(spec))
+                .await?;
+            // A change not seen in 30 s counts as missed; the next one
+            // supersedes it, so the side goes on.
+            match seen(&mut on_spoke, &rev, Duration::from_secs(30)).await {
+                Ok(at) => down.push(at - start),
+                Err(_) => f.down_missed += 1,
+            }
+        }
+        if !down.is_empty() {
+            f.down = Some(crate::latency::percentiles(down));
+        }
+        let mut up = Vec::with_capacity(args.changes);
+        for i in 1..=args.changes {
+            let m = format!("m{i}");
+            let start = Instant::now();
+            spoke_apps
+                .patch(&name, &PatchParams::default(), &status_patch(&m))
+                .await?;
+            match seen(&mut on_hub, &m, Duration::from_secs(30)).await {
+                Ok(at) => up.push(at - start),
+                Err(_) => f.up_missed += 1,
+            }
+        }
+        if !up.is_empty() {
+            f.up = Some(crate::latency::percentiles(up));
+        }
+
+        // Recovery after the hub side is killed and started again.
+        let restarted = running.restart_hub().await?;
+        let rev = "after-restart";
+        hub_apps
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "source": { "targetRevision": rev } } })),
+            )
+            .await?;
+        f.recovery_down =
+            Some(seen(&mut on_spoke, rev, Duration::from_secs(300)).await? - restarted);
+        spoke_apps
+            .patch(&name, &PatchParams::default(), &status_patch(rev))
+            .await?;
+        f.recovery_up = Some(seen(&mut on_hub, rev, Duration::from_secs(300)).await? - restarted);
+        drop((on_spoke, on_hub));
+
+        // One agent's status throughput.
+        let names: Vec<String> = (0..args.apps).map(|i| format!("tp-r{round}-{i}")).collect();
+        for n in &names {
+            let obj: DynamicObject = serde_json::from_value(running.app(n))?;
+            hub_apps.create(&PostParams::default(), &obj).await?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let there = spoke_apps.list_metadata(&ListParams::default()).await?;
+            let have: std::collections::HashSet<String> = there
+                .items
+                .iter()
+                .filter_map(|a| a.metadata.name.clone())
+                .collect();
+            if names.iter().all(|n| have.contains(n)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the throughput Applications were not all delivered in 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let last: HashMap<String, String> = (0..args.updates)
+            .map(|k| (names[k % names.len()].clone(), format!("u{k}")))
+            .collect();
+        let start = Instant::now();
+        futures::stream::iter(0..args.updates)
+            .for_each_concurrent(32, |k| {
+                let spoke_apps = spoke_apps.clone();
+                let name = names[k % names.len()].clone();
+                async move {
+                    let _ = spoke_apps
+                        .patch(
+                            &name,
+                            &PatchParams::default(),
+                            &status_patch(&format!("u{k}")),
+                        )
+                        .await;
+                }
+            })
+            .await;
+        f.updates_written = Some(start.elapsed());
+        let settle = Instant::now() + Duration::from_secs(60);
+        loop {
+            let listed = hub_apps.list(&ListParams::default()).await?;
+            let wrong = last
+                .iter()
+                .filter(|(n, want)| {
+                    !listed.items.iter().any(|a| {
+                        a.metadata.name.as_deref() == Some(n.as_str())
+                            && message(&a.data).as_deref() == Some(want.as_str())
+                    })
+                })
+                .count();
+            f.lost = Some(wrong);
+            if wrong == 0 {
+                f.updates_converged = Some(start.elapsed());
+                f.updates = args.updates;
+                break;
+            }
+            if Instant::now() > settle {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // Leave the hub as found, while the side still runs to carry it out.
+        let _ = hub_apps
+            .delete_collection(&DeleteParams::background(), &ListParams::default())
+            .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        f.error = Some(format!("{e:#}"));
+    }
+    running.stop().await;
+    f
+}

@@ -1,0 +1,228 @@
+//! `bench-manifestwork`: the ManifestWork transport under load, ours next to
+//! upstream's Go controller, on one real hub API server.
+//!
+//! For each Application count and each implementation in turn, on the same
+//! hub: start the controller binary, create N labelled Applications spread
+//! round-robin over the managed clusters and the team namespaces, time until
+//! every ManifestWork exists, then play the OCM work agent for every work
+//! (status feedback written through the status subresource, as the work
+//! agent does) and time until every hub Application shows the fed-back
+//! status. Alongside the load, a few Applications check what the controller
+//! gets right (cases.rs). Then read the controller's counters from its
+//! metrics, its peak resident memory (VmHWM) and CPU time from /proc, stop it
+//! and clean up before the next run. With `--repeat N` every implementation
+//! runs N times, in alternating order, and every figure is printed as its
+//! median with min and max. Before each round, with no controller running,
+//! the API server's own write ceiling is measured (ceiling.rs). Both
+//! controllers are only ever seen from the outside: their binary, flags,
+//! metrics and the objects they write.
+//!
+//! `make bench-manifestwork` builds everything and runs this; see
+//! docs/benchmarks.md.
+
+#![forbid(unsafe_code)]
+
+mod cases;
+mod ceiling;
+mod controller;
+mod hub;
+mod render;
+mod run;
+mod stats;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use testenv::{Cluster, ClusterConfig, CrdSet, paths};
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Benchmark the ManifestWork transport: our hub-controller and upstream's, on one real hub"
+)]
+pub struct Args {
+    /// Application counts, one run per count and implementation.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    apps: Vec<usize>,
+    /// Managed clusters on the hub.
+    #[arg(long, default_value_t = 50)]
+    clusters: usize,
+    /// Team namespaces the Applications are spread over.
+    #[arg(long, default_value_t = 10)]
+    namespaces: usize,
+    /// Implementations to run, in this order (reversed every other repeat),
+    /// on the same hub.
+    #[arg(long = "impl", value_delimiter = ',', default_value = "ours,upstream")]
+    impls: Vec<Impl>,
+    /// Runs of each implementation per Application count; figures are
+    /// printed as median (min–max) over them.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Our controller (default: target/release/hub-controller).
+    #[arg(long)]
+    hub_controller: Option<PathBuf>,
+    /// Upstream's controller (default: <cache>/bin/argocd-pull-integration,
+    /// built by test/tools/build-upstream.sh).
+    #[arg(long)]
+    upstream: Option<PathBuf>,
+    /// Concurrent requests of the benchmark itself (creating Applications,
+    /// writing the work agent's feedback, measuring the ceiling).
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Applications per correctness case (0: no cases).
+    #[arg(long, default_value_t = 5)]
+    cases: usize,
+    /// Skip measuring the API server's write ceiling.
+    #[arg(long)]
+    no_ceiling: bool,
+    /// Give up on one phase of one run after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    timeout: u64,
+    /// After convergence, wait until the reconcile counter has not moved for
+    /// this many seconds before reading it (late and looping reconciles count).
+    #[arg(long, default_value_t = 5)]
+    settle: u64,
+    /// Also write the results table (Markdown) to this file.
+    #[arg(long)]
+    output: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum Impl {
+    /// argocd-pull's hub-controller.
+    Ours,
+    /// open-cluster-management.io/argocd-pull-integration, `--mode=basic`.
+    Upstream,
+}
+
+impl Impl {
+    pub fn label(self) -> &'static str {
+        match self {
+            Impl::Ours => "ours",
+            Impl::Upstream => "upstream",
+        }
+    }
+}
+
+/// All runs of one Application count.
+#[derive(Default)]
+pub struct Results {
+    pub runs: BTreeMap<Impl, Vec<run::Figures>>,
+    /// The API server's write ceiling (writes per second), once per round.
+    pub ceiling: Vec<f64>,
+}
+
+/// The order of the implementations in round `round`: as given, then
+/// reversed, so that neither always runs on the fresher hub.
+pub fn order(impls: &[Impl], round: usize) -> Vec<Impl> {
+    let mut v = impls.to_vec();
+    if round % 2 == 1 {
+        v.reverse();
+    }
+    v
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    testenv::init_tracing_stderr("info,kube_client::client::builder=off");
+    if args.apps.is_empty()
+        || args.impls.is_empty()
+        || args.clusters == 0
+        || args.namespaces == 0
+        || args.repeat == 0
+    {
+        bail!("--apps, --impl, --clusters, --namespaces and --repeat must not be empty or zero");
+    }
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test/ sits inside the workspace")
+        .to_path_buf();
+    let ours = args
+        .hub_controller
+        .clone()
+        .unwrap_or_else(|| workspace.join("target/release/hub-controller"));
+    let upstream = args
+        .upstream
+        .clone()
+        .unwrap_or_else(|| paths::bin_dir().join("argocd-pull-integration"));
+
+    let hub = Cluster::start(ClusterConfig::new("bench-hub", CrdSet::Hub)).await?;
+    let client = hub.client().await?;
+    let clusters = hub::setup_clusters(&hub, &client, args.clusters).await?;
+    // Both controllers keep an Argo CD cluster Secret per ManagedCluster there.
+    hub.ensure_namespace("argocd").await?;
+
+    let mut results: BTreeMap<usize, Results> = BTreeMap::new();
+    let mut run = 0;
+    for &n in &args.apps {
+        for round in 0..args.repeat {
+            if !args.no_ceiling {
+                run += 1;
+                let rate = ceiling::measure(&hub, &client, n, args.concurrency, run).await?;
+                eprintln!("bench: API server write ceiling at {n} Applications: {rate:.0}/s");
+                results.entry(n).or_default().ceiling.push(rate);
+            }
+            for which in order(&args.impls, round) {
+                run += 1;
+                let bin = match which {
+                    Impl::Ours => &ours,
+                    Impl::Upstream => &upstream,
+                };
+                let figures = if !bin.is_file() {
+                    let why = format!("{} is missing", bin.display());
+                    tracing::warn!(implementation = which.label(), "not run: {why}");
+                    run::Figures {
+                        skipped: Some(why),
+                        ..Default::default()
+                    }
+                } else {
+                    eprintln!(
+                        "bench: run {run} (round {}/{}): {} with {n} Applications over {} clusters",
+                        round + 1,
+                        args.repeat,
+                        which.label(),
+                        args.clusters
+                    );
+                    let figures =
+                        run::one_run(&hub, &client, &args, which, bin, n, run, &clusters).await?;
+                    eprintln!("bench: run {run} done: {figures:?}");
+                    figures
+                };
+                results
+                    .entry(n)
+                    .or_default()
+                    .runs
+                    .entry(which)
+                    .or_default()
+                    .push(figures);
+            }
+        }
+    }
+
+    let table = render::render(&args, hub.version(), &results);
+    println!("{table}");
+    if let Some(path) = &args.output {
+        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// How long phases may take before a case gives up, after the load is done.
+pub const GRACE: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alternates_the_order_every_round() {
+        let both = [Impl::Ours, Impl::Upstream];
+        assert_eq!(order(&both, 0), vec![Impl::Ours, Impl::Upstream]);
+        assert_eq!(order(&both, 1), vec![Impl::Upstream, Impl::Ours]);
+        assert_eq!(order(&both, 2), vec![Impl::Ours, Impl::Upstream]);
+        assert_eq!(order(&[Impl::Ours], 1), vec![Impl::Ours]);
+    }
+}
