@@ -199,21 +199,21 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         }
     };
 
-    // Each write below returns the Application as written; what follows
-    // decides from that, never from the older copy.
-    let mut app = std::borrow::Cow::Borrowed(app);
+    // One write to the Application per pass: after it, the echo of the
+    // write brings the Application back here and the rest is decided from
+    // the cache showing it (never from an older copy).
     if app.data.get("operation").is_some_and(|o| !o.is_null()) {
         // Handed over to the spoke in the work; the hub copy must not run it
         // again. A merge patch removes only .operation.
-        let Some(written) = ctx
+        if ctx
             .writer
-            .patch(&app, COMMAND_MANAGER, &json!({ "operation": null }))
+            .patch(app, COMMAND_MANAGER, &json!({ "operation": null }))
             .await?
-        else {
-            return Ok(Action::await_change());
-        };
-        app = std::borrow::Cow::Owned(written);
-        tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "sync operation handed over to the spoke");
+            .is_some()
+        {
+            tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "sync operation handed over to the spoke");
+        }
+        return Ok(Action::await_change());
     }
 
     if app.annotations().contains_key(keys::REFRESH) && applied_on_spoke(&applied) {
@@ -224,14 +224,16 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             "resourceVersion": app.resource_version(),
             "annotations": { keys::REFRESH: null },
         }});
-        match ctx.writer.patch(&app, COMMAND_MANAGER, &patch).await? {
-            Some(written) => {
-                app = std::borrow::Cow::Owned(written);
-                tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "refresh handed over to the spoke");
-            }
-            // Changed meanwhile: decided again from its next version.
-            None => return Ok(Action::await_change()),
+        // None: changed meanwhile, decided again from its next version.
+        if ctx
+            .writer
+            .patch(app, COMMAND_MANAGER, &patch)
+            .await?
+            .is_some()
+        {
+            tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "refresh handed over to the spoke");
         }
+        return Ok(Action::await_change());
     }
 
     let current = app.data.get("status").cloned().unwrap_or(Value::Null);
@@ -247,7 +249,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     );
     // A `Progressing` shown first (see `status::progress`) is followed by
     // the real health when its echo brings the Application back here.
-    write_status(&app, ctx, status).await?;
+    write_status(app, ctx, status).await?;
     Ok(Action::await_change())
 }
 
