@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+pub use super::written::Written;
+
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, decided_clusters};
 use kube::ResourceExt;
@@ -22,7 +24,9 @@ pub struct Caches {
     pub clusters: Store<PartialObjectMeta<ManagedCluster>>,
     pub decisions: Store<DynamicObject>,
     pub works: Store<ManifestWork>,
-    /// Works this process wrote and the cache has not shown yet.
+    /// Works this process wrote and the cache has not shown yet (read
+    /// live until it does: deciding from the older copy would lose an
+    /// operation handed over a moment ago).
     pub written: Written,
     /// True once every cache has its first full list.
     pub synced: Arc<tokio::sync::watch::Sender<bool>>,
@@ -53,29 +57,14 @@ impl Caches {
     /// the cache does not show yet; `None` in the answer means "read it from
     /// the API server".
     pub fn work(&self, cluster: &str, name: &str) -> Lookup {
-        let key = ObjectRef::new(name).within(cluster);
-        let cached = self.works.get(&key);
-        match self.written.pending(&key) {
-            None => Lookup::Known(cached),
-            Some(written)
-                if at_least(cached.as_ref().and_then(|w| w.resource_version()), &written) =>
-            {
-                self.written.caught_up(&key);
-                Lookup::Known(cached)
-            }
-            Some(_) => Lookup::Stale,
+        let cached = self.works.get(&ObjectRef::new(name).within(cluster));
+        let cached_rv = cached.as_ref().and_then(|w| w.resource_version());
+        let key = (cluster.to_string(), name.to_string());
+        if self.written.behind_key(&key, cached_rv.as_deref()) {
+            Lookup::Stale
+        } else {
+            Lookup::Known(cached)
         }
-    }
-}
-
-/// Whether a cached resourceVersion is the written one or newer. Versions
-/// are compared as numbers when both are (etcd revisions are); otherwise
-/// only equality counts, and the work is read live until then.
-fn at_least(cached: Option<String>, written: &str) -> bool {
-    let Some(cached) = cached else { return false };
-    match (cached.parse::<u64>(), written.parse::<u64>()) {
-        (Ok(c), Ok(w)) => c >= w,
-        _ => cached == written,
     }
 }
 
@@ -84,33 +73,6 @@ pub enum Lookup {
     Known(Option<Arc<ManifestWork>>),
     /// The cache lags behind a write of this process.
     Stale,
-}
-
-/// The resourceVersion of each work this process wrote, until the cache
-/// shows it. Reading a work the cache does not show yet would otherwise lose
-/// an operation handed over a moment ago. Bounded by the writes in flight.
-#[derive(Clone, Default)]
-pub struct Written(Arc<Mutex<HashMap<ObjectRef<ManifestWork>, String>>>);
-
-impl Written {
-    pub fn record(&self, work: &ManifestWork) {
-        if let Some(rv) = work.resource_version() {
-            let key = ObjectRef::from_obj(work);
-            self.0.lock().expect("lock").insert(key, rv);
-        }
-    }
-
-    fn pending(&self, key: &ObjectRef<ManifestWork>) -> Option<String> {
-        self.0.lock().expect("lock").get(key).cloned()
-    }
-
-    fn caught_up(&self, key: &ObjectRef<ManifestWork>) {
-        self.0.lock().expect("lock").remove(key);
-    }
-
-    pub fn forget(&self, key: &ObjectRef<ManifestWork>) {
-        self.caught_up(key);
-    }
 }
 
 /// The hub Application a work delivers, from its back-pointer annotations.
@@ -284,7 +246,7 @@ mod tests {
             caches.work("c1", "ns.app"),
             Lookup::Known(Some(_))
         ));
-        caches.written.record(&work("2"));
+        caches.written.record(&work("2").metadata);
         assert!(matches!(caches.work("c1", "ns.app"), Lookup::Stale));
         writer.apply_watcher_event(&Event::Apply(work("2")));
         assert!(
@@ -297,7 +259,7 @@ mod tests {
         );
         // A cache that jumps past the written version has caught up too
         // (the work agent wrote status right after us).
-        caches.written.record(&work("5"));
+        caches.written.record(&work("5").metadata);
         assert!(matches!(caches.work("c1", "ns.app"), Lookup::Stale));
         writer.apply_watcher_event(&Event::Apply(work("6")));
         assert!(matches!(

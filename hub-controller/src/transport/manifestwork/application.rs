@@ -193,7 +193,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
                     &Patch::Apply(&work),
                 )
                 .await?;
-            ctx.caches.written.record(&applied);
+            ctx.caches.written.record(&applied.metadata);
             tracing::debug!(namespace = %ns, name = %name, cluster = %target.cluster, work = %work_name, "delivered");
             applied
         }
@@ -305,7 +305,7 @@ async fn hand_over_to_grpc(
             .patch(&name, &PatchParams::default(), &Patch::Merge(orphan))
             .await
         {
-            Ok(w) => ctx.caches.written.record(&w),
+            Ok(w) => ctx.caches.written.record(&w.metadata),
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
             Err(e) => return Err(e.into()),
         }
@@ -316,9 +316,7 @@ async fn hand_over_to_grpc(
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
-        ctx.caches
-            .written
-            .forget(&ObjectRef::new(&name).within(&target.cluster));
+        ctx.caches.written.forget(&target.cluster, &name);
         tracing::info!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), cluster = %target.cluster, work = %name,
             "handed over to the gRPC transport; ManifestWork deleted with the Application orphaned on the spoke");
     }
@@ -393,9 +391,7 @@ async fn finalize(app: &Application, ctx: &Context) -> Result<Action, Error> {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
-        ctx.caches
-            .written
-            .forget(&ObjectRef::new(&name).within(&t.cluster));
+        ctx.caches.written.forget(&t.cluster, &name);
         if works.get_opt(&name).await?.is_some() {
             // The work agent is still deleting the spoke's copy.
             return Ok(Action::requeue(Duration::from_secs(2)));
