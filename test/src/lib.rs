@@ -25,6 +25,7 @@ pub mod pki;
 mod process;
 pub mod slow_watch;
 pub mod stack;
+pub mod stats;
 pub mod wait;
 
 use std::collections::HashMap;

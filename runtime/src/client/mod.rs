@@ -48,26 +48,6 @@ impl ApiMetrics {
         );
         m
     }
-
-    /// Requests counted so far with this verb and resource (any code).
-    pub fn count(&self, verb: &str, resource: &str) -> u64 {
-        // prometheus-client has no iteration over a family: read the
-        // codes a request can end with.
-        [
-            "200", "201", "404", "409", "422", "429", "500", "503", "error",
-        ]
-        .iter()
-        .map(|code| {
-            self.requests
-                .get_or_create(&RequestLabels {
-                    verb: verb.into(),
-                    resource: resource.into(),
-                    code: (*code).into(),
-                })
-                .get()
-        })
-        .sum()
-    }
 }
 
 /// The layer of ours around kube's stack.

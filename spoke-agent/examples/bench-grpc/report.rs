@@ -68,21 +68,7 @@ impl std::fmt::Debug for SideFigures {
     }
 }
 
-/// Median, min and max; `None` for no values.
-pub fn summary(values: &[f64]) -> Option<(f64, f64, f64)> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    let median = if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    };
-    Some((median, v[0], v[v.len() - 1]))
-}
+pub use testenv::stats::summary;
 
 fn cell(values: &[Option<f64>], fmt: fn(f64) -> String) -> (String, Option<f64>) {
     let got: Vec<f64> = values.iter().flatten().copied().collect();
@@ -215,7 +201,6 @@ mod tests {
 
     #[test]
     fn median_and_spread() {
-        assert_eq!(summary(&[2.0, 9.0, 1.0]), Some((2.0, 1.0, 9.0)));
         assert_eq!(
             cell(&[Some(1.0), None], |v| format!("{v}")).0,
             "1, missing in 1 of 2"
