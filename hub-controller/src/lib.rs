@@ -198,10 +198,12 @@ async fn run_controllers(
     };
     // The gRPC transport runs only on the leader, like the controllers: one
     // replica decides and writes.
-    let grpc = args
-        .grpc
-        .config(authorization.clone())
-        .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics));
+    let grpc_config = args.grpc.config(authorization.clone());
+    let watches = hub::watches::Watches::new(hub::watches::Scope {
+        grpc: grpc_config.is_some(),
+    });
+    let grpc = grpc_config
+        .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));
     let mut keeper = None;
     if let (Some(hub), true) = (&grpc, args.certs.manage) {
         let mut k = certs::Keeper::new(client.clone(), args.certs.config(hub.config.tls.clone()));
@@ -225,15 +227,22 @@ async fn run_controllers(
         }
         None => None,
     };
-    let ctx = manifestwork::Context::with_grpc(
+    let ctx = manifestwork::Context::new(
         client.clone(),
         render::work::WorkOptions {
             raw_feedback: args.raw_feedback,
         },
         authorization,
         metrics.clone(),
-        grpc,
+        watches.caches(),
+        grpc.clone(),
     );
+    // One set of watches feeds both transports.
+    let mut consumers: Vec<std::sync::Arc<dyn hub::watches::Consumer>> = vec![ctx.clone()];
+    if let Some(hub) = &grpc {
+        consumers.push(hub.clone());
+    }
+    let watching = tokio::spawn(watches.run(client.clone(), consumers, shutdown.clone().wait()));
     let secrets = tokio::spawn(manifestwork::cluster_secrets::run(
         client.clone(),
         args.argocd_namespace.clone(),
@@ -255,6 +264,7 @@ async fn run_controllers(
     .await;
     sweep.await?;
     secrets.await?;
+    watching.await?;
     if let Some(server) = grpc_server {
         server.await?;
     }

@@ -1,8 +1,8 @@
-//! Watch-fed caches of what the reconciler reads, so that a steady-state
-//! reconcile makes no API call at all: ManagedClusters (metadata only),
-//! PlacementDecisions and argocd-pull's ManifestWorks. Each cache is also a
-//! trigger: a cluster joining, a Placement changing its decisions or the work
-//! agent writing feedback re-reconciles exactly the Applications concerned.
+//! The watch-fed caches both transports read (fed by [`super::watches`]),
+//! so that a steady-state reconcile makes no API call at all, and the
+//! questions asked of them: which clusters a namespace's Placements select,
+//! whether a cluster exists or has the addon, which Applications an event
+//! concerns.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 pub use super::written::Written;
 
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, decided_clusters};
+use argocd_pull_apis::ocm::{ManagedCluster, ManagedClusterAddOn, ManifestWork, decided_clusters};
 use kube::ResourceExt;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -21,8 +21,14 @@ use crate::hub::cached::CachedApp;
 /// Read side of the caches.
 #[derive(Clone)]
 pub struct Caches {
-    pub clusters: Store<PartialObjectMeta<ManagedCluster>>,
+    /// Applications with the pull label.
+    pub apps: Store<CachedApp>,
+    /// Autonomous agents' read-only mirrors (only with the gRPC transport).
+    pub mirrors: Store<CachedApp>,
     pub decisions: Store<DynamicObject>,
+    pub clusters: Store<PartialObjectMeta<ManagedCluster>>,
+    /// argocd-pull's ManagedClusterAddOns (only with the gRPC transport).
+    pub addons: Store<PartialObjectMeta<ManagedClusterAddOn>>,
     pub works: Store<ManifestWork>,
     /// Works this process wrote and the cache has not shown yet (read
     /// live until it does: deciding from the older copy would lose an
@@ -40,8 +46,19 @@ impl Caches {
         let _ = rx.wait_for(|synced| *synced).await;
     }
 
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
     pub fn cluster_exists(&self, name: &str) -> bool {
         self.clusters.get(&ObjectRef::new(name)).is_some()
+    }
+
+    /// Whether the addon of `cluster` is enabled (its ManagedClusterAddOn exists).
+    pub fn addon_enabled(&self, cluster: &str) -> bool {
+        self.addons
+            .get(&ObjectRef::new(keys::ADDON_NAME).within(cluster))
+            .is_some()
     }
 
     /// Clusters selected by the PlacementDecisions in namespace `ns`.
@@ -234,12 +251,8 @@ mod tests {
     fn a_work_written_here_is_read_live_until_the_cache_shows_it() {
         let (reader, mut writer) = store::store::<ManifestWork>();
         let caches = Caches {
-            clusters: store::store().0,
-            decisions: store::Writer::new(argocd_pull_apis::ocm::placement_decision_resource())
-                .as_reader(),
             works: reader,
-            written: Written::default(),
-            synced: Default::default(),
+            ..crate::hub::watches::Watches::new(Default::default()).caches()
         };
         writer.apply_watcher_event(&Event::Apply(work("1")));
         assert!(matches!(

@@ -161,14 +161,19 @@ pub async fn run_controller(
     std::sync::Arc<argocd_pull_hub_controller::transport::manifestwork::Context>,
     argocd_pull_runtime::shutdown::Trigger,
 ) {
+    use argocd_pull_hub_controller::hub::watches::{Scope, Watches};
     use argocd_pull_hub_controller::transport::manifestwork::{Context, controller};
+    let watches = Watches::new(Scope::default());
     let ctx = Context::new(
-        client,
+        client.clone(),
         argocd_pull_hub_controller::render::work::WorkOptions::default(),
         argocd_pull_hub_controller::route::authz::Authorization::default(),
         argocd_pull_hub_controller::metrics::Metrics::default(),
+        watches.caches(),
+        None,
     );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    tokio::spawn(watches.run(client, vec![ctx.clone()], shutdown.clone().wait()));
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(controller::run(
         ctx.clone(),

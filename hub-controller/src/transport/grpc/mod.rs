@@ -176,7 +176,8 @@ impl Service {
     }
 }
 
-/// Starts the gRPC transport (the index, the writers and the server) and
+/// Starts the gRPC transport (the writers and the server; its index is fed
+/// by the hub's watches, see [`crate::hub::watches`]) and
 /// returns the task serving it until `shutdown` resolves. Fails at once
 /// when the address or the TLS files cannot be used.
 pub async fn start(
@@ -195,7 +196,6 @@ pub async fn start(
     tracing::info!(addr = %listener.local_addr()?, "gRPC transport listening");
 
     let (stop, stopped) = watch::channel(false);
-    let index = tokio::spawn(hub.clone().run_index(wait_for(stopped.clone())));
     let workers = tokio::spawn(hub.clone().run_workers(config.workers));
     let service = TransportServer::new(Service {
         hub: hub.clone(),
@@ -217,7 +217,6 @@ pub async fn start(
         hub.queue.close();
         // Streams end on their own once told; do not wait for slow peers.
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        let _ = index.await;
         let _ = workers.await;
         tracing::info!("gRPC transport stopped");
     }))

@@ -85,7 +85,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     if app.metadata.deletion_timestamp.is_some() {
         if let Ok(t) = target(app)
             && is_pulled(app)
-            && transport_of(app, &t, ctx).await == Ok(Transport::Grpc)
+            && transport_of(app, &t, ctx) == Ok(Transport::Grpc)
         {
             // The gRPC side deletes it on the spoke and releases it.
             return hand_over_to_grpc(app, &t, ctx).await;
@@ -102,7 +102,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             return Ok(Action::await_change());
         }
     };
-    match transport_of(app, &target, ctx).await {
+    match transport_of(app, &target, ctx) {
         Ok(Transport::ManifestWork) => {}
         Ok(Transport::Grpc) => return hand_over_to_grpc(app, &target, ctx).await,
         Err(e) => {
@@ -253,24 +253,16 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     Ok(Action::await_change())
 }
 
-/// The transport of `app` (see [`crate::route::transport`]); waits for
-/// the gRPC side's view of the addons, so a cluster's Applications are never
-/// delivered by work just because that view is still loading.
-async fn transport_of(
+/// The transport of `app` (see [`crate::route::transport`]), from the
+/// hub's caches (synced before any reconcile decides).
+fn transport_of(
     app: &Application,
     target: &Target,
     ctx: &Context,
 ) -> Result<Transport, TransportError> {
-    let addon_enabled = match &ctx.grpc {
-        Some(hub) => {
-            hub.wait_synced().await;
-            hub.addon_enabled(&target.cluster)
-        }
-        None => false,
-    };
     choose(
         app.metadata.annotations.as_ref(),
-        addon_enabled,
+        ctx.caches.addon_enabled(&target.cluster),
         ctx.grpc.is_some(),
     )
 }

@@ -7,17 +7,17 @@ pub mod application;
 pub mod cluster_secrets;
 pub mod controller;
 pub mod sweep;
+mod triggers;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use argocd_pull_apis::argocd::application_resource;
-use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
 use kube::Client;
-use kube::api::{DynamicObject, PartialObjectMeta};
-use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc;
 
 use crate::hub::cached::CachedApp;
-use crate::hub::caches::{Caches, Queue, Written};
+use crate::hub::caches::{Caches, Queue};
 
 use crate::metrics::Metrics;
 use crate::render::work::WorkOptions;
@@ -35,58 +35,39 @@ pub struct Context {
     pub options: WorkOptions,
     pub authorization: Authorization,
     pub metrics: Metrics,
+    /// The hub's one set of caches, shared with the gRPC transport.
     pub caches: Caches,
     pub queue: Queue,
     /// The gRPC transport, when this hub serves it: Applications it
     /// delivers are left to it (see [`crate::route::transport`]).
     pub grpc: Option<Arc<crate::transport::grpc::Hub>>,
-    /// The write sides of the caches, taken once by the controller's run.
-    writers: Mutex<Option<Writers>>,
-}
-
-/// Write sides of the watch-fed caches.
-pub struct Writers {
-    pub apps: Writer<CachedApp>,
-    pub clusters: Writer<PartialObjectMeta<ManagedCluster>>,
-    pub decisions: Writer<DynamicObject>,
-    pub works: Writer<ManifestWork>,
+    /// Applications the watches' events concern, to reconcile (see
+    /// [`triggers`]); the receiver is taken once by the controller's run.
+    triggers: mpsc::UnboundedSender<ObjectRef<CachedApp>>,
+    triggered: Mutex<Option<mpsc::UnboundedReceiver<ObjectRef<CachedApp>>>>,
+    /// The last generation seen of each ManagedCluster: only a new one
+    /// (a cluster joining or its spec changing) re-reconciles its
+    /// Applications, not every status heartbeat.
+    cluster_generations: Mutex<HashMap<String, Option<i64>>>,
 }
 
 impl Context {
+    /// A context reading `caches` (fed by [`crate::hub::watches`], with
+    /// this context among the consumers); `grpc` when the hub also serves
+    /// the gRPC transport.
     pub fn new(
         client: Client,
         options: WorkOptions,
         authorization: Authorization,
         metrics: Metrics,
-    ) -> Arc<Self> {
-        Self::with_grpc(client, options, authorization, metrics, None)
-    }
-
-    /// A context whose controller shares the clusters with the gRPC transport.
-    pub fn with_grpc(
-        client: Client,
-        options: WorkOptions,
-        authorization: Authorization,
-        metrics: Metrics,
+        caches: Caches,
         grpc: Option<Arc<crate::transport::grpc::Hub>>,
     ) -> Arc<Self> {
         let writer = grpc
             .as_ref()
             .map(|g| g.writer.clone())
             .unwrap_or_else(|| AppWriter::new(client.clone()));
-        let writers = Writers {
-            apps: Writer::new(application_resource()),
-            clusters: Writer::default(),
-            decisions: Writer::new(placement_decision_resource()),
-            works: Writer::default(),
-        };
-        let caches = Caches {
-            clusters: writers.clusters.as_reader(),
-            decisions: writers.decisions.as_reader(),
-            works: writers.works.as_reader(),
-            written: Written::default(),
-            synced: Default::default(),
-        };
+        let (triggers, triggered) = mpsc::unbounded_channel();
         Arc::new(Self {
             writer,
             client,
@@ -96,13 +77,15 @@ impl Context {
             metrics,
             caches,
             grpc,
-            writers: Mutex::new(Some(writers)),
+            triggers,
+            triggered: Mutex::new(Some(triggered)),
+            cluster_generations: Mutex::default(),
         })
     }
 
-    /// The caches' write sides; `None` after the first call.
-    pub fn take_writers(&self) -> Option<Writers> {
-        self.writers.lock().expect("lock").take()
+    /// The Applications to reconcile; `None` after the first call.
+    fn take_triggered(&self) -> Option<mpsc::UnboundedReceiver<ObjectRef<CachedApp>>> {
+        self.triggered.lock().expect("lock").take()
     }
 
     pub fn reconcile_count(&self) -> u64 {

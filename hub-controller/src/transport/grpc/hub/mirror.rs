@@ -43,6 +43,7 @@ impl Hub {
     ) -> Result<(), kube::Error> {
         let cs = self.cluster(cluster);
         let cached = self
+            .caches
             .mirrors
             .get(&ObjectRef::new_with(&key.name, application_resource()).within(cluster));
         let cached_rv = cached

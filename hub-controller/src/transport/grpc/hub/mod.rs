@@ -14,14 +14,11 @@ use std::sync::{Arc, Mutex};
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedClusterAddOn, placement_decision_resource};
 use argocd_pull_proto::v1::ObjectKey;
 use argocd_pull_runtime::workqueue::WorkQueue;
-use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, PartialObjectMeta};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use tokio::sync::watch;
 
 mod index;
@@ -35,6 +32,8 @@ use super::GrpcConfig;
 use super::cluster::{ClusterState, Item, Work};
 use super::metrics::GrpcMetrics;
 use crate::hub::cached::CachedApp;
+use crate::hub::caches::Caches;
+use crate::hub::watches::{Consumer, Event};
 use crate::route::assign::{self, Assignment, Facts, HubRef};
 use crate::status::AppWriter;
 
@@ -48,17 +47,14 @@ pub struct Hub {
     pub metrics: GrpcMetrics,
     pub index: Mutex<Index>,
     clusters: Mutex<HashMap<String, Arc<ClusterState>>>,
-    pub apps: Store<CachedApp>,
-    pub mirrors: Store<CachedApp>,
-    addons: Store<PartialObjectMeta<ManagedClusterAddOn>>,
-    decisions: Store<DynamicObject>,
+    /// The hub's one set of caches, shared with the ManifestWork transport.
+    pub caches: Caches,
     pub queue: WorkQueue<Work>,
     synced: watch::Sender<bool>,
     /// The one writer of hub Applications, shared with the ManifestWork
     /// transport.
     pub writer: Arc<AppWriter>,
     next_session: AtomicU64,
-    writers: Mutex<Option<Writers>>,
     /// Applications that moved to or from this transport, for the
     /// ManifestWork controller to look at again.
     switched: Mutex<Switches>,
@@ -69,35 +65,19 @@ type Switches = (
     Option<tokio::sync::mpsc::UnboundedReceiver<HubRef>>,
 );
 
-struct Writers {
-    apps: reflector::store::Writer<CachedApp>,
-    mirrors: reflector::store::Writer<CachedApp>,
-    addons: reflector::store::Writer<PartialObjectMeta<ManagedClusterAddOn>>,
-    decisions: reflector::store::Writer<DynamicObject>,
-}
-
-enum Ev {
-    App(watcher::Event<CachedApp>),
-    Mirror(watcher::Event<CachedApp>),
-    Addon(watcher::Event<PartialObjectMeta<ManagedClusterAddOn>>),
-    Decision(watcher::Event<DynamicObject>),
-}
-
 impl Hub {
-    pub fn new(config: GrpcConfig, client: kube::Client, metrics: GrpcMetrics) -> Arc<Self> {
-        let writers = Writers {
-            apps: reflector::store::Writer::new(application_resource()),
-            mirrors: reflector::store::Writer::new(application_resource()),
-            addons: reflector::store::Writer::default(),
-            decisions: reflector::store::Writer::new(placement_decision_resource()),
-        };
+    /// A transport reading `caches`, which must be fed by
+    /// [`crate::hub::watches`] with [`Scope::grpc`](crate::hub::watches::Scope)
+    /// and this hub among the consumers.
+    pub fn new(
+        config: GrpcConfig,
+        client: kube::Client,
+        metrics: GrpcMetrics,
+        caches: Caches,
+    ) -> Arc<Self> {
         Arc::new(Self {
             writer: AppWriter::new(client.clone()),
-            apps: writers.apps.as_reader(),
-            mirrors: writers.mirrors.as_reader(),
-            addons: writers.addons.as_reader(),
-            decisions: writers.decisions.as_reader(),
-            writers: Mutex::new(Some(writers)),
+            caches,
             config,
             client,
             metrics,
@@ -146,22 +126,9 @@ impl Hub {
         *self.synced.borrow()
     }
 
-    /// Whether the addon of `cluster` is enabled (its ManagedClusterAddOn exists).
-    pub fn addon_enabled(&self, cluster: &str) -> bool {
-        self.addons
-            .get(&ObjectRef::new(keys::ADDON_NAME).within(cluster))
-            .is_some()
-    }
-
     fn assign(&self, app: &Application) -> Assignment {
-        let addon_enabled = |c: &str| self.addon_enabled(c);
-        let decided_in = |ns: &str| -> Vec<String> {
-            self.decisions
-                .state_filter(|pd| pd.namespace().as_deref() == Some(ns))
-                .iter()
-                .flat_map(|pd| argocd_pull_apis::ocm::decided_clusters(pd))
-                .collect()
-        };
+        let addon_enabled = |c: &str| self.caches.addon_enabled(c);
+        let decided_in = |ns: &str| self.caches.decided_in(ns);
         assign::assign(
             app,
             &Facts {
@@ -174,167 +141,57 @@ impl Hub {
     }
 
     // -----------------------------------------------------------------------
-    // The event loop: watches -> index -> desired sets
+    // The hub's watch events -> index -> desired sets
 
-    /// Watches the hub until `shutdown`, keeping the index and the desired
-    /// sets current.
-    pub async fn run_index(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        let Some(w) = self.writers.lock().expect("never poisoned").take() else {
-            tracing::error!("the gRPC index is already running");
-            return;
-        };
-        let ar = application_resource();
-        let apps = reflector(
-            w.apps,
-            watcher::watcher(
-                Api::<CachedApp>::all_with(self.client.clone(), &ar),
-                watcher::Config::default().labels(keys::PULL_LABEL),
-            ),
-        )
-        .default_backoff()
-        .map(|e| e.map(Ev::App))
-        .boxed();
-        let mirrors = reflector(
-            w.mirrors,
-            watcher::watcher(
-                Api::<CachedApp>::all_with(self.client.clone(), &ar),
-                watcher::Config::default().labels(keys::MIRROR_OF),
-            ),
-        )
-        .default_backoff()
-        .map(|e| e.map(Ev::Mirror))
-        .boxed();
-        let addons = reflector(
-            w.addons,
-            watcher::watcher(
-                Api::<PartialObjectMeta<ManagedClusterAddOn>>::all(self.client.clone()),
-                watcher::Config::default().fields(&format!("metadata.name={}", keys::ADDON_NAME)),
-            ),
-        )
-        .default_backoff()
-        .map(|e| e.map(Ev::Addon))
-        .boxed();
-        let pdr = placement_decision_resource();
-        let decisions = reflector(
-            w.decisions,
-            watcher::watcher(
-                Api::<DynamicObject>::all_with(self.client.clone(), &pdr),
-                watcher::Config::default(),
-            ),
-        )
-        .default_backoff()
-        .map(|e| e.map(Ev::Decision))
-        .boxed();
-        let mut events = futures::stream::select_all([apps, mirrors, addons, decisions]);
-        // Which watches have had their first full list.
-        let mut listed = [false; 4];
-        tokio::pin!(shutdown);
-        loop {
-            let ev = tokio::select! {
-                _ = &mut shutdown => return,
-                ev = events.next() => ev,
-            };
-            match ev {
-                None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, "watch of the hub failed; retrying"),
-                Some(Ok(ev)) => {
-                    let (i, done) = self.handle(ev);
-                    if done && !listed[i] {
-                        listed[i] = true;
-                        if listed.iter().all(|l| *l) {
-                            self.reassign_all();
-                            tracing::info!("gRPC transport: hub caches synced");
-                            self.synced.send_replace(true);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Applies one event; returns which watch it came from and whether it
-    /// ends a full list. Until every watch has had its first full list the
-    /// index is not built (nothing reads it yet): `run_index` builds it once
-    /// then, instead of once per event and per list (with 10,000
-    /// Applications and 1,000 clusters, tens of thousands of passes).
-    fn handle(&self, ev: Ev) -> (usize, bool) {
+    /// Applies one event of the hub's watches. Until every watch has had
+    /// its first full list the index is not built (nothing reads it yet):
+    /// [`Consumer::synced`] builds it once then, instead of once per event
+    /// and per list (with 10,000 Applications and 1,000 clusters, tens of
+    /// thousands of passes).
+    fn handle(&self, ev: &Event) {
         use watcher::Event as E;
         let synced = self.is_synced();
         match ev {
-            Ev::App(e) => match e {
-                E::Apply(a) | E::InitApply(a) => {
-                    if synced {
-                        self.reassign(&a);
+            Event::App(E::Delete(a)) => {
+                let r = HubRef::of(a);
+                self.writer.written().forget(&r.namespace, &r.name);
+                self.unassign(&r);
+            }
+            Event::App(E::InitDone) => {
+                // Applications deleted while the watch was down.
+                let known: Vec<HubRef> = self.index.lock().expect("never poisoned").refs();
+                for r in known {
+                    if self.caches.apps.get(&app_ref(&r)).is_none() {
+                        self.unassign(&r);
                     }
-                    (0, false)
                 }
-                E::Delete(a) => {
-                    let r = HubRef::of(&a);
-                    self.writer.written().forget(&r.namespace, &r.name);
-                    self.unassign(&r);
-                    (0, false)
-                }
-                E::Init => (0, false),
-                E::InitDone => {
-                    // Applications deleted while the watch was down.
-                    let known: Vec<HubRef> = self.index.lock().expect("never poisoned").refs();
-                    for r in known {
-                        if self.apps.get(&app_ref(&r)).is_none() {
-                            self.unassign(&r);
-                        }
+            }
+            Event::Mirror(E::Apply(m) | E::InitApply(m) | E::Delete(m)) => {
+                if let Some(work) = mirror_work(m) {
+                    if let Work::Mirror { cluster, key } = &work {
+                        self.seed_mirror(cluster, key, m);
                     }
-                    (0, true)
+                    self.queue.add(work);
                 }
-            },
-            Ev::Mirror(e) => match e {
-                E::Apply(m) | E::InitApply(m) | E::Delete(m) => {
-                    if let Some(work) = mirror_work(&m) {
-                        if let Work::Mirror { cluster, key } = &work {
-                            self.seed_mirror(cluster, key, &m);
-                        }
-                        self.queue.add(work);
-                    }
-                    (1, false)
-                }
-                E::Init => (1, false),
-                E::InitDone => (1, true),
-            },
-            Ev::Addon(e) => match e {
-                E::Apply(a) | E::InitApply(a) | E::Delete(a) => {
-                    if synced {
-                        self.reassign_where(|app| {
-                            app.annotations()
-                                .get(keys::MANAGED_CLUSTER)
-                                .map(String::as_str)
-                                == a.namespace().as_deref()
-                        });
-                    }
-                    (2, false)
-                }
-                E::Init => (2, false),
-                E::InitDone => {
-                    if synced {
-                        self.reassign_all();
-                    }
-                    (2, true)
-                }
-            },
-            Ev::Decision(e) => match e {
-                E::Apply(d) | E::InitApply(d) | E::Delete(d) => {
-                    if synced {
-                        let ns = d.namespace();
-                        self.reassign_where(|app| app.namespace() == ns);
-                    }
-                    (3, false)
-                }
-                E::Init => (3, false),
-                E::InitDone => {
-                    if synced {
-                        self.reassign_all();
-                    }
-                    (3, true)
-                }
-            },
+            }
+            // Until then the index is not built at all.
+            _ if !synced => {}
+            Event::App(E::Apply(a) | E::InitApply(a)) => self.reassign(a),
+            Event::Addon(E::Apply(a) | E::InitApply(a) | E::Delete(a)) => {
+                self.reassign_where(|app| {
+                    app.annotations()
+                        .get(keys::MANAGED_CLUSTER)
+                        .map(String::as_str)
+                        == a.namespace().as_deref()
+                });
+            }
+            Event::Decision(E::Apply(d) | E::InitApply(d) | E::Delete(d)) => {
+                let ns = d.namespace();
+                self.reassign_where(|app| app.namespace() == ns);
+            }
+            // A list again after the watch was down: anything may have changed.
+            Event::Addon(E::InitDone) | Event::Decision(E::InitDone) => self.reassign_all(),
+            _ => {}
         }
     }
 
@@ -343,7 +200,7 @@ impl Hub {
     }
 
     fn reassign_where(&self, filter: impl Fn(&CachedApp) -> bool) {
-        for app in self.apps.state() {
+        for app in self.caches.apps.state() {
             if filter(&app) {
                 self.reassign(&app);
             }
@@ -417,4 +274,16 @@ impl Hub {
 
 fn app_ref(r: &HubRef) -> ObjectRef<CachedApp> {
     ObjectRef::new_with(&r.name, application_resource()).within(&r.namespace)
+}
+
+impl Consumer for Hub {
+    fn event(&self, event: &Event) {
+        self.handle(event);
+    }
+
+    fn synced(&self) {
+        self.reassign_all();
+        tracing::info!("gRPC transport: index built from the hub's caches");
+        self.synced.send_replace(true);
+    }
 }

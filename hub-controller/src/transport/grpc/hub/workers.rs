@@ -56,7 +56,7 @@ impl Hub {
     }
 
     async fn reconcile_app(&self, r: &HubRef) -> Result<(), kube::Error> {
-        let Some(cached) = self.apps.get(&app_ref(r)) else {
+        let Some(cached) = self.caches.apps.get(&app_ref(r)) else {
             return Ok(());
         };
         if self.writer.behind(&cached.metadata) {
@@ -186,6 +186,7 @@ impl Hub {
         match parse_conflict(message) {
             Some(Holder::HubApplication(uid)) => {
                 let holder = self
+                    .caches
                     .apps
                     .state()
                     .iter()

@@ -200,6 +200,7 @@ fn on_report(
                         },
                     )?;
                     let taken = hub
+                        .caches
                         .mirrors
                         .get(
                             &kube::runtime::reflector::ObjectRef::new_with(

@@ -1,0 +1,255 @@
+//! The hub-controller's one set of watches: pull-model Applications,
+//! autonomous mirrors, PlacementDecisions, ManagedClusters (metadata only),
+//! argocd-pull's ManagedClusterAddOns and argocd-pull's ManifestWorks. Each
+//! is watched once, kept in one cache ([`Caches`]) and its events go, in
+//! the order they came, to every transport ([`Consumer`]): the ManifestWork
+//! controller turns them into reconciles, the gRPC transport into its index
+//! and the desired sets of the clusters.
+//!
+//! A transport never starts a watch of its own, so a second transport costs
+//! no second copy of the hub's Applications (the largest cache by far).
+
+use std::sync::Arc;
+
+use argocd_pull_apis::argocd::application_resource;
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::{
+    ManagedCluster, ManagedClusterAddOn, ManifestWork, placement_decision_resource,
+};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use kube::Client;
+use kube::api::{Api, DynamicObject, PartialObjectMeta};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::cached::CachedApp;
+use super::caches::Caches;
+use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
+
+/// One event of one watch, after its cache has applied it.
+#[derive(Debug)]
+pub enum Event {
+    App(watcher::Event<CachedApp>),
+    Mirror(watcher::Event<CachedApp>),
+    Decision(watcher::Event<DynamicObject>),
+    Cluster(watcher::Event<PartialObjectMeta<ManagedCluster>>),
+    Addon(watcher::Event<PartialObjectMeta<ManagedClusterAddOn>>),
+    Work(watcher::Event<ManifestWork>),
+}
+
+impl Event {
+    /// Which watch it came from (an index into the listed flags).
+    fn source(&self) -> usize {
+        match self {
+            Event::App(_) => 0,
+            Event::Mirror(_) => 1,
+            Event::Decision(_) => 2,
+            Event::Cluster(_) => 3,
+            Event::Addon(_) => 4,
+            Event::Work(_) => 5,
+        }
+    }
+
+    /// Whether it ends a full list of its watch.
+    fn ends_list(&self) -> bool {
+        use watcher::Event::InitDone;
+        matches!(
+            self,
+            Event::App(InitDone)
+                | Event::Mirror(InitDone)
+                | Event::Decision(InitDone)
+                | Event::Cluster(InitDone)
+                | Event::Addon(InitDone)
+                | Event::Work(InitDone)
+        )
+    }
+}
+
+/// A transport fed by the watches. Called on the watches' task, one event
+/// at a time: keep it short (queue work, never wait on the API server).
+pub trait Consumer: Send + Sync {
+    /// One event; the caches already show it.
+    fn event(&self, event: &Event);
+    /// Every watch has had its first full list (called once, before the
+    /// caches report synced).
+    fn synced(&self);
+}
+
+/// What to watch beyond what every hub needs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scope {
+    /// The gRPC transport is served: watch the addons (which clusters it
+    /// delivers to) and the autonomous mirrors too.
+    pub grpc: bool,
+}
+
+/// The write sides of the caches, until [`Watches::run`] takes them.
+pub struct Watches {
+    scope: Scope,
+    apps: reflector::store::Writer<CachedApp>,
+    mirrors: reflector::store::Writer<CachedApp>,
+    decisions: reflector::store::Writer<DynamicObject>,
+    clusters: reflector::store::Writer<PartialObjectMeta<ManagedCluster>>,
+    addons: reflector::store::Writer<PartialObjectMeta<ManagedClusterAddOn>>,
+    works: reflector::store::Writer<ManifestWork>,
+    caches: Caches,
+}
+
+impl Watches {
+    pub fn new(scope: Scope) -> Self {
+        let apps = reflector::store::Writer::new(application_resource());
+        let mirrors = reflector::store::Writer::new(application_resource());
+        let decisions = reflector::store::Writer::new(placement_decision_resource());
+        let clusters = reflector::store::Writer::default();
+        let addons = reflector::store::Writer::default();
+        let works = reflector::store::Writer::default();
+        let caches = Caches {
+            apps: apps.as_reader(),
+            mirrors: mirrors.as_reader(),
+            decisions: decisions.as_reader(),
+            clusters: clusters.as_reader(),
+            addons: addons.as_reader(),
+            works: works.as_reader(),
+            written: Default::default(),
+            synced: Default::default(),
+        };
+        Self {
+            scope,
+            apps,
+            mirrors,
+            decisions,
+            clusters,
+            addons,
+            works,
+            caches,
+        }
+    }
+
+    /// The read side, for the transports.
+    pub fn caches(&self) -> Caches {
+        self.caches.clone()
+    }
+
+    /// Watches the hub until `shutdown`, feeding every consumer.
+    pub async fn run(
+        self,
+        client: Client,
+        consumers: Vec<Arc<dyn Consumer>>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let Self {
+            scope,
+            apps,
+            mirrors,
+            decisions,
+            clusters,
+            addons,
+            works,
+            caches,
+        } = self;
+        let ar = application_resource();
+        let pdr = placement_decision_resource();
+        let mut streams: Vec<BoxStream<'static, Result<Event, watcher::Error>>> = vec![
+            watch(
+                apps,
+                Api::<CachedApp>::all_with(client.clone(), &ar),
+                watcher::Config::default().labels(keys::PULL_LABEL),
+                Event::App,
+            ),
+            watch(
+                decisions,
+                Api::<DynamicObject>::all_with(client.clone(), &pdr),
+                watcher::Config::default(),
+                Event::Decision,
+            ),
+            watch(
+                clusters,
+                Api::<PartialObjectMeta<ManagedCluster>>::all(client.clone()),
+                watcher::Config::default(),
+                Event::Cluster,
+            ),
+            watch(
+                works,
+                Api::<ManifestWork>::all(client.clone()),
+                watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
+                Event::Work,
+            ),
+        ];
+        let mut listed = [true; 6];
+        for source in [0, 2, 3, 5] {
+            listed[source] = false;
+        }
+        if scope.grpc {
+            streams.push(watch(
+                mirrors,
+                Api::<CachedApp>::all_with(client.clone(), &ar),
+                watcher::Config::default().labels(keys::MIRROR_OF),
+                Event::Mirror,
+            ));
+            streams.push(watch(
+                addons,
+                Api::<PartialObjectMeta<ManagedClusterAddOn>>::all(client.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={}", keys::ADDON_NAME)),
+                Event::Addon,
+            ));
+            listed[1] = false;
+            listed[4] = false;
+        }
+        let mut events = futures::stream::select_all(streams);
+        tokio::pin!(shutdown);
+        loop {
+            let event = tokio::select! {
+                _ = &mut shutdown => return,
+                e = events.next() => e,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "watch of the hub failed; retrying"),
+                Some(Ok(event)) => {
+                    for c in &consumers {
+                        c.event(&event);
+                    }
+                    if event.ends_list() && !listed[event.source()] {
+                        listed[event.source()] = true;
+                        if listed.iter().all(|l| *l) {
+                            for c in &consumers {
+                                c.synced();
+                            }
+                            tracing::info!("hub caches synced");
+                            caches.synced.send_replace(true);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One watch through its cache, its events wrapped by `wrap`. The caches
+/// never read managedFields, often the largest part of an object.
+fn watch<K>(
+    writer: reflector::store::Writer<K>,
+    api: Api<K>,
+    config: watcher::Config,
+    wrap: fn(watcher::Event<K>) -> Event,
+) -> BoxStream<'static, Result<Event, watcher::Error>>
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+{
+    reflector(
+        writer,
+        watcher::watcher(api, config)
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None),
+    )
+    .map(move |e| e.map(wrap))
+    .boxed()
+}

@@ -1,0 +1,70 @@
+//! What the hub's watch events mean to the ManifestWork controller: the
+//! Applications to reconcile. An Application changing reconciles itself;
+//! the work agent writing feedback on a work, or deleting it, reconciles
+//! the work's Application; a cluster joining (a new generation of its
+//! ManagedCluster) reconciles the Applications that wait for it; a
+//! Placement changing its decisions re-checks its namespace's Applications.
+
+use argocd_pull_apis::argocd::application_resource;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::Event as E;
+
+use super::Context;
+use crate::hub::cached::CachedApp;
+use crate::hub::caches;
+use crate::hub::watches::{Consumer, Event};
+
+impl Consumer for Context {
+    fn event(&self, event: &Event) {
+        match event {
+            Event::App(E::Apply(a) | E::InitApply(a)) => self.trigger(
+                ObjectRef::from_obj_with(a, application_resource()),
+                "application",
+            ),
+            Event::Work(E::Apply(w) | E::InitApply(w) | E::Delete(w)) => {
+                if let Some(owner) = caches::work_owner(w)
+                    && self.caches.apps.get(&owner).is_some()
+                {
+                    self.trigger(owner, "work");
+                }
+            }
+            Event::Cluster(E::Apply(mc) | E::InitApply(mc)) => {
+                let generation = mc.metadata.generation;
+                let seen = self
+                    .cluster_generations
+                    .lock()
+                    .expect("lock")
+                    .insert(mc.name_any(), generation);
+                if seen != Some(generation) || generation.is_none() {
+                    for r in caches::apps_targeting(&self.caches.apps, &mc.name_any()) {
+                        self.trigger(r, "cluster");
+                    }
+                }
+            }
+            Event::Cluster(E::Delete(mc)) => {
+                self.cluster_generations
+                    .lock()
+                    .expect("lock")
+                    .remove(&mc.name_any());
+            }
+            Event::Decision(E::Apply(pd) | E::InitApply(pd) | E::Delete(pd)) => {
+                for r in caches::apps_in(&self.caches.apps, &pd.namespace().unwrap_or_default()) {
+                    self.trigger(r, "placement");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn synced(&self) {}
+}
+
+impl Context {
+    /// Reconciles `app` (soon), recording what asked for it.
+    pub(crate) fn trigger(&self, app: ObjectRef<CachedApp>, why: &'static str) {
+        self.queue.triggered(app.clone(), why);
+        // Closed only when the controller has stopped.
+        let _ = self.triggers.send(app);
+    }
+}
