@@ -85,6 +85,18 @@ impl Caches {
     }
 }
 
+impl crate::route::decide::World for Caches {
+    fn addon_enabled(&self, cluster: &str) -> bool {
+        Caches::addon_enabled(self, cluster)
+    }
+    fn cluster_exists(&self, cluster: &str) -> bool {
+        Caches::cluster_exists(self, cluster)
+    }
+    fn decided_in(&self, ns: &str) -> Vec<String> {
+        Caches::decided_in(self, ns)
+    }
+}
+
 pub enum Lookup {
     /// What the cache holds is at least as new as anything written here.
     Known(Option<Arc<ManifestWork>>),

@@ -12,9 +12,10 @@ use argocd_pull_proto::v1::{ObjectKey, ObjectMeta};
 use kube::ResourceExt;
 
 use crate::render::grpc::grpc_copy;
-use crate::route::authz::Authorization;
-use crate::route::target::{is_pulled, target};
-use crate::route::transport::{Transport, choose};
+pub use crate::route::decide::Facts;
+use crate::route::decide::{Route, decide};
+use crate::route::target::Target;
+use crate::route::transport::Transport;
 use crate::status::Reason;
 
 /// A hub Application, by namespace and name.
@@ -99,52 +100,46 @@ impl Assignment {
     }
 }
 
-/// What the hub knows about the world, from its caches.
-pub struct Facts<'a> {
-    pub grpc_served: bool,
-    pub addon_enabled: &'a dyn Fn(&str) -> bool,
-    pub authorization: &'a Authorization,
-    /// Clusters the PlacementDecisions of a namespace select.
-    pub decided_in: &'a dyn Fn(&str) -> Vec<String>,
-}
-
-/// Decides what the gRPC transport does with `app`.
+/// Decides what the gRPC transport does with `app`, from its one route
+/// ([`decide`]).
 pub fn assign(app: &Application, facts: &Facts) -> Assignment {
-    if !is_pulled(app) {
-        return Assignment::NotOurs { target: None };
-    }
-    let Ok(target) = target(app) else {
-        // The ManifestWork side reports bad annotations for every transport.
-        return Assignment::NotOurs { target: None };
+    let route = decide(app, facts);
+    let slot = |t: &Target| {
+        (
+            t.cluster.clone(),
+            ObjectKey {
+                namespace: t.app_namespace.clone(),
+                name: app.name_any(),
+            },
+        )
     };
-    let key = ObjectKey {
-        namespace: target.app_namespace.clone(),
-        name: app.name_any(),
+    let target = match route {
+        Route::Deliver {
+            transport: Transport::Grpc,
+            target,
+        } => target,
+        Route::Refused {
+            by: Transport::Grpc,
+            target: Some(target),
+            reason,
+            message,
+        } => {
+            let (cluster, key) = slot(&target);
+            return Assignment::Refused {
+                cluster,
+                key,
+                reason,
+                message,
+            };
+        }
+        other => {
+            return Assignment::NotOurs {
+                target: other.target().map(slot),
+            };
+        }
     };
-    let slot = Some((target.cluster.clone(), key.clone()));
-    match choose(
-        app.metadata.annotations.as_ref(),
-        (facts.addon_enabled)(&target.cluster),
-        facts.grpc_served,
-    ) {
-        Ok(Transport::Grpc) => {}
-        _ => return Assignment::NotOurs { target: slot },
-    }
+    let (_, key) = slot(&target);
     let deleting = app.metadata.deletion_timestamp.is_some();
-    let ns = app.namespace().unwrap_or_default();
-    if !deleting
-        && !facts
-            .authorization
-            .allowed_without_placement(&ns, &target.cluster)
-        && !crate::route::authz::selected_by_placement(&target.cluster, &(facts.decided_in)(&ns))
-    {
-        return Assignment::Refused {
-            cluster: target.cluster.clone(),
-            key,
-            reason: Reason::NotAuthorized,
-            message: Authorization::refusal(&ns, &target.cluster),
-        };
-    }
     let copy = grpc_copy(app, &target);
     let json = content::canonical(&copy);
     if let Err(e) = limits::check_object_json(
@@ -189,16 +184,23 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
 mod tests {
     use super::*;
     use crate::fixtures::*;
+    use crate::route::authz::Authorization;
+    use crate::route::decide::tests::Fixed;
     use argocd_pull_apis::keys;
     use serde_json::json;
-    fn facts<'a>(addon: bool, authz: &'a Authorization, decided: &'a [&'a str]) -> Facts<'a> {
-        let addon_enabled: &'a dyn Fn(&str) -> bool = if addon { &|_| true } else { &|_| false };
+
+    fn facts<'a>(
+        addon: bool,
+        authz: &'a Authorization,
+        decided: &'static [&'static str],
+    ) -> Facts<'a> {
         Facts {
             grpc_served: true,
-            addon_enabled,
             authorization: authz,
-            decided_in: Box::leak(Box::new(move |_: &str| {
-                decided.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+            world: Box::leak(Box::new(Fixed {
+                addon,
+                clusters: &["c1"],
+                decided,
             })),
         }
     }

@@ -21,9 +21,9 @@ use crate::hub::caches::Lookup;
 use crate::render::delivered_copy;
 use crate::render::operation::{self, carried_operation};
 use crate::render::work::{applied_on_spoke, is_applied, manifest_work, work_name};
-use crate::route::authz::{Authorization, selected_by_placement};
-use crate::route::target::{Target, is_pulled, target};
-use crate::route::transport::{Transport, TransportError, choose};
+use crate::route::decide::{Facts, Route, decide};
+use crate::route::target::{Target, target};
+use crate::route::transport::Transport;
 use crate::status::Reason;
 use crate::status::condition::{
     OWNED, condition_of, owned_status, set_condition, shows_any_of_ours,
@@ -82,59 +82,47 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     let apps: Api<Application> =
         Api::namespaced_with(ctx.client.clone(), &ns, &application_resource());
 
+    let route = decide(
+        app,
+        &Facts {
+            grpc_served: ctx.grpc.is_some(),
+            authorization: &ctx.authorization,
+            world: &ctx.caches,
+        },
+    );
     if app.metadata.deletion_timestamp.is_some() {
-        if let Ok(t) = target(app)
-            && is_pulled(app)
-            && transport_of(app, &t, ctx) == Ok(Transport::Grpc)
-        {
+        return match route {
             // The gRPC side deletes it on the spoke and releases it.
-            return hand_over_to_grpc(app, &t, ctx).await;
-        }
-        return finalize(app, ctx).await;
+            Route::Deliver {
+                transport: Transport::Grpc,
+                target,
+            } => hand_over_to_grpc(app, &target, ctx).await,
+            _ => finalize(app, ctx).await,
+        };
     }
-    if !is_pulled(app) {
-        return Ok(Action::await_change());
-    }
-    let target = match target(app) {
-        Ok(t) => t,
-        Err(e) => {
-            refuse(app, ctx, Reason::InvalidAnnotation, &e.to_string()).await?;
+    let target = match route {
+        Route::NotPulled => return Ok(Action::await_change()),
+        Route::Deliver {
+            transport: Transport::ManifestWork,
+            target,
+        } => target,
+        // The gRPC transport delivers it or says why not; a work left from
+        // before is handed over.
+        Route::Deliver { target, .. }
+        | Route::Refused {
+            by: Transport::Grpc,
+            target: Some(target),
+            ..
+        } => return hand_over_to_grpc(app, &target, ctx).await,
+        Route::Refused {
+            reason, message, ..
+        } => {
+            // A cluster joining or a PlacementDecision changing triggers a
+            // reconcile (see `super::triggers`).
+            refuse(app, ctx, reason, &message).await?;
             return Ok(Action::await_change());
         }
     };
-    match transport_of(app, &target, ctx) {
-        Ok(Transport::ManifestWork) => {}
-        Ok(Transport::Grpc) => return hand_over_to_grpc(app, &target, ctx).await,
-        Err(e) => {
-            let reason = match e {
-                TransportError::Invalid(_) => Reason::InvalidAnnotation,
-                TransportError::GrpcDisabled => Reason::TransportUnavailable,
-            };
-            refuse(app, ctx, reason, &e.to_string()).await?;
-            return Ok(Action::await_change());
-        }
-    }
-    if !ctx.caches.cluster_exists(&target.cluster) {
-        let msg = format!(
-            "ManagedCluster {:?} does not exist: fix annotation {} or register the cluster with OCM",
-            target.cluster,
-            keys::MANAGED_CLUSTER
-        );
-        refuse(app, ctx, Reason::UnknownCluster, &msg).await?;
-        // The cluster joining triggers a reconcile.
-        return Ok(Action::await_change());
-    }
-    if !authorized(ctx, &ns, &target.cluster) {
-        refuse(
-            app,
-            ctx,
-            Reason::NotAuthorized,
-            &Authorization::refusal(&ns, &target.cluster),
-        )
-        .await?;
-        // A PlacementDecision changing in the namespace triggers a reconcile.
-        return Ok(Action::await_change());
-    }
     let mut work = match manifest_work(app, &target, delivered_copy(app, &target), &ctx.options) {
         Ok(w) => w,
         Err(e) => {
@@ -253,20 +241,6 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     Ok(Action::await_change())
 }
 
-/// The transport of `app` (see [`crate::route::transport`]), from the
-/// hub's caches (synced before any reconcile decides).
-fn transport_of(
-    app: &Application,
-    target: &Target,
-    ctx: &Context,
-) -> Result<Transport, TransportError> {
-    choose(
-        app.metadata.annotations.as_ref(),
-        ctx.caches.addon_enabled(&target.cluster),
-        ctx.grpc.is_some(),
-    )
-}
-
 /// The gRPC transport delivers `app`: a ManifestWork left from before the
 /// switch is deleted with `deleteOption: Orphan` first, so that the work
 /// agent leaves the Application running on the spoke for the spoke-agent
@@ -313,12 +287,6 @@ async fn hand_over_to_grpc(
             "handed over to the gRPC transport; ManifestWork deleted with the Application orphaned on the spoke");
     }
     Ok(Action::await_change())
-}
-
-/// Whether namespace `ns` may deploy to `cluster` (see [`crate::route::authz`]).
-fn authorized(ctx: &Context, ns: &str, cluster: &str) -> bool {
-    ctx.authorization.allowed_without_placement(ns, cluster)
-        || selected_by_placement(cluster, &ctx.caches.decided_in(ns))
 }
 
 /// Records why the Application is not delivered: a condition on it and,

@@ -127,15 +127,12 @@ impl Hub {
     }
 
     fn assign(&self, app: &Application) -> Assignment {
-        let addon_enabled = |c: &str| self.caches.addon_enabled(c);
-        let decided_in = |ns: &str| self.caches.decided_in(ns);
         assign::assign(
             app,
             &Facts {
                 grpc_served: true,
-                addon_enabled: &addon_enabled,
                 authorization: &self.config.authorization,
-                decided_in: &decided_in,
+                world: &self.caches,
             },
         )
     }
