@@ -15,8 +15,9 @@
 use std::borrow::Cow;
 
 use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::ocm::ManifestWork;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, TypeMeta};
-use kube::core::DynamicResourceScope;
+use kube::core::{DynamicResourceScope, NamespaceResourceScope};
 use serde::{Deserialize, Deserializer};
 
 #[derive(Clone, Debug)]
@@ -90,6 +91,84 @@ impl kube::Resource for CachedApp {
     }
 }
 
+/// A ManifestWork as the cache keeps it, the same way: typed metadata and
+/// the rest (the spec with the delivered Application, the status with the
+/// work agent's feedback) as JSON text. Parsed, a work took several times
+/// its JSON (the delivered Application is a tree of small maps); with one
+/// work per Application it was the largest part of the hub's memory.
+#[derive(Clone, Debug)]
+pub struct CachedWork {
+    pub metadata: ObjectMeta,
+    /// Every field but `metadata`, as a JSON object.
+    body: Box<str>,
+}
+
+impl CachedWork {
+    /// The ManifestWork, parsed again.
+    pub fn work(&self) -> ManifestWork {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&self.body).expect("written by `From<ManifestWork>`");
+        v["metadata"] = serde_json::to_value(&self.metadata).expect("metadata serializes");
+        serde_json::from_value(v).expect("was a ManifestWork")
+    }
+}
+
+impl From<ManifestWork> for CachedWork {
+    fn from(mut work: ManifestWork) -> Self {
+        let metadata = std::mem::take(&mut work.metadata);
+        let mut v = serde_json::to_value(&work).expect("a ManifestWork serializes");
+        if let Some(m) = v.as_object_mut() {
+            m.remove("metadata");
+        }
+        Self {
+            metadata: ObjectMeta {
+                managed_fields: None,
+                ..metadata
+            },
+            body: v.to_string().into_boxed_str(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CachedWork {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        ManifestWork::deserialize(d).map(Self::from)
+    }
+}
+
+impl kube::Resource for CachedWork {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        ManifestWork::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        ManifestWork::version(dt)
+    }
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        ManifestWork::kind(dt)
+    }
+
+    fn api_version(dt: &()) -> Cow<'_, str> {
+        ManifestWork::api_version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        ManifestWork::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +193,28 @@ mod tests {
         let got = cached.application();
         assert_eq!(
             serde_json::to_value(&got).unwrap(),
+            serde_json::to_value(&want).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_work_comes_back_whole_without_managed_fields() {
+        let wire = json!({
+            "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": { "name": "team.a", "namespace": "c1", "resourceVersion": "5",
+                "annotations": { "x": "y" },
+                "managedFields": [ { "manager": "m", "operation": "Apply" } ] },
+            "spec": { "workload": { "manifests": [ { "apiVersion": "argoproj.io/v1alpha1",
+                "kind": "Application", "metadata": { "name": "a" }, "spec": { "project": "p" } } ] } },
+            "status": { "conditions": [ { "type": "Applied", "status": "True", "reason": "r",
+                "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z" } ] }
+        });
+        let cached: CachedWork = serde_json::from_value(wire.clone()).unwrap();
+        assert!(cached.metadata.managed_fields.is_none());
+        let mut want: ManifestWork = serde_json::from_value(wire).unwrap();
+        want.metadata.managed_fields = None;
+        assert_eq!(
+            serde_json::to_value(cached.work()).unwrap(),
             serde_json::to_value(&want).unwrap()
         );
     }

@@ -11,6 +11,8 @@ pub use super::written::Written;
 
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{ManagedCluster, ManagedClusterAddOn, ManifestWork, decided_clusters};
+
+use crate::hub::cached::CachedWork;
 use kube::ResourceExt;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -29,7 +31,7 @@ pub struct Caches {
     pub clusters: Store<PartialObjectMeta<ManagedCluster>>,
     /// argocd-pull's ManagedClusterAddOns (only with the gRPC transport).
     pub addons: Store<PartialObjectMeta<ManagedClusterAddOn>>,
-    pub works: Store<ManifestWork>,
+    pub works: Store<CachedWork>,
     /// Works this process wrote and the cache has not shown yet (read
     /// live until it does: deciding from the older copy would lose an
     /// operation handed over a moment ago).
@@ -80,7 +82,7 @@ impl Caches {
         if self.written.behind_key(&key, cached_rv.as_deref()) {
             Lookup::Stale
         } else {
-            Lookup::Known(cached)
+            Lookup::Known(cached.map(|w| Box::new(w.work())))
         }
     }
 }
@@ -99,13 +101,13 @@ impl crate::route::decide::World for Caches {
 
 pub enum Lookup {
     /// What the cache holds is at least as new as anything written here.
-    Known(Option<Arc<ManifestWork>>),
+    Known(Option<Box<ManifestWork>>),
     /// The cache lags behind a write of this process.
     Stale,
 }
 
 /// The hub Application a work delivers, from its back-pointer annotations.
-pub fn work_owner(work: &ManifestWork) -> Option<ObjectRef<CachedApp>> {
+pub fn work_owner(work: &impl kube::Resource) -> Option<ObjectRef<CachedApp>> {
     let a = work.annotations();
     match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
         (Some(ns), Some(name)) => Some(
@@ -261,24 +263,24 @@ mod tests {
 
     #[test]
     fn a_work_written_here_is_read_live_until_the_cache_shows_it() {
-        let (reader, mut writer) = store::store::<ManifestWork>();
+        let (reader, mut writer) = store::store::<CachedWork>();
         let caches = Caches {
             works: reader,
             ..crate::hub::watches::Watches::new(Default::default()).caches()
         };
-        writer.apply_watcher_event(&Event::Apply(work("1")));
+        writer.apply_watcher_event(&Event::Apply(CachedWork::from(work("1"))));
         assert!(matches!(
             caches.work("c1", "ns.app"),
             Lookup::Known(Some(_))
         ));
         caches.written.record(&work("2").metadata);
         assert!(matches!(caches.work("c1", "ns.app"), Lookup::Stale));
-        writer.apply_watcher_event(&Event::Apply(work("2")));
+        writer.apply_watcher_event(&Event::Apply(CachedWork::from(work("2"))));
         assert!(
             matches!(caches.work("c1", "ns.app"), Lookup::Known(Some(w)) if w.resource_version().as_deref() == Some("2"))
         );
         // Caught up: the record is gone, later cache versions are trusted.
-        writer.apply_watcher_event(&Event::Apply(work("3")));
+        writer.apply_watcher_event(&Event::Apply(CachedWork::from(work("3"))));
         assert!(
             matches!(caches.work("c1", "ns.app"), Lookup::Known(Some(w)) if w.resource_version().as_deref() == Some("3"))
         );
@@ -286,7 +288,7 @@ mod tests {
         // (the work agent wrote status right after us).
         caches.written.record(&work("5").metadata);
         assert!(matches!(caches.work("c1", "ns.app"), Lookup::Stale));
-        writer.apply_watcher_event(&Event::Apply(work("6")));
+        writer.apply_watcher_event(&Event::Apply(CachedWork::from(work("6"))));
         assert!(matches!(
             caches.work("c1", "ns.app"),
             Lookup::Known(Some(_))

@@ -13,9 +13,7 @@ use std::sync::Arc;
 
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{
-    ManagedCluster, ManagedClusterAddOn, ManifestWork, placement_decision_resource,
-};
+use argocd_pull_apis::ocm::{ManagedCluster, ManagedClusterAddOn, placement_decision_resource};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use kube::Client;
@@ -23,7 +21,7 @@ use kube::api::{Api, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::cached::CachedApp;
+use super::cached::{CachedApp, CachedWork};
 use super::caches::Caches;
 use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -35,7 +33,7 @@ pub enum Event {
     Decision(watcher::Event<DynamicObject>),
     Cluster(watcher::Event<PartialObjectMeta<ManagedCluster>>),
     Addon(watcher::Event<PartialObjectMeta<ManagedClusterAddOn>>),
-    Work(watcher::Event<ManifestWork>),
+    Work(watcher::Event<CachedWork>),
 }
 
 impl Event {
@@ -92,7 +90,7 @@ pub struct Watches {
     decisions: reflector::store::Writer<DynamicObject>,
     clusters: reflector::store::Writer<PartialObjectMeta<ManagedCluster>>,
     addons: reflector::store::Writer<PartialObjectMeta<ManagedClusterAddOn>>,
-    works: reflector::store::Writer<ManifestWork>,
+    works: reflector::store::Writer<CachedWork>,
     caches: Caches,
 }
 
@@ -171,7 +169,7 @@ impl Watches {
             ),
             watch(
                 works,
-                Api::<ManifestWork>::all(client.clone()),
+                Api::<CachedWork>::all(client.clone()),
                 watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
                 Event::Work,
             ),

@@ -133,7 +133,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     let work_name = work.name_any();
     let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
     let existing = match ctx.caches.work(&target.cluster, &work_name) {
-        Lookup::Known(w) => w.map(Arc::unwrap_or_clone),
+        Lookup::Known(w) => w.map(|w| *w),
         Lookup::Stale => works.get_opt(&work_name).await?,
     };
     if let Some(existing) = &existing {
@@ -253,7 +253,7 @@ async fn hand_over_to_grpc(
     let name = work_name(&app.namespace().unwrap_or_default(), &app.name_any());
     let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
     let existing = match ctx.caches.work(&target.cluster, &name) {
-        Lookup::Known(w) => w.map(Arc::unwrap_or_clone),
+        Lookup::Known(w) => w.map(|w| *w),
         Lookup::Stale => works.get_opt(&name).await?,
     };
     let Some(work) = existing else {
