@@ -101,7 +101,7 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
     kubelets[1]
         .shows("cluster2's agent Deployment removed by OCM", |s| !s.running)
         .await;
-    hub.fell_back_to_manifest_work("cluster2", &spoke_uids[1])
+    hub.fell_back_to_manifest_work(&team, "cluster2", &spoke_uids[1])
         .await;
     // cluster1 is untouched.
     assert!(kubelets[0].now().connected);

@@ -227,6 +227,19 @@ async fn placements_install_certificate_refusals_and_uninstall() {
         .remove("ca.crt")
         .unwrap_or_default();
     let address = format!("https://{}", hub.grpc);
+    let sent_to_cluster2 = || async {
+        let mut sent = Vec::new();
+        for kind in ["upsert", "delete", "operation"] {
+            sent.push(
+                hub.series(&format!(
+                    "argocd_pull_hub_grpc_messages_total{{cluster=\"cluster2\",direction=\"out\",kind=\"{kind}\"}}"
+                ))
+                .await,
+            );
+        }
+        sent
+    };
+    let sent_before = sent_to_cluster2().await;
     let (tx, mut inbound, welcome) = open(&address, &hub_ca, &cluster1, hello(1, 1))
         .await
         .expect("cluster1's OCM-issued certificate is accepted");
@@ -305,8 +318,16 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     hub_app_shows(&hub_apps, "guestbook-cluster1", "Degraded").await;
     drop((tx, inbound));
     // cluster2's Application: untouched on the hub and on cluster2, still
-    // served by cluster2's agent.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // served by cluster2's agent. Checked once a status change from
+    // cluster2 has come all the way to the hub after the forgeries: the hub
+    // has sent cluster2's agent nothing that changes it meanwhile.
+    hub.revision_reaches_hub(&team, "cluster2", "after-the-forgeries")
+        .await;
+    assert_eq!(
+        sent_to_cluster2().await,
+        sent_before,
+        "(upserts, deletes, operations) the hub sent cluster2's agent"
+    );
     let hub2 = hub_apps.get("guestbook-cluster2").await.unwrap();
     assert_eq!(hub2.data["status"]["health"]["status"], "Healthy");
     let spoke2 = apps_api(&fleet.cluster("cluster2").client().await.unwrap(), SPOKE_NS);
@@ -407,8 +428,27 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     )
     .await;
     assert!(said.contains(&agent_subject("cluster1")), "{said}");
-    // Past its longest reconnect delay (2 s), it still has not dialled.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // It keeps trying, and each time refuses to dial with it: three
+    // attempts (two reconnects, each after a delay of up to 2 s), every one
+    // ended by the expiry, none reaching the hub.
+    wait::until(
+        "the agent's third attempt, refused for the expiry",
+        TIMEOUT,
+        || async {
+            let expired = logs
+                .matching(&["no connection to the hub", "cluster=cluster1", "expired at"])
+                .len();
+            let reconnects = stale.metrics.reconnects.get();
+            if reconnects >= 2 && expired >= 3 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{reconnects} reconnects, {expired} logged expiries"
+                ))
+            }
+        },
+    )
+    .await;
     assert!(!stale.connected());
     stale.stop().await;
     assert_eq!(refusals(), refused_before, "{}", hub.hub_log());
@@ -437,7 +477,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
             keys::ADDON_NAME,
         )
         .await;
-        hub.fell_back_to_manifest_work(cluster, &spoke_uids[i])
+        hub.fell_back_to_manifest_work(&team, cluster, &spoke_uids[i])
             .await;
         // The agent's namespace and RBAC go with the deploy work; the Argo
         // CD namespace and its Applications stay.
@@ -453,9 +493,10 @@ async fn placements_install_certificate_refusals_and_uninstall() {
         }
     }
     // Nothing of the addon is left on the hub, and the hub-controller,
-    // which keeps checking its certificates, does not bring the
-    // AddOnDeploymentConfig back.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // which keeps checking its certificates (and setting HUB_CA on every
+    // AddOnDeploymentConfig it lists), does not bring the
+    // AddOnDeploymentConfig back: checked after two more of its passes
+    // have listed them, so that one ran whole after the deletion.
     let hub_ns = argocd_pull_addon::HUB_NAMESPACE;
     gone(
         Api::<ClusterManagementAddOn>::all(client.clone()),
@@ -463,11 +504,50 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     )
     .await;
     gone(Api::<AddOnTemplate>::all(client.clone()), keys::ADDON_NAME).await;
-    gone(
-        Api::<AddOnDeploymentConfig>::namespaced(client.clone(), hub_ns),
-        argocd_pull_addon::DEPLOYMENT_CONFIG,
+    let configs = Api::<AddOnDeploymentConfig>::namespaced(client.clone(), hub_ns);
+    gone(configs.clone(), argocd_pull_addon::DEPLOYMENT_CONFIG).await;
+    const LISTS: &str = "argocd_pull_hub_api_requests_total{verb=\"list\",resource=\"addondeploymentconfigs\",code=\"200\"}";
+    let writes = || async {
+        let mut n = 0.0;
+        for verb in ["create", "update", "patch"] {
+            for code in ["200", "201"] {
+                n += hub
+                    .series(&format!(
+                        "argocd_pull_hub_api_requests_total{{verb=\"{verb}\",resource=\"addondeploymentconfigs\",code=\"{code}\"}}"
+                    ))
+                    .await;
+            }
+        }
+        n
+    };
+    let (lists_before, writes_before) = (hub.series(LISTS).await, writes().await);
+    wait::until(
+        "two more certificate passes listing the AddOnDeploymentConfigs",
+        TIMEOUT,
+        || async {
+            let lists = hub.series(LISTS).await;
+            if lists >= lists_before + 2.0 {
+                Ok(())
+            } else {
+                Err(format!("{lists} lists, {lists_before} before"))
+            }
+        },
     )
     .await;
+    assert_eq!(
+        writes().await,
+        writes_before,
+        "the hub-controller wrote an AddOnDeploymentConfig after the uninstall"
+    );
+    let left: Vec<String> = configs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert!(left.is_empty(), "AddOnDeploymentConfigs back: {left:?}");
     // Status still comes back, now through the work agent's feedback.
     for cluster in CLUSTERS {
         hub.status_reaches_hub(&team, cluster, "Suspended").await;

@@ -13,8 +13,10 @@ use std::time::Duration;
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
+use argocd_pull_hub_controller::render::work::applied_on_spoke;
 use argocd_pull_hub_controller::status::CONDITION;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use serde_json::json;
@@ -22,7 +24,7 @@ use testenv::ocm::{Fleet, JoinOptions};
 use testenv::{Cluster, wait};
 
 mod common;
-use common::{Binary, app, apps_api};
+use common::{Binary, app, apps_api, writes_until};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// Where the spoke's Argo CD keeps its Applications.
@@ -213,7 +215,7 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
         "conditions": [{ "type": "SyncError", "message": "one warning",
                          "lastTransitionTime": "2026-11-21T10:00:05Z" }]
     });
-    spoke
+    let operation_cleared = spoke
         .patch(
             &app_name,
             &PatchParams {
@@ -320,16 +322,37 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
     }
 
     // The operation has been handed over: it leaves the work, and the work
-    // agent never puts it back on the spoke (ignoreFields OnSpokeChange).
+    // agent never puts it back on the spoke (ignoreFields OnSpokeChange):
+    // once it has applied the work without it, no version the spoke's
+    // Application went through since Argo CD cleared it has it.
     let work_name = setup.work_name(&app_name);
-    wait::until("the operation to leave the work", TIMEOUT, || async {
-        let w = works.get(&work_name).await.map_err(|e| e.to_string())?;
-        let manifest = &w.spec.workload.unwrap().manifests.unwrap()[0];
-        match manifest.get("operation") {
-            None => Ok(()),
-            Some(op) => Err(op.to_string()),
-        }
-    })
+    wait::until(
+        "the work without the operation, applied by the work agent",
+        TIMEOUT,
+        || async {
+            let w = works.get(&work_name).await.map_err(|e| e.to_string())?;
+            let manifest = &w
+                .spec
+                .workload
+                .as_ref()
+                .unwrap()
+                .manifests
+                .as_ref()
+                .unwrap()[0];
+            if let Some(op) = manifest.get("operation") {
+                return Err(op.to_string());
+            }
+            if applied_on_spoke(&w) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "generation {:?} not applied yet: {:?}",
+                    w.metadata.generation,
+                    w.status.and_then(|s| s.conditions)
+                ))
+            }
+        },
+    )
     .await;
     assert!(
         apps.get(&app_name)
@@ -339,13 +362,31 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
             .get("operation")
             .is_none()
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let on_spoke = spoke.get(&app_name).await.unwrap();
-    assert!(
-        on_spoke.data.get("operation").is_none(),
-        "{name}: {:?}",
-        on_spoke.data
+    let (from, now) = (
+        operation_cleared.resource_version().unwrap(),
+        on_spoke.resource_version().unwrap(),
     );
+    let since = if from == now {
+        vec![]
+    } else {
+        writes_until(
+            &spoke,
+            &app_name,
+            &from,
+            TIMEOUT,
+            "the spoke's writes",
+            |a| a.resource_version().as_deref() == Some(&now),
+        )
+        .await
+    };
+    for version in since.iter().chain([&on_spoke]) {
+        assert!(
+            version.data.get("operation").is_none(),
+            "{name}: the operation came back on the spoke: {:?}",
+            version.data
+        );
+    }
     assert_eq!(on_spoke.data["status"]["health"]["status"], "Healthy");
 
     // A change on the hub reaches the spoke through the work agent, which
@@ -370,26 +411,109 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
     let hub_copy = apps.get(&app_name).await.unwrap();
     assert_eq!(hub_copy.data["status"]["health"]["status"], "Healthy");
 
-    // Converged: neither side keeps writing, past the work agent's 10 s
-    // status resync. (Once our own last writes have settled.)
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let versions = || async {
-        let work = works.get(&work_name).await.unwrap().metadata;
-        let hub_rv = apps.get(&app_name).await.unwrap().metadata.resource_version;
-        let spoke_rv = spoke
+    // Converged: a status change on the spoke comes back to the hub copy
+    // and sets off nothing else: the work is not rewritten, nobody writes
+    // the spoke's Application, the hub copy is written once. Two changes in
+    // a row, each the proof that the whole way back (the work agent's
+    // feedback, the hub-controller) has handled what came before it.
+    let settled = wait::until(
+        &format!("the new revision applied by {name}'s work agent"),
+        TIMEOUT,
+        || async {
+            let w = works.get(&work_name).await.map_err(|e| e.to_string())?;
+            if applied_on_spoke(&w) {
+                Ok(w)
+            } else {
+                Err(format!("{:?}", w.status.and_then(|s| s.conditions)))
+            }
+        },
+    )
+    .await;
+    let hub_from = apps
+        .get(&app_name)
+        .await
+        .unwrap()
+        .resource_version()
+        .unwrap();
+    // The spoke's Argo CD reports new revisions, each write conditional on
+    // the version it last saw: a Conflict is someone else's write.
+    let report = |revision: &'static str, version: String| {
+        let (spoke, app_name) = (spoke.clone(), app_name.clone());
+        async move {
+            let written = spoke
+                .patch(
+                    &app_name,
+                    &PatchParams {
+                        field_manager: Some(ARGOCD.into()),
+                        ..Default::default()
+                    },
+                    &Patch::Merge(json!({
+                        "metadata": { "resourceVersion": version },
+                        "status": { "sync": { "revision": revision } },
+                    })),
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{app_name} on the spoke was written since version {version}, \
+                         by nobody the test plays: {e}"
+                    )
+                });
+            written.resource_version().unwrap()
+        }
+    };
+    let shows = |revision: &'static str| {
+        move |a: &Application| a.data.pointer("/status/sync/revision") == Some(&json!(revision))
+    };
+    let first = report("def456", updated.resource_version().unwrap()).await;
+    let arrived = writes_until(
+        &apps,
+        &app_name,
+        &hub_from,
+        TIMEOUT,
+        "the first new revision on the hub copy",
+        shows("def456"),
+    )
+    .await;
+    let arrived = arrived.last().unwrap().resource_version().unwrap();
+    let second = report("fed789", first).await;
+    let writes = writes_until(
+        &apps,
+        &app_name,
+        &arrived,
+        TIMEOUT,
+        "the second new revision on the hub copy",
+        shows("fed789"),
+    )
+    .await;
+    assert_eq!(
+        writes.len(),
+        1,
+        "{name}: the hub copy was written again between two status changes: {writes:#?}"
+    );
+    let work = works.get(&work_name).await.unwrap();
+    assert_eq!(
+        (
+            work.metadata.generation,
+            &work.metadata.labels,
+            &work.metadata.annotations
+        ),
+        (
+            settled.metadata.generation,
+            &settled.metadata.labels,
+            &settled.metadata.annotations
+        ),
+        "{name}: the work was rewritten for a status change"
+    );
+    assert_eq!(
+        spoke
             .get(&app_name)
             .await
             .unwrap()
-            .metadata
-            .resource_version;
-        (work.generation, work.resource_version, hub_rv, spoke_rv)
-    };
-    let before = versions().await;
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    assert_eq!(
-        versions().await,
-        before,
-        "{name}: (work generation, work, hub copy, spoke copy) versions"
+            .resource_version()
+            .unwrap(),
+        second,
+        "{name}: {app_name} on the spoke was written after the spoke's Argo CD"
     );
 
     // Deleting the hub Application deletes the spoke's through the work

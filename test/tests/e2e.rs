@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use testenv::stack::{Stack, StackOptions};
@@ -292,9 +293,14 @@ async fn the_pull_model_end_to_end() {
     }
 
     // Progressive sync: RollingSync syncs cluster1, and cluster2 only after
-    // cluster1's Application is reported Healthy on the hub. Watched as it
-    // happens: the first moment cluster2's Argo CD has a sync, cluster1's
-    // must have synced and its hub copy must show Healthy.
+    // cluster1's Application is reported Healthy on the hub. Compared in
+    // the records' own times once the rollout is done: every sync cluster2's
+    // Argo CD ran started no earlier than the moment the ApplicationSet
+    // recorded cluster1 Healthy, and cluster1's had started by then (not
+    // finished: Argo CD counts an Application Synced and Healthy as soon
+    // as its status says so, possibly before the operation has wound up).
+    // The times have whole seconds, so a sync started in that same second
+    // passes.
     stack
         .apply(&example("progressive-sync/applicationset.yaml"))
         .await
@@ -305,62 +311,83 @@ async fn the_pull_model_end_to_end() {
             && at(a, "/status/health/status") == "Healthy"
             && at(a, "/status/sync/revision") == new_head
     };
-    let deadline = Instant::now() + TIMEOUT;
-    let mut checked = false;
-    loop {
-        let second = get(&spokes[1].1, rollout2).await.unwrap_or_default();
-        if !checked && !at(&second, "/status/operationState/startedAt").is_empty() {
-            let first_hub = get(&hub, rollout1).await.unwrap();
-            let first_spoke = get(&spokes[0].1, rollout1).await.unwrap();
-            assert!(
-                at(&first_hub, "/status/health/status") == "Healthy"
-                    && !at(&first_spoke, "/status/operationState/startedAt").is_empty(),
-                "cluster2 started syncing while cluster1 was not reported Healthy: hub {} / spoke {}",
-                first_hub["status"],
-                first_spoke["status"]["operationState"]
-            );
-            checked = true;
-        }
-        let (h1, h2) = (
-            get(&hub, rollout1).await.unwrap_or_default(),
-            get(&hub, rollout2).await.unwrap_or_default(),
-        );
-        if checked && done(&h1) && done(&h2) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the rollout did not finish within {TIMEOUT:?}: {} / {}\n{}",
-            h1["status"],
-            h2["status"],
-            stack.log_tails(40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     let rollout = Api::<DynamicObject>::namespaced_with(
         hub_client.clone(),
         NS,
         &argocd::applicationset_resource(),
     );
-    let set = rollout.get("guestbook-rollout").await.unwrap();
-    let steps: Vec<(String, String)> = set.data["status"]["applicationStatus"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| {
-            (
-                s["application"].as_str().unwrap_or("").to_string(),
-                s["step"].as_str().unwrap_or("").to_string(),
-            )
-        })
+    let steps = eventually(
+        &stack,
+        "the rollout done, on the hub copies and in the ApplicationSet",
+        || async {
+            let (h1, h2) = (get(&hub, rollout1).await?, get(&hub, rollout2).await?);
+            if !(done(&h1) && done(&h2)) {
+                return Err(format!("{} / {}", h1["status"], h2["status"]));
+            }
+            let set = rollout
+                .get("guestbook-rollout")
+                .await
+                .map_err(|e| e.to_string())?;
+            let steps = set.data["status"]["applicationStatus"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if steps.len() == 2 && steps.iter().all(|s| s["status"] == "Healthy") {
+                Ok(steps)
+            } else {
+                Err(format!("{steps:?}"))
+            }
+        },
+    )
+    .await;
+    let order: Vec<(&str, &str)> = steps
+        .iter()
+        .map(|s| (at(s, "/application"), at(s, "/step")))
         .collect();
     assert_eq!(
-        steps,
-        [
-            ("guestbook-rollout-cluster1".to_string(), "1".to_string()),
-            ("guestbook-rollout-cluster2".to_string(), "2".to_string()),
-        ],
+        order,
+        [(rollout1, "1"), (rollout2, "2")],
         "the ApplicationSet's own account of the steps"
+    );
+    let time = |v: &Value, pointer: &str| -> Time {
+        serde_json::from_value(v.pointer(pointer).cloned().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{pointer} of {v}: {e}"))
+    };
+    let healthy1 = time(&steps[0], "/lastTransitionTime");
+    let (spoke1, spoke2) = (
+        get(&spokes[0].1, rollout1).await.unwrap(),
+        get(&spokes[1].1, rollout2).await.unwrap(),
+    );
+    let history = |a: &Value| {
+        a["status"]["history"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (synced1, synced2) = (history(&spoke1), history(&spoke2));
+    assert!(
+        !synced1.is_empty() && !synced2.is_empty(),
+        "a sync on each cluster: {synced1:?} / {synced2:?}"
+    );
+    for sync in &synced1 {
+        assert!(
+            time(sync, "/deployStartedAt") <= healthy1,
+            "cluster1 was seen Healthy at {healthy1:?}, before its sync started: {sync}"
+        );
+    }
+    for sync in &synced2 {
+        assert!(
+            time(sync, "/deployStartedAt") >= healthy1,
+            "cluster2's sync started before the ApplicationSet saw cluster1 Healthy at {healthy1:?}: {sync}"
+        );
+    }
+    // The hub copy shows the start of the sync cluster2 really ran.
+    assert_eq!(
+        at(
+            &get(&hub, rollout2).await.unwrap(),
+            "/status/operationState/startedAt"
+        ),
+        at(&spoke2, "/status/operationState/startedAt")
     );
 
     // Deleting the ApplicationSets removes everything on the spokes: the

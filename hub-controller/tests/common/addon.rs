@@ -512,6 +512,17 @@ impl AddonHub {
             .unwrap_or_default()
     }
 
+    /// The value of one series of the hub-controller's metrics (its name
+    /// and labels as exposed, e.g. `foo_total{a="b"}`); 0 if it has none.
+    pub async fn series(&self, series: &str) -> f64 {
+        let metrics = self.metrics().await;
+        assert!(!metrics.is_empty(), "the hub-controller serves no metrics");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Waits until the hub-controller's metric says whether `cluster`'s
     /// agent is connected.
     pub async fn hub_sees_connected(&self, cluster: &str, connected: bool) {
@@ -682,11 +693,45 @@ impl AddonHub {
         hub_app_shows(&apps_api(&self.client, team), &name, health).await;
     }
 
-    /// Waits until `cluster`'s Application `guestbook-<cluster>` travels in
-    /// a ManifestWork the real work agent applied, with the deploy work
-    /// gone, and checks the hand-over did not delete and recreate the
-    /// spoke's Application (whose uid was `uid`).
-    pub async fn fell_back_to_manifest_work(&self, cluster: &str, uid: &str) {
+    /// The spoke's Argo CD reports `guestbook-<cluster>` at sync revision
+    /// `revision`; waits until the hub copy in `team` shows it: the way
+    /// back from the cluster, whichever the transport, has handled
+    /// everything that came before.
+    pub async fn revision_reaches_hub(&self, team: &str, cluster: &str, revision: &str) {
+        let name = format!("guestbook-{cluster}");
+        let spoke = apps_api(
+            &self.fleet.cluster(cluster).client().await.unwrap(),
+            SPOKE_NS,
+        );
+        spoke
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": { "sync": { "revision": revision } } })),
+            )
+            .await
+            .unwrap();
+        let hub_apps = apps_api(&self.client, team);
+        wait::until(
+            &format!("{name}'s revision {revision} on the hub"),
+            TIMEOUT,
+            || async {
+                let a = hub_apps.get(&name).await.map_err(|e| e.to_string())?;
+                if a.data["status"]["sync"]["revision"] == revision {
+                    Ok(())
+                } else {
+                    Err(a.data["status"].to_string())
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Waits until `cluster`'s Application `guestbook-<cluster>` (in hub
+    /// namespace `team`) travels in a ManifestWork the real work agent
+    /// applied, with the deploy work gone, and checks the hand-over did not
+    /// delete and recreate the spoke's Application (whose uid was `uid`).
+    pub async fn fell_back_to_manifest_work(&self, team: &str, cluster: &str, uid: &str) {
         let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), cluster);
         let deploy_work = deploy_work();
         wait::until(
@@ -719,17 +764,56 @@ impl AddonHub {
             },
         )
         .await;
-        let spoke = apps_api(
-            &self.fleet.cluster(cluster).client().await.unwrap(),
-            SPOKE_NS,
+        // What could delete the spoke's Application has had its chance:
+        // the work agent has finished removing the deploy work from the
+        // spoke (its AppliedManifestWork is gone), and a status change has
+        // come back through the new work to the hub copy.
+        let spoke_client = self.fleet.cluster(cluster).client().await.unwrap();
+        let applied_works: Api<kube::api::DynamicObject> = Api::all_with(
+            spoke_client.clone(),
+            &kube::discovery::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk(
+                    "work.open-cluster-management.io",
+                    "v1",
+                    "AppliedManifestWork",
+                ),
+                "appliedmanifestworks",
+            ),
         );
-        // Give a wrong deletion time to happen, then check it did not.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let still = spoke.get(&format!("guestbook-{cluster}")).await.unwrap();
+        wait::until(
+            &format!("the deploy work removed from {cluster} by its work agent"),
+            TIMEOUT,
+            || async {
+                let names: Vec<String> = applied_works
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .filter_map(|w| w.metadata.name)
+                    .collect();
+                if names.iter().any(|n| n.ends_with(&deploy_work)) {
+                    Err(format!("{names:?}"))
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await;
+        self.revision_reaches_hub(team, cluster, "handed-over")
+            .await;
+        let still = apps_api(&spoke_client, SPOKE_NS)
+            .get(&format!("guestbook-{cluster}"))
+            .await
+            .unwrap();
         assert_eq!(
             still.metadata.uid.as_deref(),
             Some(uid),
             "{cluster}'s Application was deleted and recreated in the hand-over"
+        );
+        assert!(
+            still.metadata.deletion_timestamp.is_none(),
+            "{cluster}'s Application is being deleted after the hand-over"
         );
     }
 }

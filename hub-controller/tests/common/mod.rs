@@ -185,3 +185,55 @@ pub async fn run_controller(
     synced_rx.await.expect("the Application cache syncs");
     (ctx, stop)
 }
+
+/// Every version object `name` went through after resourceVersion `from`,
+/// read from a watch (so no write in between is missed), up to and
+/// including the first one that satisfies `until`; fails after `timeout`
+/// with `what` and the versions seen, or if the object is deleted.
+pub async fn writes_until<K>(
+    api: &Api<K>,
+    name: &str,
+    from: &str,
+    timeout: std::time::Duration,
+    what: &str,
+    until: impl Fn(&K) -> bool,
+) -> Vec<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::TryStreamExt;
+    use kube::ResourceExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let params = WatchParams::default().fields(&format!("metadata.name={name}"));
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut seen: Vec<K> = Vec::new();
+    let mut version = from.to_string();
+    loop {
+        let stream = api.watch(&params, &version).await.unwrap();
+        futures::pin_mut!(stream);
+        // The API server ends a watch after a while: go on from the last version.
+        while let Some(event) = tokio::time::timeout_at(deadline, stream.try_next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; versions since {from}: {seen:#?}"
+                )
+            })
+            .unwrap()
+        {
+            match event {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                    version = o.resource_version().unwrap_or_default();
+                    let done = until(&o);
+                    seen.push(o);
+                    if done {
+                        return seen;
+                    }
+                }
+                WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
+                WatchEvent::Deleted(o) => panic!("{name} deleted while waiting for {what}: {o:?}"),
+                WatchEvent::Error(e) => panic!("watching {name} for {what}: {e:?}"),
+            }
+        }
+    }
+}
