@@ -378,9 +378,10 @@ async fn placements_install_certificate_refusals_and_uninstall() {
         },
     )
     .await;
+    // Counted without the name: the handshake verified nothing.
     assert!(
         hub.metrics().await.lines().any(|l| l.starts_with(
-            "argocd_pull_hub_grpc_refused_total{cluster=\"cluster1\",reason=\"certificate-expired\"}"
+            "argocd_pull_hub_grpc_refused_total{cluster=\"unverified\",reason=\"certificate-expired\"}"
         )),
         "no expired refusal counted"
     );

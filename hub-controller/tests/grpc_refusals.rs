@@ -171,10 +171,16 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
         "{log}"
     );
     let metrics = env.hub_process.as_ref().unwrap().metrics().await;
+    // Nothing vouches for the name in a refused certificate: no series of
+    // its own, whatever it claims.
+    assert!(
+        !metrics.contains("refused_total{cluster=\"cluster1\""),
+        "{metrics}"
+    );
     for (cluster, reason) in [
-        ("cluster1", "certificate-expired"),
-        ("cluster1", "certificate-invalid"),
-        ("", "unknown-identity"),
+        ("unverified", "certificate-expired"),
+        ("unverified", "certificate-invalid"),
+        ("unverified", "unknown-identity"),
         ("cluster2", "protocol-version"),
         ("cluster2", "not-this-agents"),
         ("cluster2", "oversized"),

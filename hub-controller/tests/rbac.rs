@@ -72,10 +72,33 @@ async fn the_deployed_rbac_is_enough_and_no_more() {
             "managedclusters.cluster.open-cluster-management.io",
         ],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
+        // The deny list is the only ConfigMap it reads, and it never writes it.
+        &["list", "configmaps", "-n", "argocd-pull"],
+        &["get", "configmaps/kube-root-ca.crt", "-n", "argocd-pull"],
+        &[
+            "update",
+            "configmaps/argocd-pull-denied-certificates",
+            "-n",
+            "argocd-pull",
+        ],
     ] {
         assert!(!can_i(&sa, denied), "the service account may {denied:?}");
     }
     assert!(can_i(&sa, &["patch", "secrets", "-n", "argocd"]));
+    for verb in ["get", "list", "watch"] {
+        assert!(
+            can_i(
+                &sa,
+                &[
+                    verb,
+                    "configmaps/argocd-pull-denied-certificates",
+                    "-n",
+                    "argocd-pull"
+                ]
+            ),
+            "{verb} of the deny list"
+        );
+    }
 
     managed_cluster(&hub, "cluster1").await;
     let ns = hub.namespace("team").await.unwrap();

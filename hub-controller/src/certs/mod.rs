@@ -174,12 +174,16 @@ impl Keeper {
                 s
             }
         };
-        write_if_changed(
-            &self.config.files.cert,
-            &(serving.cert_pem.clone() + &serving_ca.issued.cert_pem),
-        )?;
-        write_if_changed(&self.config.files.key, &serving.key_pem)?;
-        write_if_changed(&self.config.files.client_ca, &signing.bundle)?;
+        // Both halves of the pair land together (the server also checks
+        // that what it reads is a pair, and keeps the old one if not).
+        write_together(&[
+            (&self.config.files.key, &serving.key_pem),
+            (
+                &self.config.files.cert,
+                &(serving.cert_pem.clone() + &serving_ca.issued.cert_pem),
+            ),
+        ])?;
+        write_together(&[(&self.config.files.client_ca, &signing.bundle)])?;
         self.serving = Some((serving, serving_ca.issued.cert_pem.clone()));
         self.publish_hub_ca(&serving_ca.issued.cert_pem).await
     }
@@ -320,34 +324,62 @@ fn needs_new_serving(serving: &Issued, issuer: &str, ca: &str, now: SystemTime) 
     issuer != ca || pki::validity(&serving.cert_pem).is_none_or(|v| v.due(now))
 }
 
-/// Writes `content` to `path` (through a temporary file and a rename, so a
-/// reader never sees half of it) unless it is there already.
-fn write_if_changed(path: &Path, content: &str) -> anyhow::Result<()> {
-    if std::fs::read(path).is_ok_and(|c| c == content.as_bytes()) {
-        return Ok(());
+/// Writes each `(path, content)` whose file differs: every content to a
+/// temporary file next to its path first (owner-only, synced), then the
+/// renames one after the other, so that a reader never sees half a file
+/// and the window in which one file is new and the other old is two
+/// renames wide (the gRPC server refuses such a pair and keeps its own).
+fn write_together(files: &[(&Path, &str)]) -> anyhow::Result<()> {
+    let changed: Vec<(&Path, &str)> = files
+        .iter()
+        .filter(|(path, content)| !std::fs::read(path).is_ok_and(|c| c == content.as_bytes()))
+        .copied()
+        .collect();
+    let mut staged = Vec::new();
+    for (path, content) in &changed {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = temporary(path);
+        stage(&tmp, content).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
+        staged.push((tmp, *path));
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    for (tmp, path) in &staged {
+        std::fs::rename(tmp, path)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     }
-    let tmp: PathBuf = path.with_extension("tmp");
-    // Owner-only from the start: a key must never be readable by others,
-    // not even for a moment.
-    let write = || -> std::io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(content.as_bytes())?;
-        f.sync_all()
-    };
-    write().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    for (_, path) in &staged {
+        // The renames survive a crash too.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        }
+    }
     Ok(())
+}
+
+/// `tls.key` -> `.tls.key.tmp`: one temporary file per target.
+fn temporary(path: &Path) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+/// Owner-only from the start: a key must never be readable by others, not
+/// even for a moment, and a temporary file left by a crash (whatever its
+/// mode) is replaced, not reused.
+fn stage(tmp: &Path, content: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)?;
+    f.write_all(content.as_bytes())?;
+    f.sync_all()
 }
 
 #[cfg(test)]
@@ -378,15 +410,37 @@ mod tests {
     fn files_are_written_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/tls.crt");
-        write_if_changed(&path, "a").unwrap();
+        write_together(&[(&path, "a")]).unwrap();
         let before = std::fs::metadata(&path).unwrap().modified().unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        write_if_changed(&path, "a").unwrap();
+        write_together(&[(&path, "a")]).unwrap();
         assert_eq!(
             std::fs::metadata(&path).unwrap().modified().unwrap(),
             before
         );
-        write_if_changed(&path, "b").unwrap();
+        write_together(&[(&path, "b")]).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "b");
+    }
+
+    #[test]
+    fn a_pair_is_staged_owner_only_then_renamed_into_place() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        // A temporary file a crash left behind, readable by all.
+        std::fs::write(temporary(&key), "old").unwrap();
+        std::fs::set_permissions(temporary(&key), std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_together(&[(&key, "KEY"), (&cert, "CERT")]).unwrap();
+        for (path, want) in [(&key, "KEY"), (&cert, "CERT")] {
+            assert_eq!(std::fs::read_to_string(path).unwrap(), want);
+            let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", path.display());
+        }
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["tls.crt", "tls.key"], "no temporary file left");
     }
 }

@@ -12,7 +12,7 @@ use argocd_pull_proto::v1::{
 use argocd_pull_proto::version;
 use testenv::pki::CertKey;
 use tokio::sync::mpsc;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Status, Streaming};
 
 /// An open stream: what to send on, what the hub sends.
@@ -31,16 +31,34 @@ pub async fn open(
     identity: &CertKey,
     first: AgentMessage,
 ) -> Result<Opened, Status> {
+    open_on(channel(address, ca_pem, identity, None).await?, first).await
+}
+
+/// One connection to the hub, for opening several streams on it.
+/// `window`: the HTTP/2 receive window (bytes) of the connection and of
+/// each stream, to play a client that reads slowly; `None` for tonic's.
+pub async fn channel(
+    address: &str,
+    ca_pem: &str,
+    identity: &CertKey,
+    window: Option<u32>,
+) -> Result<Channel, Status> {
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca_pem))
         .identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
-    let channel = Endpoint::from_shared(address.to_string())
+    Endpoint::from_shared(address.to_string())
         .unwrap()
         .tls_config(tls)
         .unwrap()
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
         .connect()
         .await
-        .map_err(|e| Status::unavailable(format!("{e:?}")))?;
+        .map_err(|e| Status::unavailable(format!("{e:?}")))
+}
+
+/// A stream on `channel`, opened with `first`; see [`open`].
+pub async fn open_on(channel: Channel, first: AgentMessage) -> Result<Opened, Status> {
     let mut client = TransportClient::new(channel)
         .max_encoding_message_size(64 << 20)
         .max_decoding_message_size(64 << 20);

@@ -182,6 +182,27 @@ pub enum IdentityError {
     },
 }
 
+/// Who is at the other end of a stream, from its verified certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub cluster: String,
+    /// Seconds since the Unix epoch after which the certificate is no
+    /// longer valid.
+    pub not_after: i64,
+    /// [`fingerprint`] of the certificate.
+    pub fingerprint: String,
+}
+
+/// The SHA-256 of a DER certificate, lowercase hex: what the deny list
+/// names (`openssl x509 -in tls.crt -outform DER | sha256sum`).
+pub fn fingerprint(der: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Reads the subject and expiry of a DER certificate.
 pub fn cert_info(der: &[u8]) -> Result<CertInfo, IdentityError> {
     let (_, cert) =
@@ -287,6 +308,16 @@ mod tests {
         let info = cert_info(&der).unwrap();
         assert_eq!(IdentityMap::default().cluster(&info.subject).unwrap(), "c1");
         assert!(info.not_after > 0);
+        let fp = fingerprint(&der);
+        assert_eq!(fp.len(), 64);
+        assert!(
+            fp.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert_eq!(
+            fingerprint(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert!(matches!(
             cert_info(b"junk"),
             Err(IdentityError::Unreadable(_))

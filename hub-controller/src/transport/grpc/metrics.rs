@@ -23,10 +23,15 @@ pub struct MessageLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabel {
-    /// Empty when the cluster is not known (e.g. an unreadable certificate).
+    /// The cluster of a verified certificate, or [`UNVERIFIED`]: a name
+    /// nobody vouched for never becomes a series of its own.
     pub cluster: String,
     pub reason: &'static str,
 }
+
+/// The `cluster` label of a refusal before any certificate was verified
+/// and mapped to a cluster (refused handshakes, unknown identities).
+pub const UNVERIFIED: &str = "unverified";
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
@@ -40,6 +45,15 @@ pub struct GrpcMetrics {
     pub resyncs: Family<ClusterLabel, Counter>,
     pub refused: Family<RefusalLabel, Counter>,
     pub status_writes: Counter,
+    /// Acknowledgements waiting to be sent, per cluster (bounded by
+    /// `--grpc-control-queue`).
+    pub control_queue: Family<ClusterLabel, Gauge>,
+    pub handshakes_in_flight: Gauge,
+    /// Connections closed before their TLS handshake because
+    /// `--grpc-max-handshakes` were already in flight.
+    pub handshakes_dropped: Counter,
+    /// Entries of the deny list of client certificates in force.
+    pub denied_certificates: Gauge,
 }
 
 impl GrpcMetrics {
@@ -86,6 +100,26 @@ impl GrpcMetrics {
             "Writes of reported status onto hub Applications and mirrors",
             m.status_writes.clone(),
         );
+        r.register(
+            "agent_control_queue",
+            "Acknowledgements waiting to be sent to the cluster's agent",
+            m.control_queue.clone(),
+        );
+        r.register(
+            "handshakes_in_flight",
+            "TLS handshakes under way",
+            m.handshakes_in_flight.clone(),
+        );
+        r.register(
+            "handshakes_dropped",
+            "Connections closed unanswered because --grpc-max-handshakes were under way",
+            m.handshakes_dropped.clone(),
+        );
+        r.register(
+            "denied_certificates",
+            "Client certificate fingerprints on the deny list",
+            m.denied_certificates.clone(),
+        );
         m
     }
 
@@ -99,6 +133,8 @@ impl GrpcMetrics {
             .inc();
     }
 
+    /// Counts a refusal; `cluster` must come from a verified certificate
+    /// (else pass [`UNVERIFIED`]).
     pub fn refuse(&self, cluster: &str, reason: &'static str) {
         self.refused
             .get_or_create(&RefusalLabel {

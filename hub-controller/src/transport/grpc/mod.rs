@@ -8,13 +8,15 @@
 //! - [`cluster`]: what the hub holds per cluster across connections;
 //! - [`hub`]: watches -> index -> desired sets, and the writers;
 //! - [`session`]: one stream;
-//! - [`tls`]: certificates, refused handshakes logged with the cluster.
+//! - [`tls`]: certificates, refused handshakes logged with the cluster;
+//! - [`revoke`]: validity on every stream, the deny list, revoked clusters.
 
 pub mod cluster;
 pub mod commands;
 pub mod hub;
 pub mod identity;
 pub mod metrics;
+pub mod revoke;
 pub mod session;
 pub mod tls;
 
@@ -33,7 +35,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::route::authz::Authorization;
 pub use hub::Hub;
-use identity::{IdentityError, IdentityMap, Pattern, cert_info};
+use identity::{IdentityError, IdentityMap, Pattern, Peer, cert_info, fingerprint};
+use metrics::UNVERIFIED;
+use revoke::DenyList;
 
 /// Flags of the gRPC transport (documented in docs/grpc.md).
 #[derive(Args, Clone, Debug)]
@@ -88,6 +92,102 @@ pub struct GrpcArgs {
         default_value_t = 32
     )]
     pub grpc_workers: usize,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    /// ConfigMap (in --grpc-denied-certificates-namespace) listing client
+    /// certificates the hub refuses: each key the SHA-256 of one (DER, hex),
+    /// its value a note. Watched; empty turns the deny list off.
+    #[arg(
+        long = "grpc-denied-certificates",
+        env = "ARGOCD_PULL_GRPC_DENIED_CERTIFICATES",
+        default_value = revoke::DENY_LIST
+    )]
+    pub grpc_denied_certificates: String,
+    /// Namespace of the deny list: the hub-controller's own.
+    #[arg(
+        long = "grpc-denied-certificates-namespace",
+        env = "POD_NAMESPACE",
+        default_value = argocd_pull_addon::HUB_NAMESPACE
+    )]
+    pub grpc_denied_certificates_namespace: String,
+}
+
+/// What one client may cost the hub (docs/security.md, "Limits").
+#[derive(Args, Clone, Debug)]
+pub struct LimitArgs {
+    /// TLS handshakes under way at once; a connection beyond them is closed
+    /// at once (counted in argocd_pull_hub_grpc_handshakes_dropped_total).
+    #[arg(
+        long = "grpc-max-handshakes",
+        env = "ARGOCD_PULL_GRPC_MAX_HANDSHAKES",
+        default_value_t = 128,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_handshakes: u32,
+    /// How long a client has to finish its TLS handshake.
+    #[arg(long = "grpc-handshake-timeout", env = "ARGOCD_PULL_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = crate::parse_duration)]
+    pub handshake_timeout: Duration,
+    /// HTTP/2 streams one connection may have open (an agent uses one).
+    #[arg(
+        long = "grpc-max-streams-per-connection",
+        env = "ARGOCD_PULL_GRPC_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_streams_per_connection: u32,
+    /// A connection older than this is asked to go away (HTTP/2 GOAWAY); the
+    /// agent dials again, and the new connection is checked from scratch.
+    #[arg(long = "grpc-max-connection-age", env = "ARGOCD_PULL_GRPC_MAX_CONNECTION_AGE", default_value = "1h", value_parser = crate::parse_duration)]
+    pub max_connection_age: Duration,
+    /// How long the streams of a connection past its age may go on before
+    /// the connection is closed.
+    #[arg(long = "grpc-max-connection-age-grace", env = "ARGOCD_PULL_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = crate::parse_duration)]
+    pub max_connection_age_grace: Duration,
+    /// Largest header list (bytes) a request may carry.
+    #[arg(
+        long = "grpc-max-header-list-bytes",
+        env = "ARGOCD_PULL_GRPC_MAX_HEADER_LIST_BYTES",
+        default_value_t = 8192,
+        value_parser = clap::value_parser!(u32).range(1024..)
+    )]
+    pub max_header_list_bytes: u32,
+    /// Acknowledgements waiting for one agent; while that many wait, the hub
+    /// reads nothing more from it (and ends the stream when it reads
+    /// nothing for three heartbeats).
+    #[arg(
+        long = "grpc-control-queue",
+        env = "ARGOCD_PULL_GRPC_CONTROL_QUEUE",
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub control_queue: u32,
+}
+
+/// The limits, as the server uses them.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub handshakes: tls::HandshakeLimits,
+    pub max_streams_per_connection: u32,
+    pub max_connection_age: Duration,
+    pub max_connection_age_grace: Duration,
+    pub max_header_list_bytes: u32,
+    pub control_queue: usize,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            handshakes: tls::HandshakeLimits {
+                max_in_flight: self.max_handshakes as usize,
+                timeout: self.handshake_timeout,
+            },
+            max_streams_per_connection: self.max_streams_per_connection,
+            max_connection_age: self.max_connection_age,
+            max_connection_age_grace: self.max_connection_age_grace,
+            max_header_list_bytes: self.max_header_list_bytes,
+            control_queue: self.control_queue as usize,
+        }
+    }
 }
 
 impl GrpcArgs {
@@ -109,6 +209,11 @@ impl GrpcArgs {
             digest_interval: self.grpc_digest_interval,
             workers: self.grpc_workers,
             authorization,
+            limits: self.limits.limits(),
+            deny_list: DenyList::new(
+                &self.grpc_denied_certificates_namespace,
+                &self.grpc_denied_certificates,
+            ),
         })
     }
 }
@@ -122,6 +227,10 @@ pub struct GrpcConfig {
     pub digest_interval: Duration,
     pub workers: usize,
     pub authorization: Authorization,
+    pub limits: Limits,
+    /// Shared by every holder of the configuration: the deny list in force,
+    /// kept by [`revoke::run_deny_list`].
+    pub deny_list: Arc<DenyList>,
 }
 
 struct Service {
@@ -141,24 +250,32 @@ impl Transport for Service {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<ConnectStream>, Status> {
         let remote = request.remote_addr();
-        let (cluster, not_after) = match self.identify(&request) {
-            Ok(id) => id,
+        let peer = match self.identify(&request) {
+            Ok(peer) => peer,
             Err(e) => {
                 let reason = match e {
                     IdentityError::NoMatch { .. } => "unknown-identity",
                     _ => "certificate-invalid",
                 };
                 tracing::warn!(?remote, error = %e, "refused an agent: its certificate names no cluster");
-                self.hub.metrics.refuse("", reason);
+                self.hub.metrics.refuse(UNVERIFIED, reason);
                 return Err(Status::permission_denied(e.to_string()));
             }
         };
+        // Every stream, not only the first of its connection: the
+        // certificate may have expired, been denied, or its cluster
+        // revoked since the handshake.
+        if let Err(r) = self.hub.admit(&peer) {
+            tracing::warn!(cluster = %peer.cluster, certificate = %peer.fingerprint, reason = r.reason, message = %r.status.message(), "refused an agent's stream");
+            self.hub.metrics.refuse(&peer.cluster, r.reason);
+            return Err(r.status);
+        }
         let (tx, rx) = tokio::sync::mpsc::channel(128);
         let hub = self.hub.clone();
         let inbound = request.into_inner();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
-            session::run(hub, cluster, not_after, inbound, tx, shutdown).await;
+            session::run(hub, peer, inbound, tx, shutdown).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -167,12 +284,16 @@ impl Transport for Service {
 }
 
 impl Service {
-    fn identify<T>(&self, request: &Request<T>) -> Result<(String, i64), IdentityError> {
+    fn identify<T>(&self, request: &Request<T>) -> Result<Peer, IdentityError> {
         let certs = request.peer_certs().ok_or(IdentityError::NoCertificate)?;
         let leaf = certs.first().ok_or(IdentityError::NoCertificate)?;
         let info = cert_info(leaf)?;
         let cluster = self.hub.config.identities.cluster(&info.subject)?;
-        Ok((cluster, info.not_after))
+        Ok(Peer {
+            cluster,
+            not_after: info.not_after,
+            fingerprint: fingerprint(leaf),
+        })
     }
 }
 
@@ -196,6 +317,10 @@ pub async fn start(
     tracing::info!(addr = %listener.local_addr()?, "gRPC transport listening");
 
     let (stop, stopped) = watch::channel(false);
+    let deny_list = tokio::spawn(revoke::run_deny_list(
+        hub.clone(),
+        wait_for(stopped.clone()),
+    ));
     let workers = tokio::spawn(hub.clone().run_workers(config.workers));
     let service = TransportServer::new(Service {
         hub: hub.clone(),
@@ -203,10 +328,15 @@ pub async fn start(
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = tls::incoming(listener, acceptor);
+    let limits = &config.limits;
+    let incoming = tls::incoming(listener, acceptor, limits.handshakes, hub.metrics.clone());
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.heartbeat))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .max_connection_age(limits.max_connection_age)
+        .max_connection_age_grace(limits.max_connection_age_grace)
+        .http2_max_header_list_size(limits.max_header_list_bytes)
         .tcp_nodelay(true)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
@@ -217,6 +347,7 @@ pub async fn start(
         hub.queue.close();
         // Streams end on their own once told; do not wait for slow peers.
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        let _ = deny_list.await;
         let _ = workers.await;
         tracing::info!("gRPC transport stopped");
     }))
@@ -243,6 +374,24 @@ mod tests {
         let config = args.grpc.config(Default::default()).unwrap();
         assert_eq!(config.identities.0.len(), 2);
         assert_eq!(config.heartbeat, std::time::Duration::from_secs(10));
+        let l = &config.limits;
+        assert_eq!(l.handshakes.max_in_flight, 128);
+        assert_eq!(l.handshakes.timeout, std::time::Duration::from_secs(10));
+        assert_eq!(l.max_streams_per_connection, 8);
+        assert_eq!(l.max_connection_age, std::time::Duration::from_secs(3600));
+        assert_eq!(
+            l.max_connection_age_grace,
+            std::time::Duration::from_secs(30)
+        );
+        assert_eq!(l.max_header_list_bytes, 8192);
+        assert_eq!(l.control_queue, 256);
+        assert_eq!(
+            config.deny_list.source(),
+            "argocd-pull/argocd-pull-denied-certificates"
+        );
+        assert!(
+            crate::Args::try_parse_from(["hub-controller", "--grpc-control-queue", "0"]).is_err()
+        );
         assert!(
             crate::Args::parse_from(["hub-controller"])
                 .grpc

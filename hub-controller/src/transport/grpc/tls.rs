@@ -1,8 +1,12 @@
 //! The hub's TLS: mutual TLS is required, the client certificate must chain
 //! to the configured CA, and every refused handshake is logged with the
 //! cluster the certificate names, so an operator sees which agent has a
-//! wrong or expired certificate. The serving certificate, its key and the
-//! client CA are read again when they change on disk.
+//! wrong or expired certificate (the metric says `unverified`: a name
+//! nobody vouched for never becomes a series). The serving certificate, its
+//! key and the client CA are read again when they change on disk, and a
+//! certificate is only ever used with its own key. At most
+//! `--grpc-max-handshakes` handshakes run at once; a connection beyond that
+//! is closed at once and counted.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,7 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::identity::{IdentityMap, cert_info};
-use super::metrics::GrpcMetrics;
+use super::metrics::{GrpcMetrics, UNVERIFIED};
 
 /// Where the hub's TLS material is.
 #[derive(Clone, Debug)]
@@ -29,10 +33,20 @@ pub struct TlsFiles {
     pub client_ca: PathBuf,
 }
 
-/// How long a client has to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the files are looked at for changes.
 const RELOAD_CHECK: Duration = Duration::from_secs(10);
+/// How soon to look again after reading a certificate with another key
+/// (the other file of a renewal is about to land).
+const MISMATCH_RETRY: Duration = Duration::from_secs(1);
+
+/// Limits of the TLS layer (flags, see docs/security.md).
+#[derive(Clone, Copy, Debug)]
+pub struct HandshakeLimits {
+    /// Handshakes under way at once; more connections are closed at once.
+    pub max_in_flight: usize,
+    /// How long a client has to finish its handshake.
+    pub timeout: Duration,
+}
 
 fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
@@ -55,6 +69,18 @@ fn server_config(
         .map_err(|e| anyhow::anyhow!("{}: {e}", files.cert.display()))?;
     let key = PrivateKeyDer::from_pem_slice(&key)
         .map_err(|e| anyhow::anyhow!("{}: {e}", files.key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // A renewal replaces two files: read between the two, the certificate
+    // is new and the key old (or the reverse). Never serve such a pair.
+    rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider).map_err(
+        |e| match e {
+            rustls::Error::InconsistentKeys(_) => anyhow::Error::new(KeyMismatch {
+                cert: files.cert.clone(),
+                key: files.key.clone(),
+            }),
+            e => anyhow::anyhow!("serving certificate {}: {e}", files.cert.display()),
+        },
+    )?;
     let mut roots = RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(&ca) {
         let c = c.map_err(|e| anyhow::anyhow!("{}: {e}", files.client_ca.display()))?;
@@ -68,7 +94,6 @@ fn server_config(
             files.client_ca.display()
         );
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(|e| anyhow::anyhow!("client CA {}: {e}", files.client_ca.display()))?;
@@ -84,6 +109,18 @@ fn server_config(
         .map_err(|e| anyhow::anyhow!("serving certificate {}: {e}", files.cert.display()))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok((Arc::new(config), fingerprint))
+}
+
+/// The serving certificate and the key on disk are not a pair.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the serving certificate {} does not belong to the key {} (read in the middle of a renewal, or a wrong file)",
+    .cert.display(),
+    .key.display()
+)]
+pub struct KeyMismatch {
+    cert: PathBuf,
+    key: PathBuf,
 }
 
 /// Verifies like WebPKI, and says who was refused and why.
@@ -117,6 +154,7 @@ impl ClientCertVerifier for LoggingVerifier {
             .inspect_err(|e| {
                 let info = cert_info(end_entity);
                 let subject = info.as_ref().map(|i| i.subject.clone()).unwrap_or_default();
+                // Only for the log: nothing vouches for this name.
                 let cluster = self.identities.cluster(&subject).unwrap_or_default();
                 let reason = match e {
                     rustls::Error::InvalidCertificate(rustls::CertificateError::Expired)
@@ -125,7 +163,7 @@ impl ClientCertVerifier for LoggingVerifier {
                     ) => "certificate-expired",
                     _ => "certificate-invalid",
                 };
-                self.metrics.refuse(&cluster, reason);
+                self.metrics.refuse(UNVERIFIED, reason);
                 tracing::warn!(%cluster, %subject, error = %e, "refused an agent's client certificate");
             })
     }
@@ -158,7 +196,9 @@ pub struct Acceptor {
     files: TlsFiles,
     identities: IdentityMap,
     metrics: GrpcMetrics,
+    /// The acceptor in use, what its files held, and when to look again.
     current: Mutex<(TlsAcceptor, Vec<u8>, Instant)>,
+    reload_check: Duration,
 }
 
 impl Acceptor {
@@ -173,14 +213,22 @@ impl Acceptor {
             files,
             identities,
             metrics,
-            current: Mutex::new((TlsAcceptor::from(config), fingerprint, Instant::now())),
+            current: Mutex::new((
+                TlsAcceptor::from(config),
+                fingerprint,
+                Instant::now() + RELOAD_CHECK,
+            )),
+            reload_check: RELOAD_CHECK,
         })
     }
 
-    fn acceptor(&self) -> TlsAcceptor {
+    /// The acceptor for a new connection, after reading the files again
+    /// when they are due. Unusable files, or a certificate with another
+    /// key, leave the previous pair in use.
+    pub fn acceptor(&self) -> TlsAcceptor {
         let mut current = self.current.lock().expect("never poisoned");
-        if current.2.elapsed() >= RELOAD_CHECK {
-            current.2 = Instant::now();
+        if Instant::now() >= current.2 {
+            current.2 = Instant::now() + self.reload_check;
             match server_config(&self.files, &self.identities, &self.metrics) {
                 Ok((config, fingerprint)) if fingerprint != current.1 => {
                     tracing::info!(cert = %self.files.cert.display(), "TLS files changed on disk; using them for new connections");
@@ -188,6 +236,10 @@ impl Acceptor {
                     current.1 = fingerprint;
                 }
                 Ok(_) => {}
+                Err(e) if e.is::<KeyMismatch>() => {
+                    current.2 = Instant::now() + MISMATCH_RETRY.min(self.reload_check);
+                    tracing::warn!(error = %e, "keeping the previous serving certificate and key until both files match");
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "TLS files changed but cannot be used; keeping the previous ones")
                 }
@@ -195,17 +247,31 @@ impl Acceptor {
         }
         current.0.clone()
     }
+
+    /// The files are looked at again every `every` (tests).
+    pub fn with_reload_check(mut self, every: Duration) -> Self {
+        self.reload_check = every;
+        self.current.get_mut().expect("never poisoned").2 = Instant::now();
+        self
+    }
 }
 
 /// Accepts TCP connections and completes their TLS handshakes in parallel,
-/// yielding only the streams that finished one; failures are logged (by
-/// the verifier when the certificate is the problem).
+/// at most `limits.max_in_flight` at once, yielding only the streams that
+/// finished one; failures are logged (by the verifier when the certificate
+/// is the problem). A connection beyond the limit is closed at once: it
+/// costs one accept and no cryptography, and its client backs off and
+/// dials again.
 pub fn incoming(
     listener: TcpListener,
     acceptor: Arc<Acceptor>,
+    limits: HandshakeLimits,
+    metrics: GrpcMetrics,
 ) -> impl futures::Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1)));
     tokio::spawn(async move {
+        let mut last_warning: Option<Instant> = None;
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
@@ -218,12 +284,26 @@ pub fn incoming(
             if tx.is_closed() {
                 return;
             }
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                metrics.handshakes_dropped.inc();
+                if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    last_warning = Some(Instant::now());
+                    tracing::warn!(%peer, max = limits.max_in_flight, "too many TLS handshakes under way; closing new connections until some finish (--grpc-max-handshakes)");
+                }
+                drop(tcp);
+                continue;
+            };
             // Latency matters more than a few bytes saved.
             let _ = tcp.set_nodelay(true);
             let tls = acceptor.acceptor();
             let tx = tx.clone();
+            let in_flight = metrics.handshakes_in_flight.clone();
+            in_flight.inc();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+                let accepted = tokio::time::timeout(limits.timeout, tls.accept(tcp)).await;
+                in_flight.dec();
+                drop(permit);
+                match accepted {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;
                     }
@@ -240,4 +320,63 @@ pub fn incoming(
 
 fn log_handshake_failure(peer: SocketAddr, e: &std::io::Error) {
     tracing::debug!(%peer, error = %e, "TLS handshake failed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(acceptor: &Acceptor) -> Vec<u8> {
+        acceptor.current.lock().unwrap().1.clone()
+    }
+
+    #[test]
+    fn a_certificate_is_only_ever_used_with_its_own_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = testenv::pki::Ca::new("ca").unwrap();
+        let (a, b) = (
+            ca.serving(&["a"], &[]).unwrap(),
+            ca.serving(&["b"], &[]).unwrap(),
+        );
+        let files = TlsFiles {
+            cert: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+            client_ca: dir.path().join("ca.crt"),
+        };
+        std::fs::write(&files.client_ca, &ca.pem.cert_pem).unwrap();
+        std::fs::write(&files.cert, &b.cert_pem).unwrap();
+        std::fs::write(&files.key, &a.key_pem).unwrap();
+        let metrics = GrpcMetrics::default();
+        let identities = IdentityMap::default();
+        let err = Acceptor::new(files.clone(), identities.clone(), metrics.clone())
+            .err()
+            .unwrap();
+        assert!(err.is::<KeyMismatch>(), "{err}");
+        assert!(
+            err.to_string().contains("does not belong to the key"),
+            "{err}"
+        );
+
+        std::fs::write(&files.cert, &a.cert_pem).unwrap();
+        let acceptor = Acceptor::new(files.clone(), identities, metrics)
+            .unwrap()
+            .with_reload_check(Duration::ZERO);
+        let first = served(&acceptor);
+        // Half a renewal: the new certificate, the old key.
+        std::fs::write(&files.cert, &b.cert_pem).unwrap();
+        acceptor.acceptor();
+        assert_eq!(served(&acceptor), first, "the previous pair stays");
+        // The key lands: the new pair is used.
+        std::fs::write(&files.key, &b.key_pem).unwrap();
+        acceptor.acceptor();
+        assert_eq!(
+            served(&acceptor),
+            [
+                b.cert_pem.as_bytes(),
+                b.key_pem.as_bytes(),
+                ca.pem.cert_pem.as_bytes()
+            ]
+            .concat()
+        );
+    }
 }

@@ -3,21 +3,28 @@
 //! observed report of every Application, and the commands not yet
 //! acknowledged. No I/O: the session moves messages in and out, the index
 //! and the reconcilers read and change it.
+//!
+//! Nothing here grows with what an agent sends: acknowledgements wait in a
+//! queue the session bounds (it stops reading the agent while the queue is
+//! full), digests and resync requests are flags and bucket numbers turned
+//! into messages when sent, and a retry is scheduled once per message.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use argocd_pull_proto::coalesce::Outbox;
-use argocd_pull_proto::digest::{Entries, Repair, resync_requests};
+use argocd_pull_proto::digest::{Entries, Repair, SetDigest, resync_requests};
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMode, ApplicationDelete, ApplicationUpsert, DigestSet, HubMessage, ObjectKey,
     ObservedApplication, OperationRequest, hub_message,
 };
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, watch};
 
 use crate::route::assign::{Desired, HubRef};
 
+mod control;
 mod ops;
 mod sessions;
 
@@ -80,13 +87,26 @@ pub struct PendingOp {
     pub outcome: Option<(AckOutcome, String)>,
 }
 
+/// Why the hub ends a session from outside its stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// A newer connection of the same cluster took over.
+    Replaced,
+    /// The cluster was revoked ([`ClusterState::revoke`]), with why.
+    Revoked(String),
+    /// The session's certificate went on the deny list, with its note.
+    Denied(String),
+}
+
 /// The connected agent.
 #[derive(Debug)]
 struct Session {
     id: u64,
     mode: AgentMode,
-    /// Ends the session's tasks when a newer connection replaces it.
-    stop: watch::Sender<bool>,
+    /// SHA-256 of the client certificate it connected with.
+    fingerprint: String,
+    /// Ends the session's tasks, saying why.
+    stop: watch::Sender<Option<Stop>>,
 }
 
 #[derive(Default)]
@@ -104,8 +124,19 @@ pub struct Inner {
     pub observed: HashMap<ObjectKey, Observation>,
     pub ops: BTreeMap<String, PendingOp>,
     session: Option<Session>,
-    /// Acknowledgements and resync requests, sent ahead of object messages.
+    /// Acknowledgements, sent ahead of object messages; the session bounds
+    /// it (`--grpc-control-queue`).
     control: VecDeque<HubMessage>,
+    /// The digest of the desired set is to be sent (computed when sent).
+    digest_due: bool,
+    /// Buckets of the observed set to ask the agent for again (the
+    /// requests are built from the replica when sent).
+    resync_buckets: BTreeSet<u32>,
+    /// Keys whose object message waits to be sent again (one timer each).
+    retrying: HashSet<ObjectKey>,
+    /// Why the cluster may not connect, while it may not.
+    revoked: Option<String>,
+    control_gauge: Option<Gauge>,
     /// Why the agent refused the latest value of a key.
     pub rejected: HashMap<ObjectKey, String>,
     /// Keys whose delete the agent has requested, with the hub uid.
@@ -123,6 +154,43 @@ impl Inner {
     fn outbox(&mut self) -> &mut Outbox<ObjectKey, Item> {
         self.outbox.get_or_insert_with(|| Outbox::new(WINDOW))
     }
+
+    fn observed_entries(&self) -> Entries {
+        self.observed
+            .iter()
+            .filter_map(|(k, o)| match o {
+                Observation::Observed { version, .. } | Observation::Mirrored { version } => {
+                    Some((k.clone(), version.clone()))
+                }
+                Observation::Gone => None,
+            })
+            .collect()
+    }
+
+    fn desired_entries(&self) -> Entries {
+        self.desired
+            .iter()
+            .map(|(k, d)| (k.clone(), d.version.clone()))
+            .collect()
+    }
+
+    fn count_control(&self) {
+        if let Some(g) = &self.control_gauge {
+            g.set(self.control.len() as i64);
+        }
+    }
+
+    /// Forgets what was queued for a session that is gone.
+    fn clear_session_queues(&mut self) {
+        self.outbox().requeue_in_flight();
+        self.in_flight.clear();
+        self.gone_before_ack.clear();
+        self.control.clear();
+        self.digest_due = false;
+        self.resync_buckets.clear();
+        self.retrying.clear();
+        self.count_control();
+    }
 }
 
 /// See the module documentation.
@@ -131,6 +199,8 @@ pub struct ClusterState {
     inner: Mutex<Inner>,
     /// Wakes the session's sender.
     pub wake: Notify,
+    /// Wakes the session's receiver when acknowledgements were sent.
+    pub room: Notify,
 }
 
 impl ClusterState {
@@ -139,6 +209,7 @@ impl ClusterState {
             name: name.into(),
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
+            room: Notify::new(),
         }
     }
 
@@ -254,25 +325,12 @@ impl ClusterState {
 
     /// The desired set, for digests and repairs.
     pub fn desired_entries(&self) -> Entries {
-        self.lock()
-            .desired
-            .iter()
-            .map(|(k, d)| (k.clone(), d.version.clone()))
-            .collect()
+        self.lock().desired_entries()
     }
 
     /// The hub's replica of the observed set.
     pub fn observed_entries(&self) -> Entries {
-        self.lock()
-            .observed
-            .iter()
-            .filter_map(|(k, o)| match o {
-                Observation::Observed { version, .. } | Observation::Mirrored { version } => {
-                    Some((k.clone(), version.clone()))
-                }
-                Observation::Gone => None,
-            })
-            .collect()
+        self.lock().observed_entries()
     }
 
     /// Records a report. Returns true when it is a `gone` that completes a
@@ -302,22 +360,6 @@ impl ClusterState {
         }
         inner.observed.insert(key.clone(), observation);
         completes
-    }
-
-    /// Asks the agent for its observed entries of one bucket again.
-    pub fn request_resync(&self, bucket: u32) {
-        let entries = self.observed_entries();
-        for r in resync_requests(DigestSet::Observed, &entries, &[bucket]) {
-            self.control(HubMessage {
-                kind: Some(hub_message::Kind::ResyncRequest(r)),
-            });
-        }
-    }
-
-    /// Queues a control message (acknowledgement, resync request).
-    pub fn control(&self, m: HubMessage) {
-        self.lock().control.push_back(m);
-        self.wake.notify_one();
     }
 
     /// The agent acknowledged (key, seq). Returns the acknowledged item when
@@ -375,6 +417,7 @@ impl ClusterState {
     /// Sends (key, seq) again: the agent could not apply it now.
     pub fn retry(&self, key: &ObjectKey, seq: u64) {
         let mut inner = self.lock();
+        inner.retrying.remove(key);
         if inner.in_flight.get(key).is_some_and(|(s, _, _)| *s == seq) {
             inner.in_flight.remove(key);
             inner.outbox().nack(key, seq);

@@ -1,33 +1,54 @@
 //! The agent's connections as one cluster's state sees them: one session
 //! at a time (a newer one replaces it, taking over what was in flight),
-//! and what its sender hands out next: control messages, commands, then
-//! object messages within the window.
+//! what its sender hands out next (the digest, resync requests,
+//! acknowledgements, commands, then object messages within the window),
+//! and the ways the hub ends a session from outside: revoking the cluster,
+//! denying its certificate.
 
 use std::time::Instant;
 
 use argocd_pull_proto::v1::{AgentMode, HubMessage, hub_message};
 use tokio::sync::watch;
 
-use super::{ClusterState, Session, object_message};
+use super::{ClusterState, DigestSet, Session, SetDigest, Stop, object_message, resync_requests};
 
 impl ClusterState {
     /// Attaches a new session; a previous one is told to stop. What was in
     /// flight on the old stream goes back to the outbox.
-    pub fn attach(&self, id: u64, mode: AgentMode) -> watch::Receiver<bool> {
+    pub fn attach(&self, id: u64, mode: AgentMode) -> watch::Receiver<Option<Stop>> {
+        self.attach_as(id, mode, "")
+            .expect("attach is only called on clusters that are not revoked")
+    }
+
+    /// [`Self::attach`] for a session with the certificate `fingerprint`;
+    /// refused, leaving any current session alone, while the cluster is
+    /// revoked (checked under the same lock [`Self::revoke`] takes, so no
+    /// session slips in after a revocation).
+    pub fn attach_as(
+        &self,
+        id: u64,
+        mode: AgentMode,
+        fingerprint: &str,
+    ) -> Result<watch::Receiver<Option<Stop>>, String> {
         let mut inner = self.lock();
-        if let Some(old) = inner.session.take() {
-            let _ = old.stop.send(true);
+        if let Some(why) = &inner.revoked {
+            return Err(why.clone());
         }
-        inner.outbox().requeue_in_flight();
-        inner.in_flight.clear();
-        inner.gone_before_ack.clear();
-        inner.control.clear();
+        if let Some(old) = inner.session.take() {
+            let _ = old.stop.send(Some(Stop::Replaced));
+        }
+        inner.clear_session_queues();
         for op in inner.ops.values_mut() {
             op.sent_in = None;
         }
-        let (stop, stopped) = watch::channel(false);
-        inner.session = Some(Session { id, mode, stop });
-        stopped
+        let (stop, stopped) = watch::channel(None);
+        inner.session = Some(Session {
+            id,
+            mode,
+            fingerprint: fingerprint.to_string(),
+            stop,
+        });
+        Ok(stopped)
     }
 
     /// Detaches session `id` if it is still the current one.
@@ -35,11 +56,42 @@ impl ClusterState {
         let mut inner = self.lock();
         if inner.session.as_ref().is_some_and(|s| s.id == id) {
             inner.session = None;
-            inner.outbox().requeue_in_flight();
-            inner.in_flight.clear();
-            inner.gone_before_ack.clear();
-            inner.control.clear();
+            inner.clear_session_queues();
         }
+    }
+
+    /// The cluster may not connect until [`Self::allow`]; a connected
+    /// agent is told to stop. Returns whether one was connected.
+    pub fn revoke(&self, why: &str) -> bool {
+        let mut inner = self.lock();
+        inner.revoked = Some(why.to_string());
+        match &inner.session {
+            Some(s) => {
+                let _ = s.stop.send(Some(Stop::Revoked(why.to_string())));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The cluster may connect again. Returns whether it was revoked.
+    pub fn allow(&self) -> bool {
+        self.lock().revoked.take().is_some()
+    }
+
+    /// Why the cluster may not connect, while it may not.
+    pub fn revoked(&self) -> Option<String> {
+        self.lock().revoked.clone()
+    }
+
+    /// Stops the session if `denied` has a note for its certificate.
+    /// Returns the fingerprint of a session so stopped.
+    pub fn stop_if_denied(&self, denied: impl Fn(&str) -> Option<String>) -> Option<String> {
+        let inner = self.lock();
+        let session = inner.session.as_ref()?;
+        let note = denied(&session.fingerprint)?;
+        let _ = session.stop.send(Some(Stop::Denied(note)));
+        Some(session.fingerprint.clone())
     }
 
     /// The mode of the connected agent, if one is connected.
@@ -47,8 +99,9 @@ impl ClusterState {
         self.lock().session.as_ref().map(|s| s.mode)
     }
 
-    /// Up to `max` messages for session `id`: control messages first, then
-    /// commands, then object messages (managed mode only).
+    /// Up to `max` messages for session `id`: the digest and resync
+    /// requests first (however many those take), then acknowledgements,
+    /// commands, and object messages (managed mode only).
     pub fn next_messages(&self, id: u64, max: usize) -> Vec<HubMessage> {
         let mut inner = self.lock();
         let Some(session) = inner.session.as_ref() else {
@@ -59,11 +112,33 @@ impl ClusterState {
         }
         let managed = session.mode == AgentMode::Managed;
         let mut out = Vec::new();
+        if std::mem::take(&mut inner.digest_due) {
+            let digest = SetDigest::of(&inner.desired_entries()).to_proto(DigestSet::Desired);
+            out.push(HubMessage {
+                kind: Some(hub_message::Kind::Digest(digest)),
+            });
+        }
+        if !inner.resync_buckets.is_empty() {
+            let buckets: Vec<u32> = std::mem::take(&mut inner.resync_buckets)
+                .into_iter()
+                .collect();
+            let replica = inner.observed_entries();
+            for r in resync_requests(DigestSet::Observed, &replica, &buckets) {
+                out.push(HubMessage {
+                    kind: Some(hub_message::Kind::ResyncRequest(r)),
+                });
+            }
+        }
+        let before = inner.control.len();
         while out.len() < max {
             match inner.control.pop_front() {
                 Some(m) => out.push(m),
                 None => break,
             }
+        }
+        if inner.control.len() != before {
+            inner.count_control();
+            self.room.notify_one();
         }
         let now = Instant::now();
         for op in inner.ops.values_mut() {
@@ -105,7 +180,9 @@ impl ClusterState {
         }
         let managed = session.mode == AgentMode::Managed;
         let now = Instant::now();
-        !inner.control.is_empty()
+        inner.digest_due
+            || !inner.resync_buckets.is_empty()
+            || !inner.control.is_empty()
             || inner.ops.values().any(|op| {
                 op.sent_in != Some(id)
                     && op.outcome.is_none()

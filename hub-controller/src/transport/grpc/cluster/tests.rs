@@ -173,7 +173,11 @@ fn a_new_session_gets_what_the_old_one_left_in_flight() {
     assert_eq!(kinds(&c.next_messages(1, 10)), ["upsert a"]);
     c.control(HubMessage::default());
     c.attach(2, AgentMode::Managed);
-    assert!(*old.borrow_and_update(), "the old session is told to stop");
+    assert_eq!(
+        *old.borrow_and_update(),
+        Some(Stop::Replaced),
+        "the old session is told to stop"
+    );
     assert!(
         c.next_messages(1, 10).is_empty(),
         "the old session gets nothing"
@@ -259,4 +263,124 @@ fn a_rejection_is_kept_until_a_new_value() {
     c.set_desired(&key("a"), desired("a", "v2"));
     assert!(c.lock().rejected.is_empty());
     assert_eq!(kinds(&c.next_messages(1, 10)), ["upsert a"]);
+}
+
+fn ack(name: &str) -> HubMessage {
+    HubMessage {
+        kind: Some(hub_message::Kind::ObjectAck(
+            argocd_pull_proto::v1::ObjectAck {
+                key: Some(key(name)),
+                seq: 1,
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+#[test]
+fn acknowledgements_are_counted_and_sending_them_makes_room() {
+    let c = ClusterState::new("c1");
+    let gauge = Gauge::default();
+    c.set_control_gauge(gauge.clone());
+    c.attach(1, AgentMode::Managed);
+    for i in 0..5 {
+        c.control(ack(&format!("a{i}")));
+    }
+    assert_eq!((c.control_len(), gauge.get()), (5, 5));
+    let room = c.room.notified();
+    tokio::pin!(room);
+    room.as_mut().enable();
+    assert_eq!(c.next_messages(1, 2).len(), 2);
+    assert_eq!((c.control_len(), gauge.get()), (3, 3));
+    // Woken at once: the receiver may read again.
+    futures::executor::block_on(room);
+    c.attach(2, AgentMode::Managed);
+    assert_eq!((c.control_len(), gauge.get()), (0, 0), "no stale acks");
+}
+
+#[test]
+fn digests_and_resync_requests_are_built_when_sent_and_never_pile_up() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.send_digest();
+    c.send_digest();
+    for _ in 0..1000 {
+        c.request_resyncs(&[3, 7]);
+    }
+    c.request_resync(3);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    c.observe(
+        &key("b"),
+        Observation::Mirrored {
+            version: "v9".into(),
+        },
+    );
+    let m = c.next_messages(1, 10);
+    let hub_message::Kind::Digest(d) = m[0].kind.as_ref().unwrap() else {
+        panic!("{m:?}")
+    };
+    let want = SetDigest::of(&c.desired_entries()).to_proto(DigestSet::Desired);
+    assert_eq!(
+        d, &want,
+        "the desired set as it was when sent, upsert a included"
+    );
+    let hub_message::Kind::ResyncRequest(r) = m[1].kind.as_ref().unwrap() else {
+        panic!("{m:?}")
+    };
+    assert_eq!(r.buckets, [3, 7], "one request for every ask");
+    assert_eq!(kinds(&m[2..]), ["upsert a"]);
+    assert!(!c.has_ready(1));
+}
+
+#[test]
+fn a_retry_is_scheduled_once_per_message_in_flight() {
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("a"), desired("a", "v1"));
+    let m = c.next_messages(1, 10);
+    let hub_message::Kind::Upsert(u) = m[0].kind.as_ref().unwrap() else {
+        unreachable!()
+    };
+    assert!(!c.schedule_retry(&key("a"), u.seq + 1), "not in flight");
+    assert!(!c.schedule_retry(&key("zz"), u.seq), "unknown key");
+    assert!(c.schedule_retry(&key("a"), u.seq));
+    for _ in 0..100 {
+        assert!(!c.schedule_retry(&key("a"), u.seq), "already scheduled");
+    }
+    c.retry(&key("a"), u.seq);
+    assert_eq!(kinds(&c.next_messages(1, 10)), ["upsert a"]);
+}
+
+#[test]
+fn a_revoked_cluster_is_stopped_and_refused_until_allowed() {
+    let c = ClusterState::new("c1");
+    let mut first = c.attach_as(1, AgentMode::Managed, "fp-1").unwrap();
+    assert!(c.revoke("its ManagedCluster was deleted"));
+    assert_eq!(
+        *first.borrow_and_update(),
+        Some(Stop::Revoked("its ManagedCluster was deleted".into()))
+    );
+    assert_eq!(
+        c.attach_as(2, AgentMode::Managed, "fp-1").unwrap_err(),
+        "its ManagedCluster was deleted"
+    );
+    assert_eq!(
+        c.revoked().as_deref(),
+        Some("its ManagedCluster was deleted")
+    );
+    assert!(c.allow());
+    assert!(!c.allow());
+    assert!(c.attach_as(3, AgentMode::Managed, "fp-1").is_ok());
+}
+
+#[test]
+fn only_the_session_of_a_denied_certificate_is_stopped() {
+    let c = ClusterState::new("c1");
+    let s = c.attach_as(1, AgentMode::Managed, "fp-good").unwrap();
+    let deny = |fp: &str| (fp == "fp-bad").then(|| "stolen".to_string());
+    assert_eq!(c.stop_if_denied(deny), None);
+    assert!(!s.has_changed().unwrap());
+    let mut s = c.attach_as(2, AgentMode::Managed, "fp-bad").unwrap();
+    assert_eq!(c.stop_if_denied(deny).as_deref(), Some("fp-bad"));
+    assert_eq!(*s.borrow_and_update(), Some(Stop::Denied("stolen".into())));
 }

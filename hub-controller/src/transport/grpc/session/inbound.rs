@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use argocd_pull_proto::digest::{SetDigest, repairs_for, resync_requests};
+use argocd_pull_proto::digest::{SetDigest, repairs_for};
 use argocd_pull_proto::limits;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, DigestSet, HubMessage, ObjectAck, ObjectKey, StatusReport,
@@ -51,11 +51,14 @@ pub(super) fn handle(
             let key = ack.key.expect("validated");
             let outcome = AckOutcome::try_from(ack.outcome).unwrap_or(AckOutcome::Retry);
             if outcome == AckOutcome::Retry {
-                let (cs, key, seq) = (cs.clone(), key.clone(), ack.seq);
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    cs.retry(&key, seq);
-                });
+                // One timer per message in flight, however often it is asked.
+                if cs.schedule_retry(&key, ack.seq) {
+                    let (cs, key, seq) = (cs.clone(), key.clone(), ack.seq);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        cs.retry(&key, seq);
+                    });
+                }
                 return Ok(());
             }
             if outcome == AckOutcome::Rejected {
@@ -96,11 +99,9 @@ pub(super) fn handle(
                     .resyncs
                     .get_or_create(&hub.metrics.cluster(&cs.name))
                     .inc();
-                for r in resync_requests(DigestSet::Observed, &ours, &buckets) {
-                    cs.control(HubMessage {
-                        kind: Some(hub_message::Kind::ResyncRequest(r)),
-                    });
-                }
+                // Sent with the replica as it is then; a digest arriving
+                // before they are sent adds nothing.
+                cs.request_resyncs(&buckets);
             }
         }
         Kind::ResyncRequest(r) => {

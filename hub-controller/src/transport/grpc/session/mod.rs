@@ -1,23 +1,31 @@
 //! One agent's stream: the handshake, then a receiver and a sender running
 //! side by side until the stream ends, the agent goes silent, its
-//! certificate expires, a newer connection of the same cluster replaces it,
-//! or the hub shuts down. Anything the agent sends that breaks the contract
-//! ends only this stream, with a status saying what is wrong.
+//! certificate expires or is denied, its cluster is revoked, a newer
+//! connection of the same cluster replaces it, or the hub shuts down.
+//! Anything the agent sends that breaks the contract ends only this stream,
+//! with a status saying what is wrong.
+//!
+//! Backpressure: every status report is acknowledged through the cluster's
+//! control queue; while `--grpc-control-queue` acknowledgements wait there
+//! the receiver reads nothing more, so HTTP/2 flow control stops an agent
+//! that sends without reading, and one that reads nothing for three
+//! heartbeat intervals is disconnected (`stalled`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use argocd_pull_proto::digest::SetDigest;
 use argocd_pull_proto::limits::MAX_MESSAGE_BYTES;
 use argocd_pull_proto::v1::{
-    AgentMessage, AgentMode, DigestSet, Heartbeat, HubMessage, Welcome, agent_message, hub_message,
+    AgentMessage, AgentMode, Heartbeat, HubMessage, Welcome, agent_message, hub_message,
 };
 use argocd_pull_proto::{validate, version};
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
-use super::cluster::ClusterState;
+use super::cluster::{ClusterState, Stop};
 use super::hub::Hub;
+use super::identity::Peer;
+use super::revoke::Refusal;
 
 mod inbound;
 use inbound::handle;
@@ -32,13 +40,13 @@ pub type Out = mpsc::Sender<Result<HubMessage, Status>>;
 /// Runs one stream to its end.
 pub async fn run(
     hub: Arc<Hub>,
-    cluster: String,
-    not_after: i64,
+    peer: Peer,
     mut inbound: Streaming<AgentMessage>,
     out: Out,
     shutdown: watch::Receiver<bool>,
 ) {
     let metrics = hub.metrics.clone();
+    let cluster = peer.cluster.clone();
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
         Err(_) => {
             refuse(
@@ -78,12 +86,40 @@ pub async fn run(
         Some(agent_message::Kind::Hello(h)) => h.agent_version.clone(),
         _ => String::new(),
     };
-    // Digests and decisions need the whole view of the hub.
+    // Digests and decisions need the whole view of the hub, and nobody is
+    // welcomed before the deny list is known.
     hub.wait_synced().await;
+    hub.config.deny_list.wait_loaded().await;
+    // Again: time passed, the deny list or the cluster may have changed.
+    if let Err(r) = hub.admit(&peer) {
+        refuse(&hub, &cluster, r.reason, &out, r.status).await;
+        return;
+    }
 
     let cs = hub.cluster(&cluster);
     let id = hub.session_id();
-    let replaced = cs.attach(id, negotiated.mode);
+    let stop = match cs.attach_as(id, negotiated.mode, &peer.fingerprint) {
+        Ok(stop) => stop,
+        Err(why) => {
+            let r = Refusal::revoked(&cluster, &why);
+            refuse(&hub, &cluster, r.reason, &out, r.status).await;
+            return;
+        }
+    };
+    // Denied between the check and the attach: the deny list's sweep may
+    // have missed this session.
+    if let Some(note) = hub.config.deny_list.denied(&peer.fingerprint) {
+        cs.detach(id);
+        let r = Refusal::denied(&hub.config.deny_list, &peer.fingerprint, &note);
+        refuse(&hub, &cluster, r.reason, &out, r.status).await;
+        return;
+    }
+    cs.set_control_gauge(
+        metrics
+            .control_queue
+            .get_or_create(&metrics.cluster(&cluster))
+            .clone(),
+    );
     let heartbeat = hub.config.heartbeat;
     let welcome = Welcome {
         protocol_version: negotiated.version,
@@ -104,7 +140,7 @@ pub async fn run(
         return;
     }
     let mode = version::mode_name(negotiated.mode);
-    tracing::info!(%cluster, session = id, mode, protocol = negotiated.version, %agent_version, "agent connected");
+    tracing::info!(%cluster, session = id, mode, protocol = negotiated.version, %agent_version, certificate = %peer.fingerprint, "agent connected");
     metrics
         .connected
         .get_or_create(&metrics.cluster(&cluster))
@@ -113,7 +149,7 @@ pub async fn run(
     // Both sides compare right away: whatever a broken stream lost is
     // repaired now, not at the next periodic digest.
     if negotiated.mode == AgentMode::Managed {
-        cs.control(desired_digest(&cs));
+        cs.send_digest();
     }
 
     let sender = tokio::spawn(send_loop(
@@ -128,9 +164,13 @@ pub async fn run(
         &cs,
         negotiated.mode,
         &mut inbound,
-        replaced,
-        shutdown,
-        not_after,
+        Ends {
+            stop,
+            shutdown,
+            not_after: peer.not_after,
+            fingerprint: &peer.fingerprint,
+            closed: &out,
+        },
         heartbeat,
     )
     .await;
@@ -144,16 +184,14 @@ pub async fn run(
         End::Closed => tracing::info!(%cluster, session = id, "agent disconnected"),
         End::Replaced => {
             tracing::info!(%cluster, session = id, "replaced by a newer connection of the same cluster");
-            let _ = out
-                .send(Err(Status::aborted(
-                    "replaced by a newer connection from the same cluster",
-                )))
-                .await;
+            last_word(
+                &out,
+                Status::aborted("replaced by a newer connection from the same cluster"),
+            )
+            .await;
         }
         End::Shutdown => {
-            let _ = out
-                .send(Err(Status::unavailable("the hub is shutting down")))
-                .await;
+            last_word(&out, Status::unavailable("the hub is shutting down")).await;
         }
         End::Error(reason, status) => {
             refuse(&hub, &cluster, reason, &out, status).await;
@@ -172,7 +210,13 @@ enum End {
 async fn refuse(hub: &Hub, cluster: &str, reason: &'static str, out: &Out, status: Status) {
     tracing::warn!(%cluster, reason, code = ?status.code(), message = %status.message(), "refused an agent's stream");
     hub.metrics.refuse(cluster, reason);
-    let _ = out.send(Err(status)).await;
+    last_word(out, status).await;
+}
+
+/// Ends the stream with `status`, if the agent takes it in time: one that
+/// reads nothing (the stream's buffer full) must not keep the session.
+async fn last_word(out: &Out, status: Status) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), out.send(Err(status))).await;
 }
 
 /// A receive error as the agent should read it: a message over the limit
@@ -198,14 +242,6 @@ fn seen(hub: &Hub, cluster: &str) {
         .last_seen
         .get_or_create(&hub.metrics.cluster(cluster))
         .set(now);
-}
-
-fn desired_digest(cs: &ClusterState) -> HubMessage {
-    HubMessage {
-        kind: Some(hub_message::Kind::Digest(
-            SetDigest::of(&cs.desired_entries()).to_proto(DigestSet::Desired),
-        )),
-    }
 }
 
 async fn send_loop(
@@ -236,7 +272,7 @@ async fn send_loop(
                 _ = &mut notified => {}
                 _ = digest.tick() => {
                     if mode == AgentMode::Managed {
-                        cs.control(desired_digest(&cs));
+                        cs.send_digest();
                     }
                 }
                 _ = tokio::time::sleep_until(last_sent + heartbeat) => {
@@ -263,17 +299,50 @@ async fn send_loop(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What ends a session other than its stream.
+struct Ends<'a> {
+    stop: watch::Receiver<Option<Stop>>,
+    shutdown: watch::Receiver<bool>,
+    not_after: i64,
+    /// Of the certificate the session connected with.
+    fingerprint: &'a str,
+    /// The response stream: closed when the agent is gone.
+    closed: &'a Out,
+}
+
+/// Waits until the control queue is below `bound`; false when nothing
+/// left it for `patience` (the agent reads nothing).
+async fn room(cs: &ClusterState, bound: usize, patience: Duration) -> bool {
+    let mut deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let notified = cs.room.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if cs.control_len() < bound {
+            return true;
+        }
+        tokio::select! {
+            _ = &mut notified => deadline = tokio::time::Instant::now() + patience,
+            _ = tokio::time::sleep_until(deadline) => return false,
+        }
+    }
+}
+
 async fn receive_loop(
     hub: &Arc<Hub>,
     cs: &Arc<ClusterState>,
     mode: AgentMode,
     inbound: &mut Streaming<AgentMessage>,
-    mut replaced: watch::Receiver<bool>,
-    mut shutdown: watch::Receiver<bool>,
-    not_after: i64,
+    ends: Ends<'_>,
     heartbeat: Duration,
 ) -> End {
+    let Ends {
+        mut stop,
+        mut shutdown,
+        not_after,
+        fingerprint,
+        closed,
+    } = ends;
     let expires_in = Duration::from_secs(
         (not_after
             - SystemTime::now()
@@ -284,15 +353,40 @@ async fn receive_loop(
     );
     let expiry = tokio::time::sleep(expires_in);
     tokio::pin!(expiry);
+    let bound = hub.config.limits.control_queue.max(1);
     loop {
+        let full = cs.control_len() >= bound;
         let next = tokio::select! {
-            _ = replaced.wait_for(|r| *r) => return End::Replaced,
+            s = stop.wait_for(Option::is_some) => {
+                let why = s.ok().and_then(|s| s.clone()).unwrap_or(Stop::Replaced);
+                return match why {
+                    Stop::Replaced => End::Replaced,
+                    Stop::Revoked(why) => {
+                        let r = Refusal::revoked(&cs.name, &why);
+                        End::Error(r.reason, r.status)
+                    }
+                    Stop::Denied(note) => {
+                        let r = Refusal::denied(&hub.config.deny_list, fingerprint, &note);
+                        End::Error(r.reason, r.status)
+                    }
+                };
+            }
             _ = shutdown.wait_for(|s| *s) => return End::Shutdown,
             _ = &mut expiry => {
                 return End::Error("certificate-expired", Status::unauthenticated(
                     "the client certificate has expired: reconnect with the renewed one"));
             }
-            m = tokio::time::timeout(heartbeat * 3, inbound.message()) => m,
+            _ = closed.closed() => return End::Closed,
+            roomy = room(cs, bound, heartbeat * 3), if full => {
+                if roomy {
+                    continue;
+                }
+                return End::Error("stalled", Status::resource_exhausted(format!(
+                    "{bound} acknowledgements wait for the agent, which read none for {:?} (three heartbeat intervals): read the stream",
+                    heartbeat * 3
+                )));
+            }
+            m = tokio::time::timeout(heartbeat * 3, inbound.message()), if !full => m,
         };
         let m = match next {
             Err(_) => {

@@ -1,0 +1,426 @@
+//! Cutting agents off and holding abusive ones to their limits, on real API
+//! servers with real certificates (issue 13, items 4 and 5): a certificate
+//! put on the deny list is disconnected within seconds and refused until
+//! taken off; an expired certificate is refused on a new stream of a
+//! connection it opened while valid; a revoked cluster is cut off until
+//! allowed again; a flood of handshakes does not keep the real agent out;
+//! and a client that sends without reading holds at most
+//! `--grpc-control-queue` acknowledgements on the hub, then is disconnected.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use argocd_pull_hub_controller::transport::grpc::{self, identity::fingerprint, metrics};
+use argocd_pull_proto::v1::{AgentMessage, Heartbeat, ObjectKey, agent_message, hub_message};
+use argocd_pull_spoke_agent::Mode;
+use clap::Parser;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde_json::json;
+use testenv::pki::Ca;
+use testenv::wait;
+use tonic::Code;
+
+mod common;
+mod grpc_env;
+use common::grpc_client::{self, any_next, hello, refused, report};
+use grpc_env::{Env, SPOKE_NS, TIMEOUT, agent_subject};
+
+/// How fast a deny list entry must cut a connected agent off.
+const WITHIN_SECONDS: Duration = Duration::from_secs(10);
+
+/// The value of one series in the hub's metrics (0 when absent).
+fn value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until cluster1's agent has (or has not) a stream to the hub. (Its
+/// readiness says connected until the agent's task first runs.)
+async fn connected(env: &Env, yes: bool) {
+    wait::until(
+        if yes {
+            "the agent connected"
+        } else {
+            "the agent disconnected"
+        },
+        TIMEOUT,
+        || async {
+            let agent = env.spokes[0].agent.as_ref().unwrap();
+            match agent.metrics.connected.get() == 1 {
+                c if c == yes => Ok(()),
+                c => Err(c),
+            }
+        },
+    )
+    .await;
+}
+
+fn is_connected(env: &Env) -> bool {
+    env.spokes[0]
+        .agent
+        .as_ref()
+        .unwrap()
+        .metrics
+        .connected
+        .get()
+        == 1
+}
+
+async fn metric(env: &Env, series: &str) -> f64 {
+    value(&env.hub_process.as_ref().unwrap().metrics().await, series)
+}
+
+fn refusals(cluster: &str, reason: &str) -> String {
+    format!("argocd_pull_hub_grpc_refused_total{{cluster=\"{cluster}\",reason=\"{reason}\"}}")
+}
+
+fn fingerprint_of(pem: &str) -> String {
+    fingerprint(&CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
+}
+
+async fn set_deny_list(env: &Env, ns: &str, entries: &[(&str, &str)]) {
+    let api: Api<ConfigMap> = Api::namespaced(env.hub_client.clone(), ns);
+    let data: BTreeMap<String, String> = entries
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": grpc::revoke::DENY_LIST, "namespace": ns },
+        "data": data,
+    }))
+    .unwrap();
+    match api.get_opt(grpc::revoke::DENY_LIST).await.unwrap() {
+        None => {
+            api.create(&PostParams::default(), &cm).await.unwrap();
+        }
+        Some(old) => {
+            let mut cm = cm;
+            cm.metadata.resource_version = old.metadata.resource_version;
+            api.replace(grpc::revoke::DENY_LIST, &PostParams::default(), &cm)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_denied_or_expired_certificate_is_refused_on_every_stream() {
+    let mut env = Env::new(&["cluster1"]).await;
+    let ns = env.hub.namespace("argocd-pull").await.unwrap();
+    env.start_hub(&["--grpc-denied-certificates-namespace", &ns])
+        .await;
+    env.start_agent(0, Mode::Managed);
+    connected(&env, true).await;
+    let pem = std::fs::read_to_string(&env.spokes[0].certs.cert).unwrap();
+    let fp = fingerprint_of(&pem);
+    wait::until("the hub's log to name the certificate", TIMEOUT, || async {
+        let log = env.hub_log();
+        let named = log.lines().any(|l| {
+            l.contains("agent connected cluster=cluster1")
+                && l.contains(&format!("certificate={fp}"))
+        });
+        if named { Ok(()) } else { Err(log) }
+    })
+    .await;
+
+    // Denied: the connected agent is cut off within seconds...
+    set_deny_list(
+        &env,
+        &ns,
+        &[(&fp.to_uppercase(), "laptop stolen, ticket 42")],
+    )
+    .await;
+    wait::until("the denied agent cut off", WITHIN_SECONDS, || async {
+        let cut = env.hub_log().lines().any(|l| {
+            l.contains("refused an agent's stream cluster=cluster1")
+                && l.contains("reason=\"certificate-denied\"")
+        });
+        if cut && !is_connected(&env) {
+            Ok(())
+        } else {
+            Err(format!("cut {cut}, connected {}", is_connected(&env)))
+        }
+    })
+    .await;
+    // ... and refused when it dials again, saying why.
+    wait::until("a reconnection refused", TIMEOUT, || async {
+        match metric(&env, &refusals("cluster1", "certificate-denied")).await {
+            n if n >= 2.0 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    let identity = testenv::pki::CertKey {
+        cert_pem: pem.clone(),
+        key_pem: std::fs::read_to_string(&env.spokes[0].certs.key).unwrap(),
+    };
+    let ca = env.ca.pem.cert_pem.clone();
+    let status = refused(grpc_client::open(&env.hub_address(), &ca, &identity, hello(1, 1)).await);
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains(&format!(
+            "the client certificate (SHA-256 {fp}) is on the hub's deny list (ConfigMap {ns}/argocd-pull-denied-certificates): laptop stolen, ticket 42"
+        )),
+        "{status:?}"
+    );
+    assert_eq!(
+        metric(&env, "argocd_pull_hub_grpc_denied_certificates").await,
+        1.0
+    );
+    assert!(!is_connected(&env));
+
+    // Taken off the list: the agent is back on its own.
+    set_deny_list(&env, &ns, &[]).await;
+    connected(&env, true).await;
+
+    // A certificate valid for a few seconds more opens a connection and a
+    // stream; the hub ends the stream when it expires...
+    let subject = agent_subject("cluster7");
+    let short = env
+        .ca
+        .client_expiring(&subject, Duration::from_secs(6))
+        .unwrap();
+    let channel = grpc_client::channel(&env.hub_address(), &ca, &short, None)
+        .await
+        .unwrap();
+    let (tx, mut inbound, welcome) = grpc_client::open_on(channel.clone(), hello(1, 1))
+        .await
+        .unwrap();
+    assert!(matches!(welcome.kind, Some(hub_message::Kind::Welcome(_))));
+    // Not silent: it is the expiry that ends the stream.
+    tokio::spawn(async move {
+        let beat = AgentMessage {
+            kind: Some(agent_message::Kind::Heartbeat(Heartbeat::default())),
+        };
+        while tx.send(beat.clone()).await.is_ok() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let ended = loop {
+        if let Err(status) = any_next(&mut inbound).await {
+            break status;
+        }
+    };
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    // ... and a new stream on the same connection, with the same expired
+    // certificate, is refused before anything else: no Welcome.
+    let status = refused(grpc_client::open_on(channel, hello(1, 1)).await);
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("the client certificate expired at"),
+        "refused by the stream's check, not a new handshake: {status:?}"
+    );
+    let short_fp = fingerprint_of(&short.cert_pem);
+    assert!(
+        env.hub_log()
+            .lines()
+            .any(|l| l.contains("refused an agent's stream cluster=cluster7")
+                && l.contains(&format!("certificate={short_fp}"))
+                && l.contains("reason=\"certificate-expired\"")),
+        "{}",
+        env.hub_log()
+    );
+    assert!(metric(&env, &refusals("cluster7", "certificate-expired")).await >= 2.0);
+    assert!(is_connected(&env));
+}
+
+#[tokio::test]
+async fn a_revoked_cluster_is_cut_off_until_allowed_again() {
+    let mut env = Env::new(&["cluster1"]).await;
+    // The hub in this process, to call what its watches will call.
+    let d = env.dir.path();
+    let args = argocd_pull_hub_controller::Args::parse_from([
+        "hub-controller".to_string(),
+        format!("--grpc-addr={}", env.grpc_addr),
+        format!("--grpc-tls-cert={}", d.join("hub.crt").display()),
+        format!("--grpc-tls-key={}", d.join("hub.key").display()),
+        format!("--grpc-client-ca={}", d.join("ca.crt").display()),
+        "--grpc-heartbeat=2s".to_string(),
+    ]);
+    let config = args.grpc.config(Default::default()).unwrap();
+    let hub = grpc::Hub::new(
+        config,
+        env.hub_client.clone(),
+        metrics::GrpcMetrics::default(),
+    );
+    let (stop, stopped) = argocd_pull_runtime::shutdown::channel();
+    let server = grpc::start(hub.clone(), stopped.wait()).await.unwrap();
+    env.start_agent(0, Mode::Managed);
+    connected(&env, true).await;
+    let revoked = || {
+        hub.metrics
+            .refused
+            .get_or_create(&metrics::RefusalLabel {
+                cluster: "cluster1".into(),
+                reason: "revoked",
+            })
+            .get()
+    };
+
+    hub.revoke("cluster1", "its ManagedCluster was deleted");
+    wait::until(
+        "the agent cut off and its reconnection refused",
+        WITHIN_SECONDS,
+        || async {
+            let connected = is_connected(&env);
+            if !connected && revoked() >= 2 {
+                Ok(())
+            } else {
+                Err(format!("connected {connected}, refused {}", revoked()))
+            }
+        },
+    )
+    .await;
+    let identity = env.ca.client(&agent_subject("cluster1"), None).unwrap();
+    let ca = env.ca.pem.cert_pem.clone();
+    let status = refused(grpc_client::open(&env.hub_address(), &ca, &identity, hello(1, 1)).await);
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "cluster cluster1 may not connect to this hub: its ManagedCluster was deleted"
+    );
+
+    hub.allow("cluster1");
+    connected(&env, true).await;
+    stop.fire();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn abusive_clients_are_held_to_the_limits() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&[
+        "--grpc-max-handshakes=4",
+        "--grpc-handshake-timeout=2s",
+        "--grpc-control-queue=64",
+    ])
+    .await;
+
+    // 1. Connections that never start their handshake: four wait, the
+    //    others are closed at once and counted.
+    let mut idle = Vec::new();
+    for _ in 0..24 {
+        idle.push(tokio::net::TcpStream::connect(env.grpc_addr).await.unwrap());
+    }
+    wait::until("connections over the limit dropped", TIMEOUT, || async {
+        let m = env.hub_process.as_ref().unwrap().metrics().await;
+        let dropped = value(&m, "argocd_pull_hub_grpc_handshakes_dropped_total");
+        let in_flight = value(&m, "argocd_pull_hub_grpc_handshakes_in_flight");
+        assert!(in_flight <= 4.0, "{m}");
+        if dropped >= 20.0 {
+            Ok(())
+        } else {
+            Err(dropped)
+        }
+    })
+    .await;
+    drop(idle);
+
+    // 2. A flood of handshakes with a foreign CA's certificates, each
+    //    claiming another cluster: the real agent still gets in, and no
+    //    claimed name becomes a series.
+    let flooding = Arc::new(AtomicBool::new(true));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let rogue = Ca::new("rogue").unwrap();
+    let mut flood = Vec::new();
+    for i in 0..6 {
+        let identity = rogue
+            .client(&agent_subject(&format!("evil{i}")), None)
+            .unwrap();
+        let (address, ca, flooding) = (
+            env.hub_address(),
+            env.ca.pem.cert_pem.clone(),
+            flooding.clone(),
+        );
+        let attempts = attempts.clone();
+        flood.push(tokio::spawn(async move {
+            while flooding.load(Ordering::Relaxed) {
+                let _ = grpc_client::channel(&address, &ca, &identity, None).await;
+                attempts.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    env.start_agent(0, Mode::Managed);
+    connected(&env, true).await;
+    flooding.store(false, Ordering::Relaxed);
+    for f in flood {
+        f.await.unwrap();
+    }
+    let m = env.hub_process.as_ref().unwrap().metrics().await;
+    assert!(
+        value(&m, &refusals("unverified", "certificate-invalid")) >= 1.0,
+        "{} attempts: {m}",
+        attempts.load(Ordering::Relaxed)
+    );
+    assert!(!m.contains("evil"), "a series for an unverified name: {m}");
+
+    // 3. A client that sends status reports as fast as it can and reads
+    //    nothing: the hub's queue for it fills to its bound and no further,
+    //    then the hub stops reading and, after three heartbeats, ends it.
+    let flooder = env.ca.client(&agent_subject("cluster5"), None).unwrap();
+    let channel = grpc_client::channel(
+        &env.hub_address(),
+        &env.ca.pem.cert_pem,
+        &flooder,
+        Some(65_535),
+    )
+    .await
+    .unwrap();
+    let (tx, _unread, _welcome) = grpc_client::open_on(channel, hello(1, 1)).await.unwrap();
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    let sender = tokio::spawn(async move {
+        let key = ObjectKey {
+            namespace: SPOKE_NS.into(),
+            name: "alpha".into(),
+        };
+        for seq in 1.. {
+            if tx
+                .send(report(key.clone(), seq, b"{}".to_vec()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let queue = "argocd_pull_hub_grpc_agent_control_queue{cluster=\"cluster5\"}";
+    let deepest = std::cell::Cell::new(0.0f64);
+    wait::until("the flooder disconnected as stalled", TIMEOUT, || async {
+        let m = env.hub_process.as_ref().unwrap().metrics().await;
+        deepest.set(deepest.get().max(value(&m, queue)));
+        match value(&m, &refusals("cluster5", "stalled")) {
+            n if n >= 1.0 => Ok(()),
+            _ => Err(deepest.get()),
+        }
+    })
+    .await;
+    assert_eq!(
+        deepest.get(),
+        64.0,
+        "the queue filled to its bound, not beyond"
+    );
+    assert_eq!(metric(&env, queue).await, 0.0, "freed with the session");
+    sender.abort();
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(sent > 64, "the client sent {sent}");
+
+    // The real agent never noticed.
+    assert!(is_connected(&env));
+    env.hub_apps()
+        .create(&PostParams::default(), &env.app("alpha", 0, json!({})))
+        .await
+        .unwrap();
+    let expected: BTreeMap<String, usize> = [("alpha".to_string(), 0)].into();
+    wait::until("alpha delivered", TIMEOUT, || env.converged(&expected)).await;
+}
