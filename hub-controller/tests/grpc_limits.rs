@@ -2,8 +2,8 @@
 //! servers with real certificates (issue 13, items 4 and 5): a certificate
 //! put on the deny list is disconnected within seconds and refused until
 //! taken off; an expired certificate is refused on a new stream of a
-//! connection it opened while valid; a revoked cluster is cut off until
-//! allowed again; a flood of handshakes does not keep the real agent out;
+//! connection it opened while valid; a cluster whose ManagedCluster is
+//! deleted or whose addon is disabled is cut off until it is back; a flood of handshakes does not keep the real agent out;
 //! and a client that sends without reading holds at most
 //! `--grpc-control-queue` acknowledgements on the hub, then is disconnected.
 
@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use argocd_pull_hub_controller::transport::grpc::{self, identity::fingerprint, metrics};
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::{ManagedCluster, ManagedClusterAddOn};
+use argocd_pull_hub_controller::transport::grpc::{self, identity::fingerprint};
 use argocd_pull_proto::v1::{AgentMessage, Heartbeat, ObjectKey, agent_message, hub_message};
 use argocd_pull_spoke_agent::Mode;
-use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use rustls::pki_types::CertificateDer;
@@ -233,66 +234,64 @@ async fn a_denied_or_expired_certificate_is_refused_on_every_stream() {
     assert!(is_connected(&env));
 }
 
+/// Revocation driven by the hub's own watches: the ManagedCluster deleted,
+/// then the addon disabled; each cuts the agent off and refuses it until the
+/// object is back.
 #[tokio::test]
-async fn a_revoked_cluster_is_cut_off_until_allowed_again() {
+async fn a_cluster_that_leaves_ocm_or_disables_the_addon_is_cut_off_until_back() {
     let mut env = Env::new(&["cluster1"]).await;
-    // The hub in this process, to call what its watches will call.
-    let d = env.dir.path();
-    let args = argocd_pull_hub_controller::Args::parse_from([
-        "hub-controller".to_string(),
-        format!("--grpc-addr={}", env.grpc_addr),
-        format!("--grpc-tls-cert={}", d.join("hub.crt").display()),
-        format!("--grpc-tls-key={}", d.join("hub.key").display()),
-        format!("--grpc-client-ca={}", d.join("ca.crt").display()),
-        "--grpc-heartbeat=2s".to_string(),
-    ]);
-    let config = args.grpc.config(Default::default()).unwrap();
-    let hub = grpc::Hub::new(
-        config,
-        env.hub_client.clone(),
-        metrics::GrpcMetrics::default(),
-    );
-    let (stop, stopped) = argocd_pull_runtime::shutdown::channel();
-    let server = grpc::start(hub.clone(), stopped.wait()).await.unwrap();
+    env.start_hub(&[]).await;
     env.start_agent(0, Mode::Managed);
     connected(&env, true).await;
-    let revoked = || {
-        hub.metrics
-            .refused
-            .get_or_create(&metrics::RefusalLabel {
-                cluster: "cluster1".into(),
-                reason: "revoked",
-            })
-            .get()
-    };
-
-    hub.revoke("cluster1", "its ManagedCluster was deleted");
-    wait::until(
-        "the agent cut off and its reconnection refused",
-        WITHIN_SECONDS,
-        || async {
-            let connected = is_connected(&env);
-            if !connected && revoked() >= 2 {
-                Ok(())
-            } else {
-                Err(format!("connected {connected}, refused {}", revoked()))
-            }
-        },
-    )
-    .await;
-    let identity = env.ca.client(&agent_subject("cluster1"), None).unwrap();
+    let revoked_series =
+        r#"argocd_pull_hub_grpc_refused_total{cluster="cluster1",reason="revoked"}"#;
     let ca = env.ca.pem.cert_pem.clone();
-    let status = refused(grpc_client::open(&env.hub_address(), &ca, &identity, hello(1, 1)).await);
-    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    assert_eq!(
-        status.message(),
-        "cluster cluster1 may not connect to this hub: its ManagedCluster was deleted"
-    );
+    let identity = env.ca.client(&agent_subject("cluster1"), None).unwrap();
 
-    hub.allow("cluster1");
-    connected(&env, true).await;
-    stop.fire();
-    server.await.unwrap();
+    for (leave, why) in [
+        ("ManagedCluster", "its ManagedCluster was deleted"),
+        ("ManagedClusterAddOn", "the argocd-pull addon was disabled"),
+    ] {
+        let before = metric(&env, revoked_series).await;
+        match leave {
+            "ManagedCluster" => Api::<ManagedCluster>::all(env.hub_client.clone())
+                .delete("cluster1", &Default::default())
+                .await
+                .map(|_| ()),
+            _ => Api::<ManagedClusterAddOn>::namespaced(env.hub_client.clone(), "cluster1")
+                .delete(keys::ADDON_NAME, &Default::default())
+                .await
+                .map(|_| ()),
+        }
+        .unwrap();
+        wait::until(
+            &format!("{leave} gone: the agent cut off and its reconnection refused"),
+            WITHIN_SECONDS,
+            || async {
+                let connected = is_connected(&env);
+                let refused = metric(&env, revoked_series).await - before;
+                if !connected && refused >= 2.0 {
+                    Ok(())
+                } else {
+                    Err(format!("connected {connected}, refused {refused}"))
+                }
+            },
+        )
+        .await;
+        let status =
+            refused(grpc_client::open(&env.hub_address(), &ca, &identity, hello(1, 1)).await);
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert_eq!(
+            status.message(),
+            format!("cluster cluster1 may not connect to this hub: {why}")
+        );
+        // Back: the agent reconnects by itself.
+        match leave {
+            "ManagedCluster" => common::managed_cluster(&env.hub, "cluster1").await,
+            _ => grpc_env::enable_addon(&env.hub_client, "cluster1").await,
+        }
+        connected(&env, true).await;
+    }
 }
 
 #[tokio::test]

@@ -26,6 +26,10 @@ use tonic::Status;
 use super::hub::Hub;
 use super::identity::Peer;
 
+/// How long a cluster whose addon was disabled stays connected at most, for
+/// its agent to acknowledge letting go of its Applications.
+pub const LEAVE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Default name of the deny list's ConfigMap.
 pub const DENY_LIST: &str = "argocd-pull-denied-certificates";
 
@@ -186,6 +190,24 @@ impl Hub {
     pub fn revoke(&self, cluster: &str, why: &str) {
         let connected = self.cluster(cluster).revoke(why);
         tracing::warn!(%cluster, %why, connected, "cluster revoked: its agent is disconnected and refused until the cluster is allowed again");
+    }
+
+    /// Revokes `cluster` once its agent has acknowledged everything queued
+    /// for it (the releases of the Applications that move to ManifestWork
+    /// when its addon is disabled: cut off before, the agent would keep
+    /// them next to the work agent), or after [`LEAVE_GRACE`]; not if the
+    /// addon is back by then.
+    pub fn revoke_once_released(self: Arc<Self>, cluster: String, why: &'static str) {
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + LEAVE_GRACE;
+            let cs = self.cluster(&cluster);
+            while cs.lag().1 > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            if !self.caches.addon_enabled(&cluster) {
+                self.revoke(&cluster, why);
+            }
+        });
     }
 
     /// `cluster` may connect again (its ManagedCluster and addon exist).

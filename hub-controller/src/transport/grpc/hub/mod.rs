@@ -42,6 +42,8 @@ pub const MIRROR_MANAGER: &str = "argocd-pull-mirror";
 
 /// Shared by the sessions, the event loop and the workers.
 pub struct Hub {
+    /// This hub, for the tasks it starts from a watch event.
+    me: std::sync::Weak<Hub>,
     pub config: GrpcConfig,
     pub client: kube::Client,
     pub metrics: GrpcMetrics,
@@ -75,7 +77,8 @@ impl Hub {
         metrics: GrpcMetrics,
         caches: Caches,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             writer: AppWriter::new(client.clone()),
             caches,
             config,
@@ -163,6 +166,33 @@ impl Hub {
                     }
                 }
             }
+            // Revocation (see `super::super::revoke`): a cluster that left
+            // OCM is cut off at once; one whose addon was disabled once its
+            // agent has let go of the Applications moving to ManifestWork.
+            Event::Cluster(E::Delete(mc)) => {
+                self.revoke(&mc.name_any(), "its ManagedCluster was deleted")
+            }
+            Event::Cluster(E::Apply(mc) | E::InitApply(mc))
+                if self.caches.addon_enabled(&mc.name_any()) =>
+            {
+                self.allow(&mc.name_any())
+            }
+            Event::Addon(E::Apply(a) | E::InitApply(a)) => {
+                let cluster = a.namespace().unwrap_or_default();
+                self.allow(&cluster);
+                if synced {
+                    self.reassign_targeting(&cluster);
+                }
+            }
+            Event::Addon(E::Delete(a)) => {
+                let cluster = a.namespace().unwrap_or_default();
+                if synced {
+                    self.reassign_targeting(&cluster);
+                }
+                if let Some(hub) = self.me.upgrade() {
+                    hub.revoke_once_released(cluster, "the argocd-pull addon was disabled");
+                }
+            }
             Event::Mirror(E::Apply(m) | E::InitApply(m) | E::Delete(m)) => {
                 if let Some(work) = mirror_work(m) {
                     if let Work::Mirror { cluster, key } = &work {
@@ -174,14 +204,6 @@ impl Hub {
             // Until then the index is not built at all.
             _ if !synced => {}
             Event::App(E::Apply(a) | E::InitApply(a)) => self.reassign(a),
-            Event::Addon(E::Apply(a) | E::InitApply(a) | E::Delete(a)) => {
-                self.reassign_where(|app| {
-                    app.annotations()
-                        .get(keys::MANAGED_CLUSTER)
-                        .map(String::as_str)
-                        == a.namespace().as_deref()
-                });
-            }
             Event::Decision(E::Apply(d) | E::InitApply(d) | E::Delete(d)) => {
                 let ns = d.namespace();
                 self.reassign_where(|app| app.namespace() == ns);
@@ -194,6 +216,15 @@ impl Hub {
 
     fn reassign_all(&self) {
         self.reassign_where(|_| true);
+    }
+
+    fn reassign_targeting(&self, cluster: &str) {
+        self.reassign_where(|app| {
+            app.annotations()
+                .get(keys::MANAGED_CLUSTER)
+                .map(String::as_str)
+                == Some(cluster)
+        });
     }
 
     fn reassign_where(&self, filter: impl Fn(&CachedApp) -> bool) {
