@@ -50,6 +50,11 @@ pub struct Args {
     /// with the `RawFeedbackJsonString` feature gate.
     #[arg(long, env = "ARGOCD_PULL_RAW_FEEDBACK")]
     pub raw_feedback: bool,
+    /// How long the work agent may take to apply a ManifestWork before the
+    /// hub Application shows `WorkNotApplied` (a cluster down or cut off,
+    /// a work agent not running).
+    #[arg(long, env = "ARGOCD_PULL_WORK_APPLY_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub work_apply_timeout: Duration,
     /// How a namespace is allowed to target a cluster: `placement` (a
     /// PlacementDecision in the Application's namespace must select it) or
     /// `none` (any namespace may target any cluster).
@@ -231,6 +236,7 @@ async fn run_controllers(
         client.clone(),
         render::work::WorkOptions {
             raw_feedback: args.raw_feedback,
+            apply_timeout: args.work_apply_timeout,
         },
         authorization,
         metrics.clone(),

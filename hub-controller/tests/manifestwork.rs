@@ -371,6 +371,95 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     hub.stop.fire();
 }
 
+/// A work the work agent never reports applied (a cluster down) shows on
+/// the hub copy after `--work-apply-timeout`, and goes once it reports.
+#[tokio::test]
+async fn a_work_left_unapplied_becomes_a_condition_until_the_work_agent_reports() {
+    testenv::init_tracing();
+    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
+        .await
+        .unwrap();
+    let client = cluster.client().await.unwrap();
+    let timeout = Duration::from_secs(3);
+    let (_ctx, _stop) = common::run_controller_with(
+        client.clone(),
+        argocd_pull_hub_controller::render::work::WorkOptions {
+            apply_timeout: timeout,
+            ..Default::default()
+        },
+    )
+    .await;
+    managed_cluster(&cluster, "cluster1").await;
+    let ns = cluster.namespace("team").await.unwrap();
+    placement_selects(&client, &ns, &["cluster1"]).await;
+    let apps = apps_api(&client, &ns);
+    let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
+    let created = std::time::Instant::now();
+    apps.create(
+        &PostParams::default(),
+        &app(
+            "silent",
+            &ns,
+            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+            json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+    let work_name = format!("{ns}.silent");
+    wait::exists(&works, &work_name, TIMEOUT).await;
+
+    let condition = |a: &Application| {
+        a.data["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
+            .and_then(|c| c["message"].as_str())
+            .map(str::to_string)
+    };
+    wait::until("WorkNotApplied on the hub copy", TIMEOUT, || async {
+        let a = apps.get("silent").await.map_err(|e| e.to_string())?;
+        match condition(&a) {
+            Some(m)
+                if m.starts_with(
+                    "WorkNotApplied: the work agent of cluster cluster1 has not applied",
+                ) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        created.elapsed() >= timeout,
+        "shown {:?} after the Application was created, before the {timeout:?} timeout",
+        created.elapsed()
+    );
+    assert!(
+        condition(&apps.get("silent").await.unwrap())
+            .unwrap()
+            .contains(&format!("ManifestWork cluster1/{work_name}"))
+    );
+
+    // The work agent reports: the condition goes, the status comes.
+    feed_back(
+        &works,
+        &work_name,
+        &ns,
+        "silent",
+        &[("healthStatus", "Healthy")],
+    )
+    .await;
+    wait::until("the condition gone, the status shown", TIMEOUT, || async {
+        let a = apps.get("silent").await.map_err(|e| e.to_string())?;
+        match (condition(&a), a.data["status"]["health"]["status"].as_str()) {
+            (None, Some("Healthy")) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
     let (hub, ns, apps, works) = one_cluster_team().await;

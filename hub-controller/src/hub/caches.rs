@@ -175,7 +175,8 @@ impl Queue {
         self.gauge.set(p.len() as i64);
         self.running
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        trigger.unwrap_or("unknown")
+        // Nothing recorded: a timer the reconcile itself asked for.
+        trigger.unwrap_or("requeue")
     }
 
     /// A reconcile [`Queue::started`] has finished.
@@ -311,6 +312,6 @@ mod tests {
         assert_eq!((q.depth(), gauge.get()), (1, 1));
         assert_eq!(q.started(&one), "work", "the last trigger counts");
         assert_eq!((q.depth(), gauge.get()), (0, 0));
-        assert_eq!(q.started(&one), "unknown");
+        assert_eq!(q.started(&one), "requeue");
     }
 }

@@ -60,10 +60,22 @@ pub const FEEDBACK_RAW: [(&str, &str); 3] = [
     ("healthMessage", ".status.health.message"),
 ];
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct WorkOptions {
     /// Ask the work agent for the structured feedback rules too.
     pub raw_feedback: bool,
+    /// How long the work agent may take to apply a work before the hub
+    /// copy shows `WorkNotApplied`.
+    pub apply_timeout: std::time::Duration,
+}
+
+impl Default for WorkOptions {
+    fn default() -> Self {
+        Self {
+            raw_feedback: false,
+            apply_timeout: std::time::Duration::from_secs(300),
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -379,7 +391,10 @@ mod tests {
     fn raw_feedback_rules_are_opt_in() {
         let app = app("guestbook");
         let t = target();
-        let opts = WorkOptions { raw_feedback: true };
+        let opts = WorkOptions {
+            raw_feedback: true,
+            ..Default::default()
+        };
         let work = manifest_work(&app, &t, delivered_copy(&app, &t), &opts).unwrap();
         let rules = &work.spec.manifest_configs.unwrap()[0]
             .feedback_rules
@@ -432,7 +447,10 @@ mod tests {
             &a,
             &target(),
             delivered_copy(&a, &target()),
-            &WorkOptions { raw_feedback: true },
+            &WorkOptions {
+                raw_feedback: true,
+                ..Default::default()
+            },
         )
         .unwrap();
         assert!(!is_applied(&raw, &stored));

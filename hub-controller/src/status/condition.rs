@@ -30,6 +30,8 @@ pub enum Reason {
     RejectedByAgent,
     /// The cluster's agent runs in autonomous mode.
     AutonomousCluster,
+    /// The work agent has not applied the current ManifestWork in time.
+    WorkNotApplied,
 }
 
 impl Reason {
@@ -44,6 +46,7 @@ impl Reason {
             Reason::SpokeConflict => "SpokeConflict",
             Reason::RejectedByAgent => "RejectedByAgent",
             Reason::AutonomousCluster => "AutonomousCluster",
+            Reason::WorkNotApplied => "WorkNotApplied",
         }
     }
 }

@@ -161,12 +161,23 @@ pub async fn run_controller(
     std::sync::Arc<argocd_pull_hub_controller::transport::manifestwork::Context>,
     argocd_pull_runtime::shutdown::Trigger,
 ) {
+    run_controller_with(client, Default::default()).await
+}
+
+/// [`run_controller`] with other ManifestWork options.
+pub async fn run_controller_with(
+    client: kube::Client,
+    options: argocd_pull_hub_controller::render::work::WorkOptions,
+) -> (
+    std::sync::Arc<argocd_pull_hub_controller::transport::manifestwork::Context>,
+    argocd_pull_runtime::shutdown::Trigger,
+) {
     use argocd_pull_hub_controller::hub::watches::{Scope, Watches};
     use argocd_pull_hub_controller::transport::manifestwork::{Context, controller};
     let watches = Watches::new(Scope::default());
     let ctx = Context::new(
         client.clone(),
-        argocd_pull_hub_controller::render::work::WorkOptions::default(),
+        options,
         argocd_pull_hub_controller::route::authz::Authorization::default(),
         argocd_pull_hub_controller::metrics::Metrics::default(),
         watches.caches(),

@@ -28,7 +28,7 @@ use crate::status::Reason;
 use crate::status::condition::{
     OWNED, condition_of, owned_status, set_condition, shows_any_of_ours,
 };
-use crate::status::feedback::{feedback, spoke_problem, status_update};
+use crate::status::feedback::{feedback, not_applied, spoke_problem, status_update, work_applied};
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 
 pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -60,12 +60,6 @@ pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action,
     } else {
         Box::pin(reconcile_inner(&app.application(), &ctx)).await
     };
-    if let Ok(action) = &result
-        && *action != Action::await_change()
-    {
-        // The only requeues left: a work or spoke copy still being deleted.
-        ctx.queue.triggered(key, "requeue-deleting");
-    }
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -140,6 +134,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         if existing.metadata.deletion_timestamp.is_some() {
             // The work of a deleted Application of the same name is still
             // being removed from the spoke; deliver once it is gone.
+            ctx.trigger_later(app, "requeue-deleting");
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
         let a = existing.annotations();
@@ -228,7 +223,10 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     let mut status = feedback(&applied, &target.app_namespace, &name)
         .map(|fb| status_update(&current, &fb))
         .unwrap_or_else(|| json!({}));
-    let problem = spoke_problem(&applied, &target.app_namespace, &name);
+    let waited = unapplied_for(ctx, &target.cluster, &work_name, &applied);
+    let overdue = waited.filter(|w| *w >= ctx.options.apply_timeout);
+    let problem = spoke_problem(&applied, &target.app_namespace, &name)
+        .or_else(|| overdue.map(|w| not_applied(&target.cluster, &work_name, w)));
     set_condition(
         &mut status,
         problem
@@ -238,7 +236,38 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     // A `Progressing` shown first (see `status::progress`) is followed by
     // the real health when its echo brings the Application back here.
     write_status(app, ctx, status).await?;
-    Ok(Action::await_change())
+    match waited {
+        // Looked at again when the apply is overdue, unless the work
+        // agent's report comes first.
+        // (Not counted in the queue's depth while it waits: its reconcile
+        // counts as a `requeue` trigger.)
+        Some(w) if w < ctx.options.apply_timeout => {
+            Ok(Action::requeue(ctx.options.apply_timeout - w))
+        }
+        _ => Ok(Action::await_change()),
+    }
+}
+
+/// How long the work agent has left the work's current version unapplied,
+/// as far as this process has seen; `None` once it reports it applied.
+fn unapplied_for(
+    ctx: &Context,
+    cluster: &str,
+    name: &str,
+    work: &ManifestWork,
+) -> Option<Duration> {
+    let mut unapplied = ctx.unapplied.lock().expect("lock");
+    let key = (cluster.to_string(), name.to_string());
+    if work_applied(work) {
+        unapplied.remove(&key);
+        return None;
+    }
+    Some(
+        unapplied
+            .entry(key)
+            .or_insert_with(std::time::Instant::now)
+            .elapsed(),
+    )
 }
 
 /// The gRPC transport delivers `app`: a ManifestWork left from before the
@@ -354,6 +383,7 @@ async fn finalize(app: &Application, ctx: &Context) -> Result<Action, Error> {
         ctx.caches.written.forget(&t.cluster, &name);
         if works.get_opt(&name).await?.is_some() {
             // The work agent is still deleting the spoke's copy.
+            ctx.trigger_later(app, "requeue-deleting");
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
     }

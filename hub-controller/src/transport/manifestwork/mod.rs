@@ -49,6 +49,10 @@ pub struct Context {
     /// (a cluster joining or its spec changing) re-reconciles its
     /// Applications, not every status heartbeat.
     cluster_generations: Mutex<HashMap<String, Option<i64>>>,
+    /// Works whose current version the work agent has not reported applied
+    /// yet, with when this process first saw them so (see
+    /// [`crate::status::feedback::not_applied`]).
+    pub(crate) unapplied: Mutex<HashMap<(String, String), std::time::Instant>>,
 }
 
 impl Context {
@@ -80,6 +84,7 @@ impl Context {
             triggers,
             triggered: Mutex::new(Some(triggered)),
             cluster_generations: Mutex::default(),
+            unapplied: Mutex::default(),
         })
     }
 

@@ -61,6 +61,17 @@ impl Consumer for Context {
 }
 
 impl Context {
+    /// Records why the reconcile of `app` that its requeue brings comes.
+    pub(crate) fn trigger_later(
+        &self,
+        app: &argocd_pull_apis::argocd::Application,
+        why: &'static str,
+    ) {
+        let r = ObjectRef::new_with(&app.name_any(), application_resource())
+            .within(&app.namespace().unwrap_or_default());
+        self.queue.triggered(r, why);
+    }
+
     /// Reconciles `app` (soon), recording what asked for it.
     pub(crate) fn trigger(&self, app: ObjectRef<CachedApp>, why: &'static str) {
         self.queue.triggered(app.clone(), why);
