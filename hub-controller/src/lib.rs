@@ -50,6 +50,12 @@ pub struct Args {
     /// with the `RawFeedbackJsonString` feature gate.
     #[arg(long, env = "ARGOCD_PULL_RAW_FEEDBACK")]
     pub raw_feedback: bool,
+    /// ManifestWork reconciles that run at once. Each holds a parsed
+    /// Application and its work while it waits for the API server, so this
+    /// bounds memory when thousands are triggered together (start-up, a
+    /// Placement change); more than `--api-max-in-flight` gains little.
+    #[arg(long, env = "ARGOCD_PULL_WORKERS", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
     /// How long the work agent may take to apply a ManifestWork before the
     /// hub Application shows `WorkNotApplied` (a cluster down or cut off,
     /// a work agent not running).
@@ -237,6 +243,7 @@ async fn run_controllers(
         render::work::WorkOptions {
             raw_feedback: args.raw_feedback,
             apply_timeout: args.work_apply_timeout,
+            workers: args.workers.into(),
         },
         authorization,
         metrics.clone(),

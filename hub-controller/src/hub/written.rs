@@ -54,6 +54,14 @@ impl Written {
         true
     }
 
+    /// Whether `meta` is exactly the version our last write of it returned:
+    /// the echo of our own write, which tells the writer nothing it did not
+    /// already learn from the write's response.
+    pub fn is_echo(&self, meta: &ObjectMeta) -> bool {
+        let map = self.lock();
+        matches!((map.get(&key(meta)), &meta.resource_version), (Some(w), Some(c)) if w == c)
+    }
+
     /// Forgets the object (deleted, or no longer ours to write).
     pub fn forget(&self, namespace: &str, name: &str) {
         self.lock()
@@ -121,6 +129,17 @@ mod tests {
         assert!(w.behind_key(&("team".into(), "app".into()), None));
         w.forget("team", "app");
         assert!(!w.behind(&meta("1")));
+    }
+
+    #[test]
+    fn only_the_exact_version_written_is_its_echo() {
+        let w = Written::default();
+        assert!(!w.is_echo(&meta("7")), "nothing written");
+        w.record(&meta("7"));
+        assert!(!w.is_echo(&meta("6")));
+        assert!(w.is_echo(&meta("7")));
+        assert!(!w.is_echo(&meta("8")), "someone wrote after us");
+        assert!(w.is_echo(&meta("7")), "asking forgets nothing");
     }
 
     #[test]

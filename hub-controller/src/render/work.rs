@@ -67,6 +67,8 @@ pub struct WorkOptions {
     /// How long the work agent may take to apply a work before the hub
     /// copy shows `WorkNotApplied`.
     pub apply_timeout: std::time::Duration,
+    /// Reconciles that run at once.
+    pub workers: usize,
 }
 
 impl Default for WorkOptions {
@@ -74,6 +76,7 @@ impl Default for WorkOptions {
         Self {
             raw_feedback: false,
             apply_timeout: std::time::Duration::from_secs(300),
+            workers: 32,
         }
     }
 }

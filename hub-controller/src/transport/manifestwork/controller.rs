@@ -44,6 +44,9 @@ pub async fn run(
         app_store.clone(),
         ar.clone(),
     )
+    .with_config(
+        kube::runtime::controller::Config::default().concurrency(ctx.options.workers as u16),
+    )
     .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
         triggered,
     ));

@@ -23,7 +23,7 @@ use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::route::target::{is_pulled, target};
 
 /// Whether a work should go, given its hub Application (if it still exists).
-pub fn is_orphan(work: &ManifestWork, app: Option<&Application>) -> bool {
+pub fn is_orphan(work: &impl kube::Resource, app: Option<&Application>) -> bool {
     let Some(app) = app else { return true };
     if app.metadata.deletion_timestamp.is_some() {
         // The reconciler handles deletions of Applications with finalizers.
@@ -42,7 +42,7 @@ pub fn is_orphan(work: &ManifestWork, app: Option<&Application>) -> bool {
 
 /// Whether `work` (metadata) is a work of argocd-pull-integration delivering
 /// the same Application that our work `ours` now delivers.
-pub fn is_adoptable(work: &PartialObjectMeta<ManifestWork>, ours: &ManifestWork) -> bool {
+pub fn is_adoptable(work: &PartialObjectMeta<ManifestWork>, ours: &impl kube::Resource) -> bool {
     let (a, o) = (work.annotations(), ours.annotations());
     work.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY)
         && work.name_any() != ours.name_any()
@@ -57,12 +57,12 @@ pub fn is_adoptable(work: &PartialObjectMeta<ManifestWork>, ours: &ManifestWork)
 /// replace; returns how many.
 async fn adopt_legacy(
     client: &Client,
-    ours: &[ManifestWork],
+    ours: &[WorkMeta],
     metrics: &Metrics,
 ) -> Result<usize, kube::Error> {
     // Only metadata: the hub may hold many works that are not ours.
     let all: Api<ManifestWork> = Api::all(client.clone());
-    let mut ours_by_app: HashMap<(String, String, String), &ManifestWork> = HashMap::new();
+    let mut ours_by_app: HashMap<(String, String, String), &WorkMeta> = HashMap::new();
     for w in ours {
         let a = w.annotations();
         if let (Some(ns), Some(name)) = (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME))
@@ -84,7 +84,7 @@ async fn adopt_legacy(
         let Some(our) = ours_by_app.get(&key) else {
             continue;
         };
-        if !is_adoptable(&work, our) {
+        if !is_adoptable(&work, *our) {
             continue;
         }
         let api: Api<ManifestWork> = Api::namespaced(client.clone(), &key.0);
@@ -143,24 +143,45 @@ async fn pulled_apps(
     }
 }
 
+type WorkMeta = PartialObjectMeta<ManifestWork>;
+
+/// argocd-pull's ManifestWorks: their metadata only (all that decides
+/// whether one is an orphan), a page at a time. Listed whole, 5,000 works
+/// with the Applications they deliver took some 250 MiB for the moment of
+/// each sweep, the hub-controller's peak memory.
+async fn our_works(client: &Client) -> Result<Vec<WorkMeta>, kube::Error> {
+    let api: Api<ManifestWork> = Api::all(client.clone());
+    let mut params = ListParams::default()
+        .labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"))
+        .limit(500);
+    let mut works = Vec::new();
+    loop {
+        let page = api.list_metadata(&params).await?;
+        works.extend(page.items.into_iter().map(|mut w| {
+            w.metadata.managed_fields = None;
+            w
+        }));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(works),
+        }
+    }
+}
+
 /// One pass; returns how many works were deleted. The works are listed
 /// first, then the labelled Applications (in that order, so an Application
 /// created in between is still seen).
 pub async fn sweep_once(client: &Client, metrics: &Metrics) -> Result<usize, kube::Error> {
-    let works: Api<ManifestWork> = Api::all(client.clone());
-    let list = works
-        .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")))
-        .await?;
-    metrics.works_managed.set(list.items.len() as i64);
+    let works = our_works(client).await?;
+    metrics.works_managed.set(works.len() as i64);
     let apps = pulled_apps(client).await?;
     let mut deleted = 0;
-    let delivering: Vec<ManifestWork> = list
-        .items
+    let delivering: Vec<WorkMeta> = works
         .iter()
         .filter(|w| {
             let a = w.annotations();
             match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
-                (Some(ns), Some(name)) => !is_orphan(w, apps.get(&(ns.clone(), name.clone()))),
+                (Some(ns), Some(name)) => !is_orphan(*w, apps.get(&(ns.clone(), name.clone()))),
                 _ => false,
             }
         })
@@ -169,7 +190,7 @@ pub async fn sweep_once(client: &Client, metrics: &Metrics) -> Result<usize, kub
     if let Err(e) = adopt_legacy(client, &delivering, metrics).await {
         tracing::warn!(error = %e, "could not adopt argocd-pull-integration ManifestWorks; will retry");
     }
-    for work in list.items {
+    for work in works {
         let a = work.annotations();
         let (Some(ns), Some(name)) = (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME))
         else {

@@ -1,7 +1,8 @@
 //! What the hub's watch events mean to the ManifestWork controller: the
 //! Applications to reconcile. An Application changing reconciles itself;
 //! the work agent writing feedback on a work, or deleting it, reconciles
-//! the work's Application; a cluster joining (a new generation of its
+//! the work's Application (the echo of our own write of the work does
+//! not); a cluster joining (a new generation of its
 //! ManagedCluster) reconciles the Applications that wait for it; a
 //! Placement changing its decisions re-checks its namespace's Applications.
 
@@ -22,6 +23,9 @@ impl Consumer for Context {
                 ObjectRef::from_obj_with(a, application_resource()),
                 "application",
             ),
+            // The echo of our own write of the work: the reconcile that wrote
+            // it went on from the write's response.
+            Event::Work(E::Apply(w)) if self.caches.written.is_echo(&w.metadata) => {}
             Event::Work(E::Apply(w) | E::InitApply(w) | E::Delete(w)) => {
                 if let Some(owner) = caches::work_owner(w)
                     && self.caches.apps.get(&owner).is_some()
