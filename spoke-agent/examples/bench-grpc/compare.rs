@@ -58,6 +58,8 @@ pub struct CompareArgs {
 }
 
 const OURS_NS: &str = "bench";
+/// Status writes in flight on the managed cluster in the throughput part.
+const IN_FLIGHT: usize = 32;
 const AGENT_NAME: &str = "agent1";
 
 /// One side while it runs: where its Applications live and how its hub
@@ -398,12 +400,9 @@ async fn one_side(
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let last: HashMap<String, String> = (0..args.updates)
-            .map(|k| (names[k % names.len()].clone(), format!("u{k}")))
-            .collect();
         let start = Instant::now();
         futures::stream::iter(0..args.updates)
-            .for_each_concurrent(32, |k| {
+            .for_each_concurrent(IN_FLIGHT, |k| {
                 let spoke_apps = spoke_apps.clone();
                 let name = names[k % names.len()].clone();
                 async move {
@@ -418,6 +417,28 @@ async fn one_side(
             })
             .await;
         f.updates_written = Some(start.elapsed());
+        // The last status of each, as its managed copy shows it now that
+        // every write has returned: two writes of one Application in flight
+        // at once land in either order, so the last one sent need not be
+        // the last one written (taking it for that counted updates as lost
+        // that were never the last).
+        let on_spoke = spoke_apps.list(&ListParams::default()).await?;
+        let last: HashMap<String, String> = on_spoke
+            .items
+            .iter()
+            .filter_map(|a| {
+                let name = a.metadata.name.clone()?;
+                names.contains(&name).then_some(())?;
+                Some((name, message(&a.data)?))
+            })
+            .collect();
+        if last.len() != names.len() {
+            bail!(
+                "{} of {} managed copies show no status written by the benchmark",
+                names.len() - last.len(),
+                names.len()
+            );
+        }
         let settle = Instant::now() + Duration::from_secs(60);
         loop {
             let listed = hub_apps.list(&ListParams::default()).await?;
