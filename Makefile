@@ -108,11 +108,12 @@ bench-manifestwork: tools
 	  --bin hub-controller --bin bench-manifestwork
 	$(CURDIR)/target/release/bench-manifestwork $(BENCH_ARGS)
 
-## bench-grpc: gRPC transport latency (p50/p99 over 1,000 changes each way), one agent's throughput, and the fleet (bench-grpc-fleet), real API servers (docs/grpc.md)
+## bench-grpc: gRPC transport latency (p50/p99 over 1,000 changes each way), one agent's throughput, and the fleet (bench-grpc-fleet), real API servers, each BENCH_GRPC_REPEAT times (docs/grpc.md)
 .PHONY: bench-grpc bench-grpc-fleet bench-grpc-build
 BENCH_GRPC_ARGS ?= --changes 1000 --apps 100 --updates 20000
 BENCH_GRPC_FLEET_ARGS ?= --agents 1000 --apps-per-agent 10
-BENCH_GRPC = $(CURDIR)/target/release/examples/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller
+BENCH_GRPC_REPEAT ?= 3
+BENCH_GRPC = $(CURDIR)/target/release/examples/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller --repeat $(BENCH_GRPC_REPEAT)
 BENCH_GRPC_COMPARE_ARGS ?= --changes 1000 --apps 100 --updates 5000
 bench-grpc: bench-grpc-build
 	$(BENCH_GRPC) latency $(BENCH_GRPC_ARGS)

@@ -489,6 +489,11 @@ impl FakeArgoCd {
         }
     }
 
+    /// Stops acting, for a test that plays Argo CD's status writes itself.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+
     pub fn syncs_of(&self, name: &str) -> Vec<String> {
         self.syncs
             .lock()

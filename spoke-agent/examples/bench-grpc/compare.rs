@@ -15,7 +15,11 @@
 //!
 //! Both run their real agent against the real managed API server: ours in
 //! this process (the spoke-agent library), argocd-agent's as its binary.
-//! With `--repeat N` each side runs N times in alternating order.
+//! With `--repeat N` each side runs N times, in the order ours,
+//! argocd-agent, argocd-agent, ours, ours, ... (ABBA: each side goes first
+//! as often as second, so a machine that slows down or warms up over the
+//! invocation favours neither), on the same API servers; every figure is
+//! printed as median (min–max) over the runs with its spread.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -47,9 +51,6 @@ pub struct CompareArgs {
     /// Status writes on the managed cluster in the throughput part.
     #[arg(long, default_value_t = 5000)]
     updates: usize,
-    /// Runs of each side, in alternating order.
-    #[arg(long, default_value_t = 1)]
-    repeat: usize,
     /// argocd-agent's binary (default: <cache>/bin/argocd-agent, built by
     /// test/tools/build-argocd-agent.sh).
     #[arg(long)]
@@ -57,6 +58,8 @@ pub struct CompareArgs {
 }
 
 const OURS_NS: &str = "bench";
+/// Status writes in flight on the managed cluster in the throughput part.
+const IN_FLIGHT: usize = 32;
 const AGENT_NAME: &str = "agent1";
 
 /// One side while it runs: where its Applications live and how its hub
@@ -177,7 +180,7 @@ fn status_patch(message: &str) -> Patch<Value> {
         "sync": { "status": "Synced" } } }))
 }
 
-pub async fn run(args: CompareArgs, hub_bin: &Path) -> Result<()> {
+pub async fn run(args: CompareArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
     let peer_bin = args
         .argocd_agent
         .clone()
@@ -196,11 +199,8 @@ pub async fn run(args: CompareArgs, hub_bin: &Path) -> Result<()> {
     let targets = vec![format!("{OURS_NS}=*")];
 
     let mut figures: HashMap<Side, Vec<SideFigures>> = HashMap::new();
-    for round in 0..args.repeat {
-        let mut sides = vec![Side::Ours, Side::ArgocdAgent];
-        if round % 2 == 1 {
-            sides.reverse();
-        }
+    for round in 0..repeat {
+        let sides = order(round);
         for side in sides {
             let f = if side == Side::ArgocdAgent && !peer_bin.is_file() {
                 SideFigures::not_run(format!("{} is missing", peer_bin.display()))
@@ -208,7 +208,7 @@ pub async fn run(args: CompareArgs, hub_bin: &Path) -> Result<()> {
                 eprintln!(
                     "bench-grpc compare: round {}/{}: {}",
                     round + 1,
-                    args.repeat,
+                    repeat,
                     side.label()
                 );
                 let running = start(side, &targets, hub_bin, &peer_bin, &hub, &spoke, &pki).await?;
@@ -218,16 +218,25 @@ pub async fn run(args: CompareArgs, hub_bin: &Path) -> Result<()> {
             figures.entry(side).or_default().push(f);
         }
     }
-    print_tables(&args_line(&args, hub.version()), &figures);
+    print_tables(&args_line(&args, repeat, hub.version()), &figures);
     Ok(())
 }
 
-fn args_line(args: &CompareArgs, version: &str) -> String {
+/// The sides of round `round` (from 0), in order: ABBA ABBA ...
+fn order(round: usize) -> [Side; 2] {
+    if round.is_multiple_of(2) {
+        [Side::Ours, Side::ArgocdAgent]
+    } else {
+        [Side::ArgocdAgent, Side::Ours]
+    }
+}
+
+fn args_line(args: &CompareArgs, repeat: usize, version: &str) -> String {
     format!(
         "gRPC transport side by side, real API servers (kube-apiserver {version}), {} changes each way, \
-         {} status writes over {} Applications, {} run(s) per side in alternating order; \
-         figures are median (min–max)",
-        args.changes, args.updates, args.apps, args.repeat
+         {} status writes over {} Applications, {repeat} run(s) per side in the order \
+         ours, argocd-agent, argocd-agent, ours, ...; figures are median (min–max) over the runs",
+        args.changes, args.updates, args.apps
     )
 }
 
@@ -391,12 +400,9 @@ async fn one_side(
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let last: HashMap<String, String> = (0..args.updates)
-            .map(|k| (names[k % names.len()].clone(), format!("u{k}")))
-            .collect();
         let start = Instant::now();
         futures::stream::iter(0..args.updates)
-            .for_each_concurrent(32, |k| {
+            .for_each_concurrent(IN_FLIGHT, |k| {
                 let spoke_apps = spoke_apps.clone();
                 let name = names[k % names.len()].clone();
                 async move {
@@ -411,6 +417,28 @@ async fn one_side(
             })
             .await;
         f.updates_written = Some(start.elapsed());
+        // The last status of each, as its managed copy shows it now that
+        // every write has returned: two writes of one Application in flight
+        // at once land in either order, so the last one sent need not be
+        // the last one written (taking it for that counted updates as lost
+        // that were never the last).
+        let on_spoke = spoke_apps.list(&ListParams::default()).await?;
+        let last: HashMap<String, String> = on_spoke
+            .items
+            .iter()
+            .filter_map(|a| {
+                let name = a.metadata.name.clone()?;
+                names.contains(&name).then_some(())?;
+                Some((name, message(&a.data)?))
+            })
+            .collect();
+        if last.len() != names.len() {
+            bail!(
+                "{} of {} managed copies show no status written by the benchmark",
+                names.len() - last.len(),
+                names.len()
+            );
+        }
         let settle = Instant::now() + Duration::from_secs(60);
         loop {
             let listed = hub_apps.list(&ListParams::default()).await?;
@@ -448,4 +476,16 @@ async fn one_side(
     }
     running.stop().await;
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_side_goes_first_as_often_as_second() {
+        let runs: Vec<Side> = (0..3).flat_map(order).collect();
+        use Side::{ArgocdAgent as B, Ours as A};
+        assert_eq!(runs, [A, B, B, A, A, B]);
+    }
 }

@@ -15,6 +15,8 @@
 //!    and started again; timed the same way.
 //! 5. Every hub copy must still carry its agent's status, and the hub must
 //!    count every agent connected with nothing pending.
+//!
+//! With `--repeat N` all of it runs N times, each on a fresh hub API server.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -33,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::fleet_load_generator::{LoadGenerator, SimulatedAgent, simulated_status};
 use crate::hub::{self, HubOptions, HubProcess, Pki, agent_subject};
+use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
 pub struct FleetArgs {
@@ -127,12 +130,264 @@ struct Phase {
     copies: Option<Duration>,
 }
 
-pub async fn run(args: FleetArgs, hub_bin: &Path) -> Result<()> {
+/// What one run measured (the memory figures in KiB).
+struct Figures {
+    joined: Duration,
+    created: Duration,
+    first: Phase,
+    first_writes: f64,
+    steady_rss: Option<u64>,
+    peak1: Option<u64>,
+    steady_connected: f64,
+    killed: Phase,
+    killed_status_writes: f64,
+    killed_app_writes: u64,
+    peak2: Option<u64>,
+    stopped_in: Duration,
+    termed: Phase,
+    termed_status_writes: f64,
+    termed_app_writes: u64,
+    peak3: Option<u64>,
+    matching: usize,
+    connected: f64,
+    pending: f64,
+    failed_attempts: u64,
+    warns: usize,
+    errors: usize,
+    logs: Vec<std::path::PathBuf>,
+}
+
+/// Runs the fleet `repeat` times, each on a fresh hub API server, and
+/// prints every figure over the runs.
+pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
+    let (n, per) = (args.agents, args.apps_per_agent);
+    let total = n * per;
+    let mut runs: Vec<Result<Figures>> = Vec::with_capacity(repeat);
+    let mut version = String::new();
+    for round in 1..=repeat {
+        eprintln!("bench-grpc fleet: run {round}/{repeat}");
+        let run = one_run(&args, hub_bin, round, &mut version).await;
+        if let Err(e) = &run {
+            eprintln!("bench-grpc fleet: run {round} failed: {e:#}");
+        }
+        runs.push(run);
+    }
+    let ok: Vec<Option<&Figures>> = runs.iter().map(|r| r.as_ref().ok()).collect();
+    let of =
+        |f: &dyn Fn(&Figures) -> Option<f64>| ok.iter().map(|r| r.and_then(f)).collect::<Vec<_>>();
+    let time = |f: fn(&Figures) -> Duration| of(&|r| Some(f(r).as_secs_f64()));
+    let kib = |f: fn(&Figures) -> Option<u64>| of(&|r| f(r).map(|k| k as f64));
+    let num = |f: fn(&Figures) -> f64| of(&|r| Some(f(r)));
+    let under_rss = |v: f64| v / 1024.0 < PEAK_RSS_TARGET_MIB;
+    let rss_target = format!("< {PEAK_RSS_TARGET_MIB:.0} MiB");
+    let resync_target = format!("< {} s", RESYNC_TARGET.as_secs());
+    let two = |v: f64| format!("{v:.2}");
+    let steady = args.steady_secs;
+    let mut rows = vec![
+        Row::new(
+            format!(
+                "set-up (the benchmark, not timed against the hub): {n} ManagedClusters, namespaces and ManagedClusterAddOns created"
+            ),
+            time(|f| f.joined),
+            report::secs,
+        ),
+        Row::new(
+            format!(
+                "set-up (the benchmark, not timed against the hub): {total} Applications created"
+            ),
+            time(|f| f.created),
+            report::secs,
+        ),
+        Row::new(
+            format!("hub peak RSS (VmHWM): first start, delivery, {steady} s steady"),
+            kib(|f| f.peak1),
+            report::mib,
+        )
+        .target(rss_target.clone(), under_rss),
+        Row::new(
+            "hub RSS in steady state (VmRSS)",
+            kib(|f| f.steady_rss),
+            report::mib,
+        ),
+        Row::new(
+            format!("hub peak RSS after the SIGKILL restart (resync and {steady} s steady)"),
+            kib(|f| f.peak2),
+            report::mib,
+        )
+        .target(rss_target.clone(), under_rss),
+        Row::new(
+            "hub peak RSS after the SIGTERM restart",
+            kib(|f| f.peak3),
+            report::mib,
+        )
+        .target(rss_target, under_rss),
+    ];
+    let phase_rows = |what: &str, p: fn(&Figures) -> &Phase, restart: bool| {
+        let mut rows = vec![
+            Row::new(
+                format!("{what}: hub ready (caches synced)"),
+                of(&|f| Some(p(f).ready.as_secs_f64())),
+                report::secs,
+            ),
+            Row::new(
+                format!("{what}: every agent connected"),
+                of(&|f| Some(p(f).connected.as_secs_f64())),
+                report::secs,
+            ),
+        ];
+        let in_sync = of(&|f| Some(p(f).in_sync.as_secs_f64()));
+        rows.push(if restart {
+            Row::new(
+                format!("{what}: every agent reconnected and resynced (both digests agree)"),
+                in_sync,
+                report::secs,
+            )
+            .target(resync_target.clone(), |v| v < RESYNC_TARGET.as_secs_f64())
+        } else {
+            Row::new(
+                format!("{what}: every agent holds its {per} Applications and both digests agree"),
+                in_sync,
+                report::secs,
+            )
+        });
+        let copies = of(&|f| p(f).copies.map(|d| d.as_secs_f64()));
+        if copies.iter().any(Option::is_some) {
+            rows.push(Row::new(
+                format!("{what}: every hub copy carries the status its agent sent"),
+                copies,
+                report::secs,
+            ));
+        }
+        rows
+    };
+    rows.extend(phase_rows("first start", |f| &f.first, false));
+    rows.push(Row::new(
+        "first start: status writes to hub Applications",
+        num(|f| f.first_writes),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "first start: status writes per Application",
+        of(&|f| Some(f.first_writes / total as f64)),
+        two,
+    ));
+    rows.extend(phase_rows("SIGKILL, start", |f| &f.killed, true));
+    rows.push(Row::new(
+        "SIGKILL, start: status writes by the new hub",
+        num(|f| f.killed_status_writes),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "SIGKILL, start: writes to hub Applications seen",
+        num(|f| f.killed_app_writes as f64),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "SIGTERM: the hub stopped in",
+        time(|f| f.stopped_in),
+        report::secs,
+    ));
+    rows.extend(phase_rows("SIGTERM, start", |f| &f.termed, true));
+    rows.push(Row::new(
+        "SIGTERM, start: status writes by the new hub",
+        num(|f| f.termed_status_writes),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "SIGTERM, start: writes to hub Applications seen",
+        num(|f| f.termed_app_writes as f64),
+        report::count,
+    ));
+    rows.push(
+        Row::new(
+            "at the end: hub copies carrying their agent's status",
+            num(|f| f.matching as f64),
+            report::count,
+        )
+        .target(format!("all ({total})"), move |v| v == total as f64),
+    );
+    rows.push(
+        Row::new(
+            "at the end: agents the hub counts connected",
+            num(|f| f.connected),
+            report::count,
+        )
+        .target(format!("{n}"), move |v| v == n as f64),
+    );
+    rows.push(
+        Row::new(
+            "at the end: objects pending",
+            num(|f| f.pending),
+            report::count,
+        )
+        .target("0", |v| v == 0.0),
+    );
+    rows.push(
+        Row::new(
+            "steady state: agents the hub counted connected",
+            num(|f| f.steady_connected),
+            report::count,
+        )
+        .target(format!("{n}"), move |v| v == n as f64),
+    );
+    rows.push(Row::new(
+        "connection attempts of the agents that failed or ended (all phases)",
+        num(|f| f.failed_attempts as f64),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "WARN lines in the hub's logs (three processes)",
+        num(|f| f.warns as f64),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "ERROR lines in the hub's logs (three processes)",
+        num(|f| f.errors as f64),
+        report::count,
+    ));
+    print_runs(
+        &format!(
+            "gRPC transport, fleet: {n} simulated agents (fleet load generator, one process) x {per} Applications = {total} on one hub (kube-apiserver {version}); times from the start of the hub-controller process; {repeat} run(s), each on a fresh hub API server"
+        ),
+        &rows,
+    );
+    println!();
+    let mut failed = false;
+    for (i, r) in runs.iter().enumerate() {
+        match r {
+            Ok(f) => {
+                let logs: Vec<String> = f.logs.iter().map(|p| p.display().to_string()).collect();
+                println!("run {}: hub logs: {}", i + 1, logs.join(", "));
+                if f.matching != total || f.connected as usize != n || f.pending != 0.0 {
+                    println!("run {}: the fleet did not end in sync with the hub", i + 1);
+                    failed = true;
+                }
+            }
+            Err(e) => {
+                println!("run {}: {e:#}", i + 1);
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        bail!("a fleet run failed or did not end in sync with the hub");
+    }
+    Ok(())
+}
+
+/// One run on a fresh hub API server (see the module documentation).
+async fn one_run(
+    args: &FleetArgs,
+    hub_bin: &Path,
+    round: usize,
+    version: &mut String,
+) -> Result<Figures> {
     let n = args.agents;
     let per = args.apps_per_agent;
     let timeout = Duration::from_secs(args.timeout_secs);
     eprintln!("bench-grpc fleet: starting a hub API server for {n} clusters x {per} Applications");
     let hub = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)).await?;
+    *version = hub.version().to_string();
     let client = hub.client().await?;
     hub.ensure_namespace(NS).await?;
     // The hub's Argo CD namespace: the hub-controller keeps a cluster
@@ -190,7 +445,7 @@ pub async fn run(args: FleetArgs, hub_bin: &Path) -> Result<()> {
     let copies = watch_copies(client.clone(), apps.len());
     let logs = testenv::paths::run_dir().join("bench-logs");
     std::fs::create_dir_all(&logs)?;
-    let log = |i: usize| logs.join(format!("grpc-fleet-hub-{i}.log"));
+    let log = |i: usize| logs.join(format!("grpc-fleet-run{round}-hub-{i}.log"));
     for i in 1..=3 {
         let _ = std::fs::remove_file(log(i));
     }
@@ -299,113 +554,31 @@ pub async fn run(args: FleetArgs, hub_bin: &Path) -> Result<()> {
         .map(|p| (log_lines(p, "WARN"), log_lines(p, "ERROR")))
         .unzip();
 
-    // ----------------------------------------------------------------- report
-    let s = |d: Duration| format!("{:.1} s", d.as_secs_f64());
-    let mib = |k: Option<u64>| match k {
-        Some(k) => format!("{:.0} MiB", k as f64 / 1024.0),
-        None => "unknown".into(),
-    };
-    let within = |d: Duration| if d < RESYNC_TARGET { "met" } else { "MISSED" };
-    let under = |k: Option<u64>| match k {
-        Some(k) if (k as f64 / 1024.0) < PEAK_RSS_TARGET_MIB => "met",
-        _ => "MISSED",
-    };
-    println!();
-    println!(
-        "gRPC transport, fleet: {n} simulated agents (fleet load generator, one process) x {per} Applications = {} on one hub (kube-apiserver {}); times from the start of the hub-controller process",
-        apps.len(),
-        hub.version()
-    );
-    println!();
-    println!("| set-up (the benchmark, not timed against the hub) | |");
-    println!("|---|---|");
-    println!(
-        "| {n} ManagedClusters, namespaces and ManagedClusterAddOns created | {} |",
-        s(joined)
-    );
-    println!("| {} Applications created | {} |", apps.len(), s(created));
-    println!();
-    println!("| fleet | measured | target |");
-    println!("|---|---|---|");
-    println!(
-        "| hub peak RSS (VmHWM): first start, delivery, {} s steady | {} | < 512 MiB: {} |",
-        args.steady_secs,
-        mib(peak1),
-        under(peak1)
-    );
-    println!(
-        "| hub RSS in steady state (VmRSS) | {} | |",
-        mib(steady_rss)
-    );
-    println!(
-        "| hub peak RSS after the SIGKILL restart (resync and {} s steady) / after the SIGTERM restart | {} / {} | < 512 MiB: {} / {} |",
-        args.steady_secs,
-        mib(peak2),
-        mib(peak3),
-        under(peak2),
-        under(peak3)
-    );
-    let row = |what: &str, p: &Phase, target: bool| {
-        println!("| {what}: hub ready (caches synced) | {} | |", s(p.ready));
-        println!("| {what}: every agent connected | {} | |", s(p.connected));
-        if target {
-            println!(
-                "| {what}: every agent reconnected and resynced (both digests agree) | {} | < 60 s: {} |",
-                s(p.in_sync),
-                within(p.in_sync)
-            );
-        } else {
-            println!(
-                "| {what}: every agent holds its {per} Applications and both digests agree | {} | |",
-                s(p.in_sync)
-            );
-        }
-        if let Some(c) = p.copies {
-            println!(
-                "| {what}: every hub copy carries the status its agent sent | {} | |",
-                s(c)
-            );
-        }
-    };
-    row("first start", &first, false);
-    println!(
-        "| first start: status writes to hub Applications | {first_writes:.0} ({:.2} per Application) | |",
-        first_writes / apps.len() as f64
-    );
-    row("SIGKILL, start", &killed, true);
-    println!(
-        "| SIGKILL, start: status writes by the new hub / writes to hub Applications seen | {killed_status_writes:.0} / {killed_app_writes} | |"
-    );
-    println!("| SIGTERM: the hub stopped in | {} | |", s(stopped_in));
-    row("SIGTERM, start", &termed, true);
-    println!(
-        "| SIGTERM, start: status writes by the new hub / writes to hub Applications seen | {termed_status_writes:.0} / {termed_app_writes} | |"
-    );
-    println!(
-        "| at the end: hub copies carrying their agent's status; agents the hub counts connected; objects pending | {matching} / {}; {connected:.0}; {pending:.0} | all; {n}; 0 |",
-        apps.len()
-    );
-    println!("| steady state: agents the hub counted connected | {steady_connected:.0} | {n} |");
-    println!(
-        "| connection attempts of the agents that failed or ended (all phases) | {failed_attempts} | |"
-    );
-    println!(
-        "| WARN / ERROR lines in the hub's logs (three processes) | {:?} / {:?} | |",
-        warns, errors
-    );
-    println!();
-    println!(
-        "hub logs: {}",
-        [&log1, &log2, &log3]
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    if matching != apps.len() || connected as usize != n || pending != 0.0 {
-        bail!("the fleet did not end in sync with the hub");
-    }
-    Ok(())
+    Ok(Figures {
+        joined,
+        created,
+        first,
+        first_writes,
+        steady_rss,
+        peak1,
+        steady_connected,
+        killed,
+        killed_status_writes,
+        killed_app_writes,
+        peak2,
+        stopped_in,
+        termed,
+        termed_status_writes,
+        termed_app_writes,
+        peak3,
+        matching,
+        connected,
+        pending,
+        failed_attempts,
+        warns: warns.iter().sum(),
+        errors: errors.iter().sum(),
+        logs: vec![log1, log2, log3],
+    })
 }
 
 /// Waits until every agent is connected to the hub process started at

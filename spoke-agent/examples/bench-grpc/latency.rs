@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::hub::{self, HubOptions, HubProcess, Pki, SPOKE_NS, agent_subject};
+use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
 pub struct LatencyArgs {
@@ -110,14 +111,139 @@ async fn until_seen(
     }
 }
 
-/// Runs the latency and throughput parts and prints their tables.
-pub async fn run(args: LatencyArgs, hub_bin: &Path) -> Result<()> {
+/// What one run measured.
+struct Figures {
+    down: Percentiles,
+    up: Percentiles,
+    /// Status reports of the synthetic agent, and how long the hub took to
+    /// acknowledge them all.
+    updates: usize,
+    intake: Duration,
+    /// The hub's status writes for them.
+    writes: f64,
+    /// Hub copies not showing the last status sent, once settled (or after
+    /// two minutes), and how long after the last acknowledgement.
+    wrong: usize,
+    converged: Duration,
+}
+
+/// Runs the latency and throughput parts `repeat` times, each on fresh API
+/// servers and a fresh hub-controller, and prints every figure over the runs.
+pub async fn run(args: LatencyArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
+    let mut runs: Vec<Result<Figures>> = Vec::with_capacity(repeat);
+    let mut version = String::new();
+    for round in 1..=repeat {
+        eprintln!("bench-grpc latency: run {round}/{repeat}");
+        let run = one_run(&args, hub_bin, &mut version).await;
+        if let Err(e) = &run {
+            eprintln!("bench-grpc latency: run {round} failed: {e:#}");
+        }
+        runs.push(run);
+    }
+    let ok: Vec<Option<&Figures>> = runs.iter().map(|r| r.as_ref().ok()).collect();
+    let of = |f: fn(&Figures) -> f64| ok.iter().map(|r| r.map(f)).collect::<Vec<_>>();
+    let rows = vec![
+        Row::new(
+            "hub change -> applied on the spoke, p50",
+            of(|f| f.down.p50.as_secs_f64()),
+            report::ms,
+        ),
+        Row::new(
+            "hub change -> applied on the spoke, p99",
+            of(|f| f.down.p99.as_secs_f64()),
+            report::ms,
+        )
+        .target("< 50 ms", |v| v < 0.050),
+        Row::new(
+            "hub change -> applied on the spoke, max",
+            of(|f| f.down.max.as_secs_f64()),
+            report::ms,
+        ),
+        Row::new(
+            "spoke status -> on the hub copy, p50",
+            of(|f| f.up.p50.as_secs_f64()),
+            report::ms,
+        ),
+        Row::new(
+            "spoke status -> on the hub copy, p99",
+            of(|f| f.up.p99.as_secs_f64()),
+            report::ms,
+        )
+        .target("< 50 ms", |v| v < 0.050),
+        Row::new(
+            "spoke status -> on the hub copy, max",
+            of(|f| f.up.max.as_secs_f64()),
+            report::ms,
+        ),
+        Row::new(
+            "one agent: status reports taken in (acknowledged) per second",
+            of(|f| f.updates as f64 / f.intake.as_secs_f64()),
+            report::rate,
+        )
+        .target(">= 1,000/s", |v| v >= 1000.0),
+        Row::new(
+            "one agent: hub status writes for them (coalesced)",
+            of(|f| f.writes),
+            report::count,
+        ),
+        Row::new(
+            "one agent: every hub copy shows its last status, after the last acknowledgement",
+            of(|f| f.converged.as_secs_f64()),
+            report::secs,
+        ),
+        Row::new(
+            "one agent: status updates per second, final state correct",
+            ok.iter()
+                .map(|r| {
+                    r.filter(|f| f.wrong == 0)
+                        .map(|f| f.updates as f64 / (f.intake + f.converged).as_secs_f64())
+                })
+                .collect(),
+            report::rate,
+        ),
+        Row::new(
+            "one agent: hub copies not showing the last status sent",
+            of(|f| f.wrong as f64),
+            report::count,
+        )
+        .target("0", |v| v == 0.0),
+    ];
+    print_runs(
+        &format!(
+            "gRPC transport, real API servers (kube-apiserver {version}), {} changes each way, \
+             a synthetic agent's {} status reports over {} Applications; {repeat} run(s), each on \
+             fresh API servers and a fresh hub-controller",
+            args.changes, args.updates, args.apps
+        ),
+        &rows,
+    );
+    let mut failed = false;
+    for (i, r) in runs.iter().enumerate() {
+        match r {
+            Err(e) => {
+                println!("\nrun {}: {e:#}", i + 1);
+                failed = true;
+            }
+            Ok(f) if f.wrong != 0 => failed = true,
+            Ok(_) => {}
+        }
+    }
+    if failed {
+        bail!("a run failed, or hub Applications did not show the last status sent");
+    }
+    Ok(())
+}
+
+/// One run on fresh API servers: latency both ways, then the synthetic
+/// agent's throughput.
+async fn one_run(args: &LatencyArgs, hub_bin: &Path, version: &mut String) -> Result<Figures> {
     eprintln!("bench-grpc: starting a hub and a managed cluster");
     let (hub, spoke) = tokio::join!(
         Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)),
         Cluster::start(ClusterConfig::new("spoke1", CrdSet::Managed)),
     );
     let (hub, spoke) = (hub?, spoke?);
+    *version = hub.version().to_string();
     let hub_client = hub.client().await?;
     let spoke_client = spoke.client().await?;
     spoke.ensure_namespace(SPOKE_NS).await?;
@@ -268,51 +394,25 @@ pub async fn run(args: LatencyArgs, hub_bin: &Path) -> Result<()> {
         .await
         - writes_before;
     hub_process.kill().await?;
-
-    let (d, u) = (percentiles(down), percentiles(up));
-    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
-    println!();
-    println!(
-        "gRPC transport, real API servers ({} {}), {} changes each way",
-        hub.name(),
-        hub.version(),
-        args.changes
-    );
-    println!();
-    println!("| latency | p50 | p99 | max | target p99 |");
-    println!("|---|---|---|---|---|");
-    println!(
-        "| hub change -> applied on the spoke | {} | {} | {} | < 50 ms |",
-        ms(d.p50),
-        ms(d.p99),
-        ms(d.max)
-    );
-    println!(
-        "| spoke status -> on the hub copy | {} | {} | {} | < 50 ms |",
-        ms(u.p50),
-        ms(u.p99),
-        ms(u.max)
-    );
-    println!();
-    println!("| throughput, one agent | value |");
-    println!("|---|---|");
-    println!(
-        "| status reports taken in (acknowledged) | {} in {:.2} s = {:.0}/s (target >= 1,000/s) |",
+    let (down, up) = (percentiles(down), percentiles(up));
+    eprintln!(
+        "bench-grpc: p50/p99 down {:?}/{:?}, up {:?}/{:?}; {} reports in {:.2} s, {writes:.0} hub writes, {wrong} wrong",
+        down.p50,
+        down.p99,
+        up.p50,
+        up.p99,
         args.updates,
-        outcome.elapsed.as_secs_f64(),
-        args.updates as f64 / outcome.elapsed.as_secs_f64()
+        outcome.elapsed.as_secs_f64()
     );
-    println!("| hub status writes for them (coalesced) | {writes:.0} |");
-    println!(
-        "| every hub copy shows its last status | {} ({} wrong), {:.2} s after the last acknowledgement |",
-        if wrong == 0 { "yes" } else { "NO" },
+    Ok(Figures {
+        down,
+        up,
+        updates: args.updates,
+        intake: outcome.elapsed,
+        writes,
         wrong,
-        converged.as_secs_f64()
-    );
-    if wrong != 0 {
-        bail!("{wrong} hub Applications do not show the last status sent");
-    }
-    Ok(())
+        converged,
+    })
 }
 
 struct Outcome {

@@ -25,8 +25,12 @@
 //! `bench-grpc compare`: ours next to argocd-agent on the same API servers
 //! (see `compare.rs`).
 //!
-//! `make bench-grpc` builds everything and runs both; `make bench-grpc-fleet`
-//! only the fleet. See docs/grpc.md.
+//! `--repeat N` (any part) runs it N times and prints every figure as its
+//! median (min–max) over the runs and its spread (max / min), flagged over
+//! 1.5× (`report.rs`).
+//!
+//! `make bench-grpc` builds everything and runs every part;
+//! `make bench-grpc-fleet` only the fleet. See docs/grpc.md.
 
 #![forbid(unsafe_code)]
 
@@ -49,6 +53,11 @@ struct Args {
     /// The hub-controller binary (default: target/release/hub-controller).
     #[arg(long, global = true)]
     hub_controller: Option<PathBuf>,
+    /// Runs of each part (of each side in `compare`, alternating ABBA);
+    /// every figure is printed as median (min–max) over the runs with its
+    /// spread (max / min), flagged over 1.5×.
+    #[arg(long, global = true, default_value_t = 1)]
+    repeat: usize,
     #[command(subcommand)]
     part: Part,
 }
@@ -80,9 +89,12 @@ async fn main() -> Result<()> {
             hub_bin.display()
         );
     }
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
     match args.part {
-        Part::Latency(a) => latency::run(a, &hub_bin).await,
-        Part::Fleet(a) => fleet::run(a, &hub_bin).await,
-        Part::Compare(a) => compare::run(a, &hub_bin).await,
+        Part::Latency(a) => latency::run(a, args.repeat, &hub_bin).await,
+        Part::Fleet(a) => fleet::run(a, args.repeat, &hub_bin).await,
+        Part::Compare(a) => compare::run(a, args.repeat, &hub_bin).await,
     }
 }

@@ -1,10 +1,176 @@
-//! The side-by-side gRPC table: every figure as median (min–max) over the
-//! runs, and argocd-agent / ours.
+//! How `bench-grpc` prints figures over `--repeat N` runs: every figure as
+//! its median (min–max) over the runs and its spread (max / min), flagged
+//! when over 1.5×; side by side (`compare`) with argocd-agent / ours.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::latency::Percentiles;
+
+pub use testenv::stats::summary;
+
+/// A spread (max / min over the runs) above this is flagged: the runs
+/// disagree by more than the difference a comparison should rest on.
+pub const SPREAD_LIMIT: f64 = 1.5;
+
+/// How a figure's value is written.
+pub type Format = fn(f64) -> String;
+
+/// Seconds, written in milliseconds.
+pub fn ms(v: f64) -> String {
+    format!("{:.1} ms", v * 1000.0)
+}
+
+pub fn secs(v: f64) -> String {
+    format!("{v:.2} s")
+}
+
+pub fn rate(v: f64) -> String {
+    format!("{v:.0}/s")
+}
+
+pub fn count(v: f64) -> String {
+    format!("{v:.0}")
+}
+
+/// KiB, written in MiB.
+pub fn mib(v: f64) -> String {
+    format!("{:.0} MiB", v / 1024.0)
+}
+
+pub fn seconds(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64())
+}
+
+/// One figure over the runs, as printed.
+#[derive(Debug, PartialEq)]
+pub struct Cell {
+    /// Median (min–max), and how many runs lack it.
+    pub text: String,
+    /// max / min, flagged over [`SPREAD_LIMIT`]; `–` for fewer than two runs.
+    pub spread: String,
+    pub median: Option<f64>,
+}
+
+pub fn cell(values: &[Option<f64>], fmt: Format) -> Cell {
+    let got: Vec<f64> = values.iter().flatten().copied().collect();
+    let missing = values.len() - got.len();
+    let Some((median, min, max)) = summary(&got) else {
+        return Cell {
+            text: "–".into(),
+            spread: "–".into(),
+            median: None,
+        };
+    };
+    let mut text = fmt(median);
+    if got.len() > 1 {
+        text.push_str(&format!(" ({}–{})", fmt(min), fmt(max)));
+    }
+    if missing > 0 {
+        text.push_str(&format!(", missing in {missing} of {}", values.len()));
+    }
+    Cell {
+        text,
+        spread: spread(min, max, got.len()),
+        median: Some(median),
+    }
+}
+
+/// max / min over `runs` runs, with `⚠` when over [`SPREAD_LIMIT`] (a
+/// count that is 0 in one run and not in another is flagged as `∞`).
+pub fn spread(min: f64, max: f64, runs: usize) -> String {
+    if runs < 2 {
+        return "–".into();
+    }
+    if max == min {
+        return "1.00×".into();
+    }
+    if min <= 0.0 {
+        return "∞ ⚠".into();
+    }
+    let r = max / min;
+    if r > SPREAD_LIMIT {
+        format!("{r:.2}× ⚠")
+    } else {
+        format!("{r:.2}×")
+    }
+}
+
+/// What a figure must be in every run.
+pub struct Target {
+    pub text: String,
+    pub met: Box<dyn Fn(f64) -> bool>,
+}
+
+/// A figure of one implementation: its value in each run (`None`: that run
+/// did not measure it).
+pub struct Row {
+    pub name: String,
+    pub values: Vec<Option<f64>>,
+    pub fmt: Format,
+    pub target: Option<Target>,
+}
+
+impl Row {
+    pub fn new(name: impl Into<String>, values: Vec<Option<f64>>, fmt: Format) -> Self {
+        Self {
+            name: name.into(),
+            values,
+            fmt,
+            target: None,
+        }
+    }
+
+    pub fn target(mut self, text: impl Into<String>, met: impl Fn(f64) -> bool + 'static) -> Self {
+        self.target = Some(Target {
+            text: text.into(),
+            met: Box::new(met),
+        });
+        self
+    }
+
+    /// The target cell: met in every run that measured it, or in how many not.
+    fn verdict(&self) -> String {
+        let Some(t) = &self.target else {
+            return String::new();
+        };
+        let got: Vec<f64> = self.values.iter().flatten().copied().collect();
+        let missed = got.iter().filter(|v| !(t.met)(**v)).count();
+        match (got.len(), missed) {
+            (0, _) => format!("{}: not measured", t.text),
+            (_, 0) => format!("{}: met", t.text),
+            (1, _) => format!("{}: MISSED", t.text),
+            (n, m) => format!("{}: MISSED in {m} of {n} runs", t.text),
+        }
+    }
+}
+
+/// The figures of our transport alone over the runs, one table.
+pub fn print_runs(title: &str, rows: &[Row]) {
+    println!();
+    println!("{title}");
+    println!();
+    println!("| figure | median (min–max) | spread (max/min) | target |");
+    println!("|---|---:|---:|---|");
+    for row in rows {
+        let c = cell(&row.values, row.fmt);
+        println!(
+            "| {} | {} | {} | {} |",
+            row.name,
+            c.text,
+            c.spread,
+            row.verdict()
+        );
+    }
+    legend();
+}
+
+fn legend() {
+    println!();
+    println!(
+        "spread: max / min over the runs; ⚠: over {SPREAD_LIMIT}×, the runs disagree too much to rest a comparison on"
+    );
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Side {
@@ -68,58 +234,28 @@ impl std::fmt::Debug for SideFigures {
     }
 }
 
-pub use testenv::stats::summary;
+type SideRow = (&'static str, fn(&SideFigures) -> Option<f64>, Format);
 
-fn cell(values: &[Option<f64>], fmt: fn(f64) -> String) -> (String, Option<f64>) {
-    let got: Vec<f64> = values.iter().flatten().copied().collect();
-    let missing = values.len() - got.len();
-    let Some((median, min, max)) = summary(&got) else {
-        return ("–".into(), None);
-    };
-    let mut text = fmt(median);
-    if got.len() > 1 {
-        text.push_str(&format!(" ({}–{})", fmt(min), fmt(max)));
-    }
-    if missing > 0 {
-        text.push_str(&format!(", missing in {missing} of {}", values.len()));
-    }
-    (text, Some(median))
-}
-
-fn secs(d: Option<std::time::Duration>) -> Option<f64> {
-    d.map(|d| d.as_secs_f64())
-}
-
-type Row = (
-    &'static str,
-    fn(&SideFigures) -> Option<f64>,
-    fn(f64) -> String,
-);
-
-fn rows() -> Vec<Row> {
-    let ms = |v: f64| format!("{:.1} ms", v * 1000.0);
-    let s = |v: f64| format!("{v:.2} s");
-    let rate = |v: f64| format!("{v:.0}/s");
-    let count = |v: f64| format!("{v:.0}");
+fn side_rows() -> Vec<SideRow> {
     vec![
         (
             "hub change -> applied on the spoke, p50",
-            |f| secs(f.down.as_ref().map(|p| p.p50)),
+            |f| seconds(f.down.as_ref().map(|p| p.p50)),
             ms,
         ),
         (
             "hub change -> applied on the spoke, p99",
-            |f| secs(f.down.as_ref().map(|p| p.p99)),
+            |f| seconds(f.down.as_ref().map(|p| p.p99)),
             ms,
         ),
         (
             "spoke status -> on the hub copy, p50",
-            |f| secs(f.up.as_ref().map(|p| p.p50)),
+            |f| seconds(f.up.as_ref().map(|p| p.p50)),
             ms,
         ),
         (
             "spoke status -> on the hub copy, p99",
-            |f| secs(f.up.as_ref().map(|p| p.p99)),
+            |f| seconds(f.up.as_ref().map(|p| p.p99)),
             ms,
         ),
         (
@@ -134,13 +270,13 @@ fn rows() -> Vec<Row> {
         ),
         (
             "status writes on the spoke, written in (benchmark)",
-            |f| secs(f.updates_written),
-            s,
+            |f| seconds(f.updates_written),
+            secs,
         ),
         (
             "… every hub copy shows its last status, from the first write",
-            |f| secs(f.updates_converged),
-            s,
+            |f| seconds(f.updates_converged),
+            secs,
         ),
         (
             "status updates per second one agent carries, final state correct",
@@ -157,17 +293,19 @@ fn rows() -> Vec<Row> {
         ),
         (
             "after a hub SIGKILL and restart: hub change applied on the spoke",
-            |f| secs(f.recovery_down),
-            s,
+            |f| seconds(f.recovery_down),
+            secs,
         ),
         (
             "after a hub SIGKILL and restart: spoke status on the hub copy",
-            |f| secs(f.recovery_up),
-            s,
+            |f| seconds(f.recovery_up),
+            secs,
         ),
     ]
 }
 
+/// Ours next to argocd-agent: each side's median (min–max) and spread, and
+/// argocd-agent's median over ours.
 pub fn print_tables(title: &str, figures: &HashMap<Side, Vec<SideFigures>>) {
     let empty = Vec::new();
     let ours = figures.get(&Side::Ours).unwrap_or(&empty);
@@ -175,17 +313,21 @@ pub fn print_tables(title: &str, figures: &HashMap<Side, Vec<SideFigures>>) {
     println!();
     println!("{title}");
     println!();
-    println!("| figure | ours | argocd-agent | argocd-agent / ours |");
-    println!("|---|---:|---:|---:|");
-    for (name, value, fmt) in rows() {
-        let (o, ov) = cell(&ours.iter().map(value).collect::<Vec<_>>(), fmt);
-        let (p, pv) = cell(&peer.iter().map(value).collect::<Vec<_>>(), fmt);
-        let ratio = match (pv, ov) {
+    println!("| figure | ours | spread | argocd-agent | spread | argocd-agent / ours |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, value, fmt) in side_rows() {
+        let o = cell(&ours.iter().map(value).collect::<Vec<_>>(), fmt);
+        let p = cell(&peer.iter().map(value).collect::<Vec<_>>(), fmt);
+        let ratio = match (p.median, o.median) {
             (Some(p), Some(o)) if o > 0.0 => format!("{:.2}×", p / o),
             _ => "–".into(),
         };
-        println!("| {name} | {o} | {p} | {ratio} |");
+        println!(
+            "| {name} | {} | {} | {} | {} | {ratio} |",
+            o.text, o.spread, p.text, p.spread
+        );
     }
+    legend();
     for (side, runs) in [(Side::Ours, ours), (Side::ArgocdAgent, peer)] {
         for (i, f) in runs.iter().enumerate() {
             if let Some(e) = &f.error {
@@ -199,15 +341,39 @@ pub fn print_tables(title: &str, figures: &HashMap<Side, Vec<SideFigures>>) {
 mod tests {
     use super::*;
 
+    fn plain(v: f64) -> String {
+        format!("{v}")
+    }
+
     #[test]
-    fn median_and_spread() {
+    fn median_min_max_and_spread() {
+        let c = cell(&[Some(1.0), None], plain);
+        assert_eq!(c.text, "1, missing in 1 of 2");
+        assert_eq!(c.spread, "–", "one run has no spread");
+        let c = cell(&[Some(1.0), Some(3.0)], plain);
+        assert_eq!((c.text.as_str(), c.spread.as_str()), ("2 (1–3)", "3.00× ⚠"));
+        let c = cell(&[Some(10.0), Some(14.0), Some(12.0)], plain);
         assert_eq!(
-            cell(&[Some(1.0), None], |v| format!("{v}")).0,
-            "1, missing in 1 of 2"
+            (c.text.as_str(), c.spread.as_str()),
+            ("12 (10–14)", "1.40×")
         );
-        assert_eq!(
-            cell(&[Some(1.0), Some(3.0)], |v| format!("{v}")).0,
-            "2 (1–3)"
-        );
+        assert_eq!(cell(&[None, None], plain).text, "–");
+    }
+
+    #[test]
+    fn spread_flags_runs_that_disagree() {
+        assert_eq!(spread(2.0, 3.0, 2), "1.50×", "1.5× itself is not flagged");
+        assert_eq!(spread(2.0, 3.1, 2), "1.55× ⚠");
+        assert_eq!(spread(0.0, 0.0, 3), "1.00×");
+        assert_eq!(spread(0.0, 3.0, 3), "∞ ⚠");
+    }
+
+    #[test]
+    fn targets_are_held_in_every_run() {
+        let row =
+            Row::new("x", vec![Some(10.0), Some(60.0), None], plain).target("< 50", |v| v < 50.0);
+        assert_eq!(row.verdict(), "< 50: MISSED in 1 of 2 runs");
+        let row = Row::new("x", vec![Some(10.0)], plain).target("< 50", |v| v < 50.0);
+        assert_eq!(row.verdict(), "< 50: met");
     }
 }

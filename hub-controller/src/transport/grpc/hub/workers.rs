@@ -147,7 +147,15 @@ impl Hub {
         };
         let condition = reason.map(|r| format!("{r}: {message}"));
         let current = app.data.get("status").cloned().unwrap_or(Value::Null);
-        if observed.is_none() && condition.is_none() && condition_of(&current).is_none() {
+        // A spoke Application its Argo CD has not looked at yet reports an
+        // empty status: onto a hub copy that shows none either, that is
+        // nothing reported yet (it was written as `{conditions: []}`, one
+        // more PATCH per new Application).
+        let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.is_empty());
+        let reported = observed
+            .as_ref()
+            .is_some_and(|o| !(empty(o) && empty(&current)));
+        if !reported && condition.is_none() && condition_of(&current).is_none() {
             // Nothing reported yet and nothing wrong: nothing to write.
             return Ok(());
         }
