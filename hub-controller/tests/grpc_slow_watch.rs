@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
+use argocd_pull_hub_controller::hub::watches::{Scope, Watches};
 use argocd_pull_hub_controller::route::authz::Authorization;
-use argocd_pull_hub_controller::transport::grpc::{
-    self, GrpcConfig, identity::IdentityMap, metrics::GrpcMetrics, tls::TlsFiles,
-};
+use argocd_pull_hub_controller::transport::grpc::{self, metrics::GrpcMetrics};
 use argocd_pull_spoke_agent::Mode;
+use clap::Parser;
 use futures::StreamExt;
 use http::Method;
 use kube::ResourceExt;
@@ -81,21 +81,27 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
     .client(env.hub.config().await.unwrap())
     .unwrap();
     let d = env.dir.path();
-    let config = GrpcConfig {
-        addr: env.grpc_addr,
-        tls: TlsFiles {
-            cert: d.join("hub.crt"),
-            key: d.join("hub.key"),
-            client_ca: d.join("ca.crt"),
-        },
-        identities: IdentityMap::default(),
-        heartbeat: Duration::from_secs(2),
-        digest_interval: Duration::from_secs(5),
-        workers: 32,
-        authorization: Authorization::default(),
-    };
-    let hub = grpc::Hub::new(config, slow, GrpcMetrics::default());
+    let args = argocd_pull_hub_controller::Args::parse_from([
+        "hub-controller".to_string(),
+        format!("--grpc-addr={}", env.grpc_addr),
+        format!("--grpc-tls-cert={}", d.join("hub.crt").display()),
+        format!("--grpc-tls-key={}", d.join("hub.key").display()),
+        format!("--grpc-client-ca={}", d.join("ca.crt").display()),
+        "--grpc-heartbeat=2s".to_string(),
+        "--grpc-digest-interval=5s".to_string(),
+    ]);
+    let config = args.grpc.config(Authorization::default()).unwrap();
+    // The hub's one set of watches, through the slow client, feeding the
+    // gRPC transport alone.
+    let watches = Watches::new(Scope { grpc: true });
+    let hub = grpc::Hub::new(
+        config,
+        slow.clone(),
+        GrpcMetrics::default(),
+        watches.caches(),
+    );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    tokio::spawn(watches.run(slow.clone(), vec![hub.clone()], shutdown.clone().wait()));
     let served = grpc::start(hub.clone(), shutdown.wait()).await.unwrap();
     hub.wait_synced().await;
     env.start_agent(0, Mode::Managed);
@@ -173,6 +179,7 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
     // writes can follow, the counts below are final.
     wait::until("the hub to see its own writes", TIMEOUT, || async {
         let stale = hub
+            .caches
             .apps
             .state()
             .iter()
