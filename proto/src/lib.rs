@@ -12,6 +12,7 @@
 pub mod coalesce;
 pub mod content;
 pub mod digest;
+pub mod kind;
 pub mod limits;
 pub mod owner;
 pub mod validate;

@@ -189,7 +189,7 @@ impl Connection {
                     .unwrap_or_default()
                     .as_secs_f64(),
             );
-            metrics.message("in", hub_kind(&m));
+            metrics.message("in", m.kind_name());
             if let Err(e) = validate::hub_message(&m) {
                 return End::Lost(format!("the hub sent a malformed message: {e}"));
             }
@@ -463,7 +463,7 @@ async fn send_loop(
             continue;
         }
         for m in batch {
-            worker.metrics.message("out", agent_kind(&m));
+            worker.metrics.message("out", m.kind_name());
             if tx.send(m).await.is_err() {
                 return;
             }
@@ -487,35 +487,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
-}
-
-fn agent_kind(m: &AgentMessage) -> &'static str {
-    use agent_message::Kind;
-    match &m.kind {
-        None => "unknown",
-        Some(Kind::Hello(_)) => "hello",
-        Some(Kind::Status(_)) => "status",
-        Some(Kind::ObjectAck(_)) => "object_ack",
-        Some(Kind::OperationAck(_)) => "operation_ack",
-        Some(Kind::Digest(_)) => "digest",
-        Some(Kind::ResyncRequest(_)) => "resync_request",
-        Some(Kind::Heartbeat(_)) => "heartbeat",
-    }
-}
-
-fn hub_kind(m: &HubMessage) -> &'static str {
-    use hub_message::Kind;
-    match &m.kind {
-        None => "unknown",
-        Some(Kind::Welcome(_)) => "welcome",
-        Some(Kind::Upsert(_)) => "upsert",
-        Some(Kind::Delete(_)) => "delete",
-        Some(Kind::Operation(_)) => "operation",
-        Some(Kind::ObjectAck(_)) => "object_ack",
-        Some(Kind::Digest(_)) => "digest",
-        Some(Kind::ResyncRequest(_)) => "resync_request",
-        Some(Kind::Heartbeat(_)) => "heartbeat",
-    }
 }
 
 /// A spawned task that is aborted when this is dropped: when the session's

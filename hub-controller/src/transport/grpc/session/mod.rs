@@ -290,7 +290,7 @@ async fn send_loop(
             continue;
         }
         for m in batch {
-            hub.metrics.message(&cs.name, "out", hub_kind(&m));
+            hub.metrics.message(&cs.name, "out", m.kind_name());
             if out.send(Ok(m)).await.is_err() {
                 return;
             }
@@ -415,41 +415,12 @@ async fn receive_loop(
             }
         };
         seen(hub, &cs.name);
-        hub.metrics.message(&cs.name, "in", agent_kind(&m));
+        hub.metrics.message(&cs.name, "in", m.kind_name());
         if let Err(e) = validate::agent_message(&m) {
             return End::Error("malformed", e.into());
         }
         if let Err(status) = handle(hub, cs, mode, m) {
             return End::Error("malformed", status);
         }
-    }
-}
-
-fn agent_kind(m: &AgentMessage) -> &'static str {
-    use agent_message::Kind;
-    match &m.kind {
-        None => "unknown",
-        Some(Kind::Hello(_)) => "hello",
-        Some(Kind::Status(_)) => "status",
-        Some(Kind::ObjectAck(_)) => "object_ack",
-        Some(Kind::OperationAck(_)) => "operation_ack",
-        Some(Kind::Digest(_)) => "digest",
-        Some(Kind::ResyncRequest(_)) => "resync_request",
-        Some(Kind::Heartbeat(_)) => "heartbeat",
-    }
-}
-
-fn hub_kind(m: &HubMessage) -> &'static str {
-    use hub_message::Kind;
-    match &m.kind {
-        None => "unknown",
-        Some(Kind::Welcome(_)) => "welcome",
-        Some(Kind::Upsert(_)) => "upsert",
-        Some(Kind::Delete(_)) => "delete",
-        Some(Kind::Operation(_)) => "operation",
-        Some(Kind::ObjectAck(_)) => "object_ack",
-        Some(Kind::Digest(_)) => "digest",
-        Some(Kind::ResyncRequest(_)) => "resync_request",
-        Some(Kind::Heartbeat(_)) => "heartbeat",
     }
 }

@@ -1,0 +1,38 @@
+//! The name of each message kind, as both sides label their message
+//! counters (`..._messages_total{kind}`), so the hub's and the agent's
+//! series line up.
+
+use crate::v1::{AgentMessage, HubMessage, agent_message, hub_message};
+
+impl AgentMessage {
+    pub fn kind_name(&self) -> &'static str {
+        use agent_message::Kind;
+        match &self.kind {
+            None => "unknown",
+            Some(Kind::Hello(_)) => "hello",
+            Some(Kind::Status(_)) => "status",
+            Some(Kind::ObjectAck(_)) => "object_ack",
+            Some(Kind::OperationAck(_)) => "operation_ack",
+            Some(Kind::Digest(_)) => "digest",
+            Some(Kind::ResyncRequest(_)) => "resync_request",
+            Some(Kind::Heartbeat(_)) => "heartbeat",
+        }
+    }
+}
+
+impl HubMessage {
+    pub fn kind_name(&self) -> &'static str {
+        use hub_message::Kind;
+        match &self.kind {
+            None => "unknown",
+            Some(Kind::Welcome(_)) => "welcome",
+            Some(Kind::Upsert(_)) => "upsert",
+            Some(Kind::Delete(_)) => "delete",
+            Some(Kind::Operation(_)) => "operation",
+            Some(Kind::ObjectAck(_)) => "object_ack",
+            Some(Kind::Digest(_)) => "digest",
+            Some(Kind::ResyncRequest(_)) => "resync_request",
+            Some(Kind::Heartbeat(_)) => "heartbeat",
+        }
+    }
+}
