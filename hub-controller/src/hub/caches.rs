@@ -117,17 +117,22 @@ pub fn work_owner(work: &impl kube::Resource) -> Option<ObjectRef<CachedApp>> {
     }
 }
 
+/// Whether `app` names `cluster` as its target.
+pub fn targets(app: &CachedApp, cluster: &str) -> bool {
+    app.annotations()
+        .get(keys::MANAGED_CLUSTER)
+        .map(String::as_str)
+        == Some(cluster)
+}
+
 /// Applications in `apps` that target `cluster`.
 pub fn apps_targeting(apps: &Store<CachedApp>, cluster: &str) -> Vec<ObjectRef<CachedApp>> {
-    apps.state_filter(|a| {
-        a.annotations()
-            .get(keys::MANAGED_CLUSTER)
-            .map(String::as_str)
-            == Some(cluster)
-    })
-    .iter()
-    .map(|a| ObjectRef::from_obj_with(a.as_ref(), argocd_pull_apis::argocd::application_resource()))
-    .collect()
+    apps.state_filter(|a| targets(a, cluster))
+        .iter()
+        .map(|a| {
+            ObjectRef::from_obj_with(a.as_ref(), argocd_pull_apis::argocd::application_resource())
+        })
+        .collect()
 }
 
 /// Applications in `apps` that live in namespace `ns`.

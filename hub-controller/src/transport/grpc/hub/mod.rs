@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use argocd_pull_apis::argocd::{Application, application_resource};
-use argocd_pull_apis::keys;
 use argocd_pull_proto::v1::ObjectKey;
 use argocd_pull_runtime::workqueue::WorkQueue;
 use kube::ResourceExt;
@@ -32,7 +31,7 @@ use super::GrpcConfig;
 use super::cluster::{ClusterState, Item, Work};
 use super::metrics::GrpcMetrics;
 use crate::hub::cached::CachedApp;
-use crate::hub::caches::Caches;
+use crate::hub::caches::{self, Caches};
 use crate::hub::watches::{Consumer, Event};
 use crate::route::assign::{self, Assignment, Facts, HubRef};
 use crate::status::AppWriter;
@@ -219,12 +218,7 @@ impl Hub {
     }
 
     fn reassign_targeting(&self, cluster: &str) {
-        self.reassign_where(|app| {
-            app.annotations()
-                .get(keys::MANAGED_CLUSTER)
-                .map(String::as_str)
-                == Some(cluster)
-        });
+        self.reassign_where(|app| caches::targets(app, cluster));
     }
 
     fn reassign_where(&self, filter: impl Fn(&CachedApp) -> bool) {
@@ -288,6 +282,15 @@ impl Hub {
         for r in others {
             self.queue.add(Work::App(r));
         }
+    }
+
+    /// The hub Application that holds `key` on `cluster` (see
+    /// [`Index::winner`]).
+    pub fn winner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
+        self.index
+            .lock()
+            .expect("never poisoned")
+            .winner(cluster, key)
     }
 
     /// What a key the hub does not want becomes, when the agent still has

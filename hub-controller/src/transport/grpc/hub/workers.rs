@@ -88,11 +88,7 @@ impl Hub {
                 if deleting {
                     return self.finalize(&app, &cs, &key).await;
                 }
-                let winner = self
-                    .index
-                    .lock()
-                    .expect("never poisoned")
-                    .winner(&cluster, &key);
+                let winner = self.winner(&cluster, &key);
                 if winner.as_ref() != Some(r) {
                     let other = winner.map(|w| w.to_string()).unwrap_or_default();
                     let msg = format!(
@@ -126,13 +122,7 @@ impl Hub {
         }
         // Only the holder of the spoke Application shows its status: a
         // refused or conflicting one never sees another team's.
-        let holds = self
-            .index
-            .lock()
-            .expect("never poisoned")
-            .winner(&cluster, &key)
-            .as_ref()
-            == Some(r);
+        let holds = self.winner(&cluster, &key).as_ref() == Some(r);
         let observed = match cs.lock().observed.get(&key) {
             // A report names the hub Application it was delivered for
             // (agents before `owner-check` leave it empty).

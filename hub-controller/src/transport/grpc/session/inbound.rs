@@ -65,11 +65,7 @@ pub(super) fn handle(
                 tracing::warn!(cluster = %cs.name, namespace = %key.namespace, name = %key.name, message = %ack.message, "the agent refused an Application");
             }
             if let Some(item) = cs.object_acked(&key, ack.seq, outcome, &ack.message) {
-                let winner = hub
-                    .index
-                    .lock()
-                    .expect("never poisoned")
-                    .winner(&cs.name, &key);
+                let winner = hub.winner(&cs.name, &key);
                 match winner {
                     Some(r) => hub.queue.add(Work::App(r)),
                     // A delete the agent had already reported gone is done.
@@ -151,11 +147,7 @@ fn on_report(
                     key,
                 });
             } else if completes {
-                let winner = hub
-                    .index
-                    .lock()
-                    .expect("never poisoned")
-                    .winner(&cs.name, &key);
+                let winner = hub.winner(&cs.name, &key);
                 match winner {
                     Some(r) => hub.queue.add(Work::App(r)),
                     None => cs.forget_if_idle(&key),
@@ -239,11 +231,7 @@ fn on_report(
                     });
                 }
                 _ => {
-                    let winner = hub
-                        .index
-                        .lock()
-                        .expect("never poisoned")
-                        .winner(&cs.name, &key);
+                    let winner = hub.winner(&cs.name, &key);
                     if winner.is_none() && !cs.knows(&key) {
                         return Err((
                             "not-this-agents",
