@@ -210,28 +210,36 @@ pub fn manifest_work(
     })
 }
 
-/// Whether `existing` already holds everything `desired` says, so that
-/// applying it again would change nothing. The delivered manifests must be
-/// equal (the API server stores them as they are, and a removed
-/// `.operation` must count); elsewhere the server may add defaults, so the
-/// desired fields only need to be present.
+/// The generation the work agent's `Applied=True` condition observed:
+/// `None` when the work is not reported applied, `Some(None)` when the
+/// report names no generation.
+fn applied_generation(work: &ManifestWork) -> Option<Option<i64>> {
+    work.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())?
+        .iter()
+        .find(|c| c.type_ == "Applied" && c.status == "True")
+        .map(|c| c.observed_generation)
+}
+
 /// Whether the work agent has applied the current version of `work` to the
 /// spoke (its `Applied` condition observed this generation).
 pub fn applied_on_spoke(work: &ManifestWork) -> bool {
     let generation = work.metadata.generation;
-    work.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.type_ == "Applied"
-                    && c.status == "True"
-                    && generation.is_some()
-                    && c.observed_generation == generation
-            })
-        })
+    generation.is_some() && applied_generation(work) == Some(generation)
 }
 
+/// Like [`applied_on_spoke`], but a report that names no generation counts
+/// as the current one: enough to say the work agent is not silent.
+pub fn reported_applied(work: &ManifestWork) -> bool {
+    applied_generation(work).is_some_and(|g| g.is_none() || g == work.metadata.generation)
+}
+
+/// Whether the desired work is already what the cluster has, so that
+/// applying it again would change nothing. The delivered manifests must be
+/// equal (the API server stores them as they are, and a removed
+/// `.operation` must count); elsewhere the server may add defaults, so the
+/// desired fields only need to be present.
 pub fn is_applied(desired: &ManifestWork, existing: &ManifestWork) -> bool {
     let (d, e) = match (
         serde_json::to_value(&desired.spec),
@@ -483,9 +491,14 @@ mod tests {
         }))
         .unwrap();
         assert!(!applied_on_spoke(&w), "an older generation was applied");
+        assert!(!reported_applied(&w));
         w.metadata.generation = Some(1);
-        assert!(applied_on_spoke(&w));
+        assert!(applied_on_spoke(&w) && reported_applied(&w));
+        // A report that names no generation: applied for the silence check,
+        // not for a refresh hand-over.
+        w.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].observed_generation = None;
+        assert!(!applied_on_spoke(&w) && reported_applied(&w));
         w.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
-        assert!(!applied_on_spoke(&w));
+        assert!(!applied_on_spoke(&w) && !reported_applied(&w));
     }
 }

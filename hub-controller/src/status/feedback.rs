@@ -103,22 +103,6 @@ pub fn spoke_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option
     apply_problem(work, namespace, name).or_else(|| feedback_problem(work, namespace, name))
 }
 
-/// Whether the work agent reports the work's current version applied
-/// (`Applied=True`, for this generation when it says which).
-pub fn work_applied(work: &ManifestWork) -> bool {
-    let generation = work.metadata.generation;
-    work.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.type_ == "Applied"
-                    && c.status == "True"
-                    && c.observed_generation.is_none_or(|g| Some(g) == generation)
-            })
-        })
-}
-
 /// The problem shown when the work agent has said nothing about the
 /// work's current version for `waited`: usually a cluster that is down or
 /// cut off, or a work agent that is not running.

@@ -20,7 +20,9 @@ use crate::hub::cached::CachedApp;
 use crate::hub::caches::Lookup;
 use crate::render::delivered_copy;
 use crate::render::operation::{self, carried_operation};
-use crate::render::work::{applied_on_spoke, is_applied, manifest_work, work_name};
+use crate::render::work::{
+    applied_on_spoke, is_applied, manifest_work, reported_applied, work_name,
+};
 use crate::route::decide::{Facts, Route, decide};
 use crate::route::target::{Target, target};
 use crate::route::transport::Transport;
@@ -28,7 +30,7 @@ use crate::status::Reason;
 use crate::status::condition::{
     OWNED, condition_of, owned_status, set_condition, shows_any_of_ours,
 };
-use crate::status::feedback::{feedback, not_applied, spoke_problem, status_update, work_applied};
+use crate::status::feedback::{feedback, not_applied, spoke_problem, status_update};
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 
 pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -258,7 +260,7 @@ fn unapplied_for(
 ) -> Option<Duration> {
     let mut unapplied = ctx.unapplied.lock().expect("lock");
     let key = (cluster.to_string(), name.to_string());
-    if work_applied(work) {
+    if reported_applied(work) {
         unapplied.remove(&key);
         return None;
     }
