@@ -136,64 +136,52 @@ impl Watches {
         consumers: Vec<Arc<dyn Consumer>>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let Self {
-            scope,
-            apps,
-            mirrors,
-            decisions,
-            clusters,
-            addons,
-            works,
-            caches,
-        } = self;
         let ar = application_resource();
         let pdr = placement_decision_resource();
         let mut streams: Vec<BoxStream<'static, Result<Event, watcher::Error>>> = vec![
             watch(
-                apps,
+                self.apps,
                 Api::<CachedApp>::all_with(client.clone(), &ar),
                 watcher::Config::default().labels(keys::PULL_LABEL),
                 Event::App,
             ),
             watch(
-                decisions,
+                self.decisions,
                 Api::<DynamicObject>::all_with(client.clone(), &pdr),
                 watcher::Config::default(),
                 Event::Decision,
             ),
             watch(
-                clusters,
+                self.clusters,
                 Api::<PartialObjectMeta<ManagedCluster>>::all(client.clone()),
                 watcher::Config::default(),
                 Event::Cluster,
             ),
             watch(
-                works,
+                self.works,
                 Api::<CachedWork>::all(client.clone()),
                 watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
                 Event::Work,
             ),
         ];
-        let mut listed = [true; 6];
-        for source in [0, 2, 3, 5] {
-            listed[source] = false;
-        }
-        if scope.grpc {
+        if self.scope.grpc {
             streams.push(watch(
-                mirrors,
+                self.mirrors,
                 Api::<CachedApp>::all_with(client.clone(), &ar),
                 watcher::Config::default().labels(keys::MIRROR_OF),
                 Event::Mirror,
             ));
             streams.push(watch(
-                addons,
+                self.addons,
                 Api::<PartialObjectMeta<ManagedClusterAddOn>>::all(client.clone()),
                 watcher::Config::default().fields(&format!("metadata.name={}", keys::ADDON_NAME)),
                 Event::Addon,
             ));
-            listed[1] = false;
-            listed[4] = false;
         }
+        // Each watch's first full list counts once.
+        let mut listed = [false; 6];
+        let mut unlisted = streams.len();
+        let caches = self.caches;
         let mut events = futures::stream::select_all(streams);
         tokio::pin!(shutdown);
         loop {
@@ -208,9 +196,9 @@ impl Watches {
                     for c in &consumers {
                         c.event(&event);
                     }
-                    if event.ends_list() && !listed[event.source()] {
-                        listed[event.source()] = true;
-                        if listed.iter().all(|l| *l) {
+                    if event.ends_list() && !std::mem::replace(&mut listed[event.source()], true) {
+                        unlisted -= 1;
+                        if unlisted == 0 {
                             for c in &consumers {
                                 c.synced();
                             }
