@@ -70,6 +70,7 @@ pub async fn run(
     });
     let (q, store, writer) = (queue.clone(), app_store, ctx.writer.clone());
     let mirrors = ctx.caches.mirrors.clone();
+    let c = ctx.clone();
     let down = shutdown.clone().wait();
     tokio::spawn(async move {
         tokio::pin!(down);
@@ -83,6 +84,10 @@ pub async fn run(
                         let r = ObjectRef::new_with(name, application_resource()).within(ns);
                         store.get(&r).is_some()
                             || mirrors.get(&r).is_some()
+                    });
+                    // Works waiting to be applied that are gone.
+                    c.unapplied.lock().expect("lock").retain(|(cluster, name), _| {
+                        c.caches.works.get(&ObjectRef::new(name).within(cluster)).is_some()
                     });
                 }
             }
