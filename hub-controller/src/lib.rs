@@ -263,6 +263,7 @@ async fn run_controllers(
     ));
     let sweep = tokio::spawn(manifestwork::sweep::run(
         client,
+        ctx.caches.clone(),
         metrics,
         args.sweep_interval,
         shutdown.clone().wait(),

@@ -12,6 +12,7 @@ use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
 use argocd_pull_hub_controller::status::CONDITION;
 use argocd_pull_hub_controller::transport::manifestwork::{self, Context};
 use k8s_openapi::api::core::v1::Event;
+use kube::ResourceExt as _;
 use kube::api::DynamicObject;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -460,6 +461,43 @@ async fn a_work_left_unapplied_becomes_a_condition_until_the_work_agent_reports(
     .await;
 }
 
+/// Waits until the hub's watch caches hold, of team `ns`, exactly the
+/// works of the Applications `works` (on cluster1) and the Applications
+/// `apps`.
+async fn caches_show(hub: &Hub, ns: &str, works: &[&str], apps: &[&str]) {
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let want = (
+        sorted(works.iter().map(|w| format!("{ns}.{w}")).collect()),
+        sorted(apps.iter().map(|a| a.to_string()).collect()),
+    );
+    wait::until("the watch caches show the works and Applications", TIMEOUT, || async {
+        let c = &hub.ctx.caches;
+        let seen = (
+            sorted(
+                c.works
+                    .state()
+                    .iter()
+                    .map(|w| w.name_any())
+                    .filter(|w| w.starts_with(&format!("{ns}.")))
+                    .collect(),
+            ),
+            sorted(
+                c.apps
+                    .state()
+                    .iter()
+                    .filter(|a| a.namespace().as_deref() == Some(ns))
+                    .map(|a| a.name_any())
+                    .collect(),
+            ),
+        );
+        if seen == want { Ok(()) } else { Err(format!("{seen:?}")) }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
     let (hub, ns, apps, works) = one_cluster_team().await;
@@ -486,8 +524,11 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
             .map_or(Ok(()), |_| Err("still there".to_string()))
     })
     .await;
+    // The sweep reads the watch caches: let them show both works and the
+    // Application gone.
+    caches_show(&hub, &ns, &["kept", "gone"], &["kept"]).await;
     assert_eq!(
-        manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
+        manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
             .await
             .unwrap(),
         1
@@ -507,7 +548,7 @@ async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
             .is_some()
     );
     assert_eq!(
-        manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
+        manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
             .await
             .unwrap(),
         0,
@@ -681,9 +722,10 @@ async fn adopts_applications_from_argocd_pull_integration_without_deleting_them(
     .await
     .unwrap();
     wait::exists(&works, &format!("{ns}.guestbook"), TIMEOUT).await;
+    caches_show(&hub, &ns, &["guestbook"], &["guestbook"]).await;
 
     assert_eq!(
-        manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
+        manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
             .await
             .unwrap(),
         0,
@@ -714,7 +756,7 @@ async fn adopts_applications_from_argocd_pull_integration_without_deleting_them(
             .deletion_timestamp
             .is_none()
     );
-    manifestwork::sweep::sweep_once(client, &hub.ctx.metrics)
+    manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
         .await
         .unwrap();
     assert_eq!(hub.ctx.metrics.works_adopted.get(), 1);
