@@ -132,7 +132,7 @@ pub async fn run(
     }
     for name in &long {
         if let Some(w) = work_of(name)
-            && let Err(e) = feed_back(client.clone(), w).await
+            && let Err(e) = feed_back(client.clone(), w, crate::run::REVISION).await
         {
             tracing::warn!("case feedback (long name) not written: {e:#}");
         }

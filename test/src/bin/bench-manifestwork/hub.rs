@@ -20,7 +20,7 @@ use testenv::Cluster;
 use tokio::sync::Notify;
 
 use crate::controller::Controller;
-use crate::run::{REVISION, RUN_LABEL};
+use crate::run::{REVISION, REVISION_2, RUN_LABEL};
 
 /// What OCM registration leaves on the hub for each joined cluster: the
 /// ManagedCluster and its namespace.
@@ -105,6 +105,12 @@ pub struct Progress {
     pub works: Mutex<HashMap<String, SeenWork>>,
     /// Hub Applications that show the fed-back status.
     pub converged: Mutex<HashSet<String>>,
+    /// Hub Applications that show the second feedback (the catch-up phase,
+    /// [`REVISION_2`]).
+    pub caught_up: Mutex<HashSet<String>>,
+    /// When the first and the latest Application event of the catch-up
+    /// phase came (set once the phase starts; `None` before).
+    pub catch_up_events: Mutex<Option<(usize, Option<Instant>, Option<Instant>)>>,
     /// Watch events (one per write) on the run's works and Applications.
     pub work_events: AtomicUsize,
     pub app_events: AtomicUsize,
@@ -196,6 +202,18 @@ pub async fn watch_apps(client: kube::Client, run: usize, progress: Arc<Progress
             && at("/sync/status") == Some("Synced")
             && at("/sync/revision") == Some(REVISION);
         let key = format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any());
+        if let Some((events, first, last)) = progress.catch_up_events.lock().unwrap().as_mut() {
+            *events += 1;
+            first.get_or_insert_with(Instant::now);
+            *last = Some(Instant::now());
+        }
+        if at("/health/status") == Some("Healthy")
+            && at("/sync/status") == Some("Synced")
+            && at("/sync/revision") == Some(REVISION_2)
+            && progress.caught_up.lock().unwrap().insert(key.clone())
+        {
+            progress.changed.notify_waiters();
+        }
         let mut converged = progress.converged.lock().unwrap();
         let changed = if shows {
             converged.insert(key)

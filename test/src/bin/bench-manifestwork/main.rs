@@ -77,6 +77,10 @@ pub struct Args {
     /// Skip measuring the API server's write ceiling.
     #[arg(long)]
     no_ceiling: bool,
+    /// Skip the catch-up phase (the controller restarted alone on the hub
+    /// with every status to write again).
+    #[arg(long)]
+    no_catch_up: bool,
     /// Give up on one phase of one run after this many seconds.
     #[arg(long, default_value_t = 3600)]
     timeout: u64,

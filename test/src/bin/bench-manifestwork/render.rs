@@ -134,6 +134,22 @@ fn rows() -> Vec<(&'static str, Unit, Value, bool)> {
             true,
         ),
         (
+            "alone: status writes per second (restarted with every status to write again; first to last write)",
+            Unit::PerSec,
+            |f, _, _| f.alone.map(|(w, d)| w as f64 / d.as_secs_f64()),
+            true,
+        ),
+        (
+            "… as a share of the API server's write ceiling",
+            Unit::Percent,
+            |f, _, c| {
+                f.alone
+                    .filter(|_| c > 0.0)
+                    .map(|(w, d)| w as f64 / d.as_secs_f64() / c)
+            },
+            true,
+        ),
+        (
             "reconciles per Application",
             Unit::PerApp,
             |f, n, _| f.reconciles.map(|r| r / n as f64),

@@ -57,11 +57,16 @@ pub struct Figures {
     pub end_rss_kib: Option<u64>,
     pub cpu: Option<Duration>,
     pub log_errors: Option<usize>,
+    /// The catch-up phase, the controller alone on the hub: its writes to
+    /// Applications and the time from the first to the last.
+    pub alone: Option<(usize, Duration)>,
     /// What the controller got right in the correctness cases.
     pub cases: Option<cases::Outcome>,
 }
 
 pub const REVISION: &str = "0123456789abcdef0123456789abcdef01234567";
+/// The revision of the second feedback (the catch-up phase).
+pub const REVISION_2: &str = "89abcdef0123456789abcdef0123456789abcdef";
 pub const STARTED_AT: &str = "2026-01-01T00:00:00Z";
 
 #[allow(clippy::too_many_arguments)]
@@ -157,8 +162,8 @@ pub async fn one_run(
     let delivered = controller.reconciles().await?;
     let app_events_before_feedback = progress.app_events.load(Ordering::Relaxed);
     let t1 = Instant::now();
-    stream::iter(works)
-        .map(|w| feed_back(client.clone(), w))
+    stream::iter(works.clone())
+        .map(|w| feed_back(client.clone(), w, REVISION))
         .buffer_unordered(args.concurrency)
         .try_collect::<()>()
         .await?;
@@ -232,6 +237,31 @@ pub async fn one_run(
     figures.cpu = controller.cpu_time();
     controller.stop().await;
     figures.log_errors = count_error_lines(&log).ok();
+
+    // Phase 3, the controller alone on the hub: while it is stopped, the
+    // work agent feeds back a new revision for every work; started again,
+    // it catches up with nothing else writing. Its writes per second from
+    // the first to the last are what it takes of the API server alone.
+    if all_status && !args.no_catch_up {
+        stream::iter(works)
+            .map(|w| feed_back(client.clone(), w, REVISION_2))
+            .buffer_unordered(args.concurrency)
+            .try_collect::<()>()
+            .await?;
+        *progress.catch_up_events.lock().unwrap() = Some((0, None, None));
+        let log = logs.join(format!("run{run}-{}-{n}-alone.log", which.label()));
+        let mut controller = Controller::start(which, bin, hub.kubeconfig(), &log).await?;
+        let caught_up = wait_for(&progress, Instant::now() + timeout, &mut controller, |p| {
+            p.caught_up.lock().unwrap().len() >= n
+        })
+        .await?;
+        controller.stop().await;
+        if let (true, Some((events, Some(first), Some(last)))) =
+            (caught_up, progress.catch_up_events.lock().unwrap().take())
+        {
+            figures.alone = Some((events, last - first));
+        }
+    }
     for w in watches {
         w.abort();
     }
@@ -251,13 +281,13 @@ pub fn manifestwork_resource() -> ApiResource {
 /// What the OCM work agent writes once the spoke's Argo CD has synced the
 /// Application: the Applied condition and the status feedback, through the
 /// status subresource, the manifest matched by its resourceMeta.
-pub async fn feed_back(client: kube::Client, w: SeenWork) -> Result<()> {
+pub async fn feed_back(client: kube::Client, w: SeenWork, revision: &str) -> Result<()> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client, &w.namespace, &manifestwork_resource());
     let values: Vec<Value> = [
         ("healthStatus", "Healthy"),
         ("syncStatus", "Synced"),
-        ("syncRevision", REVISION),
+        ("syncRevision", revision),
         ("operationStatePhase", "Succeeded"),
         ("operationStateStartedAt", STARTED_AT),
     ]
