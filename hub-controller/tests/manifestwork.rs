@@ -473,28 +473,36 @@ async fn caches_show(hub: &Hub, ns: &str, works: &[&str], apps: &[&str]) {
         sorted(works.iter().map(|w| format!("{ns}.{w}")).collect()),
         sorted(apps.iter().map(|a| a.to_string()).collect()),
     );
-    wait::until("the watch caches show the works and Applications", TIMEOUT, || async {
-        let c = &hub.ctx.caches;
-        let seen = (
-            sorted(
-                c.works
-                    .state()
-                    .iter()
-                    .map(|w| w.name_any())
-                    .filter(|w| w.starts_with(&format!("{ns}.")))
-                    .collect(),
-            ),
-            sorted(
-                c.apps
-                    .state()
-                    .iter()
-                    .filter(|a| a.namespace().as_deref() == Some(ns))
-                    .map(|a| a.name_any())
-                    .collect(),
-            ),
-        );
-        if seen == want { Ok(()) } else { Err(format!("{seen:?}")) }
-    })
+    wait::until(
+        "the watch caches show the works and Applications",
+        TIMEOUT,
+        || async {
+            let c = &hub.ctx.caches;
+            let seen = (
+                sorted(
+                    c.works
+                        .state()
+                        .iter()
+                        .map(|w| w.name_any())
+                        .filter(|w| w.starts_with(&format!("{ns}.")))
+                        .collect(),
+                ),
+                sorted(
+                    c.apps
+                        .state()
+                        .iter()
+                        .filter(|a| a.namespace().as_deref() == Some(ns))
+                        .map(|a| a.name_any())
+                        .collect(),
+                ),
+            );
+            if seen == want {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        },
+    )
     .await;
 }
 

@@ -4,8 +4,8 @@
 //! client-side [`limit`]s. A storm of requests then shows on a dashboard,
 //! and one process cannot crowd the other clients of its API server.
 
-pub mod classify;
 pub mod adapt;
+pub mod classify;
 pub mod limit;
 
 use std::future::Future;

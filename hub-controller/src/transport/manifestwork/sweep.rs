@@ -112,7 +112,8 @@ async fn adopt_legacy(
 /// work agent leaves what it applied; false when it is already gone.
 async fn orphan_delete(client: &Client, cluster: &str, name: &str) -> Result<bool, kube::Error> {
     let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
-    let orphan = serde_json::json!({ "spec": { "deleteOption": { "propagationPolicy": "Orphan" } } });
+    let orphan =
+        serde_json::json!({ "spec": { "deleteOption": { "propagationPolicy": "Orphan" } } });
     match api
         .patch(name, &PatchParams::default(), &Patch::Merge(orphan))
         .await
@@ -152,7 +153,10 @@ async fn confirmed_orphan(client: &Client, work: &CachedWork) -> Result<bool, ku
     };
     let api: Api<Application> = Api::namespaced_with(client.clone(), ns, &application_resource());
     let live = api.get_metadata_opt(name).await?;
-    Ok(is_orphan(work, live.map(|m| meta_only(m.metadata)).as_ref()))
+    Ok(is_orphan(
+        work,
+        live.map(|m| meta_only(m.metadata)).as_ref(),
+    ))
 }
 
 /// One pass; returns how many works were deleted. Candidates come from the
@@ -174,7 +178,10 @@ pub async fn sweep_once(
         let Some(owner) = work_owner(work.as_ref()) else {
             continue;
         };
-        let cached = caches.apps.get(&owner).map(|a| meta_only(a.metadata.clone()));
+        let cached = caches
+            .apps
+            .get(&owner)
+            .map(|a| meta_only(a.metadata.clone()));
         if !is_orphan(work.as_ref(), cached.as_ref()) {
             delivering.push(work);
             continue;
