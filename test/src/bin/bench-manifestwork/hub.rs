@@ -108,14 +108,18 @@ pub struct Progress {
     /// Hub Applications that show the second feedback (the catch-up phase,
     /// [`REVISION_2`]).
     pub caught_up: Mutex<HashSet<String>>,
-    /// When the first and the latest Application event of the catch-up
-    /// phase came (set once the phase starts; `None` before).
-    pub catch_up_events: Mutex<Option<(usize, Option<Instant>, Option<Instant>)>>,
+    /// The Application events of the catch-up phase (set once the phase
+    /// starts; `None` before).
+    pub catch_up_events: Mutex<Option<CatchUp>>,
     /// Watch events (one per write) on the run's works and Applications.
     pub work_events: AtomicUsize,
     pub app_events: AtomicUsize,
     pub changed: Notify,
 }
+
+/// Application events counted in the catch-up phase: how many, and when
+/// the first and the latest came.
+pub type CatchUp = (usize, Option<Instant>, Option<Instant>);
 
 /// Waits until `done` holds (true) or the deadline passes (false); fails if
 /// the controller exits meanwhile.
