@@ -228,6 +228,10 @@ async fn run_controllers(
     let grpc_config = args.grpc.config(authorization.clone());
     let watches = hub::watches::Watches::new(hub::watches::Scope {
         grpc: grpc_config.is_some(),
+        default_config: hub::mode::ConfigRef {
+            namespace: args.certs.addon_namespace.clone(),
+            name: args.certs.addon_deployment_config.clone(),
+        },
     });
     let grpc = grpc_config
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));

@@ -105,6 +105,7 @@ async fn mirror_field(env: &Env, name: &str, pointer: &str) -> Option<Value> {
 #[tokio::test]
 async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_refreshes() {
     let mut env = Env::new(&["cluster1", "cluster2"]).await;
+    grpc_env::mode::configure(&env.hub_client, "cluster2", "autonomous").await;
     env.start_hub(&[]).await;
     env.start_agent(0, Mode::Managed);
     env.start_agent(AUTONOMOUS, Mode::Autonomous);
