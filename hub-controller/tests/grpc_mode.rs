@@ -12,12 +12,10 @@ mod grpc_env;
 use grpc_env::{Env, TIMEOUT};
 
 fn refusals(metrics: &str, cluster: &str) -> f64 {
-    let series =
-        format!("argocd_pull_hub_grpc_refused_total{{cluster=\"{cluster}\",reason=\"mode\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
-        .unwrap_or(0.0)
+    grpc_env::series::value(
+        metrics,
+        &format!("argocd_pull_hub_grpc_refused_total{{cluster=\"{cluster}\",reason=\"mode\"}} "),
+    )
 }
 
 fn connected(env: &Env, i: usize) -> bool {

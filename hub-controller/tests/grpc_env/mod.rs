@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod mode;
+pub mod series;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
