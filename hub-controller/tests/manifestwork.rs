@@ -524,6 +524,39 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
         managed_cluster(&hub.cluster, c).await;
     }
     let ns = team_namespace(&hub, &["cluster1"]).await;
+    let pds: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
+    // A PlacementDecision written by hand (no Placement controls it), even
+    // labelled as the Placement's, authorizes nothing.
+    let forged: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
+        "metadata": { "name": "forged", "namespace": ns,
+                      "labels": { keys::PLACEMENT_LABEL: "placement" } }
+    }))
+    .unwrap();
+    pds.create(&PostParams::default(), &forged).await.unwrap();
+    pds.patch_status(
+        "forged",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({ "status": { "decisions": [{ "clusterName": "cluster2", "reason": "" }] } }),
+        ),
+    )
+    .await
+    .unwrap();
+    wait::until(
+        "the hub's cache to hold the forged decision",
+        TIMEOUT,
+        || async {
+            let seen = hub.ctx.caches.decisions.state().iter().any(|d| {
+                d.metadata.name.as_deref() == Some("forged")
+                    && d.data.pointer("/status/decisions/0/clusterName") == Some(&json!("cluster2"))
+            });
+            if seen { Ok(()) } else { Err("not yet") }
+        },
+    )
+    .await;
+    assert_eq!(hub.ctx.caches.decided_in(&ns), ["cluster1"]);
     let apps = apps_api(client, &ns);
     for (name, cluster) in [("ok", "cluster1"), ("refused", "cluster2")] {
         apps.create(
@@ -562,8 +595,6 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
 
     // Once a Placement in the namespace selects cluster2 too, it is delivered
     // without anyone touching the Application.
-    let pds: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
     pds.patch_status(
         "placement-decision-1",
         &PatchParams::default(),
@@ -584,6 +615,93 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
                 .ok_or_else(|| "not yet".to_string())
         },
     )
+    .await;
+
+    // Authorization withdrawn: the delivered copy stays as it was, the hub
+    // copy says why, and changes are not delivered.
+    pds.patch_status(
+        "placement-decision-1",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({ "status": { "decisions": [{ "clusterName": "cluster1", "reason": "" }] } }),
+        ),
+    )
+    .await
+    .unwrap();
+    let message = wait::until("the withdrawal on the hub copy", TIMEOUT, || async {
+        let a = apps.get("refused").await.map_err(|e| e.to_string())?;
+        match a
+            .data
+            .pointer("/status/conditions/0/message")
+            .and_then(Value::as_str)
+        {
+            Some(m) if m.starts_with("NotAuthorized") => Ok(m.to_string()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        message.contains("Anything delivered before stays on the cluster"),
+        "{message}"
+    );
+    let path = |w: &ManifestWork| {
+        serde_json::to_value(w).unwrap()["spec"]["workload"]["manifests"][0]["spec"]["source"]["path"].clone()
+    };
+    let kept = works2.get(&format!("{ns}.refused")).await.unwrap();
+    let before = hub.ctx.metrics.reconciles.get();
+    apps.patch(
+        "refused",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "source": { "path": "changed" } } })),
+    )
+    .await
+    .unwrap();
+    // The change reached the controller and its queue is drained.
+    wait::until("a reconcile of the change", TIMEOUT, || async {
+        let seen = hub.ctx.caches.apps.state().iter().any(|a| {
+            a.metadata.name.as_deref() == Some("refused")
+                && a.application().data["spec"]["source"]["path"] == json!("changed")
+        });
+        match (
+            seen,
+            hub.ctx.metrics.reconciles.get(),
+            hub.ctx.metrics.queue_depth.get(),
+        ) {
+            (true, n, 0) if n > before => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let after = works2.get(&format!("{ns}.refused")).await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        kept.metadata.resource_version
+    );
+    assert_ne!(
+        path(&after),
+        json!("changed"),
+        "a change was delivered without authorization"
+    );
+    // Selected again: the change held back is delivered.
+    pds.patch_status(
+        "placement-decision-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "decisions": [
+            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "cluster2", "reason": "" }
+        ] } })),
+    )
+    .await
+    .unwrap();
+    wait::until("the held-back change delivered", TIMEOUT, || async {
+        let w = works2
+            .get(&format!("{ns}.refused"))
+            .await
+            .map_err(|e| e.to_string())?;
+        match path(&w) {
+            p if p == json!("changed") => Ok(()),
+            p => Err(p.to_string()),
+        }
+    })
     .await;
     hub.stop.fire();
 }

@@ -12,6 +12,7 @@ pub use super::written::Written;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{
     AddOnDeploymentConfig, ManagedCluster, ManagedClusterAddOn, ManifestWork, decided_clusters,
+    placement_of,
 };
 
 use crate::hub::cached::CachedWork;
@@ -94,10 +95,12 @@ impl Caches {
         Some(super::mode::configured(&reference, config.as_deref()))
     }
 
-    /// Clusters selected by the PlacementDecisions in namespace `ns`.
+    /// Clusters selected by the PlacementDecisions of Placements in
+    /// namespace `ns` (a decision no Placement controls is ignored: anyone
+    /// allowed to write PlacementDecisions could forge one).
     pub fn decided_in(&self, ns: &str) -> Vec<String> {
         self.decisions
-            .state_filter(|pd| pd.namespace().as_deref() == Some(ns))
+            .state_filter(|pd| pd.namespace().as_deref() == Some(ns) && placement_of(pd).is_some())
             .iter()
             .flat_map(|pd| decided_clusters(pd))
             .collect()

@@ -9,7 +9,7 @@ pub mod logs;
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::placement_decision_resource;
-use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, Placement};
 use kube::api::DynamicObject;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -31,15 +31,30 @@ pub async fn managed_cluster(hub: &Cluster, name: &str) {
         .unwrap();
 }
 
-/// What OCM's placement controller does for a Placement in `ns` that
-/// selects `clusters`: a PlacementDecision with the decisions in its status.
+/// A Placement `placement` in `ns` and what OCM's placement controller
+/// does for it when it selects `clusters`: a PlacementDecision it controls,
+/// with the decisions in its status. (Only such decisions authorize.)
 pub async fn placement_selects(client: &kube::Client, ns: &str, clusters: &[&str]) {
+    let placement: Placement = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+        "metadata": { "name": "placement", "namespace": ns }, "spec": {}
+    }))
+    .unwrap();
+    let placement = Api::<Placement>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &placement)
+        .await
+        .unwrap();
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), ns, &placement_decision_resource());
     let pd: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
         "metadata": { "name": "placement-decision-1", "namespace": ns,
-                      "labels": { keys::PLACEMENT_LABEL: "placement" } }
+                      "labels": { keys::PLACEMENT_LABEL: "placement" },
+                      "ownerReferences": [{
+                          "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                          "kind": "Placement", "name": "placement",
+                          "uid": placement.metadata.uid, "controller": true,
+                          "blockOwnerDeletion": true }] }
     }))
     .unwrap();
     api.create(&PostParams::default(), &pd).await.unwrap();
