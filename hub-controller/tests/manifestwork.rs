@@ -63,6 +63,22 @@ async fn team_namespace(hub: &Hub, clusters: &[&str]) -> String {
     ns
 }
 
+/// What OCM's placement controller writes when decision `name` selects
+/// `clusters`.
+async fn select(pds: &Api<DynamicObject>, name: &str, clusters: &[&str]) {
+    let decisions: Vec<Value> = clusters
+        .iter()
+        .map(|c| json!({ "clusterName": c, "reason": "" }))
+        .collect();
+    pds.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "decisions": decisions } })),
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
     let (hub, ns, apps, works) = one_cluster_team().await;
@@ -356,15 +372,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     // once, without anyone touching them.
     let pds: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
-    pds.patch_status(
-        "placement-decision-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "decisions": [
-            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "nowhere", "reason": "" }
-        ] } })),
-    )
-    .await
-    .unwrap();
+    select(&pds, "placement-decision-1", &["cluster1", "nowhere"]).await;
     managed_cluster(&hub.cluster, "nowhere").await;
     let nowhere: Api<ManifestWork> = Api::namespaced(client.clone(), "nowhere");
     wait::exists(&nowhere, &format!("{ns}.unknown-cluster"), TIMEOUT).await;
@@ -535,15 +543,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     }))
     .unwrap();
     pds.create(&PostParams::default(), &forged).await.unwrap();
-    pds.patch_status(
-        "forged",
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({ "status": { "decisions": [{ "clusterName": "cluster2", "reason": "" }] } }),
-        ),
-    )
-    .await
-    .unwrap();
+    select(&pds, "forged", &["cluster2"]).await;
     wait::until(
         "the hub's cache to hold the forged decision",
         TIMEOUT,
@@ -595,15 +595,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
 
     // Once a Placement in the namespace selects cluster2 too, it is delivered
     // without anyone touching the Application.
-    pds.patch_status(
-        "placement-decision-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "decisions": [
-            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "cluster2", "reason": "" }
-        ] } })),
-    )
-    .await
-    .unwrap();
+    select(&pds, "placement-decision-1", &["cluster1", "cluster2"]).await;
     wait::until(
         "delivery after the Placement selects it",
         TIMEOUT,
@@ -619,15 +611,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
 
     // Authorization withdrawn: the delivered copy stays as it was, the hub
     // copy says why, and changes are not delivered.
-    pds.patch_status(
-        "placement-decision-1",
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({ "status": { "decisions": [{ "clusterName": "cluster1", "reason": "" }] } }),
-        ),
-    )
-    .await
-    .unwrap();
+    select(&pds, "placement-decision-1", &["cluster1"]).await;
     let message = wait::until("the withdrawal on the hub copy", TIMEOUT, || async {
         let a = apps.get("refused").await.map_err(|e| e.to_string())?;
         match a
@@ -683,15 +667,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
         "a change was delivered without authorization"
     );
     // Selected again: the change held back is delivered.
-    pds.patch_status(
-        "placement-decision-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "decisions": [
-            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "cluster2", "reason": "" }
-        ] } })),
-    )
-    .await
-    .unwrap();
+    select(&pds, "placement-decision-1", &["cluster1", "cluster2"]).await;
     wait::until("the held-back change delivered", TIMEOUT, || async {
         let w = works2
             .get(&format!("{ns}.refused"))

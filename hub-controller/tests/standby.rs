@@ -15,23 +15,8 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A replica serving gRPC on `grpc`, keeping its own certificate files.
 fn replica(hub: &Cluster, grpc: SocketAddr, files: &std::path::Path) -> Binary {
-    let file = |n: &str| files.join(n).display().to_string();
-    Binary::start(
-        hub,
-        &[
-            "--authorization=none",
-            "--grpc-addr",
-            &grpc.to_string(),
-            "--grpc-manage-certificates",
-            "--grpc-san=127.0.0.1",
-            "--grpc-tls-cert",
-            &file("tls.crt"),
-            "--grpc-tls-key",
-            &file("tls.key"),
-            "--grpc-client-ca",
-            &file("ca.crt"),
-        ],
-    )
+    let args = common::kept_certificates(grpc, files);
+    Binary::start(hub, &args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 async fn readyz(admin: SocketAddr) -> Result<(u16, String), String> {

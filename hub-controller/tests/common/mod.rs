@@ -127,6 +127,26 @@ pub async fn feed_back(
         .unwrap();
 }
 
+/// The arguments that make the hub-controller serve gRPC on `grpc` with
+/// certificates it keeps itself (`--grpc-manage-certificates`), its files
+/// in `files`, any namespace allowed to target any cluster.
+pub fn kept_certificates(grpc: std::net::SocketAddr, files: &std::path::Path) -> Vec<String> {
+    let file = |n: &str| files.join(n).display().to_string();
+    vec![
+        "--authorization=none".into(),
+        "--grpc-addr".into(),
+        grpc.to_string(),
+        "--grpc-manage-certificates".into(),
+        "--grpc-san=127.0.0.1".into(),
+        "--grpc-tls-cert".into(),
+        file("tls.crt"),
+        "--grpc-tls-key".into(),
+        file("tls.key"),
+        "--grpc-client-ca".into(),
+        file("ca.crt"),
+    ]
+}
+
 /// The hub-controller binary against `hub`, with its admin port; killed
 /// when dropped.
 pub struct Binary {
