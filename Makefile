@@ -119,6 +119,7 @@ bench-grpc: bench-grpc-build
 	$(BENCH_GRPC) latency $(BENCH_GRPC_ARGS)
 	$(BENCH_GRPC) compare $(BENCH_GRPC_COMPARE_ARGS)
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
+	$(BENCH_GRPC) abuse $(BENCH_ABUSE_ARGS)
 
 ## bench-grpc-compare: only ours next to argocd-agent (principal + one managed agent, mTLS) on the same API servers
 .PHONY: bench-grpc-compare
@@ -128,6 +129,12 @@ bench-grpc-compare: bench-grpc-build
 ## bench-grpc-fleet: only the fleet: 1,000 simulated agents (one load generator) x 10 Applications on one hub; peak RSS, reconnect and resync after restarts
 bench-grpc-fleet: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
+
+## bench-abuse: 100 good agents' latency (p50/p99) quiet and while 10,000 handshakes with bad certificates and one valid agent that floods and never reads abuse the hub; the hub's peak RSS (loopback only)
+.PHONY: bench-abuse
+BENCH_ABUSE_ARGS ?= --good-agents 100 --bad-handshakes 10000
+bench-abuse: bench-grpc-build
+	$(BENCH_GRPC) abuse $(BENCH_ABUSE_ARGS)
 
 bench-grpc-build: tools
 	@bash test/tools/build-argocd-agent.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \

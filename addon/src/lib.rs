@@ -41,6 +41,14 @@ pub const HUB_CA_CONFIGMAP: &str = "argocd-pull-hub-ca";
 /// serving CA (PEM, newlines written as `\n` so that the template stays
 /// valid JSON; OCM limits a value to 1,024 characters).
 pub const HUB_CA_VARIABLE: &str = "HUB_CA";
+
+/// The template variable that sets the agent's mode (`managed` or
+/// `autonomous`); the hub-controller reads the same one to decide which
+/// mode it accepts from the cluster's agent.
+pub const MODE_VARIABLE: &str = "AGENT_MODE";
+
+/// The mode of an agent whose configuration does not set [`MODE_VARIABLE`].
+pub const DEFAULT_MODE: &str = "managed";
 /// Where the agent's Deployment mounts the hub's CA.
 const HUB_CA_DIR: &str = "/etc/argocd-pull/hub-ca";
 
@@ -78,7 +86,7 @@ impl Default for AddonConfig {
             agent_image: concat!("argocd-pull-spoke-agent:", env!("CARGO_PKG_VERSION")).into(),
             argocd_namespace: "argocd".into(),
             hub_grpc_address: "https://argocd-pull.hub.example.com:8443".into(),
-            agent_mode: "managed".into(),
+            agent_mode: DEFAULT_MODE.into(),
         }
     }
 }
@@ -92,7 +100,7 @@ pub fn default_variables(config: &AddonConfig) -> Vec<(&'static str, String)> {
         // reachable from every managed cluster and named in the serving
         // certificate (`--grpc-san`).
         ("HUB_GRPC_ADDRESS", config.hub_grpc_address.clone()),
-        ("AGENT_MODE", config.agent_mode.clone()),
+        (MODE_VARIABLE, config.agent_mode.clone()),
         ("AGENT_IMAGE", config.agent_image.clone()),
     ]
 }

@@ -27,6 +27,32 @@ pub use generated::manifestwork::*;
 pub use generated::placement::*;
 pub use generated::placementdecision::*;
 
+/// The Placement a PlacementDecision belongs to, as OCM's placement
+/// controller writes it: its controlling owner is a
+/// `cluster.open-cluster-management.io` Placement, and its
+/// `cluster.open-cluster-management.io/placement` label names that same
+/// Placement. `None` for a decision written by anyone else (by hand, by a
+/// tool), which must not authorize anything.
+pub fn placement_of(decision: &kube::api::DynamicObject) -> Option<&str> {
+    let label = decision
+        .metadata
+        .labels
+        .as_ref()?
+        .get(crate::keys::PLACEMENT_LABEL)?;
+    decision
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| {
+            o.controller == Some(true)
+                && o.kind == "Placement"
+                && o.api_version.split('/').next() == Some("cluster.open-cluster-management.io")
+        })
+        .filter(|o| &o.name == label)
+        .map(|o| o.name.as_str())
+}
+
 /// PlacementDecision has no spec, so kopium emits only its status type; the
 /// kind is used through this API resource as a `DynamicObject`, with
 /// [`PlacementDecisionStatus`] parsed from its `status`.
@@ -49,4 +75,65 @@ pub fn decided_clusters(decision: &kube::api::DynamicObject) -> Vec<String> {
         .and_then(|s| serde_json::from_value::<PlacementDecisionStatus>(s.clone()).ok())
         .map(|s| s.decisions.into_iter().map(|d| d.cluster_name).collect())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn decision(labels: serde_json::Value, owners: serde_json::Value) -> kube::api::DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
+            "metadata": { "name": "p-decision-1", "namespace": "team", "labels": labels,
+                          "ownerReferences": owners },
+        }))
+        .unwrap()
+    }
+
+    fn owner(api_version: &str, kind: &str, name: &str, controller: bool) -> serde_json::Value {
+        json!({ "apiVersion": api_version, "kind": kind, "name": name, "uid": "u", "controller": controller })
+    }
+
+    #[test]
+    fn only_a_decision_controlled_by_its_labelled_placement_belongs_to_one() {
+        let label = json!({ crate::keys::PLACEMENT_LABEL: "p" });
+        let placement = owner(
+            "cluster.open-cluster-management.io/v1beta1",
+            "Placement",
+            "p",
+            true,
+        );
+        assert_eq!(
+            placement_of(&decision(label.clone(), json!([placement]))),
+            Some("p")
+        );
+        // Written by hand: no owner, or an owner that is not a Placement,
+        // not the controller, another Placement than the label says, or a
+        // Placement of another API group.
+        for owners in [
+            json!([]),
+            json!([owner("v1", "ConfigMap", "p", true)]),
+            json!([owner(
+                "cluster.open-cluster-management.io/v1beta1",
+                "Placement",
+                "p",
+                false
+            )]),
+            json!([owner(
+                "cluster.open-cluster-management.io/v1beta1",
+                "Placement",
+                "q",
+                true
+            )]),
+            json!([owner("example.com/v1", "Placement", "p", true)]),
+        ] {
+            assert_eq!(
+                placement_of(&decision(label.clone(), owners.clone())),
+                None,
+                "{owners}"
+            );
+        }
+        assert_eq!(placement_of(&decision(json!({}), json!([placement]))), None);
+    }
 }

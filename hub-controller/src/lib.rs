@@ -104,6 +104,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// The `/readyz` check that fails on a standby.
+pub const LEADER_CHECK: &str = "leader";
+
 /// Name of the leader Lease unless `--leader-election-id` says otherwise.
 pub const LEASE_NAME: &str = "argocd-pull-hub-controller";
 
@@ -137,6 +140,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(server = %version.git_version, argocd_namespace = %args.argocd_namespace, "connected to the hub");
     readiness.set("hub-api", true);
 
+    // A standby serves nothing (no gRPC, no controllers): it is not Ready,
+    // so the gRPC Service sends agents only to the leader. Liveness
+    // (`/livez`) stays separate: a standby is alive.
+    if args.leader.enabled {
+        readiness.set(LEADER_CHECK, false);
+    }
     let leadership = if args.leader.enabled {
         match lease::acquire(
             client.clone(),
@@ -156,6 +165,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
+    // What the leader waits for before it is Ready, registered before it
+    // says it leads, so that no moment between reads as Ready.
+    readiness.set("applications-synced", false);
+    if args.grpc.grpc_addr.is_some() {
+        readiness.set("grpc-synced", false);
+    }
+    readiness.set(LEADER_CHECK, true);
     metrics.leader.set(1);
     let lost = leadership.as_ref().map(|l| l.lost());
     let watchdog = tokio::spawn(async move {
@@ -212,6 +228,10 @@ async fn run_controllers(
     let grpc_config = args.grpc.config(authorization.clone());
     let watches = hub::watches::Watches::new(hub::watches::Scope {
         grpc: grpc_config.is_some(),
+        default_config: hub::mode::ConfigRef {
+            namespace: args.certs.addon_namespace.clone(),
+            name: args.certs.addon_deployment_config.clone(),
+        },
     });
     let grpc = grpc_config
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));
@@ -227,8 +247,8 @@ async fn run_controllers(
     let grpc_server = match &grpc {
         Some(hub) => {
             let server = grpc::start(hub.clone(), shutdown.clone().wait()).await?;
-            // Agents are welcomed only once the hub sees everything.
-            readiness.set("grpc-synced", false);
+            // Agents are welcomed only once the hub sees everything
+            // (`run` registered the check).
             let (hub, ready) = (hub.clone(), readiness.clone());
             tokio::spawn(async move {
                 hub.wait_synced().await;
@@ -269,7 +289,6 @@ async fn run_controllers(
         shutdown.clone().wait(),
     ));
     let synced = readiness.clone();
-    synced.set("applications-synced", false);
     manifestwork::controller::run(
         ctx,
         move || synced.set("applications-synced", true),

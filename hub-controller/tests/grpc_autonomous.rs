@@ -105,6 +105,7 @@ async fn mirror_field(env: &Env, name: &str, pointer: &str) -> Option<Value> {
 #[tokio::test]
 async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_refreshes() {
     let mut env = Env::new(&["cluster1", "cluster2"]).await;
+    grpc_env::mode::configure(&env.hub_client, "cluster2", "autonomous").await;
     env.start_hub(&[]).await;
     env.start_agent(0, Mode::Managed);
     env.start_agent(AUTONOMOUS, Mode::Autonomous);
@@ -300,4 +301,109 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     let kept = mirrors(&env).get("local-d").await.unwrap();
     assert_eq!(kept.data["spec"]["source"]["path"], "hub-own");
     assert!(!kept.labels().contains_key(keys::MIRROR_OF));
+}
+
+/// The names of the mirrors of cluster2 on the hub.
+async fn mirror_names(env: &Env) -> Vec<String> {
+    mirrors(env)
+        .list(&kube::api::ListParams::default().labels(keys::MIRROR_OF))
+        .await
+        .map(|l| l.items.iter().map(|a| a.name_any()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_autonomous_agent_cannot_make_the_hub_hold_more_than_its_limits() {
+    let mut env = Env::new(&["cluster1", "cluster2"]).await;
+    grpc_env::mode::configure(&env.hub_client, "cluster2", "autonomous").await;
+    env.start_hub(&[
+        "--grpc-max-mirrors-per-cluster=3",
+        "--grpc-max-mirror-bytes-per-cluster=32768",
+    ])
+    .await;
+    env.start_agent(AUTONOMOUS, Mode::Autonomous);
+    env.wait_connected().await;
+    let spoke = env.spoke_apps(AUTONOMOUS);
+    let create = |app: Application| {
+        let spoke = spoke.clone();
+        async move { spoke.create(&PostParams::default(), &app).await.unwrap() }
+    };
+    let refused = |reason: &'static str| {
+        let env = &env;
+        async move {
+            let m = env.hub_process.as_ref().unwrap().metrics().await;
+            grpc_env::series::value(
+                &m,
+                &format!(
+                    "argocd_pull_hub_grpc_refused_total{{cluster=\"cluster2\",reason=\"{reason}\"}}"
+                ),
+            )
+        }
+    };
+
+    create(local_app("small-a", "a")).await;
+    create(local_app("small-b", "b")).await;
+    // Over the bytes limit on its own (a 40 KiB annotation).
+    let mut big = local_app("big", "big");
+    big.annotations_mut()
+        .insert("example.com/notes".into(), "x".repeat(40 << 10));
+    create(big).await;
+    wait::until(
+        "the big one refused over the bytes limit",
+        TIMEOUT,
+        || async {
+            match refused("over-limit").await {
+                n if n >= 1.0 => Ok(()),
+                n => Err(n),
+            }
+        },
+    )
+    .await;
+    create(local_app("small-c", "c")).await;
+    wait::until("three mirrors, the limit", TIMEOUT, || async {
+        match mirror_names(&env).await {
+            n if n == ["small-a", "small-b", "small-c"] => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    let before = refused("over-limit").await;
+    create(local_app("small-d", "d")).await;
+    wait::until("the fourth refused over the count", TIMEOUT, || async {
+        match refused("over-limit").await {
+            n if n > before => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    let log = env.hub_log();
+    for expected in [
+        "over the limit (--grpc-max-mirror-bytes-per-cluster=32768)",
+        "already has 3 Applications mirrored on the hub, the limit (--grpc-max-mirrors-per-cluster=3)",
+    ] {
+        assert!(log.contains(expected), "{expected:?} not logged:\n{log}");
+    }
+    assert_eq!(
+        mirror_names(&env).await,
+        ["small-a", "small-b", "small-c"],
+        "nothing over the limits is mirrored"
+    );
+    // Nothing else stops: the agent stays connected, and a mirror within
+    // the limits still follows its Application.
+    assert!(env.spokes[AUTONOMOUS].agent.as_ref().unwrap().connected());
+    spoke
+        .patch(
+            "small-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "source": { "path": "a2" } } })),
+        )
+        .await
+        .unwrap();
+    wait::until("the mirror follows its Application", TIMEOUT, || async {
+        match mirror_field(&env, "small-a", "/spec/source/path").await {
+            Some(p) if p == "a2" => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
 }

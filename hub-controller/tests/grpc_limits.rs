@@ -29,18 +29,11 @@ use tonic::Code;
 mod common;
 mod grpc_env;
 use common::grpc_client::{self, any_next, hello, refused, report};
+use grpc_env::series::value;
 use grpc_env::{Env, SPOKE_NS, TIMEOUT, agent_subject};
 
 /// How fast a deny list entry must cut a connected agent off.
 const WITHIN_SECONDS: Duration = Duration::from_secs(10);
-
-/// The value of one series in the hub's metrics (0 when absent).
-fn value(metrics: &str, series: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 /// Waits until cluster1's agent has (or has not) a stream to the hub. (Its
 /// readiness says connected until the agent's task first runs.)
@@ -422,4 +415,55 @@ async fn abusive_clients_are_held_to_the_limits() {
         .unwrap();
     let expected: BTreeMap<String, usize> = [("alpha".to_string(), 0)].into();
     wait::until("alpha delivered", TIMEOUT, || env.converged(&expected)).await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_and_a_place_freed_is_taken_again() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&["--grpc-max-connections=3"]).await;
+    env.start_agent(0, Mode::Managed);
+    connected(&env, true).await;
+    let (address, ca) = (env.hub_address(), env.ca.pem.cert_pem.clone());
+    let identity = env.ca.client(&agent_subject("cluster1"), None).unwrap();
+    let open = || grpc_client::channel(&address, &ca, &identity, None);
+
+    // The agent holds one place; two more connections fill the cap.
+    let mut held = vec![open().await.unwrap(), open().await.unwrap()];
+    wait::until("three connections open", TIMEOUT, || async {
+        match metric(&env, "argocd_pull_hub_grpc_connections_open").await {
+            3.0 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    // A fourth, even with a valid certificate, is closed before its
+    // handshake, and counted.
+    let refused = open().await;
+    assert!(refused.is_err(), "a fourth connection was let in");
+    assert!(metric(&env, "argocd_pull_hub_grpc_connections_dropped_total").await >= 1.0);
+    assert_eq!(
+        metric(&env, "argocd_pull_hub_grpc_connections_open").await,
+        3.0
+    );
+    assert!(is_connected(&env), "the agent keeps its connection");
+
+    // A connection that closes frees its place.
+    held.pop();
+    wait::until("a place freed", TIMEOUT, || async {
+        match metric(&env, "argocd_pull_hub_grpc_connections_open").await {
+            2.0 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    held.push(open().await.unwrap());
+    assert_eq!(
+        metric(&env, "argocd_pull_hub_grpc_connections_open").await,
+        3.0
+    );
+    let log = env.hub_log();
+    assert!(
+        log.contains("too many gRPC connections open"),
+        "the cap is logged:\n{log}"
+    );
 }

@@ -93,7 +93,10 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
     let config = args.grpc.config(Authorization::default()).unwrap();
     // The hub's one set of watches, through the slow client, feeding the
     // gRPC transport alone.
-    let watches = Watches::new(Scope { grpc: true });
+    let watches = Watches::new(Scope {
+        grpc: true,
+        ..Scope::default()
+    });
     let hub = grpc::Hub::new(
         config,
         slow.clone(),

@@ -64,6 +64,22 @@ async fn team_namespace(hub: &Hub, clusters: &[&str]) -> String {
     ns
 }
 
+/// What OCM's placement controller writes when decision `name` selects
+/// `clusters`.
+async fn select(pds: &Api<DynamicObject>, name: &str, clusters: &[&str]) {
+    let decisions: Vec<Value> = clusters
+        .iter()
+        .map(|c| json!({ "clusterName": c, "reason": "" }))
+        .collect();
+    pds.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "decisions": decisions } })),
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
     let (hub, ns, apps, works) = one_cluster_team().await;
@@ -357,15 +373,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     // once, without anyone touching them.
     let pds: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
-    pds.patch_status(
-        "placement-decision-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "decisions": [
-            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "nowhere", "reason": "" }
-        ] } })),
-    )
-    .await
-    .unwrap();
+    select(&pds, "placement-decision-1", &["cluster1", "nowhere"]).await;
     managed_cluster(&hub.cluster, "nowhere").await;
     let nowhere: Api<ManifestWork> = Api::namespaced(client.clone(), "nowhere");
     wait::exists(&nowhere, &format!("{ns}.unknown-cluster"), TIMEOUT).await;
@@ -573,6 +581,31 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
         managed_cluster(&hub.cluster, c).await;
     }
     let ns = team_namespace(&hub, &["cluster1"]).await;
+    let pds: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
+    // A PlacementDecision written by hand (no Placement controls it), even
+    // labelled as the Placement's, authorizes nothing.
+    let forged: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
+        "metadata": { "name": "forged", "namespace": ns,
+                      "labels": { keys::PLACEMENT_LABEL: "placement" } }
+    }))
+    .unwrap();
+    pds.create(&PostParams::default(), &forged).await.unwrap();
+    select(&pds, "forged", &["cluster2"]).await;
+    wait::until(
+        "the hub's cache to hold the forged decision",
+        TIMEOUT,
+        || async {
+            let seen = hub.ctx.caches.decisions.state().iter().any(|d| {
+                d.metadata.name.as_deref() == Some("forged")
+                    && d.data.pointer("/status/decisions/0/clusterName") == Some(&json!("cluster2"))
+            });
+            if seen { Ok(()) } else { Err("not yet") }
+        },
+    )
+    .await;
+    assert_eq!(hub.ctx.caches.decided_in(&ns), ["cluster1"]);
     let apps = apps_api(client, &ns);
     for (name, cluster) in [("ok", "cluster1"), ("refused", "cluster2")] {
         apps.create(
@@ -611,17 +644,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
 
     // Once a Placement in the namespace selects cluster2 too, it is delivered
     // without anyone touching the Application.
-    let pds: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &placement_decision_resource());
-    pds.patch_status(
-        "placement-decision-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "decisions": [
-            { "clusterName": "cluster1", "reason": "" }, { "clusterName": "cluster2", "reason": "" }
-        ] } })),
-    )
-    .await
-    .unwrap();
+    select(&pds, "placement-decision-1", &["cluster1", "cluster2"]).await;
     wait::until(
         "delivery after the Placement selects it",
         TIMEOUT,
@@ -633,6 +656,77 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
                 .ok_or_else(|| "not yet".to_string())
         },
     )
+    .await;
+
+    // Authorization withdrawn: the delivered copy stays as it was, the hub
+    // copy says why, and changes are not delivered.
+    select(&pds, "placement-decision-1", &["cluster1"]).await;
+    let message = wait::until("the withdrawal on the hub copy", TIMEOUT, || async {
+        let a = apps.get("refused").await.map_err(|e| e.to_string())?;
+        match a
+            .data
+            .pointer("/status/conditions/0/message")
+            .and_then(Value::as_str)
+        {
+            Some(m) if m.starts_with("NotAuthorized") => Ok(m.to_string()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        message.contains("Anything delivered before stays on the cluster"),
+        "{message}"
+    );
+    let path = |w: &ManifestWork| {
+        serde_json::to_value(w).unwrap()["spec"]["workload"]["manifests"][0]["spec"]["source"]["path"].clone()
+    };
+    let kept = works2.get(&format!("{ns}.refused")).await.unwrap();
+    let before = hub.ctx.metrics.reconciles.get();
+    apps.patch(
+        "refused",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "source": { "path": "changed" } } })),
+    )
+    .await
+    .unwrap();
+    // The change reached the controller and its queue is drained.
+    wait::until("a reconcile of the change", TIMEOUT, || async {
+        let seen = hub.ctx.caches.apps.state().iter().any(|a| {
+            a.metadata.name.as_deref() == Some("refused")
+                && a.application().data["spec"]["source"]["path"] == json!("changed")
+        });
+        match (
+            seen,
+            hub.ctx.metrics.reconciles.get(),
+            hub.ctx.metrics.queue_depth.get(),
+        ) {
+            (true, n, 0) if n > before => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let after = works2.get(&format!("{ns}.refused")).await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        kept.metadata.resource_version
+    );
+    assert_ne!(
+        path(&after),
+        json!("changed"),
+        "a change was delivered without authorization"
+    );
+    // Selected again: the change held back is delivered.
+    select(&pds, "placement-decision-1", &["cluster1", "cluster2"]).await;
+    wait::until("the held-back change delivered", TIMEOUT, || async {
+        let w = works2
+            .get(&format!("{ns}.refused"))
+            .await
+            .map_err(|e| e.to_string())?;
+        match path(&w) {
+            p if p == json!("changed") => Ok(()),
+            p => Err(p.to_string()),
+        }
+    })
     .await;
     hub.stop.fire();
 }

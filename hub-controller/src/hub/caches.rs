@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 pub use super::written::Written;
 
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedCluster, ManagedClusterAddOn, ManifestWork, decided_clusters};
+use argocd_pull_apis::ocm::{
+    AddOnDeploymentConfig, ManagedCluster, ManagedClusterAddOn, ManifestWork, decided_clusters,
+    placement_of,
+};
 
 use crate::hub::cached::CachedWork;
 use kube::ResourceExt;
@@ -30,8 +33,14 @@ pub struct Caches {
     pub decisions: Store<DynamicObject>,
     pub clusters: Store<PartialObjectMeta<ManagedCluster>>,
     /// argocd-pull's ManagedClusterAddOns (only with the gRPC transport).
-    pub addons: Store<PartialObjectMeta<ManagedClusterAddOn>>,
+    pub addons: Store<ManagedClusterAddOn>,
     pub works: Store<CachedWork>,
+    /// The AddOnDeploymentConfigs in the addon's namespace (only with the
+    /// gRPC transport): which mode each cluster's agent runs in.
+    pub configs: Store<AddOnDeploymentConfig>,
+    /// The addon's default AddOnDeploymentConfig (`--addon-namespace`,
+    /// `--addon-deployment-config`).
+    pub default_config: Arc<super::mode::ConfigRef>,
     /// Works this process wrote and the cache has not shown yet (read
     /// live until it does: deciding from the older copy would lose an
     /// operation handed over a moment ago).
@@ -63,10 +72,35 @@ impl Caches {
             .is_some()
     }
 
-    /// Clusters selected by the PlacementDecisions in namespace `ns`.
+    /// The mode the addon configuration gives the agent of `cluster`
+    /// (see [`super::mode`]); `None` when the addon is not enabled there.
+    pub fn configured_mode(
+        &self,
+        cluster: &str,
+    ) -> Option<Result<super::mode::Configured, String>> {
+        let addon = self
+            .addons
+            .get(&ObjectRef::new(keys::ADDON_NAME).within(cluster))?;
+        let default = &self.default_config;
+        let reference = super::mode::config_ref(&addon, default);
+        if reference.namespace != default.namespace {
+            return Some(Err(format!(
+                "the addon of cluster {cluster} is configured by {reference}; the hub-controller reads AddOnDeploymentConfigs only in namespace {}: move it there",
+                default.namespace
+            )));
+        }
+        let config = self
+            .configs
+            .get(&ObjectRef::new(&reference.name).within(&reference.namespace));
+        Some(super::mode::configured(&reference, config.as_deref()))
+    }
+
+    /// Clusters selected by the PlacementDecisions of Placements in
+    /// namespace `ns` (a decision no Placement controls is ignored: anyone
+    /// allowed to write PlacementDecisions could forge one).
     pub fn decided_in(&self, ns: &str) -> Vec<String> {
         self.decisions
-            .state_filter(|pd| pd.namespace().as_deref() == Some(ns))
+            .state_filter(|pd| pd.namespace().as_deref() == Some(ns) && placement_of(pd).is_some())
             .iter()
             .flat_map(|pd| decided_clusters(pd))
             .collect()

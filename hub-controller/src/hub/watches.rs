@@ -1,6 +1,7 @@
 //! The hub-controller's one set of watches: pull-model Applications,
 //! autonomous mirrors, PlacementDecisions, ManagedClusters (metadata only),
-//! argocd-pull's ManagedClusterAddOns and argocd-pull's ManifestWorks. Each
+//! argocd-pull's ManagedClusterAddOns, the AddOnDeploymentConfigs in the
+//! addon's namespace and argocd-pull's ManifestWorks. Each
 //! is watched once, kept in one cache ([`Caches`]) and its events go, in
 //! the order they came, to every transport ([`Consumer`]): the ManifestWork
 //! controller turns them into reconciles, the gRPC transport into its index
@@ -13,7 +14,9 @@ use std::sync::Arc;
 
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedCluster, ManagedClusterAddOn, placement_decision_resource};
+use argocd_pull_apis::ocm::{
+    AddOnDeploymentConfig, ManagedCluster, ManagedClusterAddOn, placement_decision_resource,
+};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use kube::Client;
@@ -23,6 +26,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::cached::{CachedApp, CachedWork};
 use super::caches::Caches;
+use super::mode::ConfigRef;
 use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
 
 /// One event of one watch, after its cache has applied it.
@@ -32,8 +36,9 @@ pub enum Event {
     Mirror(watcher::Event<CachedApp>),
     Decision(watcher::Event<DynamicObject>),
     Cluster(watcher::Event<PartialObjectMeta<ManagedCluster>>),
-    Addon(watcher::Event<PartialObjectMeta<ManagedClusterAddOn>>),
+    Addon(watcher::Event<ManagedClusterAddOn>),
     Work(watcher::Event<CachedWork>),
+    Config(watcher::Event<AddOnDeploymentConfig>),
 }
 
 impl Event {
@@ -46,6 +51,7 @@ impl Event {
             Event::Cluster(_) => 3,
             Event::Addon(_) => 4,
             Event::Work(_) => 5,
+            Event::Config(_) => 6,
         }
     }
 
@@ -60,6 +66,7 @@ impl Event {
                 | Event::Cluster(InitDone)
                 | Event::Addon(InitDone)
                 | Event::Work(InitDone)
+                | Event::Config(InitDone)
         )
     }
 }
@@ -75,11 +82,27 @@ pub trait Consumer: Send + Sync {
 }
 
 /// What to watch beyond what every hub needs.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Scope {
     /// The gRPC transport is served: watch the addons (which clusters it
-    /// delivers to) and the autonomous mirrors too.
+    /// delivers to, and in which mode: their AddOnDeploymentConfigs) and
+    /// the autonomous mirrors too.
     pub grpc: bool,
+    /// The addon's default AddOnDeploymentConfig; per-cluster configs are
+    /// read only in its namespace.
+    pub default_config: ConfigRef,
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Self {
+            grpc: false,
+            default_config: ConfigRef {
+                namespace: argocd_pull_addon::HUB_NAMESPACE.into(),
+                name: argocd_pull_addon::DEPLOYMENT_CONFIG.into(),
+            },
+        }
+    }
 }
 
 /// The write sides of the caches, until [`Watches::run`] takes them.
@@ -89,8 +112,9 @@ pub struct Watches {
     mirrors: reflector::store::Writer<CachedApp>,
     decisions: reflector::store::Writer<DynamicObject>,
     clusters: reflector::store::Writer<PartialObjectMeta<ManagedCluster>>,
-    addons: reflector::store::Writer<PartialObjectMeta<ManagedClusterAddOn>>,
+    addons: reflector::store::Writer<ManagedClusterAddOn>,
     works: reflector::store::Writer<CachedWork>,
+    configs: reflector::store::Writer<AddOnDeploymentConfig>,
     caches: Caches,
 }
 
@@ -102,6 +126,7 @@ impl Watches {
         let clusters = reflector::store::Writer::default();
         let addons = reflector::store::Writer::default();
         let works = reflector::store::Writer::default();
+        let configs = reflector::store::Writer::default();
         let caches = Caches {
             apps: apps.as_reader(),
             mirrors: mirrors.as_reader(),
@@ -109,6 +134,8 @@ impl Watches {
             clusters: clusters.as_reader(),
             addons: addons.as_reader(),
             works: works.as_reader(),
+            configs: configs.as_reader(),
+            default_config: Arc::new(scope.default_config.clone()),
             written: Default::default(),
             synced: Default::default(),
         };
@@ -120,6 +147,7 @@ impl Watches {
             clusters,
             addons,
             works,
+            configs,
             caches,
         }
     }
@@ -173,13 +201,24 @@ impl Watches {
             ));
             streams.push(watch(
                 self.addons,
-                Api::<PartialObjectMeta<ManagedClusterAddOn>>::all(client.clone()),
+                Api::<ManagedClusterAddOn>::all(client.clone()),
                 watcher::Config::default().fields(&format!("metadata.name={}", keys::ADDON_NAME)),
                 Event::Addon,
             ));
+            // Only the addon's namespace: the hub-controller may read
+            // configs nowhere else (docs/security.md).
+            streams.push(watch(
+                self.configs,
+                Api::<AddOnDeploymentConfig>::namespaced(
+                    client.clone(),
+                    &self.scope.default_config.namespace,
+                ),
+                watcher::Config::default(),
+                Event::Config,
+            ));
         }
         // Each watch's first full list counts once.
-        let mut listed = [false; 6];
+        let mut listed = [false; 7];
         let mut unlisted = streams.len();
         let caches = self.caches;
         let mut events = futures::stream::select_all(streams);

@@ -3,9 +3,15 @@
 //! Without this check anyone who can create an Application in any namespace
 //! could deploy to any managed cluster. Like the hardened downstream of
 //! argocd-pull-integration, a namespace may target the clusters that a
-//! PlacementDecision in that same namespace selects (OCM's own rule: a
-//! Placement only selects clusters from sets bound to its namespace), plus
-//! whatever the operator allows explicitly.
+//! PlacementDecision of a Placement in that same namespace selects (OCM's
+//! own rule: a Placement only selects clusters from sets bound to its
+//! namespace), plus whatever the operator allows explicitly.
+//!
+//! Authorization withdrawn (the Placement no longer selects the cluster)
+//! stops delivery but deletes nothing: what was delivered stays as it was,
+//! the hub copy says why, and deleting the hub Application still removes it
+//! from the cluster. A Placement edited by mistake must not delete running
+//! workloads.
 
 /// One `--allowed-target` entry: `namespace=cluster`, either side may be `*`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,10 +66,12 @@ impl Authorization {
     /// The message for a refused target: what to create or configure.
     pub fn refusal(namespace: &str, cluster: &str) -> String {
         format!(
-            "namespace {namespace:?} may not deploy to ManagedCluster {cluster:?}: no PlacementDecision in \
+            "namespace {namespace:?} may not deploy to ManagedCluster {cluster:?}: no decision of a Placement in \
              {namespace:?} selects it; create a Placement in {namespace:?} that selects {cluster:?} (its \
              ManagedClusterSet must be bound to the namespace), or allow it with \
-             --allowed-target {namespace}={cluster}"
+             --allowed-target {namespace}={cluster}. Anything delivered before stays on the cluster as it \
+             was: changes are not delivered until the cluster is selected again, and deleting this \
+             Application still deletes it there"
         )
     }
 }

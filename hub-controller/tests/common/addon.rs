@@ -430,25 +430,14 @@ impl AddonHub {
 
         // The hub-controller keeps the CAs and its serving certificate.
         let files = tempfile::tempdir().unwrap();
-        let file = |n: &str| files.path().join(n).display().to_string();
         let log = hub.dir().join("hub-controller.log");
+        let mut args = vec!["--leader-elect=false".to_string()];
+        args.extend(super::kept_certificates(grpc, files.path()));
+        args.push("--certificate-check-interval=2s".into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let controller = Binary::start_as(
             hub.kubeconfig(),
-            &[
-                "--leader-elect=false",
-                "--authorization=none",
-                "--grpc-addr",
-                &grpc.to_string(),
-                "--grpc-manage-certificates",
-                "--grpc-san=127.0.0.1",
-                "--grpc-tls-cert",
-                &file("tls.crt"),
-                "--grpc-tls-key",
-                &file("tls.key"),
-                "--grpc-client-ca",
-                &file("ca.crt"),
-                "--certificate-check-interval=2s",
-            ],
+            &args,
             Stdio::from(std::fs::File::create(&log).unwrap()),
         );
         wait::until("the hub-controller to be ready", TIMEOUT, || async {

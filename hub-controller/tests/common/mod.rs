@@ -9,7 +9,7 @@ pub mod logs;
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::placement_decision_resource;
-use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, Placement};
 use kube::api::DynamicObject;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -31,15 +31,30 @@ pub async fn managed_cluster(hub: &Cluster, name: &str) {
         .unwrap();
 }
 
-/// What OCM's placement controller does for a Placement in `ns` that
-/// selects `clusters`: a PlacementDecision with the decisions in its status.
+/// A Placement `placement` in `ns` and what OCM's placement controller
+/// does for it when it selects `clusters`: a PlacementDecision it controls,
+/// with the decisions in its status. (Only such decisions authorize.)
 pub async fn placement_selects(client: &kube::Client, ns: &str, clusters: &[&str]) {
+    let placement: Placement = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+        "metadata": { "name": "placement", "namespace": ns }, "spec": {}
+    }))
+    .unwrap();
+    let placement = Api::<Placement>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &placement)
+        .await
+        .unwrap();
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), ns, &placement_decision_resource());
     let pd: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
         "metadata": { "name": "placement-decision-1", "namespace": ns,
-                      "labels": { keys::PLACEMENT_LABEL: "placement" } }
+                      "labels": { keys::PLACEMENT_LABEL: "placement" },
+                      "ownerReferences": [{
+                          "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                          "kind": "Placement", "name": "placement",
+                          "uid": placement.metadata.uid, "controller": true,
+                          "blockOwnerDeletion": true }] }
     }))
     .unwrap();
     api.create(&PostParams::default(), &pd).await.unwrap();
@@ -110,6 +125,26 @@ pub async fn feed_back(
         .patch_status(work, &PatchParams::default(), &Patch::Merge(status))
         .await
         .unwrap();
+}
+
+/// The arguments that make the hub-controller serve gRPC on `grpc` with
+/// certificates it keeps itself (`--grpc-manage-certificates`), its files
+/// in `files`, any namespace allowed to target any cluster.
+pub fn kept_certificates(grpc: std::net::SocketAddr, files: &std::path::Path) -> Vec<String> {
+    let file = |n: &str| files.join(n).display().to_string();
+    vec![
+        "--authorization=none".into(),
+        "--grpc-addr".into(),
+        grpc.to_string(),
+        "--grpc-manage-certificates".into(),
+        "--grpc-san=127.0.0.1".into(),
+        "--grpc-tls-cert".into(),
+        file("tls.crt"),
+        "--grpc-tls-key".into(),
+        file("tls.key"),
+        "--grpc-client-ca".into(),
+        file("ca.crt"),
+    ]
 }
 
 /// The hub-controller binary against `hub`, with its admin port; killed

@@ -7,6 +7,9 @@
 //! refresh request, and releases its finalizer on deletion.
 #![allow(dead_code)]
 
+pub mod mode;
+pub mod series;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

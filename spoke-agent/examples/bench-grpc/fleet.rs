@@ -33,8 +33,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::time::Instant;
 
-use crate::fleet_load_generator::{LoadGenerator, SimulatedAgent, simulated_status};
-use crate::hub::{self, HubOptions, HubProcess, Pki, agent_subject};
+use crate::fleet_load_generator::{LoadGenerator, simulated_status};
+use crate::hub::{self, HubOptions, HubProcess, Pki};
 use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
@@ -429,19 +429,13 @@ async fn one_run(
     let pki = Pki::new()?;
     let grpc_addr = testenv::net::free_addr()?;
     let address = format!("https://{grpc_addr}");
-    let agents = clusters
-        .iter()
-        .map(|c| {
-            let tls = pki.agent_files(c, &agent_subject(c, AGENT_NAME))?;
-            Ok(SimulatedAgent::new(
-                c,
-                &address,
-                tls,
-                (args.reconnect_min, args.reconnect_max),
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let fleet = LoadGenerator::new(agents);
+    let fleet = LoadGenerator::for_clusters(
+        &pki,
+        &clusters,
+        &address,
+        AGENT_NAME,
+        (args.reconnect_min, args.reconnect_max),
+    )?;
     let copies = watch_copies(client.clone(), apps.len());
     let logs = testenv::paths::run_dir().join("bench-logs");
     std::fs::create_dir_all(&logs)?;

@@ -126,6 +126,25 @@ pub struct Progress {
 }
 
 impl LoadGenerator {
+    /// One simulated agent per cluster, each with a certificate of `pki`
+    /// naming it `agent`, dialling `address` with `backoff` (min, max).
+    pub fn for_clusters(
+        pki: &crate::hub::Pki,
+        clusters: &[String],
+        address: &str,
+        agent: &str,
+        backoff: (Duration, Duration),
+    ) -> anyhow::Result<Self> {
+        let agents = clusters
+            .iter()
+            .map(|c| {
+                let tls = pki.agent_files(c, &crate::hub::agent_subject(c, agent))?;
+                Ok(SimulatedAgent::new(c, address, tls, backoff))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Self::new(agents))
+    }
+
     pub fn new(agents: Vec<SimulatedAgent>) -> Self {
         Self {
             agents: agents.into_iter().map(Arc::new).collect(),

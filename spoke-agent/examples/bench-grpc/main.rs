@@ -25,6 +25,9 @@
 //! `bench-grpc compare`: ours next to argocd-agent on the same API servers
 //! (see `compare.rs`).
 //!
+//! `bench-grpc abuse`: good agents' latency while the hub is abused (see
+//! `abuse.rs`).
+//!
 //! `--repeat N` (any part) runs it N times and prints every figure as its
 //! median (min–max) over the runs and its spread (max / min), flagged over
 //! 1.5× (`report.rs`).
@@ -34,6 +37,7 @@
 
 #![forbid(unsafe_code)]
 
+mod abuse;
 mod argocd_agent;
 mod compare;
 mod fleet;
@@ -73,6 +77,10 @@ enum Part {
     /// by side on the same API servers: latency, one agent's throughput,
     /// recovery after a hub restart.
     Compare(compare::CompareArgs),
+    /// Good agents' latency, quiet and while 10,000 handshakes with bad
+    /// certificates and one valid agent that floods and never reads abuse
+    /// the hub; the hub's peak memory.
+    Abuse(abuse::AbuseArgs),
 }
 
 #[tokio::main]
@@ -96,5 +104,6 @@ async fn main() -> Result<()> {
         Part::Latency(a) => latency::run(a, args.repeat, &hub_bin).await,
         Part::Fleet(a) => fleet::run(a, args.repeat, &hub_bin).await,
         Part::Compare(a) => compare::run(a, args.repeat, &hub_bin).await,
+        Part::Abuse(a) => abuse::run(a, args.repeat, &hub_bin).await,
     }
 }

@@ -52,6 +52,8 @@ pub struct GrpcMetrics {
     /// Connections closed before their TLS handshake because
     /// `--grpc-max-handshakes` were already in flight.
     pub handshakes_dropped: Counter,
+    pub connections_open: Gauge,
+    pub connections_dropped: Counter,
     /// Entries of the deny list of client certificates in force.
     pub denied_certificates: Gauge,
 }
@@ -114,6 +116,16 @@ impl GrpcMetrics {
             "handshakes_dropped",
             "Connections closed unanswered because --grpc-max-handshakes were under way",
             m.handshakes_dropped.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Client connections open (handshaking or past it)",
+            m.connections_open.clone(),
+        );
+        r.register(
+            "connections_dropped",
+            "Connections closed unanswered because --grpc-max-connections were open",
+            m.connections_dropped.clone(),
         );
         r.register(
             "denied_certificates",

@@ -124,6 +124,17 @@ pub struct LimitArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub max_handshakes: u32,
+    /// Client connections open at once, handshaking or past it (an agent
+    /// holds one); a connection beyond them is closed at once (counted in
+    /// argocd_pull_hub_grpc_connections_dropped_total). Keep it above the
+    /// number of clusters with the addon.
+    #[arg(
+        long = "grpc-max-connections",
+        env = "ARGOCD_PULL_GRPC_MAX_CONNECTIONS",
+        default_value_t = 4096,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_connections: u32,
     /// How long a client has to finish its TLS handshake.
     #[arg(long = "grpc-handshake-timeout", env = "ARGOCD_PULL_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = crate::parse_duration)]
     pub handshake_timeout: Duration,
@@ -161,6 +172,26 @@ pub struct LimitArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub control_queue: u32,
+    /// Applications an autonomous agent may have mirrored on the hub; a
+    /// report of one more is refused (logged, counted as
+    /// refused{reason="over-limit"}, the agent told).
+    #[arg(
+        long = "grpc-max-mirrors-per-cluster",
+        env = "ARGOCD_PULL_GRPC_MAX_MIRRORS_PER_CLUSTER",
+        default_value_t = 1000,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_mirrors_per_cluster: u32,
+    /// Bytes of reports (Application and status JSON) the hub holds in
+    /// memory for one autonomous cluster; a report that would go over is
+    /// refused like one mirror too many.
+    #[arg(
+        long = "grpc-max-mirror-bytes-per-cluster",
+        env = "ARGOCD_PULL_GRPC_MAX_MIRROR_BYTES_PER_CLUSTER",
+        default_value_t = 32 << 20,
+        value_parser = clap::value_parser!(u64).range(1024..)
+    )]
+    pub max_mirror_bytes_per_cluster: u64,
 }
 
 /// The limits, as the server uses them.
@@ -172,6 +203,7 @@ pub struct Limits {
     pub max_connection_age_grace: Duration,
     pub max_header_list_bytes: u32,
     pub control_queue: usize,
+    pub mirrors: cluster::held::MirrorLimits,
 }
 
 impl LimitArgs {
@@ -180,12 +212,17 @@ impl LimitArgs {
             handshakes: tls::HandshakeLimits {
                 max_in_flight: self.max_handshakes as usize,
                 timeout: self.handshake_timeout,
+                max_connections: self.max_connections as usize,
             },
             max_streams_per_connection: self.max_streams_per_connection,
             max_connection_age: self.max_connection_age,
             max_connection_age_grace: self.max_connection_age_grace,
             max_header_list_bytes: self.max_header_list_bytes,
             control_queue: self.control_queue as usize,
+            mirrors: cluster::held::MirrorLimits {
+                max_objects: self.max_mirrors_per_cluster as usize,
+                max_bytes: self.max_mirror_bytes_per_cluster as usize,
+            },
         }
     }
 }

@@ -5,22 +5,29 @@
 //! nobody vouched for never becomes a series). The serving certificate, its
 //! key and the client CA are read again when they change on disk, and a
 //! certificate is only ever used with its own key. At most
-//! `--grpc-max-handshakes` handshakes run at once; a connection beyond that
-//! is closed at once and counted.
+//! `--grpc-max-handshakes` handshakes run at once and at most
+//! `--grpc-max-connections` connections are open; a connection beyond
+//! either is closed at once and counted.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::gauge::Gauge;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+use tonic::transport::server::Connected;
 
 use super::identity::{IdentityMap, cert_info};
 use super::metrics::{GrpcMetrics, UNVERIFIED};
@@ -46,6 +53,9 @@ pub struct HandshakeLimits {
     pub max_in_flight: usize,
     /// How long a client has to finish its handshake.
     pub timeout: Duration,
+    /// Connections open at once (handshaking or past it); more are closed
+    /// at once.
+    pub max_connections: usize,
 }
 
 fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -267,11 +277,13 @@ pub fn incoming(
     acceptor: Arc<Acceptor>,
     limits: HandshakeLimits,
     metrics: GrpcMetrics,
-) -> impl futures::Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> {
+) -> impl futures::Stream<Item = Result<Held, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1)));
+    let permits = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
+    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     tokio::spawn(async move {
         let mut last_warning: Option<Instant> = None;
+        let mut last_full: Option<Instant> = None;
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
@@ -284,6 +296,16 @@ pub fn incoming(
             if tx.is_closed() {
                 return;
             }
+            let Ok(place) = places.clone().try_acquire_owned() else {
+                metrics.connections_dropped.inc();
+                if last_full.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    last_full = Some(Instant::now());
+                    tracing::warn!(%peer, max = limits.max_connections, "too many gRPC connections open; closing new ones until some close (--grpc-max-connections)");
+                }
+                drop(tcp);
+                continue;
+            };
+            let place = Place::new(place, metrics.connections_open.clone());
             let Ok(permit) = permits.clone().try_acquire_owned() else {
                 metrics.handshakes_dropped.inc();
                 if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
@@ -305,7 +327,12 @@ pub fn incoming(
                 drop(permit);
                 match accepted {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+                        let _ = tx
+                            .send(Ok(Held {
+                                stream,
+                                _place: place,
+                            }))
+                            .await;
                     }
                     Ok(Err(e)) => log_handshake_failure(peer, &e),
                     Err(_) => {
@@ -316,6 +343,83 @@ pub fn incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// One of the `--grpc-max-connections` places, taken until the connection
+/// closes.
+struct Place {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Place {
+    fn new(permit: OwnedSemaphorePermit, open: Gauge) -> Self {
+        open.inc();
+        Self {
+            _permit: permit,
+            open,
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+/// A TLS connection holding its place; otherwise the stream itself.
+pub struct Held {
+    stream: TlsStream<TcpStream>,
+    _place: Place,
+}
+
+impl Connected for Held {
+    type ConnectInfo = <TlsStream<TcpStream> as Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Held {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Held {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 fn log_handshake_failure(peer: SocketAddr, e: &std::io::Error) {

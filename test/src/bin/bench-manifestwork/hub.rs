@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, placement_decision_resource};
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, Placement, placement_decision_resource};
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, PartialObjectMeta, Patch, PatchParams, PostParams};
@@ -49,6 +49,14 @@ pub async fn team_namespace(
     clusters: &[String],
 ) -> Result<()> {
     hub.ensure_namespace(name).await?;
+    // The hub-controller counts only decisions a Placement controls.
+    let placement: Placement = serde_json::from_value(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+        "metadata": { "name": "bench", "namespace": name }, "spec": {}
+    }))?;
+    let placement = Api::<Placement>::namespaced(client.clone(), name)
+        .create(&PostParams::default(), &placement)
+        .await?;
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), name, &placement_decision_resource());
     for (i, chunk) in clusters.chunks(100).enumerate() {
@@ -56,7 +64,12 @@ pub async fn team_namespace(
         let pd: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
             "metadata": { "name": pd_name, "namespace": name,
-                          "labels": { keys::PLACEMENT_LABEL: "bench" } }
+                          "labels": { keys::PLACEMENT_LABEL: "bench" },
+                          "ownerReferences": [{
+                              "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                              "kind": "Placement", "name": "bench",
+                              "uid": placement.metadata.uid, "controller": true,
+                              "blockOwnerDeletion": true }] }
         }))?;
         api.create(&PostParams::default(), &pd).await?;
         let decisions: Vec<Value> = chunk

@@ -25,6 +25,7 @@ use tokio::sync::{Notify, watch};
 use crate::route::assign::{Desired, HubRef};
 
 mod control;
+pub mod held;
 mod ops;
 mod sessions;
 

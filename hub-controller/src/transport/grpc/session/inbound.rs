@@ -13,7 +13,7 @@ use argocd_pull_proto::v1::{
 };
 use tonic::Status;
 
-use super::super::cluster::{ClusterState, Item, Observation, Work};
+use super::super::cluster::{ClusterState, Item, Observation, Work, held};
 use super::super::hub::Hub;
 use super::*;
 
@@ -209,6 +209,14 @@ fn on_report(
                                 .and_then(|a| a.get(argocd_pull_apis::keys::MIRROR_SOURCE))
                                 != Some(&format!("{}/{}", key.namespace, key.name))
                         });
+                    let bytes = o.application_json.len() + o.status_json.len();
+                    held::check(
+                        &cs.name,
+                        cs.held_besides(&key),
+                        bytes,
+                        hub.config.limits.mirrors,
+                    )
+                    .map_err(|e| ("over-limit", e))?;
                     if taken {
                         return Err((
                             "name-taken",

@@ -95,6 +95,10 @@ pub async fn run(
         refuse(&hub, &cluster, r.reason, &out, r.status).await;
         return;
     }
+    if let Err(status) = configured_mode(&hub, &cluster, negotiated.mode) {
+        refuse(&hub, &cluster, "mode", &out, status).await;
+        return;
+    }
 
     let cs = hub.cluster(&cluster);
     let id = hub.session_id();
@@ -207,6 +211,26 @@ enum End {
 }
 
 /// Ends the stream with `status`, logged with the cluster.
+/// The hub, not the agent, decides the mode: the one the cluster's addon
+/// configuration deploys the agent with (`hub::mode`).
+fn configured_mode(hub: &Hub, cluster: &str, claimed: AgentMode) -> Result<(), Status> {
+    let claimed = version::mode_name(claimed);
+    match hub.caches.configured_mode(cluster) {
+        // Not enabled: `admit` refused it already, or it was disabled
+        // since; the revocation ends it.
+        None => Ok(()),
+        Some(Err(why)) => Err(Status::failed_precondition(format!(
+            "cluster {cluster}: cannot tell which mode its agent may run in: {why}"
+        ))),
+        Some(Ok(c)) if version::mode_name(c.mode) == claimed => Ok(()),
+        Some(Ok(c)) => Err(Status::permission_denied(format!(
+            "cluster {cluster} is configured for {} mode ({}), and this agent runs in {claimed} mode; set AGENT_MODE on the cluster's AddOnDeploymentConfig to change the mode",
+            version::mode_name(c.mode),
+            c.source
+        ))),
+    }
+}
+
 async fn refuse(hub: &Hub, cluster: &str, reason: &'static str, out: &Out, status: Status) {
     tracing::warn!(%cluster, reason, code = ?status.code(), message = %status.message(), "refused an agent's stream");
     hub.metrics.refuse(cluster, reason);
