@@ -41,8 +41,8 @@ pub struct ClientArgs {
         default_value_t = 800
     )]
     pub burst: u32,
-    /// Requests (watches aside) waiting for the API server at once, at
-    /// most; 0 for no cap. The cap adapts between this and
+    /// Writes (create, update, patch, delete) waiting for the API server at
+    /// once, at most; 0 for no cap. Reads pass only the `--api-qps` bucket. The cap adapts between this and
     /// `--api-min-in-flight`: it grows while the server answers writes about
     /// as fast as when idle and shrinks when their latency climbs (other
     /// clients are loading it).

@@ -145,8 +145,11 @@ impl Limiter {
     }
 
     /// Waits until a request may start; the permit is held until its
-    /// response arrives.
-    pub async fn admit(&self) -> Permit<'_> {
+    /// response arrives. Only `capped` requests (writes: short, and what
+    /// crowds a server) count against the cap on requests in flight; a
+    /// read may take long (a large LIST), and a few of them holding a cap
+    /// shrunk to its floor stopped every write, shutdown's included.
+    pub async fn admit(&self, capped: bool) -> Permit<'_> {
         let pause = *self.paused_until.lock().expect("never poisoned");
         if let Some(until) = pause {
             tokio::time::sleep_until(until).await;
@@ -157,7 +160,8 @@ impl Limiter {
                 tokio::time::sleep(wait).await;
             }
         }
-        if let Some(gate) = &self.gate {
+        let gate = self.gate.as_ref().filter(|_| capped);
+        if let Some(gate) = gate {
             loop {
                 let freed = gate.freed.notified();
                 tokio::pin!(freed);
@@ -175,7 +179,7 @@ impl Limiter {
             }
         }
         Permit {
-            gate: self.gate.as_ref(),
+            gate,
             sent: Instant::now(),
         }
     }
@@ -240,15 +244,15 @@ mod tests {
             },
             Gauge::default(),
         );
-        let a = l.admit().await;
-        let _b = l.admit().await;
-        let third = tokio::time::timeout(Duration::from_millis(50), l.admit()).await;
+        let a = l.admit(true).await;
+        let _b = l.admit(true).await;
+        let third = tokio::time::timeout(Duration::from_millis(50), l.admit(true)).await;
         assert!(
             third.is_err(),
             "a third request waits while two are in flight"
         );
         drop(a);
-        let third = tokio::time::timeout(Duration::from_secs(5), l.admit()).await;
+        let third = tokio::time::timeout(Duration::from_secs(5), l.admit(true)).await;
         assert!(third.is_ok(), "and goes once one is answered");
     }
 }

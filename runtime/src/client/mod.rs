@@ -52,7 +52,7 @@ impl ApiMetrics {
         );
         registry.register(
             "api_in_flight_limit",
-            "Requests to the API server (watches aside) that may be in flight now: the adaptive cap between --api-min-in-flight and --api-max-in-flight",
+            "Writes to the API server that may be in flight now: the adaptive cap between --api-min-in-flight and --api-max-in-flight",
             m.in_flight_limit.clone(),
         );
         m
@@ -136,8 +136,9 @@ where
             let mut request = request;
             let mut retried = false;
             loop {
+                let write = matches!(verb, "create" | "update" | "patch" | "delete");
                 let permit = if limited {
-                    Some(layer.limiter.admit().await)
+                    Some(layer.limiter.admit(write).await)
                 } else {
                     None
                 };
@@ -149,9 +150,7 @@ where
                     .await;
                 // Writes are the samples of the server's latency: a LIST's
                 // time grows with what it returns, not with the queue.
-                if let (Some(p), Ok(_)) = (&permit, &result)
-                    && matches!(verb, "create" | "update" | "patch" | "delete")
-                {
+                if let (Some(p), Ok(_), true) = (&permit, &result, write) {
                     p.answered();
                 }
                 drop(permit);

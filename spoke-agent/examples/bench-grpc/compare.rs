@@ -400,6 +400,14 @@ async fn one_side(
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // The hub's etcd revision: its advance counts every write to the hub.
+        let revision = |l: &kube::core::ObjectList<DynamicObject>| {
+            l.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        let rev0 = revision(&hub_apps.list(&ListParams::default().limit(1)).await?);
         let start = Instant::now();
         futures::stream::iter(0..args.updates)
             .for_each_concurrent(IN_FLIGHT, |k| {
@@ -454,6 +462,9 @@ async fn one_side(
             f.lost = Some(wrong);
             if wrong == 0 {
                 f.updates_converged = Some(start.elapsed());
+                f.hub_writes = rev0
+                    .zip(revision(&listed))
+                    .map(|(a, b)| b.saturating_sub(a));
                 f.updates = args.updates;
                 break;
             }

@@ -204,6 +204,10 @@ pub struct SideFigures {
     pub updates_converged: Option<Duration>,
     /// Hub copies not showing their last status a minute after the writes.
     pub lost: Option<usize>,
+    /// Writes to the hub's etcd (any object: the advance of its revision)
+    /// from the first status write on the spoke until every hub copy
+    /// showed its last status.
+    pub hub_writes: Option<u64>,
     pub error: Option<String>,
 }
 
@@ -229,6 +233,7 @@ impl std::fmt::Debug for SideFigures {
             .field("updates_written", &self.updates_written)
             .field("updates_converged", &self.updates_converged)
             .field("lost", &self.lost)
+            .field("hub_writes", &self.hub_writes)
             .field("error", &self.error)
             .finish()
     }
@@ -285,6 +290,11 @@ fn side_rows() -> Vec<SideRow> {
                     .map(|d| f.updates as f64 / d.as_secs_f64())
             },
             rate,
+        ),
+        (
+            "… writes to the hub meanwhile (its etcd revision's advance, every object)",
+            |f| f.hub_writes.map(|w| w as f64),
+            count,
         ),
         (
             "hub copies wrong a minute after the last write (lost)",

@@ -221,8 +221,15 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => return,
             _ = tick.tick() => {
-                if let Err(e) = sweep_once(&client, &caches, &metrics).await {
-                    tracing::warn!(error = %e, "sweep of orphaned ManifestWorks failed; will retry");
+                // A pass waits for the caches first: shutdown must not wait
+                // for it (nor for a pass under way).
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    result = sweep_once(&client, &caches, &metrics) => {
+                        if let Err(e) = result {
+                            tracing::warn!(error = %e, "sweep of orphaned ManifestWorks failed; will retry");
+                        }
+                    }
                 }
             }
         }
