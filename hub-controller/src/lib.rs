@@ -279,7 +279,7 @@ async fn run_controllers(
     let secrets = tokio::spawn(manifestwork::cluster_secrets::run(
         client.clone(),
         args.argocd_namespace.clone(),
-        shutdown.clone().wait(),
+        shutdown.clone(),
     ));
     let sweep = tokio::spawn(manifestwork::sweep::run(
         client,

@@ -743,7 +743,7 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
     tokio::spawn(manifestwork::cluster_secrets::run(
         client.clone(),
         "argocd".into(),
-        shutdown.wait(),
+        shutdown,
     ));
 
     let mc: ManagedCluster = serde_json::from_value(json!({

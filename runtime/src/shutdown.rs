@@ -15,6 +15,22 @@ impl Shutdown {
     pub fn is_down(&self) -> bool {
         *self.0.borrow()
     }
+
+    /// Runs `work`, which stops by itself once shutdown begins, to its end,
+    /// but no longer than `grace` after shutdown began; false when it was
+    /// cut off. kube-runtime's graceful shutdown, for one, waits for its
+    /// cache's first list: a SIGTERM that comes before it must not hang the
+    /// process.
+    pub async fn bounded(
+        self,
+        work: impl std::future::Future<Output = ()>,
+        grace: std::time::Duration,
+    ) -> bool {
+        tokio::select! {
+            _ = work => true,
+            _ = async { self.wait().await; tokio::time::sleep(grace).await } => false,
+        }
+    }
 }
 
 /// The trigger side, for tests and for binaries that stop on their own.
@@ -64,5 +80,16 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), shutdown.wait())
             .await
             .expect("already down");
+    }
+
+    #[tokio::test]
+    async fn bounded_work_ends_on_its_own_or_is_cut_off_after_the_grace() {
+        let grace = std::time::Duration::from_millis(50);
+        let (trigger, shutdown) = channel();
+        assert!(shutdown.clone().bounded(async {}, grace).await);
+        // Work that ignores shutdown is not waited for past the grace.
+        let stuck = tokio::spawn(shutdown.bounded(std::future::pending(), grace));
+        trigger.fire();
+        assert!(!stuck.await.unwrap());
     }
 }

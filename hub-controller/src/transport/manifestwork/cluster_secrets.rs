@@ -34,39 +34,27 @@ struct Ctx {
 pub async fn run(
     client: Client,
     argocd_namespace: String,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    shutdown: argocd_pull_runtime::shutdown::Shutdown,
 ) {
     let clusters: Api<ManagedCluster> = Api::all(client.clone());
     let ctx = Arc::new(Ctx {
         client,
         namespace: argocd_namespace,
     });
-    // kube-runtime's graceful shutdown waits for the first list of the
-    // cache: a SIGTERM that comes before it (a replica stopped just after
-    // it took the lease) hung the process for good. Stop anyway after a
-    // grace.
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let stopped = async move {
-        let mut rx = rx;
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let running = Controller::new(clusters, watcher::Config::default())
-        .graceful_shutdown_on(stopped)
+        .graceful_shutdown_on(shutdown.clone().wait())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
-    tokio::pin!(running);
-    tokio::select! {
-        _ = &mut running => return,
-        _ = shutdown => {}
-    }
-    let _ = tx.send(true);
-    if tokio::time::timeout(SHUTDOWN_GRACE, running).await.is_err() {
-        tracing::warn!(grace = ?SHUTDOWN_GRACE, "cluster Secret controller did not stop in time; stopping anyway");
+    // A SIGTERM before the first list (a replica stopped just after it
+    // took the lease) hung the process for good.
+    let grace = super::controller::SHUTDOWN_GRACE;
+    if !shutdown.bounded(running, grace).await {
+        tracing::warn!(
+            ?grace,
+            "cluster Secret controller did not stop in time; stopping anyway"
+        );
     }
 }
-
-/// How long in-flight reconciles get to finish once shutdown begins.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
     if cluster.metadata.deletion_timestamp.is_some() {

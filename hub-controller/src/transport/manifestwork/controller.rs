@@ -18,7 +18,7 @@ use super::{Context, Error};
 use crate::hub::cached::CachedApp;
 
 /// How long in-flight reconciles get to finish once shutdown begins.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs the controller until `shutdown` resolves. `ready` is called once the
 /// hub's caches have their first full list, so that `/readyz` only passes
@@ -102,13 +102,8 @@ pub async fn run(
                 tracing::debug!(error = %e, "reconcile failed");
             }
         });
-    // kube-runtime's graceful shutdown waits for the first list of the cache;
-    // a shutdown that comes before it must not hang the process.
-    tokio::select! {
-        _ = running => {}
-        _ = async { shutdown.wait().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
-            tracing::warn!(grace = ?SHUTDOWN_GRACE, "controller did not stop in time; stopping anyway");
-        }
+    if !shutdown.bounded(running, SHUTDOWN_GRACE).await {
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "controller did not stop in time; stopping anyway");
     }
 }
 
