@@ -102,15 +102,23 @@ async fn the_first_delivered_keeps_the_spoke_application() {
         status.get("health").is_none() && status.get("sync").is_none(),
         "the refused Application never shows the holder's status: {status}"
     );
+    // The Event follows the condition's write: wait for it.
     let events: Api<Event> = Api::namespaced(env.hub_client.clone(), &ns_b);
-    let conflict = events
-        .list(&ListParams::default().fields("involvedObject.name=shared"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|e| e.reason.as_deref() == Some("SpokeConflict"))
-        .expect("a SpokeConflict event on team B's Application");
+    let conflict = wait::until(
+        "a SpokeConflict event on team B's Application",
+        TIMEOUT,
+        || async {
+            events
+                .list(&ListParams::default().fields("involvedObject.name=shared"))
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("SpokeConflict"))
+                .ok_or_else(|| "no SpokeConflict event yet".to_string())
+        },
+    )
+    .await;
     assert!(conflict.message.unwrap_or_default().contains(&holder));
     // The spoke still has team A's, the same object.
     let now = path_on_spoke("team-a").await.expect("still team A's");
