@@ -64,6 +64,28 @@ pub const SPEC_HASH: &str = "argocd-pull.io/spec-hash";
 /// Annotation on a spoke Application: ids of the last operations the
 /// spoke-agent started on it (newest last), so none runs twice.
 pub const OPERATION_IDS: &str = "argocd-pull.io/operation-ids";
+/// Name of the `operation.info` entry that carries a sync's operation id,
+/// as `<id> <hash of the operation without this entry>`. It lives in the
+/// operation itself, not in an annotation: an ApplicationSet rewrites the
+/// annotations of every Application it generates (a stamp there was wiped,
+/// stamped anew and the sync sent again, found with a real Argo CD), but it
+/// leaves `.operation` alone, and the entry goes with the operation onto the
+/// managed cluster, where Argo CD copies it into `status.operationState`.
+pub const OPERATION_ID_INFO: &str = "argocd-pull.io/operation-id";
+
+/// The operation id stamped into an Application's `.operation`, if any.
+pub fn stamped_operation_id(operation: &serde_json::Value) -> Option<&str> {
+    operation
+        .get("info")?
+        .as_array()?
+        .iter()
+        .find(|i| i.get("name").and_then(serde_json::Value::as_str) == Some(OPERATION_ID_INFO))?
+        .get("value")?
+        .as_str()?
+        .split(' ')
+        .next()
+}
+
 /// Prefix of argocd-pull's own bookkeeping annotations, never delivered.
 pub const OWN_PREFIX: &str = "argocd-pull.io/";
 

@@ -85,6 +85,12 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
             const W: &str = "OperationAck";
             operation_id(W, &a.operation_id)?;
             key(W, a.key.as_ref())?;
+            if a.settled_started_at.len() > MAX_TIMESTAMP_LEN {
+                return Err(malformed(
+                    W,
+                    format!("settled_started_at is longer than {MAX_TIMESTAMP_LEN} characters"),
+                ));
+            }
             outcome(W, a.outcome).map(drop)
         }
         Some(Kind::Digest(d)) => SetDigest::from_proto(d)
@@ -212,6 +218,10 @@ fn key(what: &str, key: Option<&ObjectKey>) -> Result<(), Malformed> {
     Ok(())
 }
 
+/// The longest timestamp accepted (RFC 3339 with nanoseconds and an offset
+/// is 35 characters).
+pub const MAX_TIMESTAMP_LEN: usize = 64;
+
 /// The longest uid accepted (Kubernetes uids are 36-character UUIDs).
 pub const MAX_UID_LEN: usize = 128;
 
@@ -324,6 +334,8 @@ mod tests {
             key: k(),
             outcome: AckOutcome::Duplicate as i32,
             message: String::new(),
+            settled: true,
+            settled_started_at: "2026-11-24T01:00:00Z".into(),
         };
         let digest = crate::digest::SetDigest::of(&Entries::new()).to_proto(DigestSet::Observed);
         let cases: Vec<(AgentMessage, Result<(), &str>)> = vec![
@@ -400,6 +412,13 @@ mod tests {
                     ..op_ack.clone()
                 })),
                 Err("malformed OperationAck: operation_id \"\" is empty or longer than 253"),
+            ),
+            (
+                agent(Kind::OperationAck(OperationAck {
+                    settled_started_at: "9".repeat(65),
+                    ..op_ack.clone()
+                })),
+                Err("malformed OperationAck: settled_started_at is longer than 64 characters"),
             ),
             (
                 agent(Kind::Digest(crate::v1::Digest {

@@ -164,6 +164,8 @@ fn agent_message(r: &mut Rng) -> AgentMessage {
             key: r.key(),
             outcome: r.below(6) as i32 - 1,
             message: r.text(20),
+            settled: r.below(2) == 1,
+            settled_started_at: r.text(70),
         })),
         _ => None,
     };

@@ -345,6 +345,53 @@ pub fn run_command(app: &Application, id: &str, command: &Command) -> Run {
     }
 }
 
+/// Where a sync the agent set on the cluster stands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Settlement {
+    /// The Application still carries it (or the cache has not caught up
+    /// with the write that set it).
+    Waiting,
+    /// Argo CD has finished with it (ran it, or folded it into an operation
+    /// already running): the Application's `operationState.startedAt` now,
+    /// empty when it has none or is gone.
+    Settled { started_at: String },
+}
+
+/// Whether sync `id`, set on the Application with uid `uid`, has settled,
+/// judged from the Application as the cache shows it (`None`: gone). The id
+/// is recorded in the same write that sets the operation, so a version that
+/// lists the id and no longer carries the operation is one where Argo CD
+/// cleared it.
+pub fn settlement(app: Option<&Application>, id: &str, uid: &str) -> Settlement {
+    let gone = || Settlement::Settled {
+        started_at: String::new(),
+    };
+    let Some(app) = app else { return gone() };
+    if app.metadata.uid.as_deref() != Some(uid) {
+        return gone();
+    }
+    let ids = operation_ids(app);
+    let carried = app
+        .data
+        .get("operation")
+        .and_then(keys::stamped_operation_id)
+        == Some(id);
+    // Not listed: the cache is behind the write, unless the list has moved
+    // past it since (it keeps the newest OPERATION_MEMORY).
+    let behind = !ids.iter().any(|i| i == id) && ids.len() < OPERATION_MEMORY;
+    if carried || behind {
+        return Settlement::Waiting;
+    }
+    Settlement::Settled {
+        started_at: app
+            .data
+            .pointer("/status/operationState/startedAt")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+    }
+}
+
 /// The merge patch that stops managing `app` for the hub, leaving it running.
 pub fn release_patch() -> Value {
     json!({ "metadata": {

@@ -43,6 +43,9 @@ pub struct Inner {
     instructions: HashMap<ObjectKey, (u64, Instruction)>,
     remembered: HashMap<ObjectKey, Arc<ApplicationUpsert>>,
     ops: HashMap<ObjectKey, Vec<OperationRequest>>,
+    /// Syncs set on the cluster and not settled yet: id and the uid of the
+    /// Application they were set on.
+    settling: HashMap<ObjectKey, Vec<(String, String)>>,
     control: VecDeque<AgentMessage>,
     session: Option<u64>,
     in_flight: HashMap<ObjectKey, (u64, Instant)>,
@@ -103,6 +106,31 @@ impl AgentState {
 
     pub fn take_ops(&self, key: &ObjectKey) -> Vec<OperationRequest> {
         self.lock().ops.remove(key).unwrap_or_default()
+    }
+
+    /// Remembers a sync set on `key`'s Application (uid `uid`), answered
+    /// once it settles.
+    pub fn settle_later(&self, key: &ObjectKey, id: &str, uid: &str) {
+        let mut inner = self.lock();
+        let waiting = inner.settling.entry(key.clone()).or_default();
+        if !waiting.iter().any(|(i, _)| i == id) {
+            waiting.push((id.to_string(), uid.to_string()));
+        }
+    }
+
+    /// The syncs of `key` not settled yet.
+    pub fn settling(&self, key: &ObjectKey) -> Vec<(String, String)> {
+        self.lock().settling.get(key).cloned().unwrap_or_default()
+    }
+
+    pub fn settled(&self, key: &ObjectKey, id: &str) {
+        let mut inner = self.lock();
+        if let Some(waiting) = inner.settling.get_mut(key) {
+            waiting.retain(|(i, _)| i != id);
+            if waiting.is_empty() {
+                inner.settling.remove(key);
+            }
+        }
     }
 
     // -- to the hub -----------------------------------------------------------

@@ -23,7 +23,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::Value;
 
 use crate::Mode;
-use crate::apply::{self, Command, MANAGER, Run};
+use crate::apply::{self, Command, MANAGER, Run, Settlement};
 use crate::metrics::{AgentMetrics, OutcomeLabel};
 use crate::state::{AgentState, Instruction, Report};
 
@@ -102,20 +102,70 @@ impl Worker {
             self.revert_edit(&api, key).await;
         }
         for op in self.state.take_ops(key) {
-            let (outcome, message) = self.run_op(&api, key, &op).await;
-            if outcome == AckOutcome::Applied {
-                tracing::info!(namespace = %key.namespace, name = %key.name, id = %op.operation_id, "command started");
+            match self.run_op(&api, key, &op).await {
+                Answer::Now((outcome, message)) => {
+                    if outcome == AckOutcome::Applied {
+                        tracing::info!(namespace = %key.namespace, name = %key.name, id = %op.operation_id, "command started");
+                    }
+                    self.answer(key, op.operation_id, outcome, message, None);
+                }
+                Answer::Settled { started_at } => self.answer(
+                    key,
+                    op.operation_id,
+                    AckOutcome::Duplicate,
+                    String::new(),
+                    Some(started_at),
+                ),
+                Answer::Later => {
+                    tracing::info!(namespace = %key.namespace, name = %key.name, id = %op.operation_id, "sync set, answered once it settles");
+                }
             }
-            self.state.control(AgentMessage {
-                kind: Some(agent_message::Kind::OperationAck(OperationAck {
-                    operation_id: op.operation_id,
-                    key: Some(key.clone()),
-                    outcome: outcome as i32,
-                    message,
-                })),
-            });
         }
+        self.settle(key);
         self.report(key, false);
+    }
+
+    fn answer(
+        &self,
+        key: &ObjectKey,
+        operation_id: String,
+        outcome: AckOutcome,
+        message: String,
+        settled_started_at: Option<String>,
+    ) {
+        self.state.control(AgentMessage {
+            kind: Some(agent_message::Kind::OperationAck(OperationAck {
+                operation_id,
+                key: Some(key.clone()),
+                outcome: outcome as i32,
+                message,
+                settled: settled_started_at.is_some(),
+                settled_started_at: settled_started_at.unwrap_or_default(),
+            })),
+        });
+    }
+
+    /// Answers the syncs of `key` that have settled since they were set.
+    fn settle(&self, key: &ObjectKey) {
+        let waiting = self.state.settling(key);
+        if waiting.is_empty() {
+            return;
+        }
+        let app = self.cached(key);
+        for (id, uid) in waiting {
+            if let Settlement::Settled { started_at } = apply::settlement(app.as_deref(), &id, &uid)
+            {
+                tracing::info!(namespace = %key.namespace, name = %key.name, id, started_at, "sync settled");
+                self.state.settled(key, &id);
+                self.answer(
+                    key,
+                    id,
+                    AckOutcome::Applied,
+                    String::new(),
+                    Some(started_at),
+                );
+            }
+        }
     }
 
     /// Queues the report of `key` as the cache shows it.
@@ -443,67 +493,100 @@ impl Worker {
         api: &Api<Application>,
         key: &ObjectKey,
         op: &OperationRequest,
-    ) -> Outcome {
-        let command = match &op.kind {
-            Some(operation_request::Kind::Sync(s)) => {
-                match serde_json::from_slice(&s.operation_json) {
-                    Ok(v) => Command::Sync(v),
-                    Err(e) => {
-                        return (
-                            AckOutcome::Rejected,
-                            format!("operation_json is not JSON: {e}"),
-                        );
-                    }
-                }
-            }
-            Some(operation_request::Kind::Refresh(r)) => Command::Refresh(
-                argocd_pull_proto::v1::RefreshKind::try_from(r.kind).unwrap_or_default(),
-            ),
-            Some(operation_request::Kind::Terminate(_)) => Command::Terminate,
-            None => return (AckOutcome::Rejected, "no command".into()),
+    ) -> Answer {
+        let command = match command_of(op) {
+            Ok(c) => c,
+            Err(refused) => return Answer::Now(refused),
         };
         for _ in 0..5 {
             let current = match api.get_opt(&key.name).await {
                 Ok(Some(c)) => c,
                 Ok(None) if self.mode == Mode::Autonomous => {
-                    return (
+                    return Answer::Now((
                         AckOutcome::Rejected,
                         format!(
                             "no Application {}/{} on the cluster",
                             key.namespace, key.name
                         ),
-                    );
+                    ));
                 }
                 Ok(None) => {
-                    return (
+                    return Answer::Now((
                         AckOutcome::Retry,
                         "the Application is not applied yet".into(),
-                    );
+                    ));
                 }
-                Err(e) => return write_error(e),
+                Err(e) => return Answer::Now(write_error(e)),
             };
             if self.mode == Mode::Managed && !apply::is_managed(&current) {
                 // A command from the hub only ever concerns what the agent
                 // manages for it.
                 let holder = Holder::NotArgocdPull;
-                return (AckOutcome::Rejected, owner::conflict_message(key, &holder));
+                return Answer::Now((AckOutcome::Rejected, owner::conflict_message(key, &holder)));
             }
+            let sync = matches!(command, Command::Sync(_));
+            let uid = current.metadata.uid.clone().unwrap_or_default();
             match apply::run_command(&current, &op.operation_id, &command) {
-                Run::Duplicate => return (AckOutcome::Duplicate, String::new()),
-                Run::Nothing => return applied(),
+                Run::Duplicate if sync => {
+                    // Sent again (a new session, a restarted hub): answered
+                    // as the first time would be, once settled.
+                    return match apply::settlement(Some(&current), &op.operation_id, &uid) {
+                        Settlement::Waiting => {
+                            self.state.settle_later(key, &op.operation_id, &uid);
+                            Answer::Later
+                        }
+                        Settlement::Settled { started_at } => Answer::Settled { started_at },
+                    };
+                }
+                Run::Duplicate => return Answer::Now((AckOutcome::Duplicate, String::new())),
+                Run::Nothing => return Answer::Now(applied()),
                 Run::Patch(p) => match api
                     .patch(&key.name, &PatchParams::apply(MANAGER), &Patch::Merge(p))
                     .await
                 {
-                    Ok(_) => return applied(),
+                    Ok(_) if sync => {
+                        self.state.settle_later(key, &op.operation_id, &uid);
+                        return Answer::Later;
+                    }
+                    Ok(_) => return Answer::Now(applied()),
                     // Changed meanwhile: decide again on the new version.
                     Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                    Err(e) => return write_error(e),
+                    Err(e) => return Answer::Now(write_error(e)),
                 },
             }
         }
-        (AckOutcome::Retry, "the Application keeps changing".into())
+        Answer::Now((AckOutcome::Retry, "the Application keeps changing".into()))
     }
+}
+
+/// How the agent answers one command.
+enum Answer {
+    /// Now, with this outcome.
+    Now(Outcome),
+    /// A sync sent again that has settled already.
+    Settled { started_at: String },
+    /// A sync set on the cluster: answered when it settles.
+    Later,
+}
+
+/// The command an OperationRequest asks for, or why it is refused.
+fn command_of(op: &OperationRequest) -> Result<Command, Outcome> {
+    Ok(match &op.kind {
+        Some(operation_request::Kind::Sync(s)) => match serde_json::from_slice(&s.operation_json) {
+            Ok(v) => Command::Sync(v),
+            Err(e) => {
+                return Err((
+                    AckOutcome::Rejected,
+                    format!("operation_json is not JSON: {e}"),
+                ));
+            }
+        },
+        Some(operation_request::Kind::Refresh(r)) => Command::Refresh(
+            argocd_pull_proto::v1::RefreshKind::try_from(r.kind).unwrap_or_default(),
+        ),
+        Some(operation_request::Kind::Terminate(_)) => Command::Terminate,
+        None => return Err((AckOutcome::Rejected, "no command".into())),
+    })
 }
 
 /// What a write was decided on: nothing there, or this resourceVersion.

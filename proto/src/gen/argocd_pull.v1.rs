@@ -300,6 +300,16 @@ pub struct RefreshRequest {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct TerminateOperation {}
 /// Agent -> hub: what became of one OperationRequest.
+///
+/// A sync is answered when it is *settled*, not when it is started: once the
+/// managed cluster's Application no longer carries the operation (its Argo CD
+/// finished it, or an operation already running there took it over, as Argo
+/// CD does when `.operation` is set while another runs). That is when Argo
+/// CD itself clears `.operation`, so the hub copy carries `.operation` for as
+/// long as a local Application would, and an ApplicationSet that sets it
+/// again meanwhile does not start a second sync. Such answers have `settled`.
+/// An agent without this (older releases) answers a sync when it has set it;
+/// the hub then completes it at once.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct OperationAck {
     #[prost(string, tag = "1")]
@@ -310,6 +320,16 @@ pub struct OperationAck {
     pub outcome: i32,
     #[prost(string, tag = "4")]
     pub message: ::prost::alloc::string::String,
+    /// Syncs only: the answer was sent once the operation settled (see above).
+    #[prost(bool, tag = "5")]
+    pub settled: bool,
+    /// With `settled`: the managed cluster's `status.operationState.startedAt`
+    /// (RFC 3339) when it settled, empty when it had none. The hub takes
+    /// `.operation` off its copy only once the status it has written shows a
+    /// start at least this late, so that nothing reading the hub copy sees the
+    /// operation gone before it sees that the sync ran.
+    #[prost(string, tag = "6")]
+    pub settled_started_at: ::prost::alloc::string::String,
 }
 /// One entry of a set.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -461,6 +461,9 @@ impl SimulatedAgent {
                         key: Some(key),
                         outcome: outcome as i32,
                         message,
+                        // No Argo CD runs here to settle a sync: answered at
+                        // once, as an agent of an older release does.
+                        ..Default::default()
                     })),
                 });
             }

@@ -248,3 +248,70 @@ fn reports_change_exactly_when_what_they_carry_changes() {
     assert_eq!(mirrored["spec"], a["spec"]);
     assert!(mirrored["metadata"].get("resourceVersion").is_none());
 }
+
+#[test]
+fn a_sync_settles_when_argo_cd_clears_the_operation_it_was_set_in() {
+    let stamped =
+        json!({ "sync": {}, "info": [{ "name": keys::OPERATION_ID_INFO, "value": "op-2 h" }] });
+    let on = |ids: &str, op: Option<Value>, started: Option<&str>| {
+        let mut v = json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": { "name": "gb", "namespace": "argocd", "uid": "u1",
+                          "annotations": { keys::OPERATION_IDS: ids } },
+        });
+        if let Some(op) = op {
+            v["operation"] = op;
+        }
+        if let Some(t) = started {
+            v["status"] = json!({ "operationState": { "startedAt": t } });
+        }
+        app(v)
+    };
+    let settled = |t: &str| Settlement::Settled {
+        started_at: t.into(),
+    };
+    // The cache has not seen the write that set it yet.
+    assert_eq!(
+        settlement(Some(&on("op-1", None, Some("T1"))), "op-2", "u1"),
+        Settlement::Waiting
+    );
+    // Set, not finished: still carried.
+    assert_eq!(
+        settlement(
+            Some(&on("op-1,op-2", Some(stamped.clone()), Some("T1"))),
+            "op-2",
+            "u1"
+        ),
+        Settlement::Waiting
+    );
+    // Argo CD cleared it: settled, with the start the status shows.
+    assert_eq!(
+        settlement(Some(&on("op-1,op-2", None, Some("T2"))), "op-2", "u1"),
+        settled("T2")
+    );
+    // Another operation replaced it (set on the cluster, or a later sync).
+    let other =
+        json!({ "sync": {}, "info": [{ "name": keys::OPERATION_ID_INFO, "value": "op-3 h" }] });
+    assert_eq!(
+        settlement(Some(&on("op-1,op-2,op-3", Some(other), None)), "op-2", "u1"),
+        settled("")
+    );
+    // Gone, or a new Application of the same name: nothing left to wait for.
+    assert_eq!(settlement(None, "op-2", "u1"), settled(""));
+    assert_eq!(
+        settlement(
+            Some(&on("op-2", Some(stamped), Some("T1"))),
+            "op-2",
+            "u-other"
+        ),
+        settled("")
+    );
+    // The id has dropped out of the bounded list: later operations were set since.
+    let many: Vec<String> = (10..10 + OPERATION_MEMORY)
+        .map(|i| format!("op-{i}"))
+        .collect();
+    assert_eq!(
+        settlement(Some(&on(&many.join(","), None, Some("T9"))), "op-2", "u1"),
+        settled("T9")
+    );
+}

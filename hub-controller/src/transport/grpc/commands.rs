@@ -16,13 +16,7 @@ pub enum Command {
     Refresh(RefreshKind),
 }
 
-/// Name of the `operation.info` entry that carries a sync's operation id,
-/// as `<id> <hash of the operation without this entry>`. It lives in the
-/// operation itself, not in an annotation: an ApplicationSet rewrites the
-/// annotations of every Application it generates (a stamp there was wiped,
-/// stamped anew and the sync sent again, found with a real Argo CD), but it
-/// leaves `.operation` alone, and the entry goes with the operation.
-pub const OPERATION_ID_INFO: &str = "argocd-pull.io/operation-id";
+pub use argocd_pull_apis::keys::OPERATION_ID_INFO;
 
 /// What the hub Application needs for its commands.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -162,6 +156,21 @@ pub fn completion_patch(app: &Application, id: &str, command: &Command) -> Optio
     }
 }
 
+/// Whether the status on `app` shows a sync started no earlier than
+/// `started_at` (the spoke's `operationState.startedAt` when the agent
+/// answered that the sync settled; empty: there is nothing to wait for).
+/// Both come from the same Argo CD, always written as RFC 3339 in UTC
+/// seconds (`2006-01-02T15:04:05Z`), so they compare as strings.
+pub fn status_shows_start(app: &Application, started_at: &str) -> bool {
+    if started_at.is_empty() {
+        return true;
+    }
+    app.data
+        .pointer("/status/operationState/startedAt")
+        .and_then(Value::as_str)
+        .is_some_and(|shown| shown.len() == started_at.len() && shown >= started_at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +235,28 @@ mod tests {
             commands(&leftover, None).stamp,
             Some(json!({ "metadata": { "resourceVersion": "7",
                 "annotations": { keys::SYNC_REQUEST: null } } }))
+        );
+    }
+
+    #[test]
+    fn a_settled_sync_waits_for_the_status_that_shows_its_start() {
+        let at = |t: &str| app(json!({ "status": { "operationState": { "startedAt": t } } }));
+        assert!(
+            status_shows_start(&app(json!({})), ""),
+            "nothing to wait for"
+        );
+        assert!(!status_shows_start(&app(json!({})), "2026-11-24T01:00:00Z"));
+        assert!(!status_shows_start(
+            &at("2026-11-24T00:59:59Z"),
+            "2026-11-24T01:00:00Z"
+        ));
+        assert!(status_shows_start(
+            &at("2026-11-24T01:00:00Z"),
+            "2026-11-24T01:00:00Z"
+        ));
+        assert!(
+            status_shows_start(&at("2026-11-24T01:00:07Z"), "2026-11-24T01:00:00Z"),
+            "a later sync's status shows it too"
         );
     }
 

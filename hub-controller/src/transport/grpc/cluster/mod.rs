@@ -86,6 +86,10 @@ pub struct PendingOp {
     sent_in: Option<u64>,
     not_before: Option<Instant>,
     pub outcome: Option<(AckOutcome, String)>,
+    /// A sync answered once settled on the cluster: the spoke's
+    /// `operationState.startedAt` then (empty: none). The hub copy keeps
+    /// `.operation` until its status shows a start at least this late.
+    pub settled_started_at: Option<String>,
 }
 
 /// Why the hub ends a session from outside its stream.

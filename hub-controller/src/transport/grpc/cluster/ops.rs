@@ -23,6 +23,7 @@ impl ClusterState {
                 sent_in: None,
                 not_before: None,
                 outcome: None,
+                settled_started_at: None,
             },
         );
         drop(inner);
@@ -30,9 +31,17 @@ impl ClusterState {
         true
     }
 
-    /// The agent answered a command. Returns its owner when the answer is
-    /// final (the owner's reconcile completes it on the hub).
-    pub fn op_answered(&self, id: &str, outcome: AckOutcome, message: &str) -> Option<Work> {
+    /// The agent answered a command (`settled_started_at`: a sync answered
+    /// once settled, see [`PendingOp::settled_started_at`]). Returns its
+    /// owner when the answer is final (the owner's reconcile completes it on
+    /// the hub).
+    pub fn op_answered(
+        &self,
+        id: &str,
+        outcome: AckOutcome,
+        message: &str,
+        settled_started_at: Option<&str>,
+    ) -> Option<Work> {
         let mut inner = self.lock();
         let op = inner.ops.get_mut(id)?;
         match outcome {
@@ -43,6 +52,7 @@ impl ClusterState {
             }
             _ => {
                 op.outcome = Some((outcome, message.to_string()));
+                op.settled_started_at = settled_started_at.map(str::to_string);
                 Some(op.owner.clone())
             }
         }

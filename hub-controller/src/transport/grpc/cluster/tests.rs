@@ -217,10 +217,10 @@ fn commands_go_once_per_session_until_answered() {
         ["op op-1"],
         "resent after reconnect"
     );
-    assert_eq!(c.op_answered("op-1", AckOutcome::Retry, ""), None);
+    assert_eq!(c.op_answered("op-1", AckOutcome::Retry, "", None), None);
     assert!(!c.has_ready(2), "a retry waits a moment");
     assert_eq!(
-        c.op_answered("op-1", AckOutcome::Duplicate, ""),
+        c.op_answered("op-1", AckOutcome::Duplicate, "", None),
         Some(owner.clone())
     );
     assert!(c.next_messages(2, 10).is_empty());

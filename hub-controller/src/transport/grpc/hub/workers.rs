@@ -259,7 +259,12 @@ impl Hub {
         let ids: Vec<String> = plan.ready.iter().map(|(id, _)| id.clone()).collect();
         cs.retain_ops(&owner, &ids);
         for (id, command) in plan.ready {
-            let outcome = cs.lock().ops.get(&id).and_then(|op| op.outcome.clone());
+            let (outcome, settled_started_at) = cs
+                .lock()
+                .ops
+                .get(&id)
+                .map(|op| (op.outcome.clone(), op.settled_started_at.clone()))
+                .unwrap_or_default();
             match outcome {
                 None => {
                     let kind = match &command {
@@ -280,6 +285,17 @@ impl Hub {
                     }
                 }
                 Some((outcome, message)) => {
+                    if let Some(start) = &settled_started_at
+                        && !commands::status_shows_start(app, start)
+                    {
+                        // Taken off only once the status shows the sync ran,
+                        // as Argo CD clears `.operation` in the write that
+                        // records it: a reader that sees the operation gone
+                        // sees the start too. Our status write brings the
+                        // Application back here.
+                        tracing::debug!(cluster = %cs.name, id, start, "sync settled; waiting for its status");
+                        continue;
+                    }
                     let Some(patch) = commands::completion_patch(app, &id, &command) else {
                         cs.op_done(&id);
                         continue;

@@ -76,7 +76,8 @@ pub(super) fn handle(
         }
         Kind::OperationAck(ack) => {
             let outcome = AckOutcome::try_from(ack.outcome).unwrap_or(AckOutcome::Retry);
-            if let Some(owner) = cs.op_answered(&ack.operation_id, outcome, &ack.message) {
+            let settled = ack.settled.then_some(ack.settled_started_at.as_str());
+            if let Some(owner) = cs.op_answered(&ack.operation_id, outcome, &ack.message, settled) {
                 hub.queue.add(owner);
             }
         }

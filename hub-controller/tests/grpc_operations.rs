@@ -1,0 +1,215 @@
+//! A sync on the gRPC path stays on the hub copy for as long as Argo CD
+//! would keep it on a local Application: from the hub-controller binary and
+//! a real spoke-agent against real API servers, the test plays the
+//! ApplicationSet controller on the hub (it sets `.operation` again, without
+//! argocd-pull's stamp, while the first sync runs, as RollingSync does on
+//! every pass while a step is Pending) and Argo CD's application controller
+//! on the spoke (it finishes the sync and clears `.operation`). A hub copy
+//! that lost `.operation` before its status showed the sync ran lets a
+//! RollingSync start a second sync after the step is Healthy; so every
+//! version of the hub copy is watched, and none may show the operation gone
+//! before the status shows the start.
+
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::keys;
+use argocd_pull_spoke_agent::Mode;
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use testenv::wait;
+
+mod common;
+mod grpc_env;
+use grpc_env::{Env, TIMEOUT};
+
+const STARTED: &str = "2026-11-24T01:00:00Z";
+
+/// What one version of the hub copy shows.
+#[derive(Clone, Debug)]
+struct Seen {
+    resource_version: String,
+    operation: Option<Value>,
+    started_at: Option<String>,
+}
+
+fn stamp(app: &Application) -> Option<String> {
+    app.data
+        .get("operation")
+        .and_then(keys::stamped_operation_id)
+        .map(str::to_string)
+}
+
+#[tokio::test]
+async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
+    let mut env = Env::new(&["cluster1"]).await;
+    // The test plays the spoke's Argo CD itself.
+    env.spokes[0].argocd.stop();
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.wait_connected().await;
+    let hub = env.hub_apps();
+    let spoke = env.spoke_apps(0);
+    hub.create(&PostParams::default(), &env.app("alpha", 0, json!({})))
+        .await
+        .unwrap();
+    wait::until("alpha on the spoke", TIMEOUT, || async {
+        spoke
+            .get_opt("alpha")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or("absent".to_string())
+    })
+    .await;
+
+    // Every version of the hub copy from here on.
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let watch = {
+        let seen = seen.clone();
+        let api: Api<Application> =
+            Api::namespaced_with(env.hub_client.clone(), &env.team, &application_resource());
+        tokio::spawn(async move {
+            let events = watcher::watcher(
+                api,
+                watcher::Config::default().fields("metadata.name=alpha"),
+            )
+            .default_backoff()
+            .applied_objects();
+            tokio::pin!(events);
+            while let Some(Ok(app)) = events.next().await {
+                seen.lock().unwrap().push(Seen {
+                    resource_version: app.metadata.resource_version.clone().unwrap_or_default(),
+                    operation: app.data.get("operation").filter(|o| !o.is_null()).cloned(),
+                    started_at: app
+                        .data
+                        .pointer("/status/operationState/startedAt")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                });
+            }
+        })
+    };
+    let appset_operation = json!({
+        "sync": {}, "initiatedBy": { "username": "applicationset-controller", "automated": true },
+        "info": [{ "name": "Reason", "value": "ApplicationSet RollingSync triggered a sync" }],
+    });
+    let set_on_hub = || async {
+        // A merge patch replaces `info`: the stamp goes, as with the ApplicationSet.
+        hub.patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "operation": appset_operation })),
+        )
+        .await
+        .unwrap();
+    };
+    let spoke_carries = |other_than: Option<String>| {
+        let spoke = spoke.clone();
+        async move {
+            wait::until("the spoke to carry a new sync", TIMEOUT, || async {
+                let a = spoke.get("alpha").await.map_err(|e| e.to_string())?;
+                match stamp(&a) {
+                    Some(id) if Some(&id) != other_than.as_ref() => Ok(id),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await
+        }
+    };
+
+    set_on_hub().await;
+    let first = spoke_carries(None).await;
+    // Set again while it runs on the spoke: sent as a new sync, which the
+    // spoke's Argo CD takes over into the running one.
+    set_on_hub().await;
+    let second = spoke_carries(Some(first.clone())).await;
+    assert!(
+        hub.get("alpha")
+            .await
+            .unwrap()
+            .data
+            .get("operation")
+            .is_some_and(|o| !o.is_null()),
+        "the hub copy lost .operation while the spoke still runs it"
+    );
+
+    // Argo CD finishes the sync and clears `.operation`, in one write.
+    let running = spoke.get("alpha").await.unwrap();
+    let op = running.data.get("operation").cloned().unwrap();
+    spoke
+        .patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": { "resourceVersion": running.metadata.resource_version },
+                "operation": null,
+                "status": {
+                    "health": { "status": "Healthy" }, "sync": { "status": "Synced" },
+                    "operationState": { "operation": op, "phase": "Succeeded",
+                                        "startedAt": STARTED, "finishedAt": STARTED },
+                },
+            })),
+        )
+        .await
+        .unwrap();
+    wait::until(
+        "the hub copy to show the sync ran and drop .operation",
+        TIMEOUT,
+        || async {
+            let a = hub.get("alpha").await.map_err(|e| e.to_string())?;
+            let started = a.data.pointer("/status/operationState/startedAt").cloned();
+            match (a.data.get("operation").filter(|o| !o.is_null()), started) {
+                (None, Some(s)) if s == json!(STARTED) => Ok(a.metadata.resource_version.unwrap()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let last_rv = hub
+        .get("alpha")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    wait::until(
+        "the watch to have seen the last version",
+        TIMEOUT,
+        || async {
+            let seen = seen.lock().unwrap();
+            match seen.last() {
+                Some(s) if s.resource_version == last_rv => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    watch.abort();
+
+    let seen = seen.lock().unwrap().clone();
+    let set_at = seen
+        .iter()
+        .position(|s| s.operation.is_some())
+        .expect("the watch saw the operation set");
+    for s in &seen[set_at..] {
+        if s.operation.is_none() {
+            assert_eq!(
+                s.started_at.as_deref(),
+                Some(STARTED),
+                "version {} shows .operation gone before the status shows the sync: {seen:#?}",
+                s.resource_version
+            );
+        }
+    }
+    // Nothing new was sent after the two syncs: the spoke carries no operation.
+    let after = spoke.get("alpha").await.unwrap();
+    assert_eq!(stamp(&after), None);
+    let ids = after.metadata.annotations.unwrap_or_default()[keys::OPERATION_IDS].clone();
+    assert_eq!(
+        ids,
+        format!("{first},{second}"),
+        "each sync set on the spoke once"
+    );
+}
