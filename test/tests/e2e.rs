@@ -8,92 +8,21 @@
 //! One test function, in phases, because the topology takes a minute to
 //! start and its helper processes belong to this test's runtime.
 
-use std::future::Future;
-use std::time::{Duration, Instant};
-
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
+use testenv::argocd;
 use testenv::stack::{Stack, StackOptions};
-use testenv::{argocd, paths};
 
-const TIMEOUT: Duration = Duration::from_secs(150);
-const NS: &str = "argocd";
+#[path = "e2e/churn.rs"]
+mod churn;
+#[path = "e2e/support.rs"]
+mod support;
 
-fn example(path: &str) -> std::path::PathBuf {
-    paths::workspace_dir().join("example").join(path)
-}
-
-/// Polls `check` until it returns `Ok`; on timeout fails with the last
-/// error and the end of argocd-pull's logs.
-async fn eventually<T, F, Fut>(stack: &Stack, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => panic!(
-                "timed out after {TIMEOUT:?} waiting for {what}; last seen: {last}\n{}",
-                stack.log_tails(40)
-            ),
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
-fn apps(client: &kube::Client) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), NS, &application_resource())
-}
-
-async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value, String> {
-    api.get_opt(name)
-        .await
-        .map_err(|e| e.to_string())?
-        .map(|o| serde_json::to_value(o).expect("an object serializes"))
-        .ok_or_else(|| format!("no Application {name}"))
-}
-
-/// The names of the Applications `api` lists.
-async fn names(api: &Api<DynamicObject>) -> Result<Vec<String>, String> {
-    Ok(api
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?
-        .items
-        .into_iter()
-        .filter_map(|a| a.metadata.name)
-        .collect())
-}
-
-fn at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
-
-/// The hub copy of `name` is Synced and Healthy at `revision` (any, if empty).
-async fn converged(stack: &Stack, hub: &Api<DynamicObject>, name: &str, revision: &str) {
-    eventually(
-        stack,
-        &format!("{name} Synced/Healthy at {revision:?} on the hub"),
-        || async {
-            let a = get(hub, name).await?;
-            let ok = at(&a, "/status/sync/status") == "Synced"
-                && at(&a, "/status/health/status") == "Healthy"
-                && (revision.is_empty() || at(&a, "/status/sync/revision") == revision);
-            if ok {
-                Ok(())
-            } else {
-                Err(a["status"].to_string())
-            }
-        },
-    )
-    .await
-}
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_pull_model_end_to_end() {
@@ -446,6 +375,9 @@ async fn the_pull_model_end_to_end() {
         .collect();
     assert!(left.is_empty(), "ManifestWorks left on the hub: {left:?}");
 
+    // The hub-controller's pod deleted while Applications come and go.
+    churn::hub_controller_pod_deleted_during_churn(&stack).await;
+
     // Autonomous mode for cluster2, as example/README.md says: its own
     // config (the hub-controller adds HUB_CA to it), the mirrors binding,
     // the cluster's addon pointed at the config; OCM redeploys the agent.
@@ -497,7 +429,7 @@ async fn the_pull_model_end_to_end() {
                 .and_then(|s| s.containers.first().cloned())
                 .and_then(|c| c.args)
                 .unwrap_or_default();
-            let pods = stack.pods();
+            let pods = stack.pods().await.map_err(|e| e.to_string())?;
             if args.iter().any(|a| a == "--mode=autonomous")
                 && pods.get("cluster2").is_some_and(|p| p.ready)
             {
@@ -541,6 +473,40 @@ async fn the_pull_model_end_to_end() {
         },
     )
     .await;
+
+    // Each argocd-pull container's memory as the kernel counts it, next
+    // to its Deployment's limit; and no restarts.
+    let memory = stack.memory().await.unwrap();
+    assert_eq!(
+        memory.len(),
+        3,
+        "a hub-controller and two agents: {memory:?}"
+    );
+    for m in &memory {
+        eprintln!(
+            "{:<9} {:<45} {:<15} peak {:>4} MiB of its {:>4} MiB limit",
+            m.cluster,
+            m.pod,
+            m.container,
+            m.memory.peak >> 20,
+            m.memory.limit >> 20
+        );
+        assert!(m.memory.peak > 0 && m.memory.peak < m.memory.limit, "{m:?}");
+    }
+    let pods = stack.pods().await.unwrap();
+    assert!(
+        pods.values().all(|p| p.ready && p.restarts == 0),
+        "{pods:?}"
+    );
+    for (cluster, _) in stack.cluster_nodes() {
+        eprintln!(
+            "--- {}:\n{}",
+            cluster.name(),
+            testenv::stack::kubectl(cluster, &["get", "pods", "-A", "-o", "wide"])
+                .await
+                .unwrap()
+        );
+    }
 
     // Nothing in argocd-pull's logs says it failed to write.
     for (name, log) in stack.logs() {
