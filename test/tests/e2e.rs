@@ -8,7 +8,6 @@
 //! One test function, in phases, because the topology takes a minute to
 //! start and its helper processes belong to this test's runtime.
 
-use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -17,6 +16,8 @@ use serde_json::{Value, json};
 use testenv::argocd;
 use testenv::stack::{Stack, StackOptions};
 
+#[path = "e2e/autonomous.rs"]
+mod autonomous;
 #[path = "e2e/churn.rs"]
 mod churn;
 #[path = "e2e/support.rs"]
@@ -27,6 +28,8 @@ use support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_pull_model_end_to_end() {
     testenv::init_tracing();
+    let started = std::time::Instant::now();
+    let phase = |name: &str| eprintln!("[{:>4}s] phase: {name}", started.elapsed().as_secs());
     let stack = Stack::start(StackOptions::default(), &|step: &str| {
         tracing::info!("stack: {step}")
     })
@@ -38,6 +41,7 @@ async fn the_pull_model_end_to_end() {
     let c2 = stack.cluster("cluster2").client().await.unwrap();
     let spokes = [("cluster1", apps(&c1)), ("cluster2", apps(&c2))];
 
+    phase("the example");
     // The example, applied as the README says.
     stack.apply(&example("placement.yaml")).await.unwrap();
     stack
@@ -67,6 +71,7 @@ async fn the_pull_model_end_to_end() {
         );
     }
 
+    phase("unknown cluster");
     // An Application for a cluster OCM does not know: a condition and an
     // Event on it, and the others carry on (every later phase uses them).
     stack
@@ -107,6 +112,7 @@ async fn the_pull_model_end_to_end() {
     })
     .await;
 
+    phase("sync");
     // A sync started on the hub runs once on the spoke, over either
     // transport, and its operation state comes back.
     for (cluster, spoke) in &spokes {
@@ -156,6 +162,7 @@ async fn the_pull_model_end_to_end() {
         .await;
     }
 
+    phase("refresh");
     // Refresh: a new commit, and a refresh asked on the hub copy, reach
     // both clusters' Argo CD (which would otherwise poll Git every 3 min).
     let new_head = stack
@@ -221,6 +228,7 @@ async fn the_pull_model_end_to_end() {
         );
     }
 
+    phase("progressive sync");
     // Progressive sync: RollingSync syncs cluster1, and cluster2 only after
     // cluster1's Application is reported Healthy on the hub. Compared in
     // the records' own times once the rollout is done: every sync cluster2's
@@ -319,6 +327,7 @@ async fn the_pull_model_end_to_end() {
         at(&spoke2, "/status/operationState/startedAt")
     );
 
+    phase("deletion");
     // Deleting the ApplicationSets removes everything on the spokes: the
     // Applications and what they deployed.
     for set in ["guestbook", "guestbook-rollout"] {
@@ -375,105 +384,14 @@ async fn the_pull_model_end_to_end() {
         .collect();
     assert!(left.is_empty(), "ManifestWorks left on the hub: {left:?}");
 
+    phase("churn");
     // The hub-controller's pod deleted while Applications come and go.
     churn::hub_controller_pod_deleted_during_churn(&stack).await;
 
-    // Autonomous mode for cluster2, as example/README.md says: its own
-    // config (the hub-controller adds HUB_CA to it), the mirrors binding,
-    // the cluster's addon pointed at the config; OCM redeploys the agent.
-    stack
-        .apply(&example("autonomous/addondeploymentconfig.yaml"))
-        .await
-        .unwrap();
-    stack
-        .set_hub_address("argocd-pull-autonomous")
-        .await
-        .unwrap();
-    stack
-        .apply(&example("autonomous/mirrors-rolebinding.yaml"))
-        .await
-        .unwrap();
-    testenv::stack::kubectl(
-        stack.hub(),
-        &[
-            "patch",
-            "managedclusteraddon",
-            "argocd-pull",
-            "-n",
-            "cluster2",
-            "--type",
-            "merge",
-            "--patch-file",
-            &example("autonomous/managedclusteraddon-patch.yaml")
-                .display()
-                .to_string(),
-        ],
-    )
-    .await
-    .unwrap();
-    let agent = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
-        c2.clone(),
-        testenv::stack::AGENT_NAMESPACE,
-    );
-    eventually(
-        &stack,
-        "cluster2's agent redeployed autonomous and connected",
-        || async {
-            let d = agent
-                .get(testenv::stack::AGENT)
-                .await
-                .map_err(|e| e.to_string())?;
-            let args = d
-                .spec
-                .and_then(|s| s.template.spec)
-                .and_then(|s| s.containers.first().cloned())
-                .and_then(|c| c.args)
-                .unwrap_or_default();
-            let pods = stack.pods().await.map_err(|e| e.to_string())?;
-            if args.iter().any(|a| a == "--mode=autonomous")
-                && pods.get("cluster2").is_some_and(|p| p.ready)
-            {
-                Ok(())
-            } else {
-                Err(format!("{args:?} {pods:?}"))
-            }
-        },
-    )
-    .await;
-    // An Application the cluster keeps itself shows up on the hub as a
-    // read-only mirror, with the status its Argo CD reports.
-    stack
-        .apply_on(
-            stack.cluster("cluster2"),
-            &example("autonomous/application.yaml"),
-        )
-        .await
-        .unwrap();
-    let mirrors = Api::<DynamicObject>::namespaced_with(
-        hub_client.clone(),
-        "cluster2",
-        &application_resource(),
-    );
-    eventually(
-        &stack,
-        "the mirror of cluster2's own Application on the hub",
-        || async {
-            let m = get(&mirrors, "guestbook-local").await?;
-            let ok = at(
-                &m,
-                &format!("/metadata/labels/{}", keys::MIRROR_OF.replace('/', "~1")),
-            ) == "cluster2"
-                && at(&m, "/status/sync/status") == "Synced"
-                && at(&m, "/status/health/status") == "Healthy";
-            if ok {
-                Ok(())
-            } else {
-                Err(format!("{} {}", m["metadata"]["labels"], m["status"]))
-            }
-        },
-    )
-    .await;
+    phase("autonomous");
+    autonomous::cluster2_goes_autonomous(&stack, &hub_client, &c2).await;
 
+    phase("memory");
     // Each argocd-pull container's memory as the kernel counts it, next
     // to its Deployment's limit; and no restarts.
     let memory = stack.memory().await.unwrap();

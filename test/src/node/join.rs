@@ -121,6 +121,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 oomScoreAdj: 0
+# Mounted ConfigMaps and Secrets (a new hub CA, a rotated certificate)
+# reach the pods within seconds rather than the minute of the default.
+syncFrequency: 10s
 "#,
                 d = d.display(),
                 ip = self.node_ip,

@@ -251,7 +251,7 @@ pub fn logs(cluster: &str, node: &Node) -> BTreeMap<String, PathBuf> {
 /// A kustomization in `dir` on top of `deploy/hub`, as a user keeps one
 /// for their hub: one replica here (two cores; the churn test deletes the
 /// one pod and waits for the Deployment's replacement) and [`HUB_GRPC`] in
-/// the gRPC certificate.
+/// the gRPC certificate, and the certificates checked every 10 s.
 pub fn hub_overlay(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     // kustomize takes only relative paths to a base.
@@ -274,6 +274,10 @@ patches:
       - op: add
         path: /spec/template/spec/containers/0/args/-
         value: --grpc-san={}
+      # A new AddOnDeploymentConfig gets HUB_CA within seconds, not a minute.
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --certificate-check-interval=10s
 "#,
             HUB_GRPC.ip()
         ),

@@ -33,6 +33,8 @@ fn application(name: &str, cluster: &str, repo: &str, round: usize) -> DynamicOb
             "name": name,
             "namespace": NS,
             "labels": { keys::PULL_LABEL: "true" },
+            // Deleting one waits for argocd-pull, even while its pod is gone.
+            "finalizers": [keys::RESOURCES_FINALIZER],
             "annotations": annotations,
         },
         "spec": {
