@@ -49,7 +49,7 @@ pub async fn cluster2_goes_autonomous(stack: &Stack, hub_client: &kube::Client, 
         testenv::stack::AGENT_NAMESPACE,
     );
     eventually(
-        &stack,
+        stack,
         "cluster2's agent redeployed autonomous and connected",
         || async {
             let d = agent
@@ -88,7 +88,7 @@ pub async fn cluster2_goes_autonomous(stack: &Stack, hub_client: &kube::Client, 
         &application_resource(),
     );
     eventually(
-        &stack,
+        stack,
         "the mirror of cluster2's own Application on the hub",
         || async {
             let m = get(&mirrors, "guestbook-local").await?;
