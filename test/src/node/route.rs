@@ -93,7 +93,9 @@ impl Node {
 
     /// Makes `address` inside this node lead to `socket` (another node's
     /// [`Node::expose`]): this node's pods dial it as if it were a load
-    /// balancer's address of the other cluster.
+    /// balancer's address of the other cluster. The relay's command line
+    /// names the other node's folder, so that node's reaper also ends it
+    /// if the test process dies (this node's drop ends it otherwise).
     pub fn reach(&mut self, testenv: &Path, address: SocketAddr, socket: &Path) -> Result<()> {
         self.add_address(address.ip())?;
         self.relay(
