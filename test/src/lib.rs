@@ -23,6 +23,7 @@ pub mod ocm;
 pub mod paths;
 pub mod pki;
 mod process;
+pub mod relay;
 pub mod slow_watch;
 pub mod stack;
 pub mod stats;

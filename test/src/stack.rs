@@ -4,15 +4,16 @@
 //! running its own Argo CD, a Git server, and argocd-pull installed from
 //! `deploy/hub` and enabled with `clusteradm addon enable`.
 //!
-//! Nothing inside a Deployment runs by itself here (there is no kubelet),
-//! so [`kubelet::Runner`]s play the kubelet for argocd-pull's two
-//! Deployments only: the hub-controller's on the hub and, once OCM has
-//! deployed it, the spoke-agent's on every managed cluster. Each runs as a
-//! local process with exactly its Deployment's command line, files and
-//! service account; only its listen addresses change (127.0.0.1 and free
-//! ports, since there is no pod network), and the agents dial the hub at
-//! `https://127.0.0.1:<port>` (set in the AddOnDeploymentConfig, the way a
-//! user sets the address agents reach the hub at).
+//! argocd-pull runs as pods from its built images, on a real node per
+//! cluster ([`pods`]): the hub-controller from `deploy/hub`'s Deployment on
+//! the hub's node, the spoke-agent from the Deployment OCM's addon manager
+//! renders from the AddOnTemplate on each managed cluster's node. The
+//! agents dial the hub at [`pods::HUB_GRPC`] (set in the
+//! AddOnDeploymentConfig and the certificate's SANs, as a user sets the
+//! address their load balancer gives the gRPC Service).
+
+mod pods;
+mod rows;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,12 +23,14 @@ use std::time::Duration;
 
 use argocd_pull_apis::keys;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use serde_json::{Value, json};
-use tokio::sync::watch;
+use serde_json::json;
 
 use crate::argocd::{self, GitServer, Repo};
+use crate::node::Node;
 use crate::ocm::{Fleet, JoinOptions};
-use crate::{Cluster, Error, Result, kubelet, net, paths};
+use crate::{Cluster, Error, Result, paths};
+pub use pods::{ContainerMemory, HUB_GRPC, Status};
+pub use rows::{AppRow, applications, render_table};
 
 /// The hub's cluster name.
 pub const HUB: &str = "hub";
@@ -35,6 +38,8 @@ pub const HUB: &str = "hub";
 pub const HUB_NAMESPACE: &str = "argocd-pull";
 /// The hub-controller's Deployment there.
 pub const HUB_CONTROLLER: &str = "argocd-pull-hub-controller";
+/// The hub's gRPC Service there, and the name of its port.
+pub const HUB_GRPC_SERVICE: (&str, &str) = ("argocd-pull-grpc", "grpc");
 /// The addon's AddOnDeploymentConfig (in [`HUB_NAMESPACE`]).
 pub const DEPLOYMENT_CONFIG: &str = "argocd-pull";
 /// Namespace and name of the spoke-agent's Deployment on a managed cluster.
@@ -66,9 +71,9 @@ impl Default for StackOptions {
     }
 }
 
-/// Where the kubelet stand-ins are: per Deployment (`hub` for the
-/// hub-controller, the cluster's name for its agent).
-pub type Pods = BTreeMap<String, kubelet::Status>;
+/// argocd-pull's Deployments as their pods show them: `hub` for the
+/// hub-controller, the cluster's name for its agent.
+pub type Pods = BTreeMap<String, Status>;
 
 /// The running stack; everything stops when it is dropped.
 pub struct Stack {
@@ -81,17 +86,15 @@ pub struct Stack {
     pub git: GitServer,
     /// Where the agents dial the hub.
     pub grpc: SocketAddr,
-    pods: watch::Receiver<Pods>,
-    logs: BTreeMap<String, PathBuf>,
-    admin: watch::Receiver<Option<SocketAddr>>,
-    kubelets: tokio::task::JoinHandle<()>,
+    proxy: tokio::task::JoinHandle<()>,
+    /// The hub's node first, then each managed cluster's, in order.
+    nodes: Vec<Node>,
     fleet: Arc<Fleet>,
 }
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        // The runners (and with them argocd-pull's processes) go first.
-        self.kubelets.abort();
+        self.proxy.abort();
     }
 }
 
@@ -100,13 +103,21 @@ impl Stack {
     /// every managed cluster's agent is connected. `progress` hears about
     /// each step (and the commands a user would type for it).
     pub async fn start(options: StackOptions, progress: &(dyn Fn(&str) + Sync)) -> Result<Self> {
-        let hub_controller = paths::own_binary("hub-controller")?;
-        let spoke_agent = paths::own_binary("spoke-agent")?;
+        let testenv = paths::own_binary("testenv")?;
+        paths::own_binary("hub-controller")?;
+        paths::own_binary("spoke-agent")?;
 
         progress(&format!(
             "starting a hub and {} managed clusters (etcd, kube-apiserver, kube-controller-manager each); OCM's registration, placement and addon-manager on the hub; each cluster joins with its registration and work agents",
             options.managed.len()
         ));
+        progress(
+            "meanwhile: building argocd-pull's images (deploy/images/build.sh, what `make images` runs) and starting a node per cluster (containerd + runc in a network namespace of its own), the images imported from their OCI archives",
+        );
+        let names: Vec<String> = std::iter::once(HUB.to_string())
+            .chain(options.managed.iter().cloned())
+            .collect();
+        let nodes = tokio::spawn(pods::start_nodes(names));
         let joins: Vec<(&str, JoinOptions)> = options
             .managed
             .iter()
@@ -122,6 +133,13 @@ impl Stack {
         let fleet = Arc::new(Fleet::start(HUB, &joins).await?);
         let shared = fleet.clone();
         let hub = shared.hub.cluster();
+        let mut nodes = nodes.await.expect("starting the nodes does not panic")?;
+
+        progress(
+            "joining each node to its cluster (kubelet, kube-scheduler, pods on a CNI bridge in 10.213.<k>.0/24); the agents' way to the hub's gRPC Service",
+        );
+        let clusters: Vec<&Cluster> = std::iter::once(hub).chain(&shared.clusters).collect();
+        pods::join(&mut nodes, &clusters, &testenv).await?;
 
         progress(
             "starting a Git server on 127.0.0.1 with the example application (example/guestbook)",
@@ -142,81 +160,41 @@ impl Stack {
         )
         .await?;
         let mut spokes = Vec::new();
-        for c in &fleet.clusters {
+        for c in &shared.clusters {
             spokes.push(argocd::Spoke::start(c, argocd::SpokeOptions::default()).await?);
         }
 
-        progress("installing argocd-pull on the hub:  kubectl apply -k deploy/hub");
-        kubectl(
-            hub,
-            &[
-                "apply",
-                "-k",
-                &paths::workspace_dir()
-                    .join("deploy/hub")
-                    .display()
-                    .to_string(),
-            ],
-        )
-        .await?;
-        // No Service network here: the agents reach the hub-controller's
-        // gRPC port on loopback, and its certificate must name that.
-        let grpc = net::free_addr()?;
+        let overlay = pods::hub_overlay(&hub.dir().join("install"))?;
+        progress(&format!(
+            "installing argocd-pull on the hub:  kubectl apply -k {}  (deploy/hub, one replica, {} in the gRPC certificate's SANs)",
+            overlay.display(),
+            HUB_GRPC.ip()
+        ));
+        kubectl(hub, &["apply", "-k", &overlay.display().to_string()]).await?;
+        let proxy = tokio::spawn(pods::follow_service(
+            hub.client().await?,
+            nodes[0].netns().to_string(),
+            HUB_NAMESPACE,
+            HUB_GRPC_SERVICE.0,
+            HUB_GRPC_SERVICE.1,
+        ));
+        let grpc = HUB_GRPC;
         progress(&format!(
             "telling the agents where the hub is: HUB_GRPC_ADDRESS=https://{grpc} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}"
         ));
         set_hub_address(hub, DEPLOYMENT_CONFIG, &format!("https://{grpc}")).await?;
-
-        let dir = hub.dir().join("kubelet");
-        let mut runners = vec![(
-            HUB.to_string(),
-            kubelet::Runner::new(
-                HUB_NAMESPACE,
-                HUB_CONTROLLER,
-                "hub-controller",
-                hub_controller,
-                vec![
-                    ("--grpc-addr", grpc.to_string()),
-                    ("--grpc-san", grpc.ip().to_string()),
-                    ("--log-format", "plain".into()),
-                ],
-                dir.join(HUB_CONTROLLER),
-            )?,
-        )];
-        for c in &fleet.clusters {
-            runners.push((
-                c.name().to_string(),
-                kubelet::Runner::new(
-                    AGENT_NAMESPACE,
-                    AGENT,
-                    "spoke-agent",
-                    spoke_agent.clone(),
-                    vec![("--log-format", "plain".into())],
-                    c.dir().join("kubelet").join(AGENT),
-                )?,
-            ));
-        }
-        let logs = runners
-            .iter()
-            .map(|(name, r)| (name.clone(), r.log()))
-            .collect();
-        let (pods_tx, pods) = watch::channel(Pods::new());
-        let (admin_tx, admin) = watch::channel(None);
-        let kubelets = tokio::spawn(run_kubelets(fleet.clone(), runners, pods_tx, admin_tx));
         let stack = Self {
             spokes,
             argocd,
             repo,
             git,
             grpc,
-            pods,
-            logs,
-            admin,
-            kubelets,
+            proxy,
+            nodes,
             fleet,
         };
 
-        progress("starting the hub-controller from its Deployment (as the kubelet would)");
+        progress("the hub-controller's pod starts on the hub's node");
         stack
             .wait_pods("the hub-controller to be ready", |p| {
                 p.get(HUB).is_some_and(|s| s.ready)
@@ -275,20 +253,53 @@ impl Stack {
             .collect()
     }
 
-    /// What the kubelet stand-ins see now.
-    pub fn pods(&self) -> Pods {
-        self.pods.borrow().clone()
+    /// argocd-pull's Deployments now, as their pods show them.
+    pub async fn pods(&self) -> Result<Pods> {
+        let mut pods = Pods::new();
+        let hub = self.hub().client().await?;
+        pods.insert(
+            HUB.to_string(),
+            pods::status(&hub, HUB_NAMESPACE, HUB_CONTROLLER).await?,
+        );
+        for c in self.clusters() {
+            let client = c.client().await?;
+            pods.insert(
+                c.name().to_string(),
+                pods::status(&client, AGENT_NAMESPACE, AGENT).await?,
+            );
+        }
+        Ok(pods)
     }
 
-    /// Logs of argocd-pull's processes: `hub` (the hub-controller) and each
-    /// managed cluster's name (its agent).
-    pub fn logs(&self) -> &BTreeMap<String, PathBuf> {
-        &self.logs
+    /// The container logs of argocd-pull's pods, by
+    /// `<cluster>/<pod>/<container>/<file>` (the kubelet removes a pod's
+    /// logs with the pod).
+    pub fn logs(&self) -> BTreeMap<String, PathBuf> {
+        self.cluster_nodes()
+            .flat_map(|(cluster, node)| pods::logs(cluster.name(), node))
+            .collect()
     }
 
-    /// The hub-controller's admin address (`/metrics`, `/readyz`).
-    pub fn hub_admin(&self) -> Option<SocketAddr> {
-        *self.admin.borrow()
+    /// Each cluster with its node, the hub first.
+    pub fn cluster_nodes(&self) -> impl Iterator<Item = (&Cluster, &Node)> {
+        std::iter::once(self.hub())
+            .chain(self.clusters())
+            .zip(&self.nodes)
+    }
+
+    /// Every running argocd-pull container and its memory (peak and
+    /// limit) as its cgroup counts it.
+    pub async fn memory(&self) -> Result<Vec<ContainerMemory>> {
+        let mut out = Vec::new();
+        for (i, (cluster, node)) in self.cluster_nodes().enumerate() {
+            let namespace = if i == 0 {
+                HUB_NAMESPACE
+            } else {
+                AGENT_NAMESPACE
+            };
+            out.extend(pods::memory(cluster, node, namespace).await?);
+        }
+        Ok(out)
     }
 
     /// `kubectl apply -f <file>` on the hub, with the example's repository
@@ -364,30 +375,33 @@ impl Stack {
         applications(&self.hub().client().await?, &clusters, namespace).await
     }
 
-    /// Waits until what the kubelet stand-ins see satisfies `check`.
-    pub async fn wait_pods(&self, what: &str, check: impl FnMut(&Pods) -> bool) -> Result<()> {
-        let mut rx = self.pods.clone();
-        let done = matches!(
-            tokio::time::timeout(TIMEOUT, rx.wait_for(check)).await,
-            Ok(Ok(_))
-        );
-        match done {
-            true => Ok(()),
-            false => Err(Error::Command {
-                command: format!("waiting for {what}"),
-                output: format!(
-                    "not within {TIMEOUT:?}; the pods: {:?}\n{}",
-                    *rx.borrow(),
-                    self.log_tails(20)
-                ),
-            }),
+    /// Waits until argocd-pull's pods satisfy `check`.
+    pub async fn wait_pods(&self, what: &str, mut check: impl FnMut(&Pods) -> bool) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let pods = self.pods().await;
+            if pods.as_ref().is_ok_and(&mut check) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                let hub = self.hub();
+                let all = kubectl(hub, &["get", "pods", "-A", "-o", "wide"]).await;
+                return Err(Error::Command {
+                    command: format!("waiting for {what}"),
+                    output: format!(
+                        "not within {TIMEOUT:?}; the pods: {pods:?}\n{all:?}\n{}",
+                        self.log_tails(20)
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
     /// The end of every argocd-pull process's log, for error messages.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        for (name, log) in &self.logs {
+        for (name, log) in &self.logs() {
             let text = std::fs::read_to_string(log).unwrap_or_default();
             let all: Vec<&str> = text.lines().collect();
             out.push_str(&format!(
@@ -400,183 +414,8 @@ impl Stack {
     }
 }
 
-/// One row per pull-model Application on the hub in `namespace`, with its
-/// copy on its cluster (one of `clusters`: name and client).
-pub async fn applications(
-    hub: &kube::Client,
-    clusters: &[(String, kube::Client)],
-    namespace: &str,
-) -> Result<Vec<AppRow>> {
-    let resource = argocd_pull_apis::argocd::application_resource();
-    let apps = Api::<DynamicObject>::namespaced_with(hub.clone(), namespace, &resource);
-    let mut rows = Vec::new();
-    for app in apps.list(&Default::default()).await?.items {
-        let labels = app.metadata.labels.clone().unwrap_or_default();
-        if !labels
-            .get(keys::PULL_LABEL)
-            .and_then(|v| keys::parse_bool(v))
-            .unwrap_or(false)
-        {
-            continue;
-        }
-        let annotations = app.metadata.annotations.clone().unwrap_or_default();
-        let name = app.metadata.name.clone().unwrap_or_default();
-        let cluster = annotations
-            .get(keys::MANAGED_CLUSTER)
-            .cloned()
-            .unwrap_or_default();
-        let spoke_ns = annotations
-            .get(keys::MANAGED_CLUSTER_APP_NAMESPACE)
-            .cloned()
-            .unwrap_or_else(|| namespace.to_string());
-        let spoke = match clusters.iter().find(|(n, _)| *n == cluster) {
-            Some((_, client)) => {
-                Api::<DynamicObject>::namespaced_with(client.clone(), &spoke_ns, &resource)
-                    .get_opt(&name)
-                    .await?
-                    .map(|a| (a.metadata.labels.unwrap_or_default(), a.data))
-            }
-            None => None,
-        };
-        let transport = match &spoke {
-            Some((labels, _)) if labels.contains_key(keys::HUB_MANAGED) => "grpc",
-            Some(_) => "manifestwork",
-            None => "-",
-        };
-        rows.push(AppRow::new(
-            &name,
-            &cluster,
-            transport,
-            &app.data,
-            spoke.as_ref().map(|(_, d)| d),
-        ));
-    }
-    rows.sort_by(|a, b| (&a.cluster, &a.name).cmp(&(&b.cluster, &b.name)));
-    Ok(rows)
-}
-
 /// The repository URL in `example/` (the demo's Git server).
 pub const EXAMPLE_REPO_URL: &str = "git://127.0.0.1:9418/guestbook.git";
-
-/// One pull-model Application: its hub copy and its copy on the cluster.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AppRow {
-    pub name: String,
-    pub cluster: String,
-    /// `grpc`, `manifestwork`, or `-` while not delivered.
-    pub transport: String,
-    pub hub_sync: String,
-    pub hub_health: String,
-    pub hub_revision: String,
-    pub spoke_sync: String,
-    pub spoke_health: String,
-}
-
-impl AppRow {
-    fn new(name: &str, cluster: &str, transport: &str, hub: &Value, spoke: Option<&Value>) -> Self {
-        let field = |v: &Value, path: &[&str]| {
-            let mut v = v;
-            for p in path {
-                v = &v[*p];
-            }
-            v.as_str().unwrap_or("-").to_string()
-        };
-        let short = |r: String| r.chars().take(7).collect::<String>();
-        Self {
-            name: name.to_string(),
-            cluster: cluster.to_string(),
-            transport: transport.to_string(),
-            hub_sync: field(hub, &["status", "sync", "status"]),
-            hub_health: field(hub, &["status", "health", "status"]),
-            hub_revision: short(field(hub, &["status", "sync", "revision"])),
-            spoke_sync: spoke.map_or("-".into(), |s| field(s, &["status", "sync", "status"])),
-            spoke_health: spoke.map_or("-".into(), |s| field(s, &["status", "health", "status"])),
-        }
-    }
-
-    /// Synced and Healthy on the hub copy (so, reported back).
-    pub fn converged(&self) -> bool {
-        self.hub_sync == "Synced" && self.hub_health == "Healthy"
-    }
-}
-
-/// The rows as an aligned text table.
-pub fn render_table(rows: &[AppRow]) -> String {
-    let header = [
-        "CLUSTER",
-        "APPLICATION",
-        "TRANSPORT",
-        "SPOKE SYNC",
-        "SPOKE HEALTH",
-        "HUB SYNC",
-        "HUB HEALTH",
-        "REVISION",
-    ];
-    let cells: Vec<[&str; 8]> = rows
-        .iter()
-        .map(|r| {
-            [
-                r.cluster.as_str(),
-                r.name.as_str(),
-                r.transport.as_str(),
-                r.spoke_sync.as_str(),
-                r.spoke_health.as_str(),
-                r.hub_sync.as_str(),
-                r.hub_health.as_str(),
-                r.hub_revision.as_str(),
-            ]
-        })
-        .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |row: &[&str; 8]| {
-        row.iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    let mut out = line(&header);
-    for row in &cells {
-        out.push('\n');
-        out.push_str(&line(row));
-    }
-    out
-}
-
-/// Plays the kubelet for every runner until aborted.
-async fn run_kubelets(
-    fleet: Arc<Fleet>,
-    mut runners: Vec<(String, kubelet::Runner)>,
-    pods: watch::Sender<Pods>,
-    admin: watch::Sender<Option<SocketAddr>>,
-) {
-    loop {
-        for (name, runner) in &mut runners {
-            let cluster = if name == HUB {
-                fleet.hub.cluster()
-            } else {
-                fleet.cluster(name)
-            };
-            match runner.tick(cluster).await {
-                Ok(status) => {
-                    pods.send_if_modified(|p| p.insert(name.clone(), status) != Some(status));
-                }
-                Err(e) => tracing::debug!(%name, error = %e, "kubelet stand-in: will retry"),
-            }
-            if name == HUB {
-                admin.send_if_modified(|a| std::mem::replace(a, runner.admin()) != runner.admin());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 /// Commits `example/guestbook` into `repo` under `guestbook/`.
 fn commit_example_app(repo: &Repo) -> Result<()> {
@@ -648,31 +487,5 @@ async fn tool(path: &Path, cluster: &Cluster, args: &[&str]) -> Result<String> {
                 String::from_utf8_lossy(&out.stderr)
             ),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rows_read_both_copies_and_render_aligned() {
-        let hub = json!({ "status": {
-            "sync": { "status": "Synced", "revision": "0123456789abcdef" },
-            "health": { "status": "Healthy" } } });
-        let spoke = json!({ "status": { "sync": { "status": "OutOfSync" } } });
-        let row = AppRow::new("guestbook-cluster1", "cluster1", "grpc", &hub, Some(&spoke));
-        assert!(row.converged());
-        assert_eq!(row.hub_revision, "0123456");
-        assert_eq!(row.spoke_health, "-");
-        let pending = AppRow::new("guestbook-cluster2", "cluster2", "-", &json!({}), None);
-        assert!(!pending.converged());
-        let table = render_table(&[row, pending]);
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("CLUSTER   APPLICATION         TRANSPORT"));
-        assert!(lines[1].starts_with("cluster1  guestbook-cluster1  grpc"));
-        assert!(lines[2].starts_with("cluster2  guestbook-cluster2  -"));
-        assert_eq!(lines[1].find("Synced"), lines[0].find("HUB SYNC"));
     }
 }

@@ -8,96 +8,28 @@
 //! One test function, in phases, because the topology takes a minute to
 //! start and its helper processes belong to this test's runtime.
 
-use std::future::Future;
-use std::time::{Duration, Instant};
-
-use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
+use testenv::argocd;
 use testenv::stack::{Stack, StackOptions};
-use testenv::{argocd, paths};
 
-const TIMEOUT: Duration = Duration::from_secs(150);
-const NS: &str = "argocd";
+#[path = "e2e/autonomous.rs"]
+mod autonomous;
+#[path = "e2e/churn.rs"]
+mod churn;
+#[path = "e2e/support.rs"]
+mod support;
 
-fn example(path: &str) -> std::path::PathBuf {
-    paths::workspace_dir().join("example").join(path)
-}
-
-/// Polls `check` until it returns `Ok`; on timeout fails with the last
-/// error and the end of argocd-pull's logs.
-async fn eventually<T, F, Fut>(stack: &Stack, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => panic!(
-                "timed out after {TIMEOUT:?} waiting for {what}; last seen: {last}\n{}",
-                stack.log_tails(40)
-            ),
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
-fn apps(client: &kube::Client) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), NS, &application_resource())
-}
-
-async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value, String> {
-    api.get_opt(name)
-        .await
-        .map_err(|e| e.to_string())?
-        .map(|o| serde_json::to_value(o).expect("an object serializes"))
-        .ok_or_else(|| format!("no Application {name}"))
-}
-
-/// The names of the Applications `api` lists.
-async fn names(api: &Api<DynamicObject>) -> Result<Vec<String>, String> {
-    Ok(api
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?
-        .items
-        .into_iter()
-        .filter_map(|a| a.metadata.name)
-        .collect())
-}
-
-fn at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
-
-/// The hub copy of `name` is Synced and Healthy at `revision` (any, if empty).
-async fn converged(stack: &Stack, hub: &Api<DynamicObject>, name: &str, revision: &str) {
-    eventually(
-        stack,
-        &format!("{name} Synced/Healthy at {revision:?} on the hub"),
-        || async {
-            let a = get(hub, name).await?;
-            let ok = at(&a, "/status/sync/status") == "Synced"
-                && at(&a, "/status/health/status") == "Healthy"
-                && (revision.is_empty() || at(&a, "/status/sync/revision") == revision);
-            if ok {
-                Ok(())
-            } else {
-                Err(a["status"].to_string())
-            }
-        },
-    )
-    .await
-}
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_pull_model_end_to_end() {
     testenv::init_tracing();
+    let started = std::time::Instant::now();
+    let phase = |name: &str| eprintln!("[{:>4}s] phase: {name}", started.elapsed().as_secs());
     let stack = Stack::start(StackOptions::default(), &|step: &str| {
         tracing::info!("stack: {step}")
     })
@@ -109,6 +41,7 @@ async fn the_pull_model_end_to_end() {
     let c2 = stack.cluster("cluster2").client().await.unwrap();
     let spokes = [("cluster1", apps(&c1)), ("cluster2", apps(&c2))];
 
+    phase("the example");
     // The example, applied as the README says.
     stack.apply(&example("placement.yaml")).await.unwrap();
     stack
@@ -138,6 +71,7 @@ async fn the_pull_model_end_to_end() {
         );
     }
 
+    phase("unknown cluster");
     // An Application for a cluster OCM does not know: a condition and an
     // Event on it, and the others carry on (every later phase uses them).
     stack
@@ -178,6 +112,7 @@ async fn the_pull_model_end_to_end() {
     })
     .await;
 
+    phase("sync");
     // A sync started on the hub runs once on the spoke, over either
     // transport, and its operation state comes back.
     for (cluster, spoke) in &spokes {
@@ -227,6 +162,7 @@ async fn the_pull_model_end_to_end() {
         .await;
     }
 
+    phase("refresh");
     // Refresh: a new commit, and a refresh asked on the hub copy, reach
     // both clusters' Argo CD (which would otherwise poll Git every 3 min).
     let new_head = stack
@@ -292,6 +228,7 @@ async fn the_pull_model_end_to_end() {
         );
     }
 
+    phase("progressive sync");
     // Progressive sync: RollingSync syncs cluster1, and cluster2 only after
     // cluster1's Application is reported Healthy on the hub. Compared in
     // the records' own times once the rollout is done: every sync cluster2's
@@ -390,6 +327,7 @@ async fn the_pull_model_end_to_end() {
         at(&spoke2, "/status/operationState/startedAt")
     );
 
+    phase("deletion");
     // Deleting the ApplicationSets removes everything on the spokes: the
     // Applications and what they deployed.
     for set in ["guestbook", "guestbook-rollout"] {
@@ -446,101 +384,47 @@ async fn the_pull_model_end_to_end() {
         .collect();
     assert!(left.is_empty(), "ManifestWorks left on the hub: {left:?}");
 
-    // Autonomous mode for cluster2, as example/README.md says: its own
-    // config (the hub-controller adds HUB_CA to it), the mirrors binding,
-    // the cluster's addon pointed at the config; OCM redeploys the agent.
-    stack
-        .apply(&example("autonomous/addondeploymentconfig.yaml"))
-        .await
-        .unwrap();
-    stack
-        .set_hub_address("argocd-pull-autonomous")
-        .await
-        .unwrap();
-    stack
-        .apply(&example("autonomous/mirrors-rolebinding.yaml"))
-        .await
-        .unwrap();
-    testenv::stack::kubectl(
-        stack.hub(),
-        &[
-            "patch",
-            "managedclusteraddon",
-            "argocd-pull",
-            "-n",
-            "cluster2",
-            "--type",
-            "merge",
-            "--patch-file",
-            &example("autonomous/managedclusteraddon-patch.yaml")
-                .display()
-                .to_string(),
-        ],
-    )
-    .await
-    .unwrap();
-    let agent = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
-        c2.clone(),
-        testenv::stack::AGENT_NAMESPACE,
+    phase("churn");
+    // The hub-controller's pod deleted while Applications come and go.
+    churn::hub_controller_pod_deleted_during_churn(&stack).await;
+
+    phase("autonomous");
+    autonomous::cluster2_goes_autonomous(&stack, &hub_client, &c2).await;
+
+    phase("memory");
+    // Each argocd-pull container's memory as the kernel counts it, next
+    // to its Deployment's limit; and no restarts.
+    let memory = stack.memory().await.unwrap();
+    assert_eq!(
+        memory.len(),
+        3,
+        "a hub-controller and two agents: {memory:?}"
     );
-    eventually(
-        &stack,
-        "cluster2's agent redeployed autonomous and connected",
-        || async {
-            let d = agent
-                .get(testenv::stack::AGENT)
+    for m in &memory {
+        eprintln!(
+            "{:<9} {:<45} {:<15} peak {:>4} MiB of its {:>4} MiB limit",
+            m.cluster,
+            m.pod,
+            m.container,
+            m.memory.peak >> 20,
+            m.memory.limit >> 20
+        );
+        assert!(m.memory.peak > 0 && m.memory.peak < m.memory.limit, "{m:?}");
+    }
+    let pods = stack.pods().await.unwrap();
+    assert!(
+        pods.values().all(|p| p.ready && p.restarts == 0),
+        "{pods:?}"
+    );
+    for (cluster, _) in stack.cluster_nodes() {
+        eprintln!(
+            "--- {}:\n{}",
+            cluster.name(),
+            testenv::stack::kubectl(cluster, &["get", "pods", "-A", "-o", "wide"])
                 .await
-                .map_err(|e| e.to_string())?;
-            let args = d
-                .spec
-                .and_then(|s| s.template.spec)
-                .and_then(|s| s.containers.first().cloned())
-                .and_then(|c| c.args)
-                .unwrap_or_default();
-            let pods = stack.pods();
-            if args.iter().any(|a| a == "--mode=autonomous")
-                && pods.get("cluster2").is_some_and(|p| p.ready)
-            {
-                Ok(())
-            } else {
-                Err(format!("{args:?} {pods:?}"))
-            }
-        },
-    )
-    .await;
-    // An Application the cluster keeps itself shows up on the hub as a
-    // read-only mirror, with the status its Argo CD reports.
-    stack
-        .apply_on(
-            stack.cluster("cluster2"),
-            &example("autonomous/application.yaml"),
-        )
-        .await
-        .unwrap();
-    let mirrors = Api::<DynamicObject>::namespaced_with(
-        hub_client.clone(),
-        "cluster2",
-        &application_resource(),
-    );
-    eventually(
-        &stack,
-        "the mirror of cluster2's own Application on the hub",
-        || async {
-            let m = get(&mirrors, "guestbook-local").await?;
-            let ok = at(
-                &m,
-                &format!("/metadata/labels/{}", keys::MIRROR_OF.replace('/', "~1")),
-            ) == "cluster2"
-                && at(&m, "/status/sync/status") == "Synced"
-                && at(&m, "/status/health/status") == "Healthy";
-            if ok {
-                Ok(())
-            } else {
-                Err(format!("{} {}", m["metadata"]["labels"], m["status"]))
-            }
-        },
-    )
-    .await;
+                .unwrap()
+        );
+    }
 
     // Nothing in argocd-pull's logs says it failed to write.
     for (name, log) in stack.logs() {

@@ -131,35 +131,24 @@ async fn the_hub_controller_runs_as_a_pod_of_deploy_hub_on_a_real_kubelet() {
     );
 
     // Its memory as the kernel counts it, next to the Deployment's limit.
-    let pod: serde_json::Value = serde_json::from_str(&kubectl(
-        hub.kubeconfig(),
-        &["-n", "argocd-pull", "get", "pods", "-o", "json"],
-    ))
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+        hub.client().await.unwrap(),
+        "argocd-pull",
+    )
+    .list(&Default::default())
+    .await
     .unwrap();
-    let pod = pod["items"]
-        .as_array()
-        .unwrap()
+    let pod = pods
+        .items
         .iter()
-        .find(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+        .find(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.ready))
+        })
         .unwrap();
-    let cgroup = node.memory_cgroup(
-        &pod["status"]["qosClass"].as_str().unwrap().to_lowercase(),
-        pod["metadata"]["uid"].as_str().unwrap(),
-        pod["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .unwrap(),
-    );
-    let read = |f: &str| -> u64 {
-        std::fs::read_to_string(cgroup.join(f))
-            .unwrap_or_else(|e| panic!("{}: {e}", cgroup.join(f).display()))
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let (peak, limit) = (
-        read("memory.max_usage_in_bytes"),
-        read("memory.limit_in_bytes"),
-    );
+    let testenv::node::Memory { peak, limit } = node.memory(pod, "hub-controller").unwrap();
     eprintln!(
         "hub-controller container: peak memory {} MiB of its {} MiB limit",
         peak >> 20,

@@ -71,6 +71,21 @@ pub async fn run(dir: PathBuf, git_port: u16, timeout: Duration) -> Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 
+    // argocd-pull's own pods, from the built images, on each cluster's node.
+    for (cluster, _) in stack.cluster_nodes() {
+        let namespace = if cluster.name() == stack::HUB {
+            stack::HUB_NAMESPACE
+        } else {
+            stack::AGENT_NAMESPACE
+        };
+        println!(
+            "\n$ kubectl --kubeconfig {}.kubeconfig -n {namespace} get pods -o wide\n{}",
+            cluster.name(),
+            stack::kubectl(cluster, &["-n", namespace, "get", "pods", "-o", "wide"])
+                .await?
+                .trim_end()
+        );
+    }
     let hints = hints(&dir, &kubeconfigs, &stack);
     println!("\n{hints}");
     std::fs::write(dir.join("ready"), &hints)?;
@@ -119,12 +134,14 @@ fn hints(dir: &Path, kubeconfigs: &[(String, PathBuf)], stack: &Stack) -> String
     let logs: Vec<String> = stack
         .logs()
         .iter()
-        .map(|(name, log)| format!("  {name:<9} {}", log.display()))
+        .map(|(name, log)| format!("  {name}\n    {}", log.display()))
         .collect();
     format!(
         "The example converged: both clusters run the guestbook, and the hub shows their status.
 
 Look around:
+  {hub} -n argocd-pull get pods -o wide            # the hub-controller, from its image, on the hub's node
+  {k1} -n argocd-pull-agent get pods -o wide      # the spoke-agent OCM deployed
   {hub} -n argocd get applicationsets,applications
   {hub} get managedclusters,managedclusteraddons -A
   {hub} -n {c2} get manifestworks          # {c2}'s Application travels in a ManifestWork
@@ -143,7 +160,7 @@ Break something on purpose (an Application for a cluster OCM does not know):
   (the other Applications carry on; delete it with: {hub} delete -f example/mistakes/unknown-cluster.yaml)
 
 The status table again:  make demo-status
-Logs of argocd-pull:
+Logs of argocd-pull's containers (or: kubectl logs -n argocd-pull deploy/argocd-pull-hub-controller):
 {}
 Everything else (API servers, OCM, Argo CD) logs under {}
 Stop everything:  make demo-down  (or Ctrl-C while `make demo` runs)

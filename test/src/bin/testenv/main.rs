@@ -80,9 +80,9 @@ enum Cmd {
     /// API server on the machine's loopback (testenv::node).
     Relay {
         #[arg(long)]
-        listen: testenv::node::Endpoint,
+        listen: testenv::relay::Endpoint,
         #[arg(long)]
-        to: testenv::node::Endpoint,
+        to: testenv::relay::Endpoint,
     },
     /// Stop the clusters of a running `testenv up` in --dir.
     Down {
@@ -122,7 +122,7 @@ async fn main() -> Result<()> {
         Cmd::Down { timeout } => down(dir, timeout).await,
         Cmd::Demo { git_port, timeout } => demo::run(dir, git_port, timeout).await,
         Cmd::Status { namespace } => demo::status(dir, &namespace).await,
-        Cmd::Relay { listen, to } => Ok(testenv::node::relay(listen, to).await?),
+        Cmd::Relay { listen, to } => Ok(testenv::relay::relay(listen, to).await?),
     }
 }
 
