@@ -9,20 +9,32 @@
 //! accept (names, namespaces, label and annotation keys and values), with
 //! a work name of at most 188 characters and no routing metadata in the
 //! copy; an autonomous spoke's Application becomes an inert mirror; the
-//! status merge never panics and yields an object.
+//! status merge never panics and yields an object; a status patch turns
+//! what a hub copy shows into what it should, and is sent only when they
+//! differ; the status written for a gRPC report carries exactly
+//! argocd-pull's condition, whatever the spoke's status holds; a sync's
+//! stamp settles in one write, whatever `.operation` holds, and the work
+//! carries the hub's operation as it is.
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
+use argocd_pull_hub_controller::render::operation::carried_operation;
 use argocd_pull_hub_controller::render::{delivered_copy, grpc, work};
 use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::route::decide::{Facts, Route, World, decide};
+use argocd_pull_hub_controller::status::condition::condition_of;
 use argocd_pull_hub_controller::status::feedback::{Feedback, status_update};
+use argocd_pull_hub_controller::status::observed::hub_status;
+use argocd_pull_hub_controller::status::patch::status_patch;
+use argocd_pull_hub_controller::transport::grpc::commands::{
+    self, Command, OPERATION_ID_INFO, completion_patch,
+};
 use argocd_pull_proto::v1::ObjectKey;
 use serde_json::{Map, Value, json};
 
 #[path = "../../proto/tests/support/property.rs"]
 mod property;
-use property::{Rng, k8s_label, k8s_name, k8s_namespace};
+use property::{Rng, apply_merge_patch, k8s_label, k8s_name, k8s_namespace};
 
 const CASES: usize = 2_000;
 
@@ -317,5 +329,151 @@ fn the_status_merge_never_panics_and_yields_an_object() {
             health_message: maybe(&mut r),
         };
         assert!(status_update(&current, &fb).is_object());
+    }
+}
+
+/// An arbitrary JSON object without nulls in objects (the API server keeps
+/// none: a merge patch's null removes the field).
+fn object(r: &mut Rng) -> Value {
+    fn strip(v: Value) -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.into_iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k, strip(v)))
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.into_iter().map(strip).collect()),
+            other => other,
+        }
+    }
+    match strip(r.json(3)) {
+        o @ Value::Object(_) => o,
+        Value::Null => json!({}),
+        other => json!({ "health": other }),
+    }
+}
+
+#[test]
+fn a_status_patch_turns_what_is_shown_into_what_is_wanted_and_only_when_they_differ() {
+    let mut r = Rng::new();
+    for case in 0..CASES {
+        let current = object(&mut r);
+        let wanted = if r.chance(4) {
+            current.clone()
+        } else {
+            object(&mut r)
+        };
+        match status_patch(&current, &wanted, None) {
+            None => assert_eq!(current, wanted, "case {case}: a difference left unwritten"),
+            Some(p) => {
+                assert_ne!(current, wanted, "case {case}: a no-op patch sent: {p}");
+                let written = apply_merge_patch(&json!({ "status": current }), &p);
+                assert_eq!(written, json!({ "status": wanted }), "case {case}: {p}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_status_of_a_report_carries_exactly_our_condition() {
+    let mut r = Rng::new();
+    for case in 0..CASES {
+        let current = object(&mut r);
+        let mut observed = object(&mut r);
+        if r.chance(3) {
+            // A hostile or confused spoke reporting a condition of our type.
+            observed["conditions"] = json!([{ "type": "PullDeliveryError", "message": r.text(10) },
+                                            { "type": r.text(8), "message": r.text(10) }]);
+        }
+        let observed = r.chance(4).then_some(observed);
+        let condition = r.chance(2).then(|| r.text(30));
+        let status = hub_status(&current, observed.as_ref(), condition.clone());
+        let what = format!("case {case}: {status}");
+        assert!(status.as_object().is_some_and(|m| !m.is_empty()), "{what}");
+        assert_eq!(condition_of(&status), condition.as_deref(), "{what}");
+    }
+}
+
+/// An arbitrary `.operation`, often with an argocd-pull stamp (right,
+/// stale or garbage) among other info entries.
+fn operation(r: &mut Rng) -> Value {
+    let mut op = object(r);
+    if r.chance(2) {
+        op["sync"] = json!({ "revision": r.text(8) });
+    }
+    if r.chance(2) {
+        let mut info = vec![json!({ "name": r.text(6), "value": r.text(6) })];
+        if r.chance(2) {
+            let value = match r.below(3) {
+                0 => r.text(20),
+                1 => format!("u.sync.1 {}", r.text(8)),
+                _ => String::new(),
+            };
+            info.push(json!({ "name": OPERATION_ID_INFO, "value": value }));
+        }
+        op["info"] = Value::Array(info);
+    }
+    op
+}
+
+#[test]
+fn a_sync_stamp_settles_in_one_write_whatever_the_operation_holds() {
+    let mut r = Rng::new();
+    for case in 0..CASES {
+        let op = operation(&mut r);
+        let app: Application = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": { "name": "a", "namespace": "t", "uid": "u", "resourceVersion": "5" },
+            "spec": {}, "operation": op,
+        }))
+        .unwrap();
+        let what = format!("case {case}: {op}");
+        let plan = commands::commands(&app, None);
+        let stamped = match plan.stamp {
+            Some(patch) => {
+                assert!(plan.ready.is_empty(), "{what}: sent before stamped");
+                let mut v = serde_json::to_value(&app).unwrap();
+                v = apply_merge_patch(&v, &patch);
+                v["metadata"]["resourceVersion"] = json!("6");
+                serde_json::from_value::<Application>(v).unwrap()
+            }
+            None => app.clone(),
+        };
+        let plan = commands::commands(&stamped, None);
+        assert_eq!(plan.stamp, None, "{what}: stamped twice");
+        let [(id, Command::Sync(sent))] = plan.ready.as_slice() else {
+            panic!("{what}: not exactly one sync ready: {:?}", plan.ready);
+        };
+        assert_eq!(Some(sent), stamped.data.get("operation"), "{what}");
+        assert_eq!(
+            argocd_pull_apis::keys::stamped_operation_id(sent),
+            Some(id.as_str()),
+            "{what}"
+        );
+        let done = completion_patch(&stamped, id, &Command::Sync(sent.clone())).unwrap();
+        assert_eq!(done["operation"], Value::Null, "{what}");
+    }
+}
+
+#[test]
+fn the_work_carries_the_hub_operation_as_it_is() {
+    let mut r = Rng::new();
+    for case in 0..CASES {
+        let op = r.chance(2).then(|| operation(&mut r));
+        let spoke = r.chance(2).then(|| r.text(20));
+        let carried = carried_operation(op.as_ref(), None, spoke.as_deref());
+        match (&op, carried) {
+            (Some(op), Some(c)) => {
+                assert_eq!(&c.operation, op, "case {case}");
+                assert_eq!(
+                    c.previous_started_at,
+                    spoke.unwrap_or_default(),
+                    "case {case}"
+                );
+            }
+            (None, None) => {}
+            (op, c) => panic!("case {case}: {op:?} carried as {c:?}"),
+        }
     }
 }

@@ -21,13 +21,13 @@ use argocd_pull_proto::v1::{
 };
 use argocd_pull_proto::{content, limits, owner, validate, version};
 use prost::Message;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 const CASES: usize = 2_000;
 
 #[path = "support/property.rs"]
 mod property;
-use property::{Rng, k8s_name, k8s_namespace};
+use property::{Rng, apply_merge_patch, k8s_name, k8s_namespace};
 
 /// The wire contract's own generators.
 trait WireRng {
@@ -279,28 +279,6 @@ fn reorder(r: &mut Rng, v: &Value) -> Value {
             Value::Object(items.into_iter().collect())
         }
         Value::Array(a) => Value::Array(a.iter().map(|v| reorder(r, v)).collect()),
-        other => other.clone(),
-    }
-}
-
-/// RFC 7386.
-fn apply_merge_patch(target: &Value, patch: &Value) -> Value {
-    match patch {
-        Value::Object(p) => {
-            let mut out = match target {
-                Value::Object(t) => t.clone(),
-                _ => Map::new(),
-            };
-            for (k, v) in p {
-                if v.is_null() {
-                    out.remove(k);
-                } else {
-                    let merged = apply_merge_patch(out.get(k).unwrap_or(&Value::Null), v);
-                    out.insert(k.clone(), merged);
-                }
-            }
-            Value::Object(out)
-        }
         other => other.clone(),
     }
 }

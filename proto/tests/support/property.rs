@@ -117,3 +117,25 @@ pub fn k8s_namespace(s: &str) -> bool {
 pub fn k8s_name(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(k8s_label)
 }
+
+/// RFC 7386.
+pub fn apply_merge_patch(target: &Value, patch: &Value) -> Value {
+    match patch {
+        Value::Object(p) => {
+            let mut out = match target {
+                Value::Object(t) => t.clone(),
+                _ => Map::new(),
+            };
+            for (k, v) in p {
+                if v.is_null() {
+                    out.remove(k);
+                } else {
+                    let merged = apply_merge_patch(out.get(k).unwrap_or(&Value::Null), v);
+                    out.insert(k.clone(), merged);
+                }
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
