@@ -27,7 +27,7 @@ use argocd_pull_hub_controller::status::feedback::{Feedback, status_update};
 use argocd_pull_hub_controller::status::observed::hub_status;
 use argocd_pull_hub_controller::status::patch::status_patch;
 use argocd_pull_hub_controller::transport::grpc::commands::{
-    self, Command, OPERATION_ID_INFO, completion_patch,
+    self, Command, InFlight, OPERATION_ID_INFO, completion_patch,
 };
 use argocd_pull_proto::v1::ObjectKey;
 use serde_json::{Map, Value, json};
@@ -429,7 +429,12 @@ fn a_sync_stamp_settles_in_one_write_whatever_the_operation_holds() {
         }))
         .unwrap();
         let what = format!("case {case}: {op}");
-        let plan = commands::commands(&app, None);
+        let in_flight = InFlight {
+            sync: r.chance(2).then_some("u.sync.3"),
+            refresh: None,
+        };
+        let plan = commands::commands(&app, in_flight);
+        let restamped = plan.stamp.is_some();
         let stamped = match plan.stamp {
             Some(patch) => {
                 assert!(plan.ready.is_empty(), "{what}: sent before stamped");
@@ -440,12 +445,18 @@ fn a_sync_stamp_settles_in_one_write_whatever_the_operation_holds() {
             }
             None => app.clone(),
         };
-        let plan = commands::commands(&stamped, None);
+        let plan = commands::commands(&stamped, in_flight);
         assert_eq!(plan.stamp, None, "{what}: stamped twice");
         let [(id, Command::Sync(sent))] = plan.ready.as_slice() else {
             panic!("{what}: not exactly one sync ready: {:?}", plan.ready);
         };
         assert_eq!(Some(sent), stamped.data.get("operation"), "{what}");
+        if restamped && let Some(running) = in_flight.sync {
+            assert_eq!(
+                id, running,
+                "{what}: set again while a sync runs, yet a new sync"
+            );
+        }
         assert_eq!(
             argocd_pull_apis::keys::stamped_operation_id(sent),
             Some(id.as_str()),

@@ -57,12 +57,24 @@ fn split_operation(op: &Value) -> (Value, Option<String>) {
     (bare, stamp)
 }
 
+/// The commands already in flight for one Application (sent, not yet
+/// taken off the hub copy).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InFlight<'a> {
+    pub sync: Option<&'a str>,
+    pub refresh: Option<&'a str>,
+}
+
 /// Reads the commands of `app`. A sync's id is `<uid>.sync.<resourceVersion>`
 /// of the version it was first seen in: unique, never reused, kept in the
-/// operation. A refresh is idempotent and carries no stamp: its id is
-/// `refresh_id` (the one already in flight for this Application) or a new
+/// operation. An operation set again while a sync is in flight (an
+/// ApplicationSet's RollingSync does so on every pass, dropping our stamp)
+/// is that same sync: it is stamped with its id, as Argo CD folds an
+/// operation set while another runs into the running one. A refresh is
+/// idempotent and carries no stamp: its id is the one in flight or a new
 /// `<uid>.refresh.<resourceVersion>`; a restarted hub may refresh once more.
-pub fn commands(app: &Application, refresh_id: Option<&str>) -> CommandPlan {
+pub fn commands(app: &Application, in_flight: InFlight<'_>) -> CommandPlan {
+    let refresh_id = in_flight.refresh;
     let mut plan = CommandPlan::default();
     let uid = app.metadata.uid.clone().unwrap_or_default();
     let rv = app.resource_version().unwrap_or_default();
@@ -80,9 +92,13 @@ pub fn commands(app: &Application, refresh_id: Option<&str>) -> CommandPlan {
                     .and_then(Value::as_array)
                     .cloned()
                     .unwrap_or_default();
+                let id = in_flight
+                    .sync
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("{uid}.sync.{rv}"));
                 info.push(json!({
                     "name": OPERATION_ID_INFO,
-                    "value": format!("{uid}.sync.{rv} {hash}"),
+                    "value": format!("{id} {hash}"),
                 }));
                 plan.stamp = Some(json!({
                     "metadata": { "resourceVersion": rv },
@@ -181,7 +197,7 @@ mod tests {
         let op =
             json!({ "sync": { "revision": "abc" }, "info": [{ "name": "why", "value": "test" }] });
         let fresh = app(json!({ "operation": op }));
-        let plan = commands(&fresh, None);
+        let plan = commands(&fresh, InFlight::default());
         assert!(plan.ready.is_empty());
         let stamp = plan.stamp.unwrap();
         assert_eq!(stamp["metadata"]["resourceVersion"], "7");
@@ -201,7 +217,7 @@ mod tests {
         stamped_op["info"] = json!(info);
         let stamped = app(json!({ "operation": stamped_op,
             "metadata": { "resourceVersion": "8", "annotations": { "rewritten": "by-appset" } } }));
-        let plan = commands(&stamped, None);
+        let plan = commands(&stamped, InFlight::default());
         assert_eq!(plan.stamp, None);
         assert_eq!(
             plan.ready,
@@ -220,7 +236,7 @@ mod tests {
         // The operation changed under the stamp: stamped anew.
         let mut changed = stamped_op.clone();
         changed["sync"]["revision"] = json!("def");
-        let plan = commands(&app(json!({ "operation": changed })), None);
+        let plan = commands(&app(json!({ "operation": changed })), InFlight::default());
         assert!(plan.ready.is_empty());
         let info = plan.stamp.unwrap()["operation"]["info"].clone();
         assert_eq!(
@@ -229,10 +245,37 @@ mod tests {
             "the old stamp replaced, not added: {info}"
         );
 
+        // Set again while that sync is in flight, without our stamp (an
+        // ApplicationSet's pass): the same sync, stamped with its id.
+        let rewritten = app(json!({ "operation": op, "metadata": { "resourceVersion": "9" } }));
+        let in_flight = InFlight {
+            sync: Some("u-1.sync.7"),
+            ..Default::default()
+        };
+        let plan = commands(&rewritten, in_flight);
+        let info = plan.stamp.unwrap()["operation"]["info"].clone();
+        assert!(
+            info[1]["value"]
+                .as_str()
+                .unwrap()
+                .starts_with("u-1.sync.7 "),
+            "{info}"
+        );
+        // Nothing in flight: a new sync, with a new id.
+        let plan = commands(&rewritten, InFlight::default());
+        let info = plan.stamp.unwrap()["operation"]["info"].clone();
+        assert!(
+            info[1]["value"]
+                .as_str()
+                .unwrap()
+                .starts_with("u-1.sync.9 "),
+            "{info}"
+        );
+
         // A stamp of an older release (an annotation) is cleaned up first.
         let leftover = app(json!({ "metadata": { "annotations": { keys::SYNC_REQUEST: "x y" } } }));
         assert_eq!(
-            commands(&leftover, None).stamp,
+            commands(&leftover, InFlight::default()).stamp,
             Some(json!({ "metadata": { "resourceVersion": "7",
                 "annotations": { keys::SYNC_REQUEST: null } } }))
         );
@@ -263,7 +306,7 @@ mod tests {
     #[test]
     fn a_refresh_keeps_the_id_in_flight_and_is_removed_when_done() {
         let a = app(json!({ "metadata": { "annotations": { keys::REFRESH: "hard" } } }));
-        let plan = commands(&a, None);
+        let plan = commands(&a, InFlight::default());
         assert_eq!(plan.stamp, None);
         assert_eq!(
             plan.ready,
@@ -272,13 +315,23 @@ mod tests {
                 Command::Refresh(RefreshKind::Hard)
             )]
         );
-        let later = commands(&a, Some("u-1.refresh.3"));
+        let later = commands(
+            &a,
+            InFlight {
+                refresh: Some("u-1.refresh.3"),
+                ..Default::default()
+            },
+        );
         assert_eq!(later.ready[0].0, "u-1.refresh.3");
         assert_eq!(
             completion_patch(&a, "u-1.refresh.3", &Command::Refresh(RefreshKind::Hard)),
             Some(json!({ "metadata": { "resourceVersion": "7",
                 "annotations": { keys::REFRESH: null } } }))
         );
-        assert!(commands(&app(json!({})), None).ready.is_empty());
+        assert!(
+            commands(&app(json!({})), InFlight::default())
+                .ready
+                .is_empty()
+        );
     }
 }

@@ -241,16 +241,28 @@ impl Hub {
         cs: &ClusterState,
         key: &ObjectKey,
     ) -> Result<(), kube::Error> {
-        let refresh_id = cs
-            .lock()
-            .ops
-            .iter()
-            .find(|(_, op)| {
-                op.owner == owner
-                    && matches!(op.request.kind, Some(operation_request::Kind::Refresh(_)))
-            })
-            .map(|(id, _)| id.clone());
-        let plan = commands::commands(app, refresh_id.as_deref());
+        let in_flight = |sync: bool| {
+            cs.lock()
+                .ops
+                .iter()
+                .find(|(_, op)| {
+                    op.owner == owner
+                        && match op.request.kind {
+                            Some(operation_request::Kind::Sync(_)) => sync,
+                            Some(operation_request::Kind::Refresh(_)) => !sync,
+                            _ => false,
+                        }
+                })
+                .map(|(id, _)| id.clone())
+        };
+        let (sync_id, refresh_id) = (in_flight(true), in_flight(false));
+        let plan = commands::commands(
+            app,
+            commands::InFlight {
+                sync: sync_id.as_deref(),
+                refresh: refresh_id.as_deref(),
+            },
+        );
         if let Some(patch) = plan.stamp {
             // Our own write brings the Application back here.
             self.writer.patch(app, COMMAND_MANAGER, &patch).await?;
