@@ -229,7 +229,7 @@ async fn a_denied_or_expired_certificate_is_refused_on_every_stream() {
 
 /// Revocation driven by the hub's own watches: the ManagedCluster deleted,
 /// then the addon disabled; each cuts the agent off and refuses it until the
-/// object is back.
+/// object is back, also by a hub restarted while the cluster was away.
 #[tokio::test]
 async fn a_cluster_that_leaves_ocm_or_disables_the_addon_is_cut_off_until_back() {
     let mut env = Env::new(&["cluster1"]).await;
@@ -285,6 +285,24 @@ async fn a_cluster_that_leaves_ocm_or_disables_the_addon_is_cut_off_until_back()
         }
         connected(&env, true).await;
     }
+
+    // A hub restarted after the cluster left knows it from its watches,
+    // not from having seen it leave.
+    Api::<ManagedCluster>::all(env.hub_client.clone())
+        .delete("cluster1", &Default::default())
+        .await
+        .unwrap();
+    connected(&env, false).await;
+    env.kill_hub().await;
+    env.start_hub(&[]).await;
+    let status = refused(grpc_client::open(&env.hub_address(), &ca, &identity, hello(1, 1)).await);
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "cluster cluster1 may not connect to this hub: there is no ManagedCluster of that name on this hub"
+    );
+    common::managed_cluster(&env.hub, "cluster1").await;
+    connected(&env, true).await;
 }
 
 #[tokio::test]

@@ -306,16 +306,25 @@ async fn the_pull_model_end_to_end() {
         !synced1.is_empty() && !synced2.is_empty(),
         "a sync on each cluster: {synced1:?} / {synced2:?}"
     );
+    // What to look at when the order is wrong: both sides of each
+    // Application and the ApplicationSet's own account.
+    let account = format!(
+        "\nApplicationSet steps: {steps:#?}\ncluster1's Application: {}\ncluster2's Application: {}\nhub copies: {} / {}",
+        spoke1["status"],
+        spoke2["status"],
+        get(&hub, rollout1).await.unwrap_or_default()["status"],
+        get(&hub, rollout2).await.unwrap_or_default()["status"],
+    );
     for sync in &synced1 {
         assert!(
             time(sync, "/deployStartedAt") <= healthy1,
-            "cluster1 was seen Healthy at {healthy1:?}, before its sync started: {sync}"
+            "cluster1 was seen Healthy at {healthy1:?}, before its sync started: {sync}{account}"
         );
     }
     for sync in &synced2 {
         assert!(
             time(sync, "/deployStartedAt") >= healthy1,
-            "cluster2's sync started before the ApplicationSet saw cluster1 Healthy at {healthy1:?}: {sync}"
+            "cluster2's sync started before the ApplicationSet saw cluster1 Healthy at {healthy1:?}: {sync}{account}"
         );
     }
     // The hub copy shows the start of the sync cluster2 really ran.

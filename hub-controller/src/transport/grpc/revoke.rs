@@ -176,8 +176,28 @@ impl Hub {
                 &note,
             ));
         }
-        if let Some(why) = self.cluster(&peer.cluster).revoked() {
+        let cs = self.cluster(&peer.cluster);
+        if let Some(why) = cs.revoked() {
             return Err(Refusal::revoked(&peer.cluster, &why));
+        }
+        // From the watches, not only from what this process saw happen: a
+        // hub restarted after a cluster left OCM (or its addon was disabled)
+        // refuses it too. While its agent still has releases to acknowledge
+        // (the addon just disabled, see `revoke_once_released`) it may come
+        // back for them.
+        if self.caches.is_synced() {
+            if !self.caches.cluster_exists(&peer.cluster) {
+                return Err(Refusal::revoked(
+                    &peer.cluster,
+                    "there is no ManagedCluster of that name on this hub",
+                ));
+            }
+            if !self.caches.addon_enabled(&peer.cluster) && cs.lag().1 == 0 {
+                return Err(Refusal::revoked(
+                    &peer.cluster,
+                    "the argocd-pull addon is not enabled for it (no ManagedClusterAddOn argocd-pull in its namespace)",
+                ));
+            }
         }
         Ok(())
     }
