@@ -41,14 +41,25 @@ pub struct ClientArgs {
         default_value_t = 800
     )]
     pub burst: u32,
-    /// Requests (watches aside) waiting for the API server at once; 0 for
-    /// no limit.
+    /// Writes (create, update, patch, delete) waiting for the API server at
+    /// once, at most; 0 for no cap. Reads pass only the `--api-qps` bucket. The cap adapts between this and
+    /// `--api-min-in-flight`: it grows while the server answers writes about
+    /// as fast as when idle and shrinks when their latency climbs (other
+    /// clients are loading it).
     #[arg(
         long = "api-max-in-flight",
         env = "ARGOCD_PULL_API_MAX_IN_FLIGHT",
-        default_value_t = 16
+        default_value_t = 32
     )]
     pub max_in_flight: usize,
+    /// What the cap on requests in flight may shrink to while the API
+    /// server is busy; set it to `--api-max-in-flight` for a fixed cap.
+    #[arg(
+        long = "api-min-in-flight",
+        env = "ARGOCD_PULL_API_MIN_IN_FLIGHT",
+        default_value_t = 2
+    )]
+    pub min_in_flight: usize,
 }
 
 impl ClientArgs {
@@ -58,6 +69,7 @@ impl ClientArgs {
             qps: self.qps,
             burst: self.burst,
             max_in_flight: self.max_in_flight,
+            min_in_flight: self.min_in_flight,
         }
     }
 

@@ -1,14 +1,18 @@
 //! Client-side limits on the API traffic of one process, so that it stays
 //! a good neighbour on a shared API server (Argo CD, OCM and everyone's
 //! kubectl use the hub's too): a token bucket for the request rate, a cap
-//! on requests in flight, and a pause for everyone when the server answers
-//! 429 with `Retry-After`. Watches are long-running and exempt.
+//! on requests in flight that adapts to the server's latency (see
+//! [`super::adapt`]), and a pause for everyone when the server answers 429
+//! with `Retry-After`. Watches are long-running and exempt.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, SemaphorePermit};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use super::adapt::Window;
 
 /// The limits, as the flags give them; `0` turns a limit off.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -17,8 +21,12 @@ pub struct Limits {
     pub qps: f64,
     /// Requests that may go at once after a quiet spell.
     pub burst: u32,
-    /// Requests (other than watches) waiting for their response at once.
+    /// Requests (other than watches) waiting for their response at once,
+    /// at most; `0` for no cap.
     pub max_in_flight: usize,
+    /// What the cap may shrink to while the API server is queueing; equal
+    /// to `max_in_flight` for a fixed cap.
+    pub min_in_flight: usize,
 }
 
 impl Limits {
@@ -26,6 +34,7 @@ impl Limits {
         qps: 0.0,
         burst: 0,
         max_in_flight: 0,
+        min_in_flight: 0,
     };
 }
 
@@ -69,24 +78,78 @@ impl Bucket {
 /// The limits in force for one client.
 pub struct Limiter {
     bucket: Option<Mutex<Bucket>>,
-    in_flight: Option<Semaphore>,
+    gate: Option<Gate>,
     /// No request starts before this instant (set by a 429's Retry-After).
     paused_until: Mutex<Option<Instant>>,
 }
 
+/// The adaptive cap: requests out now, and the window that sets the cap.
+struct Gate {
+    state: Mutex<(usize, Window)>,
+    freed: Notify,
+    /// The cap, for the `api_in_flight_limit` gauge.
+    gauge: Gauge,
+}
+
+/// A request admitted under the cap; dropping it frees its place. Pass
+/// the answer's latency to [`Permit::answered`] first when it counts as a
+/// sample of the server's latency.
+pub struct Permit<'a> {
+    gate: Option<&'a Gate>,
+    sent: Instant,
+}
+
+impl Permit<'_> {
+    /// The answer came; its latency feeds the cap.
+    pub fn answered(&self) {
+        if let Some(gate) = self.gate {
+            let now = Instant::now();
+            let mut s = gate.state.lock().expect("never poisoned");
+            let in_flight = s.0;
+            s.1.answered(now.saturating_duration_since(self.sent), in_flight, now);
+            gate.gauge.set(s.1.limit() as i64);
+        }
+        // More room may have opened.
+        if let Some(gate) = self.gate {
+            gate.freed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if let Some(gate) = self.gate {
+            gate.state.lock().expect("never poisoned").0 -= 1;
+            gate.freed.notify_one();
+        }
+    }
+}
+
 impl Limiter {
-    pub fn new(limits: Limits) -> Self {
+    pub fn new(limits: Limits, gauge: Gauge) -> Self {
+        let gate = (limits.max_in_flight > 0).then(|| {
+            let w = Window::new(limits.min_in_flight, limits.max_in_flight, Instant::now());
+            gauge.set(w.limit() as i64);
+            Gate {
+                state: Mutex::new((0, w)),
+                freed: Notify::new(),
+                gauge,
+            }
+        });
         Self {
             bucket: (limits.qps > 0.0)
                 .then(|| Mutex::new(Bucket::new(limits.qps, limits.burst, Instant::now()))),
-            in_flight: (limits.max_in_flight > 0).then(|| Semaphore::new(limits.max_in_flight)),
+            gate,
             paused_until: Mutex::new(None),
         }
     }
 
     /// Waits until a request may start; the permit is held until its
-    /// response arrives.
-    pub async fn admit(&self) -> Option<SemaphorePermit<'_>> {
+    /// response arrives. Only `capped` requests (writes: short, and what
+    /// crowds a server) count against the cap on requests in flight; a
+    /// read may take long (a large LIST), and a few of them holding a cap
+    /// shrunk to its floor stopped every write, shutdown's included.
+    pub async fn admit(&self, capped: bool) -> Permit<'_> {
         let pause = *self.paused_until.lock().expect("never poisoned");
         if let Some(until) = pause {
             tokio::time::sleep_until(until).await;
@@ -97,9 +160,27 @@ impl Limiter {
                 tokio::time::sleep(wait).await;
             }
         }
-        match &self.in_flight {
-            Some(s) => s.acquire().await.ok(),
-            None => None,
+        let gate = self.gate.as_ref().filter(|_| capped);
+        if let Some(gate) = gate {
+            loop {
+                let freed = gate.freed.notified();
+                tokio::pin!(freed);
+                // Registered before the check, so a place freed in between
+                // is not missed.
+                freed.as_mut().enable();
+                {
+                    let mut s = gate.state.lock().expect("never poisoned");
+                    if s.0 < s.1.limit() {
+                        s.0 += 1;
+                        break;
+                    }
+                }
+                freed.await;
+            }
+        }
+        Permit {
+            gate,
+            sent: Instant::now(),
         }
     }
 
@@ -154,21 +235,24 @@ mod tests {
 
     #[tokio::test]
     async fn requests_in_flight_are_capped() {
-        let l = Limiter::new(Limits {
-            qps: 0.0,
-            burst: 0,
-            max_in_flight: 2,
-        });
-        let a = l.admit().await;
-        let b = l.admit().await;
-        assert!(a.is_some() && b.is_some());
-        let third = tokio::time::timeout(Duration::from_millis(50), l.admit()).await;
+        let l = Limiter::new(
+            Limits {
+                qps: 0.0,
+                burst: 0,
+                max_in_flight: 2,
+                min_in_flight: 2,
+            },
+            Gauge::default(),
+        );
+        let a = l.admit(true).await;
+        let _b = l.admit(true).await;
+        let third = tokio::time::timeout(Duration::from_millis(50), l.admit(true)).await;
         assert!(
             third.is_err(),
             "a third request waits while two are in flight"
         );
         drop(a);
-        let third = tokio::time::timeout(Duration::from_secs(5), l.admit()).await;
+        let third = tokio::time::timeout(Duration::from_secs(5), l.admit(true)).await;
         assert!(third.is_ok(), "and goes once one is answered");
     }
 }

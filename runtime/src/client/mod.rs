@@ -4,6 +4,7 @@
 //! client-side [`limit`]s. A storm of requests then shows on a dashboard,
 //! and one process cannot crowd the other clients of its API server.
 
+pub mod adapt;
 pub mod classify;
 pub mod limit;
 
@@ -17,6 +18,7 @@ use kube::client::Body;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tower::buffer::Buffer;
 use tower::{BoxError, Layer, Service};
@@ -36,6 +38,8 @@ pub struct RequestLabels {
 #[derive(Clone, Default)]
 pub struct ApiMetrics {
     pub requests: Family<RequestLabels, Counter>,
+    /// The adaptive cap on requests in flight, as it stands.
+    pub in_flight_limit: Gauge,
 }
 
 impl ApiMetrics {
@@ -45,6 +49,11 @@ impl ApiMetrics {
             "api_requests",
             "Requests to the Kubernetes API server, by verb, resource and response code",
             m.requests.clone(),
+        );
+        registry.register(
+            "api_in_flight_limit",
+            "Writes to the API server that may be in flight now: the adaptive cap between --api-min-in-flight and --api-max-in-flight",
+            m.in_flight_limit.clone(),
         );
         m
     }
@@ -60,8 +69,8 @@ pub struct ApiLayer {
 impl ApiLayer {
     pub fn new(metrics: ApiMetrics, limits: Limits) -> Self {
         Self {
-            metrics,
-            limiter: Arc::new(Limiter::new(limits)),
+            metrics: metrics.clone(),
+            limiter: Arc::new(Limiter::new(limits, metrics.in_flight_limit.clone())),
         }
     }
 }
@@ -127,8 +136,9 @@ where
             let mut request = request;
             let mut retried = false;
             loop {
+                let write = matches!(verb, "create" | "update" | "patch" | "delete");
                 let permit = if limited {
-                    layer.limiter.admit().await
+                    Some(layer.limiter.admit(write).await)
                 } else {
                     None
                 };
@@ -138,6 +148,11 @@ where
                     .await?
                     .call(request)
                     .await;
+                // Writes are the samples of the server's latency: a LIST's
+                // time grows with what it returns, not with the queue.
+                if let (Some(p), Ok(_), true) = (&permit, &result, write) {
+                    p.answered();
+                }
                 drop(permit);
                 let code = match &result {
                     Ok(r) => r.status().as_u16().to_string(),
