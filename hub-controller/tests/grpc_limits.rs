@@ -176,6 +176,9 @@ async fn a_denied_or_expired_certificate_is_refused_on_every_stream() {
 
     // A certificate valid for a few seconds more opens a connection and a
     // stream; the hub ends the stream when it expires...
+    // A cluster of this hub (the hub refuses certificates of others).
+    common::managed_cluster(&env.hub, "cluster7").await;
+    grpc_env::enable_addon(&env.hub_client, "cluster7").await;
     let subject = agent_subject("cluster7");
     let short = env
         .ca
@@ -376,6 +379,8 @@ async fn abusive_clients_are_held_to_the_limits() {
     // 3. A client that sends status reports as fast as it can and reads
     //    nothing: the hub's queue for it fills to its bound and no further,
     //    then the hub stops reading and, after three heartbeats, ends it.
+    common::managed_cluster(&env.hub, "cluster5").await;
+    grpc_env::enable_addon(&env.hub_client, "cluster5").await;
     let flooder = env.ca.client(&agent_subject("cluster5"), None).unwrap();
     let channel = grpc_client::channel(
         &env.hub_address(),
