@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use argocd_pull_proto::v1::{
-    AckOutcome, AgentMessage, Heartbeat, ObjectKey, agent_message, hub_message,
+    AckOutcome, AgentMessage, Heartbeat, ObjectAck, ObjectKey, agent_message, hub_message,
 };
 use argocd_pull_spoke_agent::Mode;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -108,8 +108,19 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
         }
         other => panic!("{other:?}"),
     }
-    // A report that is not JSON is refused the same way.
-    tx.send(report(alpha.clone(), 2, b"{nope".to_vec()))
+    // A report that is not JSON is refused the same way (one of an
+    // Application the hub does deliver to cluster2: others are refused
+    // unread, above).
+    env.hub_apps()
+        .create(&PostParams::default(), &env.app("beta", 1, json!({})))
+        .await
+        .unwrap();
+    let beta = ObjectKey {
+        namespace: SPOKE_NS.into(),
+        name: "beta".into(),
+    };
+    take(&tx, &mut inbound, &beta, false).await;
+    tx.send(report(beta.clone(), 2, b"{nope".to_vec()))
         .await
         .unwrap();
     match next(&mut inbound).await.unwrap().kind {
@@ -119,6 +130,12 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
         }
         other => panic!("{other:?}"),
     }
+    // beta goes again (the rest is about alpha): its delete taken.
+    env.hub_apps()
+        .delete("beta", &Default::default())
+        .await
+        .unwrap();
+    take(&tx, &mut inbound, &beta, true).await;
     // A message breaking the contract ends the stream, naming the field.
     tx.send(report(alpha.clone(), 0, b"{}".to_vec()))
         .await
@@ -194,5 +211,39 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
             .find_map(|l| l.strip_prefix(&series)?.parse().ok())
             .unwrap_or(0.0);
         assert!(count >= 1.0, "{series} missing in {metrics}");
+    }
+}
+
+/// Waits for the hub's upsert (or delete) of `key` and acknowledges it, as
+/// an agent would, so that it is not sent again.
+async fn take(
+    tx: &tokio::sync::mpsc::Sender<AgentMessage>,
+    inbound: &mut tonic::Streaming<argocd_pull_proto::v1::HubMessage>,
+    key: &ObjectKey,
+    delete: bool,
+) {
+    loop {
+        let m = tokio::time::timeout(TIMEOUT, next(inbound))
+            .await
+            .expect("the hub to send it")
+            .unwrap();
+        let (k, seq) = match m.kind {
+            Some(hub_message::Kind::Upsert(u)) if !delete => (u.key, u.seq),
+            Some(hub_message::Kind::Delete(d)) if delete => (d.key, d.seq),
+            _ => continue,
+        };
+        if k.as_ref() == Some(key) {
+            tx.send(AgentMessage {
+                kind: Some(agent_message::Kind::ObjectAck(ObjectAck {
+                    key: k,
+                    seq,
+                    outcome: AckOutcome::Applied as i32,
+                    message: String::new(),
+                })),
+            })
+            .await
+            .unwrap();
+            return;
+        }
     }
 }

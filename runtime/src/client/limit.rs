@@ -59,18 +59,34 @@ impl Bucket {
         }
     }
 
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+        self.at = now;
+    }
+
     /// Takes a token; returns how long the caller must wait before using
     /// it (zero when one was there). Tokens taken ahead make later callers
     /// wait longer, so waiters are served in order.
     pub fn take(&mut self, now: Instant) -> Duration {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
-        self.at = now;
+        self.refill(now);
         self.tokens -= 1.0;
         if self.tokens >= 0.0 {
             Duration::ZERO
         } else {
             Duration::from_secs_f64(-self.tokens / self.qps)
+        }
+    }
+
+    /// Takes a token if one is there now; takes nothing otherwise (for a
+    /// caller that turns the work away rather than wait).
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
         }
     }
 }
@@ -222,6 +238,17 @@ mod tests {
             assert_eq!(b.take(later), Duration::ZERO);
         }
         assert!(b.take(later) > Duration::ZERO);
+    }
+
+    #[test]
+    fn try_take_turns_away_without_borrowing_ahead() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(10.0, 2, t0);
+        assert!(b.try_take(t0) && b.try_take(t0));
+        assert!(!b.try_take(t0));
+        assert!(!b.try_take(t0), "a refusal takes nothing, so it never owes");
+        assert!(b.try_take(t0 + Duration::from_millis(100)));
+        assert!(!b.try_take(t0 + Duration::from_millis(100)));
     }
 
     #[test]

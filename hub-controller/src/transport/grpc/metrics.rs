@@ -50,7 +50,8 @@ pub struct GrpcMetrics {
     pub control_queue: Family<ClusterLabel, Gauge>,
     pub handshakes_in_flight: Gauge,
     /// Connections closed before their TLS handshake because
-    /// `--grpc-max-handshakes` were already in flight.
+    /// `--grpc-max-handshakes` were already in flight or
+    /// `--grpc-max-handshake-rate` was reached.
     pub handshakes_dropped: Counter,
     pub connections_open: Gauge,
     pub connections_dropped: Counter,
@@ -114,7 +115,7 @@ impl GrpcMetrics {
         );
         r.register(
             "handshakes_dropped",
-            "Connections closed unanswered because --grpc-max-handshakes were under way",
+            "Connections closed unanswered because --grpc-max-handshakes were under way or --grpc-max-handshake-rate was reached",
             m.handshakes_dropped.clone(),
         );
         r.register(

@@ -124,6 +124,19 @@ pub struct LimitArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub max_handshakes: u32,
+    /// New TLS handshakes started per second (a burst of as many is let
+    /// through at once); a connection beyond the rate is closed before any
+    /// cryptography (counted in argocd_pull_hub_grpc_handshakes_dropped_total).
+    /// A flood of handshakes then costs the hub at most this many a second;
+    /// agents reconnecting together after a hub restart take
+    /// agents / rate seconds more.
+    #[arg(
+        long = "grpc-max-handshake-rate",
+        env = "ARGOCD_PULL_GRPC_MAX_HANDSHAKE_RATE",
+        default_value_t = 500,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_handshake_rate: u32,
     /// Client connections open at once, handshaking or past it (an agent
     /// holds one); a connection beyond them is closed at once (counted in
     /// argocd_pull_hub_grpc_connections_dropped_total). Keep it above the
@@ -211,6 +224,7 @@ impl LimitArgs {
         Limits {
             handshakes: tls::HandshakeLimits {
                 max_in_flight: self.max_handshakes as usize,
+                max_rate: self.max_handshake_rate,
                 timeout: self.handshake_timeout,
                 max_connections: self.max_connections as usize,
             },

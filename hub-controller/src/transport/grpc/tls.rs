@@ -5,9 +5,10 @@
 //! nobody vouched for never becomes a series). The serving certificate, its
 //! key and the client CA are read again when they change on disk, and a
 //! certificate is only ever used with its own key. At most
-//! `--grpc-max-handshakes` handshakes run at once and at most
+//! `--grpc-max-handshakes` handshakes run at once, at most
+//! `--grpc-max-handshake-rate` start per second and at most
 //! `--grpc-max-connections` connections are open; a connection beyond
-//! either is closed at once and counted.
+//! any is closed at once and counted.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use argocd_pull_runtime::client::limit::Bucket;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
@@ -51,6 +53,8 @@ const MISMATCH_RETRY: Duration = Duration::from_secs(1);
 pub struct HandshakeLimits {
     /// Handshakes under way at once; more connections are closed at once.
     pub max_in_flight: usize,
+    /// Handshakes started per second (and in a burst).
+    pub max_rate: u32,
     /// How long a client has to finish its handshake.
     pub timeout: Duration,
     /// Connections open at once (handshaking or past it); more are closed
@@ -281,9 +285,15 @@ pub fn incoming(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let permits = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut rate = Bucket::new(
+        f64::from(limits.max_rate.max(1)),
+        limits.max_rate,
+        tokio::time::Instant::now(),
+    );
     tokio::spawn(async move {
         let mut last_warning: Option<Instant> = None;
         let mut last_full: Option<Instant> = None;
+        let mut last_rate: Option<Instant> = None;
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
@@ -306,6 +316,15 @@ pub fn incoming(
                 continue;
             };
             let place = Place::new(place, metrics.connections_open.clone());
+            if !rate.try_take(tokio::time::Instant::now()) {
+                metrics.handshakes_dropped.inc();
+                if last_rate.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    last_rate = Some(Instant::now());
+                    tracing::warn!(%peer, max = limits.max_rate, "more TLS handshakes a second than allowed; closing new connections until the rate drops (--grpc-max-handshake-rate)");
+                }
+                drop(tcp);
+                continue;
+            }
             let Ok(permit) = permits.clone().try_acquire_owned() else {
                 metrics.handshakes_dropped.inc();
                 if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {

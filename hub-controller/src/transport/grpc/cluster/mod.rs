@@ -10,6 +10,7 @@
 //! into messages when sent, and a retry is scheduled once per message.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -206,6 +207,8 @@ pub struct ClusterState {
     pub wake: Notify,
     /// Wakes the session's receiver when acknowledgements were sent.
     pub room: Notify,
+    /// Status reports refused so far (their log is thinned out).
+    pub refused_reports: AtomicU64,
 }
 
 impl ClusterState {
@@ -215,6 +218,7 @@ impl ClusterState {
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
             room: Notify::new(),
+            refused_reports: AtomicU64::new(0),
         }
     }
 

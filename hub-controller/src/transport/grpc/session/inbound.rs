@@ -4,6 +4,7 @@
 //! A message that breaks the contract is an error that ends the stream.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use argocd_pull_proto::digest::{SetDigest, repairs_for};
 use argocd_pull_proto::limits;
@@ -33,7 +34,12 @@ pub(super) fn handle(
             let (outcome, message) = match on_report(hub, cs, mode, report) {
                 Ok(()) => (AckOutcome::Applied, String::new()),
                 Err((reason, message)) => {
-                    tracing::warn!(cluster = %cs.name, namespace = %key.namespace, name = %key.name, reason, %message, "refused a status report");
+                    // The first few, then one in a thousand: a flooding
+                    // agent must not turn into a flood of log lines.
+                    let n = cs.refused_reports.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n <= 10 || n.is_multiple_of(1000) {
+                        tracing::warn!(cluster = %cs.name, namespace = %key.namespace, name = %key.name, reason, %message, refused_so_far = n, "refused a status report");
+                    }
                     hub.metrics.refuse(&cs.name, reason);
                     (AckOutcome::Rejected, message)
                 }
@@ -162,6 +168,25 @@ fn on_report(
             Ok(())
         }
         status_report::State::Observed(o) => {
+            // Whose it is before anything costs: a report of an Application
+            // the hub never sent this agent is refused unread (a flooding
+            // agent's reports cost no JSON parse).
+            let winner = match mode {
+                AgentMode::Autonomous => None,
+                _ => {
+                    let winner = hub.winner(&cs.name, &key);
+                    if winner.is_none() && !cs.knows(&key) {
+                        return Err((
+                            "not-this-agents",
+                            format!(
+                                "{what} is not an Application the hub delivers to cluster {}",
+                                cs.name
+                            ),
+                        ));
+                    }
+                    winner
+                }
+            };
             limits::check_object_json(&format!("the status of {what}"), o.status_json.len())
                 .map_err(|e| ("too-large", e.to_string()))?;
             serde_json::from_slice::<serde_json::Value>(&o.status_json).map_err(|e| {
@@ -240,16 +265,6 @@ fn on_report(
                     });
                 }
                 _ => {
-                    let winner = hub.winner(&cs.name, &key);
-                    if winner.is_none() && !cs.knows(&key) {
-                        return Err((
-                            "not-this-agents",
-                            format!(
-                                "{what} is not an Application the hub delivers to cluster {}",
-                                cs.name
-                            ),
-                        ));
-                    }
                     cs.observe(
                         &key,
                         Observation::Observed {

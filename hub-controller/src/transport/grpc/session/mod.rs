@@ -12,6 +12,7 @@
 //! heartbeat intervals is disconnected (`stalled`).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use argocd_pull_proto::limits::MAX_MESSAGE_BYTES;
@@ -23,12 +24,23 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
 use super::cluster::{ClusterState, Stop};
+use argocd_pull_runtime::client::limit::Bucket;
+
 use super::hub::Hub;
 use super::identity::Peer;
 use super::revoke::Refusal;
 
 mod inbound;
 use inbound::handle;
+
+/// Refused status reports per second one stream may go on sending, and in
+/// a burst (a restarted hub may refuse a reconnecting agent's reports of
+/// Applications deleted meanwhile, a few hundred at once). Past that the
+/// stream is read more slowly, so HTTP/2 flow control holds back an agent
+/// flooding the hub with reports of Applications it was never sent, at no
+/// cost to the hub; an agent whose reports are accepted is never slowed.
+const REFUSED_PER_SECOND: f64 = 50.0;
+const REFUSED_BURST: u32 = 1000;
 
 /// How long an agent has to send its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -378,6 +390,11 @@ async fn receive_loop(
     let expiry = tokio::time::sleep(expires_in);
     tokio::pin!(expiry);
     let bound = hub.config.limits.control_queue.max(1);
+    let mut refusals = Bucket::new(
+        REFUSED_PER_SECOND,
+        REFUSED_BURST,
+        tokio::time::Instant::now(),
+    );
     loop {
         let full = cs.control_len() >= bound;
         let next = tokio::select! {
@@ -443,8 +460,15 @@ async fn receive_loop(
         if let Err(e) = validate::agent_message(&m) {
             return End::Error("malformed", e.into());
         }
+        let refused = cs.refused_reports.load(Ordering::Relaxed);
         if let Err(status) = handle(hub, cs, mode, m) {
             return End::Error("malformed", status);
+        }
+        if cs.refused_reports.load(Ordering::Relaxed) != refused {
+            let wait = refusals.take(tokio::time::Instant::now());
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
         }
     }
 }
