@@ -399,6 +399,12 @@ fn cni_config(dir: &Path, k: usize) -> String {
     .to_string()
 }
 
+/// `iptables`, `iptables-restore`, ...: the harness's own (Debian's,
+/// unpacked by `test/tools/build.sh` into the cache), not the machine's.
+fn iptables_bin(command: &str) -> String {
+    paths::bin_dir().join(command).display().to_string()
+}
+
 fn run_ok(cmd: &mut Command) -> Result<Output> {
     let output = cmd.stdin(Stdio::null()).output()?;
     if output.status.success() {

@@ -9,6 +9,7 @@
 #                             and applicationset-controller in one binary)
 #   $CACHE/bin/redis-server  (Debian's redis, unpacked into $CACHE/redis)
 #   $CACHE/bin/runc          (Debian's runc, unpacked into $CACHE/runc)
+#   $CACHE/bin/iptables{,-restore,-save} (Debian's, unpacked into $CACHE/iptables)
 #   $CACHE/bin/helm
 #   $CACHE/bin/{kubelet,kube-scheduler}, $CACHE/bin/node/{containerd,containerd-shim-runc-v2,ctr,cni/*}
 #   $CACHE/crds/{hub,managed}/*.yaml
@@ -264,6 +265,50 @@ build_runc() {
   log "$("$bin/runc" --version | head -1) ready in $((SECONDS - t0))s"
 }
 
+# iptables, which the nodes' network namespaces need (Service addresses,
+# kubernetes.default, the CNI bridge's masquerading), from Debian's package
+# and the one library it needs that a minimal system may lack, unpacked
+# into the cache: wrappers in $bin run its legacy (x_tables) backend, the
+# one every kernel with ip_tables has, whatever the system's iptables is
+# (or whether it has one).
+build_iptables() {
+  local out=$cache/iptables
+  if fresh iptables <(declare -f build_iptables) && "$bin/iptables" --version >/dev/null 2>&1; then
+    return
+  fi
+  command -v apt-get >/dev/null || { log "iptables: apt-get is needed to fetch Debian's iptables"; exit 1; }
+  local t0=$SECONDS dl=$cache/iptables-debs pkgs=(iptables libip6tc2)
+  rm -rf "$out" "$dl" && mkdir -p "$out" "$dl"
+  local opts=()
+  [ "$(id -u)" = 0 ] && opts=(-o APT::Sandbox::User=root)
+  if ! (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null); then
+    [ "$(id -u)" = 0 ] || { log "iptables: apt-get download failed; run 'apt-get update' as root first"; exit 1; }
+    apt-get -q update >/dev/null
+    (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null)
+  fi
+  for deb in "$dl"/*.deb; do dpkg-deb -x "$deb" "$out"; done
+  rm -rf "$dl"
+  local libs multi=$out/usr/sbin/xtables-legacy-multi
+  libs=$(dirname "$(find "$out" -name 'libip6tc.so.2*' | head -1)")
+  if LD_LIBRARY_PATH=$libs ldd "$multi" | grep 'not found'; then
+    log "iptables: the libraries above are missing (apt-get install iptables)"
+    exit 1
+  fi
+  # xtables-legacy-multi is every command at once; it picks one by its name.
+  for cmd in iptables iptables-restore iptables-save ip6tables ip6tables-restore ip6tables-save; do
+    printf '%s\n' '#!/bin/bash' \
+      '# Debian'"'"'s iptables (legacy backend), unpacked by test/tools/build.sh.' \
+      "XTABLES_LIBDIR=$libs/xtables LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec -a $cmd $multi \"\$@\"" \
+      > "$bin/$cmd"
+    chmod +x "$bin/$cmd"
+  done
+  # The matches and targets (tcp, DNAT, statistic) are modules of its own.
+  "$bin/iptables" -p tcp --dport 1 -m statistic --mode random --probability 0.5 -j DNAT -h >/dev/null \
+    || { log "iptables: $bin/iptables does not run or lacks its extensions"; exit 1; }
+  mark iptables <(declare -f build_iptables)
+  log "$("$bin/iptables" --version) ready in $((SECONDS - t0))s"
+}
+
 # Helm, to lint and render the chart (deploy/helm/argocd-pull) in the tests.
 build_helm() {
   local m=$here/helm
@@ -330,6 +375,7 @@ build_clusteradm
 build_argocd
 build_redis
 build_runc
+build_iptables
 build_helm
 build_node
 log "ready: $bin"

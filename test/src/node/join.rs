@@ -34,7 +34,7 @@ impl Node {
             "netns",
             "exec",
             &self.netns,
-            "iptables",
+            &super::iptables_bin("iptables"),
             "-t",
             "nat",
             "-A",

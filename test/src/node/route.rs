@@ -111,7 +111,12 @@ impl Node {
     fn iptables(&self, args: &[&str]) -> Result<()> {
         run_ok(
             Command::new("ip")
-                .args(["netns", "exec", &self.netns, "iptables"])
+                .args([
+                    "netns",
+                    "exec",
+                    &self.netns,
+                    &super::iptables_bin("iptables"),
+                ])
                 .args(args),
         )?;
         Ok(())
@@ -175,7 +180,13 @@ pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr])
     }
     rules.push_str("COMMIT\n");
     let mut child = Command::new("ip")
-        .args(["netns", "exec", netns, "iptables-restore", "--noflush"])
+        .args([
+            "netns",
+            "exec",
+            netns,
+            &super::iptables_bin("iptables-restore"),
+            "--noflush",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
