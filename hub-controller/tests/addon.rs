@@ -1,8 +1,9 @@
 //! The argocd-pull addon against real OCM: `clusteradm addon enable` on a
 //! hub running OCM's registration, placement and addon-manager, two
 //! managed clusters joined for real with their registration and work
-//! agents, and the hub-controller binary keeping the certificates (the
-//! fixtures and what the test plays: `common/addon.rs`). Install with
+//! agents and a real node each, where the agent runs as the pod OCM
+//! deploys, and the hub-controller binary keeping the certificates (the
+//! fixtures: `common/addon.rs`). Install with
 //! Placements, uninstall and refusals of OCM-issued certificates:
 //! `addon_lifecycle.rs`.
 
@@ -37,7 +38,7 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
         ],
     )
     .await;
-    let kubelets = hub.agents_deployed_and_connected().await;
+    let agents = hub.agents_deployed_and_connected().await;
 
     // Applications go over gRPC to the cluster they name, status comes back.
     let team = fleet.hub.cluster().namespace("team").await.unwrap();
@@ -45,17 +46,17 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
 
     // Rotation: the klusterlet's certificate Secret goes (as when OCM
     // renews it); the real CSR flow issues a new one, the kubelet copies it
-    // into the pod's files, and the agent picks it up without a restart.
+    // into the pod's files, and the agent reconnects with it without a
+    // restart.
     let spoke1 = fleet.cluster("cluster1");
     let spoke1_secrets: Api<Secret> = Api::namespaced(spoke1.client().await.unwrap(), AGENT_NS);
     let cert_name = argocd_pull_addon::client_cert_secret();
     let before = client_cert(&spoke1_secrets.get(&cert_name).await.unwrap());
-    let reloads_before = kubelets[0].now().reloads;
     spoke1_secrets
         .delete(&cert_name, &Default::default())
         .await
         .unwrap();
-    wait::until(
+    let renewed = wait::until(
         "a new certificate for cluster1's agent",
         TIMEOUT,
         || async {
@@ -66,16 +67,17 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
                 .map(|s| client_cert(&s))
                 .unwrap_or_default();
             if !now.is_empty() && now != before {
-                Ok(())
+                Ok(now)
             } else {
                 Err("the same certificate, or none".to_string())
             }
         },
     )
     .await;
-    kubelets[0]
-        .shows("cluster1's agent to load the new certificate", |s| {
-            s.reloads > reloads_before && s.connected
+    hub.connected_with("cluster1", &renewed).await;
+    agents[0]
+        .shows("cluster1's agent pod Ready, never restarted", |s| {
+            s.connected && s.restarts == 0
         })
         .await;
     // Nothing dropped: a status change after the rotation still arrives.
@@ -98,13 +100,13 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
         ],
     )
     .await;
-    kubelets[1]
-        .shows("cluster2's agent Deployment removed by OCM", |s| !s.running)
+    agents[1]
+        .shows("cluster2's agent pod removed by OCM", |s| !s.running)
         .await;
     hub.fell_back_to_manifest_work(&team, "cluster2", &spoke_uids[1])
         .await;
     // cluster1 is untouched.
-    assert!(kubelets[0].now().connected);
+    assert!(agents[0].now().await.unwrap().connected);
 
     let hub_log = hub.hub_log();
     assert!(

@@ -5,7 +5,9 @@
 //! cluster's Applications, an expired certificate signed by the CA OCM signs
 //! with), then uninstalled: the agents go, the Applications fall back to
 //! ManifestWorks and nothing is deleted on the managed clusters. One fleet,
-//! phases in order (fixtures and what the test plays: `common/addon.rs`).
+//! phases in order; the agents run as the pods OCM deploys on each
+//! cluster's real node (fixtures, and the one step that runs an agent in
+//! the test process: `common/addon.rs`).
 
 use std::time::{Duration, SystemTime};
 
@@ -193,7 +195,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
             "{cluster}'s ManagedClusterAddOn: {owners:?}"
         );
     }
-    let kubelets = hub.agents_deployed_and_connected().await;
+    let agents = hub.agents_deployed_and_connected().await;
     let team = fleet.hub.cluster().namespace("team").await.unwrap();
     let hub_apps = apps_api(client, &team);
     let spoke_uids = hub.deliver_over_grpc(&team).await;
@@ -201,8 +203,8 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     // ---- cluster1's certificate, as OCM issued it, and cluster2's
     // Applications. cluster1's agent is down meanwhile (the hub takes one
     // stream per cluster: ours would replace it, and its reconnect ours).
-    kubelets[0].hold();
-    kubelets[0]
+    agents[0].hold().await;
+    agents[0]
         .shows("cluster1's agent stopped", |s| !s.running)
         .await;
     hub.hub_sees_connected("cluster1", false).await;
@@ -333,7 +335,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     let spoke2 = apps_api(&fleet.cluster("cluster2").client().await.unwrap(), SPOKE_NS);
     let app2 = spoke2.get("guestbook-cluster2").await.unwrap();
     assert_eq!(app2.metadata.uid.as_deref(), Some(spoke_uids[1].as_str()));
-    assert!(kubelets[1].now().connected);
+    assert!(agents[1].now().await.unwrap().connected);
     assert!(
         hub.hub_log()
             .lines()
@@ -403,7 +405,10 @@ async fn placements_install_certificate_refusals_and_uninstall() {
         .await
         .unwrap()
         .expect("cluster1's agent Deployment");
-    let config = agent_config(&pod);
+    let mut config = agent_config(&pod);
+    // The pod dials HUB_GRPC, an address only inside the node; from here
+    // the hub is its loopback port (should the agent dial at all).
+    config.hub_address = address.clone();
     std::fs::write(&config.tls.cert, &expired.cert_pem).unwrap();
     std::fs::write(&config.tls.key, &expired.key_pem).unwrap();
     let refusals = || {
@@ -456,8 +461,8 @@ async fn placements_install_certificate_refusals_and_uninstall() {
 
     // cluster1's agent comes back, and the hub copy back to the spoke's
     // truth (the observed digests differ, the agent reports again).
-    kubelets[0].resume();
-    kubelets[0]
+    agents[0].resume().await;
+    agents[0]
         .shows("cluster1's agent connected again", |s| s.connected)
         .await;
     hub.hub_sees_connected("cluster1", true).await;
@@ -466,11 +471,10 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     // ---- Uninstall, as documented.
     sh(&doc_commands(DOC, "uninstall"), &hub.kubeconfig).await;
     for (i, cluster) in CLUSTERS.iter().enumerate() {
-        kubelets[i]
-            .shows(
-                &format!("{cluster}'s agent Deployment removed by OCM"),
-                |s| !s.running,
-            )
+        agents[i]
+            .shows(&format!("{cluster}'s agent pod removed by OCM"), |s| {
+                !s.running
+            })
             .await;
         hub.hub_sees_connected(cluster, false).await;
         gone(

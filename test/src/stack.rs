@@ -12,7 +12,7 @@
 //! AddOnDeploymentConfig and the certificate's SANs, as a user sets the
 //! address their load balancer gives the gRPC Service).
 
-mod pods;
+pub mod pods;
 mod rows;
 
 use std::collections::BTreeMap;

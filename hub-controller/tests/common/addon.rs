@@ -1,16 +1,22 @@
 //! The argocd-pull addon on real OCM, for `addon.rs` and
 //! `addon_lifecycle.rs`: a hub running OCM's registration, placement and
-//! addon-manager with `cluster1` and `cluster2` joined for real, the addon's
-//! hub side installed as a user installs it, the hub-controller binary
-//! keeping the certificates, and the kubelet's part for our agent.
+//! addon-manager with `cluster1` and `cluster2` joined for real, each with
+//! a real node (kubelet, containerd, runc; `testenv::node`) holding the
+//! spoke-agent image, the addon's hub side installed as a user installs it,
+//! and the hub-controller binary keeping the certificates.
 //!
-//! Nothing plays OCM. What the tests play is the kubelet, for our agent's
-//! Deployment only (`testenv::kubelet`): the agent runs in the test process
-//! with exactly the command line of the Deployment the real work agent
-//! applied, the files of the Secret and ConfigMap it mounts (the
-//! certificate the real CSR flow issued) and a token of its service
-//! account; and the Deployment's status says whether it is ready, which is
-//! what OCM's health check reads.
+//! Nothing plays OCM or the kubelet on the agents' path: OCM's
+//! addon-manager renders the agent's Deployment, the work agent applies it,
+//! the node's kubelet runs it from the built image with the Secret and
+//! ConfigMap the real CSR flow and the hub-controller filled, and its
+//! readiness probe is what OCM's health check reads. The agents dial the
+//! hub at [`HUB_GRPC`] inside their node, which leads to the
+//! hub-controller's loopback port (a relay, as a load balancer would).
+//!
+//! One step still runs the agent in the test process
+//! (`testenv::kubelet::materialize` and [`Agent`]): an agent holding an
+//! expired certificate, which OCM's registration agent would replace in
+//! the pod's Secret before the agent could show what it does with it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,14 +31,14 @@ use argocd_pull_runtime::shutdown::{self, Trigger};
 use argocd_pull_spoke_agent::AgentConfig;
 use argocd_pull_spoke_agent::metrics::AgentMetrics;
 use clap::Parser;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Node as NodeObject, Pod, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testenv::node::Node;
 use testenv::ocm::{Fleet, JoinOptions};
+use testenv::stack::pods::{self, HUB_GRPC};
 use testenv::{Cluster, kubelet, net, paths, wait};
-use tokio::sync::watch;
 
 use super::{Binary, app, apps_api};
 
@@ -191,121 +197,91 @@ impl Drop for Agent {
     }
 }
 
-/// What a kubelet sees of our agent on a cluster.
+/// What the agent's pods on a cluster show.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Seen {
+    /// A container of the agent runs (the Deployment's pod, or one still
+    /// terminating).
     pub running: bool,
+    /// The Deployment's pod is Ready, which its readiness probe (the
+    /// agent's `/readyz`) says only while it is connected to the hub.
     pub connected: bool,
-    /// Certificate reloads of the running agent.
-    pub reloads: u64,
+    /// Container restarts over the agent's pods.
+    pub restarts: i32,
 }
 
-/// The kubelet's part for the agent's Deployment on one cluster, until the
-/// test ends.
-pub struct Kubelet {
-    seen: watch::Receiver<Seen>,
-    hold: watch::Sender<bool>,
+/// The agent OCM deploys on one cluster, as its pods on the cluster's real
+/// node show it.
+pub struct AgentPod {
+    cluster: &'static Cluster,
+    node: String,
 }
 
-struct Running {
-    generation: i64,
-    pod: kubelet::Pod,
-    agent: Agent,
-    ready: Option<bool>,
-}
+impl AgentPod {
+    /// What the agent's pods show now.
+    pub async fn now(&self) -> Result<Seen, String> {
+        let client = self.cluster.client().await.map_err(|e| e.to_string())?;
+        let status = pods::status(&client, AGENT_NS, AGENT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let running = Api::<Pod>::namespaced(client, AGENT_NS)
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+            .flatten()
+            .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+        Ok(Seen {
+            running,
+            connected: status.ready,
+            restarts: status.restarts,
+        })
+    }
 
-impl Kubelet {
-    pub fn start(cluster: &'static Cluster) -> Self {
-        let (tx, seen) = watch::channel(Seen::default());
-        let (hold, held) = watch::channel(false);
-        tokio::spawn(async move {
-            let dir = cluster.dir().join("kubelet").join(AGENT);
-            let client = cluster.client().await.unwrap();
-            let deployments: Api<Deployment> = Api::namespaced(client, AGENT_NS);
-            let mut running: Option<Running> = None;
-            loop {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let generation = match deployments.get_opt(AGENT).await {
-                    Ok(d) => d.map(|d| d.metadata.generation.unwrap_or_default()),
-                    Err(_) => continue,
-                };
-                let held = *held.borrow();
-                // Deleted, rolled out or its node down: the old pod goes.
-                if running
-                    .as_ref()
-                    .is_some_and(|r| held || Some(r.generation) != generation)
-                {
-                    running.take().unwrap().agent.stop().await;
-                    if generation.is_some() {
-                        let _ = kubelet::set_ready(cluster, AGENT_NS, AGENT, false).await;
-                    }
-                }
-                let Some(generation) = generation.filter(|_| !held) else {
-                    tx.send_replace(Seen::default());
-                    continue;
-                };
-                if running.is_none() {
-                    let Ok(Some(pod)) = kubelet::materialize(cluster, AGENT_NS, AGENT, &dir).await
-                    else {
-                        continue;
-                    };
-                    let agent = Agent::start(agent_config(&pod), &pod.kubeconfig).await;
-                    running = Some(Running {
-                        generation,
-                        pod,
-                        agent,
-                        ready: None,
-                    });
-                }
-                let r = running.as_mut().unwrap();
-                // Rotated Secrets reach the pod's files, as the kubelet syncs them.
-                let _ = kubelet::refresh(cluster, AGENT_NS, &r.pod).await;
-                let ready = r.agent.connected();
-                if r.ready != Some(ready)
-                    && kubelet::set_ready(cluster, AGENT_NS, AGENT, ready)
-                        .await
-                        .unwrap_or(false)
-                {
-                    r.ready = Some(ready);
-                }
-                tx.send_replace(Seen {
-                    running: true,
-                    connected: ready,
-                    reloads: r.agent.metrics.certificate_reloads.get(),
-                });
+    /// Waits until what the pods show satisfies `check`.
+    pub async fn shows(&self, what: &str, mut check: impl FnMut(&Seen) -> bool) {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let seen = self.now().await;
+            if seen.as_ref().is_ok_and(&mut check) {
+                return;
             }
-        });
-        Self { seen, hold }
-    }
-
-    /// What it saw last.
-    pub fn now(&self) -> Seen {
-        *self.seen.borrow()
-    }
-
-    /// Waits until what it sees satisfies `check`.
-    pub async fn shows(&self, what: &str, check: impl FnMut(&Seen) -> bool) {
-        let mut rx = self.seen.clone();
-        let done = matches!(
-            tokio::time::timeout(TIMEOUT, rx.wait_for(check)).await,
-            Ok(Ok(_))
-        );
-        if !done {
-            panic!(
-                "timed out after {TIMEOUT:?} waiting for {what}; last seen: {:?}",
-                *rx.borrow()
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {TIMEOUT:?} waiting for {what}; last seen: {seen:?}"
             );
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 
-    /// Stops the agent's pod and starts none, as when its node is down,
-    /// until [`Kubelet::resume`].
-    pub fn hold(&self) {
-        self.hold.send_replace(true);
+    /// Takes the agent off its node, as when the node is drained: the node
+    /// is cordoned and the pod deleted (its replacement stays Pending) until
+    /// [`AgentPod::resume`].
+    pub async fn hold(&self) {
+        self.cordon(true).await;
+        let pods: Api<Pod> = Api::namespaced(self.cluster.client().await.unwrap(), AGENT_NS);
+        pods.delete_collection(&Default::default(), &Default::default())
+            .await
+            .unwrap();
     }
 
-    pub fn resume(&self) {
-        self.hold.send_replace(false);
+    /// Uncordons the node: the pending pod is scheduled and starts.
+    pub async fn resume(&self) {
+        self.cordon(false).await;
+    }
+
+    async fn cordon(&self, unschedulable: bool) {
+        let nodes: Api<NodeObject> = Api::all(self.cluster.client().await.unwrap());
+        nodes
+            .patch(
+                &self.node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "unschedulable": unschedulable } })),
+            )
+            .await
+            .unwrap();
     }
 }
 
@@ -341,6 +317,15 @@ pub fn client_cert(secret: &Secret) -> String {
     secret_text(secret, "tls.crt")
 }
 
+/// The fingerprint the hub logs and the deny list names, of a PEM certificate.
+pub fn fingerprint_of(pem: &str) -> String {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    argocd_pull_hub_controller::transport::grpc::identity::fingerprint(
+        &CertificateDer::from_pem_slice(pem.as_bytes()).unwrap(),
+    )
+}
+
 pub fn subject_of(pem: &str) -> String {
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
     let cert = pem.parse_x509().unwrap();
@@ -361,8 +346,11 @@ pub struct AddonHub {
     pub controller: Binary,
     /// The hub-controller's log.
     pub log: PathBuf,
-    /// Where the agents dial the hub-controller.
+    /// The hub-controller's gRPC port on the loopback (the test's own
+    /// clients dial it; the agents reach it as [`HUB_GRPC`]).
     pub grpc: SocketAddr,
+    /// cluster1's and cluster2's nodes.
+    pub nodes: Vec<Node>,
     _files: tempfile::TempDir,
 }
 
@@ -386,11 +374,34 @@ impl AddonHub {
     /// there with `--grpc-manage-certificates`; returns once the signing CA
     /// exists and the serving CA is published to the agents.
     pub async fn start() -> Self {
+        let testenv = paths::own_binary("testenv").unwrap();
+        let nodes = tokio::spawn(pods::start_nodes(CLUSTERS.map(String::from).to_vec()));
         let fleet: &'static Fleet = Box::leak(Box::new(
             Fleet::start("hub", &CLUSTERS.map(|c| (c, JoinOptions::default())))
                 .await
                 .expect("the hub starts and the clusters join"),
         ));
+        let mut nodes = nodes
+            .await
+            .unwrap()
+            .expect("the nodes start with the images");
+        let grpc = net::free_addr().unwrap();
+        for (node, cluster) in nodes.iter_mut().zip(&fleet.clusters) {
+            node.join(cluster, &testenv)
+                .await
+                .expect("the node joins its cluster");
+            // HUB_GRPC inside the node -> a socket -> the hub's loopback port.
+            let socket = node.dir().join("hub-grpc.sock");
+            node.relay(
+                &testenv,
+                "relay-hub-grpc",
+                false,
+                &format!("unix:{}", socket.display()),
+                &format!("tcp:{grpc}"),
+            )
+            .unwrap();
+            node.reach(&testenv, HUB_GRPC, &socket).unwrap();
+        }
         let hub = fleet.hub.cluster();
         let client = hub.client().await.unwrap();
         hub.ensure_namespace(argocd_pull_addon::HUB_NAMESPACE)
@@ -412,7 +423,6 @@ impl AddonHub {
             ],
         )
         .await;
-        let grpc = net::free_addr().unwrap();
         adc_api(&client)
             .patch(
                 argocd_pull_addon::DEPLOYMENT_CONFIG,
@@ -421,7 +431,7 @@ impl AddonHub {
                     "apiVersion": "addon.open-cluster-management.io/v1alpha1",
                     "kind": "AddOnDeploymentConfig",
                     "spec": { "customizedVariables": [
-                        { "name": "HUB_GRPC_ADDRESS", "value": format!("https://{grpc}") },
+                        { "name": "HUB_GRPC_ADDRESS", "value": format!("https://{HUB_GRPC}") },
                     ] },
                 })),
             )
@@ -433,6 +443,7 @@ impl AddonHub {
         let log = hub.dir().join("hub-controller.log");
         let mut args = vec!["--leader-elect=false".to_string()];
         args.extend(super::kept_certificates(grpc, files.path()));
+        args.push(format!("--grpc-san={}", HUB_GRPC.ip()));
         args.push("--certificate-check-interval=2s".into());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let controller = Binary::start_as(
@@ -486,6 +497,7 @@ impl AddonHub {
             controller,
             log,
             grpc,
+            nodes,
             _files: files,
         }
     }
@@ -541,9 +553,10 @@ impl AddonHub {
     /// Once the clusters' ManagedClusterAddOns exist: OCM's addon-manager
     /// renders the deploy work and the real work agent applies it, the
     /// real CSR flow issues each agent a certificate with the identity the
-    /// hub accepts, the agents (run by a kubelet each) connect with it, and
-    /// OCM reports the addon Available. The kubelets, in cluster order.
-    pub async fn agents_deployed_and_connected(&self) -> Vec<Kubelet> {
+    /// hub accepts, the agents (pods on each cluster's node) connect with
+    /// it, and OCM reports the addon Available. The agents, in cluster
+    /// order.
+    pub async fn agents_deployed_and_connected(&self) -> Vec<AgentPod> {
         let deploy_work = deploy_work();
         for cluster in CLUSTERS {
             let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), cluster);
@@ -596,8 +609,9 @@ impl AddonHub {
             }
         })
         .await;
-        let mut kubelets = Vec::new();
-        for c in &self.fleet.clusters {
+        let mut agents = Vec::new();
+        let mut issued = Vec::new();
+        for (c, node) in self.fleet.clusters.iter().zip(&self.nodes) {
             let spoke_secrets: Api<Secret> = Api::namespaced(c.client().await.unwrap(), AGENT_NS);
             let secret = wait::exists(
                 &spoke_secrets,
@@ -606,21 +620,50 @@ impl AddonHub {
             )
             .await;
             assert_eq!(subject_of(&client_cert(&secret)), agent_subject(c.name()));
-            kubelets.push(Kubelet::start(c));
+            issued.push(client_cert(&secret));
+            agents.push(AgentPod {
+                cluster: c,
+                node: node.name.clone(),
+            });
         }
 
-        // Connected with that identity, and OCM reports the addon Available.
+        // Connected with that certificate, and OCM reports the addon Available.
         for (i, cluster) in CLUSTERS.iter().enumerate() {
-            kubelets[i]
-                .shows(&format!("{cluster}'s agent connected"), |s| s.connected)
+            agents[i]
+                .shows(&format!("{cluster}'s agent pod Ready"), |s| s.connected)
                 .await;
             self.hub_sees_connected(cluster, true).await;
+            self.connected_with(cluster, &issued[i]).await;
             wait::until(&format!("{cluster}'s addon Available"), TIMEOUT, || {
                 condition(&self.client, cluster, "Available")
             })
             .await;
         }
-        kubelets
+        agents
+    }
+
+    /// Waits until the hub-controller logs `cluster`'s agent connected with
+    /// the certificate `cert_pem`.
+    pub async fn connected_with(&self, cluster: &str, cert_pem: &str) {
+        let fingerprint = fingerprint_of(cert_pem);
+        let cluster_field = format!("cluster={cluster} ");
+        wait::until(
+            &format!("{cluster}'s agent connected with certificate {fingerprint}"),
+            TIMEOUT,
+            || async {
+                let log = self.hub_log();
+                let connected: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.contains("agent connected") && l.contains(&cluster_field))
+                    .collect();
+                if connected.iter().any(|l| l.contains(&fingerprint)) {
+                    Ok(())
+                } else {
+                    Err(connected.join("\n"))
+                }
+            },
+        )
+        .await;
     }
 
     /// Creates an Application for each cluster in the hub namespace `team`
