@@ -72,6 +72,19 @@ enum Command {
     /// The hub's CAs and each replica's serving certificate, with expiry
     /// and next rotation.
     Certs,
+    /// Denies the certificate CLUSTER's agent is connected with (the hub's
+    /// deny list): its stream ends within seconds and the certificate is
+    /// refused from then on.
+    Revoke {
+        cluster: String,
+        /// Why: goes into the hub's log and the agent's refusal.
+        #[arg(long, default_value = "revoked with kubectl argocd-pull")]
+        note: String,
+        /// The deny list ConfigMap (the hub-controller's
+        /// --grpc-denied-certificates), in --hub-namespace.
+        #[arg(long, default_value = argocd_pull_hub_controller::transport::grpc::revoke::DENY_LIST)]
+        deny_list: String,
+    },
 }
 
 async fn client(cli: &Cli) -> anyhow::Result<kube::Client> {
@@ -209,6 +222,41 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 print_json(&rows)?;
             } else {
                 print!("{}", view::cert_table(&rows, now).render());
+            }
+        }
+        Command::Revoke {
+            cluster,
+            note,
+            deny_list,
+        } => {
+            let snapshot = hub.snapshot().await?;
+            warn_unreachable(&snapshot);
+            let fingerprints = view::connected_certificates(&snapshot, cluster);
+            if fingerprints.is_empty() {
+                anyhow::bail!(
+                    "cluster {cluster:?}'s agent is not connected to any replica that answered: no certificate to deny. \
+                     To cut the cluster off, disable its addon (clusteradm addon disable --names {} --clusters {cluster}) \
+                     or delete its ManagedCluster (docs/security.md, Revoking a cluster)",
+                    argocd_pull_apis::keys::ADDON_NAME
+                );
+            }
+            hub.deny(deny_list, &fingerprints, note).await?;
+            let rows: Vec<_> = fingerprints
+                .iter()
+                .map(|f| serde_json::json!({ "cluster": cluster, "certificateFingerprint": f, "denyList": format!("{}/{deny_list}", hub.namespace), "note": note }))
+                .collect();
+            if json {
+                print_json(&rows)?;
+            } else {
+                for f in &fingerprints {
+                    println!(
+                        "denied certificate {f} of cluster {cluster} in ConfigMap {}/{deny_list}: the hub ends its stream within seconds",
+                        hub.namespace
+                    );
+                }
+                println!(
+                    "OCM renews the agent's certificate daily: to cut {cluster} off for good, also disable its addon or stop OCM signing for it (docs/security.md)"
+                );
             }
         }
     }

@@ -11,8 +11,8 @@ use argocd_pull_apis::ocm::{
     placement_decision_resource, placement_of,
 };
 use argocd_pull_hub_controller::report::{self, Certificate, Report};
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DynamicObject, ListParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -184,6 +184,49 @@ impl Hub {
             applied: applied.as_ref().map(|c| c.0),
             message: applied.map(|c| c.1).unwrap_or_default(),
         }))
+    }
+
+    /// Adds `fingerprints` to the deny list ConfigMap `name` (created if
+    /// missing), each with `note`.
+    pub async fn deny(
+        &self,
+        name: &str,
+        fingerprints: &[String],
+        note: &str,
+    ) -> anyhow::Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let data: std::collections::BTreeMap<String, String> = fingerprints
+            .iter()
+            .map(|f| (f.clone(), note.to_string()))
+            .collect();
+        let context = || {
+            format!(
+                "cannot write the deny list ConfigMap {}/{name}",
+                self.namespace
+            )
+        };
+        if api.get_opt(name).await.with_context(context)?.is_none() {
+            let cm = ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                data: Some(data),
+                ..Default::default()
+            };
+            api.create(&PostParams::default(), &cm)
+                .await
+                .with_context(context)?;
+        } else {
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "data": data })),
+            )
+            .await
+            .with_context(context)?;
+        }
+        Ok(())
     }
 
     /// The CAs from their Secrets (the signing CA's bundle too: the previous

@@ -167,6 +167,21 @@ pub fn agent_table(rows: &[AgentRow], now: i64) -> Table {
     }
 }
 
+/// The certificate fingerprints `cluster`'s agent is connected with, over
+/// the replicas that answered (one, unless two replicas disagree).
+pub fn connected_certificates(snapshot: &Snapshot, cluster: &str) -> Vec<String> {
+    let mut out: Vec<String> = snapshot
+        .reports
+        .iter()
+        .flat_map(|r| &r.agents)
+        .filter(|a| a.cluster == cluster && !a.certificate_fingerprint.is_empty())
+        .map(|a| a.certificate_fingerprint.clone())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// One pulled hub Application.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -557,6 +572,16 @@ mod tests {
     }
 
     #[test]
+    fn revoke_denies_the_certificates_the_cluster_is_connected_with() {
+        let mut s = world();
+        s.reports[0].agents[0].certificate_fingerprint = "ab".repeat(32);
+        assert_eq!(connected_certificates(&s, "c1"), ["ab".repeat(32)]);
+        assert!(connected_certificates(&s, "c2").is_empty());
+        s.reports.push(s.reports[0].clone());
+        assert_eq!(connected_certificates(&s, "c1").len(), 1, "deduplicated");
+    }
+
+    #[test]
     fn explain_says_each_reason_in_words() {
         let s = world();
         let explained = |a: &Application, work: Option<&Work>| {
@@ -658,7 +683,10 @@ mod tests {
         ];
         let text = cert_table(&rows, 100 * 86400).render();
         let first = text.lines().nth(1).unwrap();
-        assert!(first.contains("in 200d") && first.ends_with("in 100d"), "{text}");
+        assert!(
+            first.contains("in 200d") && first.ends_with("in 100d"),
+            "{text}"
+        );
         assert!(text.contains("missing or unreadable"), "{text}");
     }
 }

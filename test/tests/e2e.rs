@@ -440,6 +440,9 @@ async fn the_pull_model_end_to_end() {
         );
     }
 
+    phase("kubectl argocd-pull revoke");
+    plugin::revoke_cuts_cluster1_off(&stack).await;
+
     // Nothing in argocd-pull's logs says it failed to write.
     for (name, log) in stack.logs() {
         let text = std::fs::read_to_string(log).unwrap_or_default();

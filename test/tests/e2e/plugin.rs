@@ -166,3 +166,64 @@ pub fn shows_the_fleet(stack: &Stack) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("give an http:// URL"), "{err}");
 }
+
+/// `revoke cluster1`: the certificate its agent is connected with goes on
+/// the hub's deny list, and the hub ends the agent's stream. Last: cluster1
+/// stays cut off (OCM renews the certificate only daily).
+pub async fn revoke_cuts_cluster1_off(stack: &Stack) {
+    // Once (a second run may find the agent gone already).
+    let out = plugin(
+        stack,
+        true,
+        &["revoke", "cluster1", "--note", "e2e: revoked", "-o", "json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let revoked: Value = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!("$ kubectl argocd-pull revoke cluster1 -o json\n{revoked:#}");
+    let fingerprint = revoked[0]["certificateFingerprint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(fingerprint.len(), 64, "{revoked}");
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(stack.hub().client().await.unwrap(), "argocd-pull");
+    let listed = cms
+        .get("argocd-pull-denied-certificates")
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default();
+    assert_eq!(
+        listed.get(&fingerprint).map(String::as_str),
+        Some("e2e: revoked")
+    );
+    super::support::eventually(stack, "cluster1's agent cut off", || async {
+        let out = plugin(stack, true, &["status", "-o", "json"]);
+        let rows: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        let one = find(&rows, "cluster", "cluster1");
+        let two = find(&rows, "cluster", "cluster2");
+        if one["agent"].is_null() && !two["agent"].is_null() {
+            Ok(())
+        } else {
+            Err(rows.to_string())
+        }
+    })
+    .await;
+    let e = shown(stack, &["explain", "argocd/guestbook-cluster1"]);
+    assert!(
+        e.to_string().contains("waiting for the cluster's agent"),
+        "{e}"
+    );
+    // Nothing to deny for a cluster without a connected agent: it says what
+    // to do instead.
+    let out = plugin(stack, true, &["revoke", "cluster1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("clusteradm addon disable"),
+        "{err}"
+    );
+}
