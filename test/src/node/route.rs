@@ -191,7 +191,7 @@ pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr])
         } else {
             String::new()
         };
-        rules.push_str(&format!("-A {chain} {pick}-j DNAT --to-destination {to}\n"));
+        rules.push_str(&format!("-A {chain} -p tcp {pick}-j DNAT --to-destination {to}\n"));
     }
     rules.push_str("COMMIT\n");
     let mut child = Command::new("ip")
