@@ -54,6 +54,12 @@ images:
 	  -p argocd-pull-hub-controller -p argocd-pull-spoke-agent --bins
 	@bash deploy/images/build.sh --profile $(PROFILE) --arch $(ARCH) --bin-dir $(IMAGE_BIN_DIR) --out $(IMAGES_OUT)
 
+## install-plugin: `kubectl argocd-pull` (kubectl-argocd-pull) into $(PREFIX)/bin (docs/operations.md)
+PREFIX ?= /usr/local
+.PHONY: install-plugin
+install-plugin:
+	$(CARGO) install --locked --path plugin --root $(PREFIX)
+
 ## test: everything (unit, real-API-server integration, lint, drift checks)
 test: tools
 	@start=$$(date +%s); \
@@ -85,7 +91,7 @@ clusters-down:
 ## demo: the pull model end to end on this machine (hub + 2 clusters, OCM, Argo CD, argocd-pull, example/)
 DEMO_DIR ?= $(CACHE)/demo
 demo: tools
-	@$(CARGO) build -q --locked -p argocd-pull-test -p argocd-pull-hub-controller -p argocd-pull-spoke-agent --bins
+	@$(CARGO) build -q --locked -p argocd-pull-test -p argocd-pull-hub-controller -p argocd-pull-spoke-agent -p argocd-pull-kubectl --bins
 	@bash test/demo.sh $(DEMO_DIR)
 
 ## demo-status: the demo's status table again

@@ -10,6 +10,7 @@ mod fixtures;
 pub mod hub;
 pub mod metrics;
 pub mod render;
+pub mod report;
 pub mod route;
 pub mod status;
 pub mod transport;
@@ -120,7 +121,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::register(&mut registry);
     let grpc_metrics = grpc::metrics::GrpcMetrics::register(&mut registry);
     let api_metrics = argocd_pull_runtime::client::ApiMetrics::register(&mut registry);
-    let admin = Admin::new(readiness.clone(), registry);
+    let page = report::StatusPage::default();
+    let admin = Admin::new(readiness.clone(), registry).with_routes(page.routes());
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 
     let client = match args.client.client(api_metrics).await {
@@ -173,6 +175,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     readiness.set(LEADER_CHECK, true);
     metrics.leader.set(1);
+    page.set_serving(true);
     let lost = leadership.as_ref().map(|l| l.lost());
     let watchdog = tokio::spawn(async move {
         let lost = async {
@@ -194,9 +197,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.clone(),
         grpc_metrics,
         readiness,
+        &page,
         shutdown,
     )
     .await?;
+    page.set_serving(false);
     let was_lost = watchdog.await?;
     metrics.leader.set(0);
     server.await??;
@@ -217,6 +222,7 @@ async fn run_controllers(
     metrics: metrics::Metrics,
     grpc_metrics: grpc::metrics::GrpcMetrics,
     readiness: Readiness,
+    page: &report::StatusPage,
     shutdown: shutdown::Shutdown,
 ) -> anyhow::Result<()> {
     let authorization = route::authz::Authorization {
@@ -226,6 +232,7 @@ async fn run_controllers(
     // The gRPC transport runs only on the leader, like the controllers: one
     // replica decides and writes.
     let grpc_config = args.grpc.config(authorization.clone());
+    page.set_authorization(&authorization);
     let watches = hub::watches::Watches::new(hub::watches::Scope {
         grpc: grpc_config.is_some(),
         default_config: hub::mode::ConfigRef {
@@ -247,6 +254,7 @@ async fn run_controllers(
     let grpc_server = match &grpc {
         Some(hub) => {
             let server = grpc::start(hub.clone(), shutdown.clone().wait()).await?;
+            page.set_grpc(hub.clone(), hub.config.tls.cert.clone());
             // Agents are welcomed only once the hub sees everything
             // (`run` registered the check).
             let (hub, ready) = (hub.clone(), readiness.clone());

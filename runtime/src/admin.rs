@@ -1,5 +1,6 @@
 //! The admin port every binary serves: `/healthz` (the process is alive),
-//! `/readyz` (every readiness check passes) and `/metrics` (Prometheus text).
+//! `/readyz` (every readiness check passes) and `/metrics` (Prometheus text),
+//! plus whatever routes the binary adds ([`Admin::with_routes`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -43,6 +44,7 @@ impl Readiness {
 pub struct Admin {
     pub readiness: Readiness,
     registry: Arc<Registry>,
+    routes: Router,
 }
 
 impl Admin {
@@ -50,7 +52,14 @@ impl Admin {
         Self {
             readiness,
             registry: Arc::new(registry),
+            routes: Router::new(),
         }
+    }
+
+    /// Serves `routes` too (their paths must not be the ones above).
+    pub fn with_routes(mut self, routes: Router) -> Self {
+        self.routes = self.routes.merge(routes);
+        self
     }
 
     pub fn router(self) -> Router {
@@ -59,7 +68,8 @@ impl Admin {
             .route("/livez", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
-            .with_state(self)
+            .with_state(self.clone())
+            .merge(self.routes)
     }
 
     /// Serves until `shutdown` fires. Binding errors are returned at once so

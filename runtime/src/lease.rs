@@ -324,10 +324,21 @@ async fn sleep_or_shutdown(d: Duration, shutdown: &Shutdown) -> bool {
     }
 }
 
-/// A unique identity for this process: the pod name when set, else the
-/// host name, plus a random suffix so two processes never share one.
+/// A unique identity for this process: [`pod_name`] plus a random suffix
+/// so two processes never share one.
 pub fn identity() -> String {
-    let base = std::env::var("POD_NAME")
+    let base = pod_name();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{base}_{:08x}", nanos ^ std::process::id().rotate_left(16))
+}
+
+/// The pod name when set (`POD_NAME`), else the host name (a pod's host
+/// name is its name).
+pub fn pod_name() -> String {
+    std::env::var("POD_NAME")
         .ok()
         .filter(|s| !s.is_empty())
         .or_else(|| {
@@ -336,12 +347,7 @@ pub fn identity() -> String {
                 .map(|s| s.trim().to_string())
         })
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "argocd-pull".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    format!("{base}_{:08x}", nanos ^ std::process::id().rotate_left(16))
+        .unwrap_or_else(|| "argocd-pull".into())
 }
 
 #[cfg(test)]

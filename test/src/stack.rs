@@ -86,7 +86,12 @@ pub struct Stack {
     pub git: GitServer,
     /// Where the agents dial the hub.
     pub grpc: SocketAddr,
+    /// The hub-controller's admin port (`/status`, `/metrics`), relayed to
+    /// this machine's loopback, as `kubectl port-forward` would give it:
+    /// `kubectl argocd-pull --admin http://<admin>`.
+    pub admin: SocketAddr,
     proxy: tokio::task::JoinHandle<()>,
+    admin_proxy: tokio::task::JoinHandle<()>,
     /// The hub's node first, then each managed cluster's, in order.
     nodes: Vec<Node>,
     fleet: Arc<Fleet>,
@@ -95,6 +100,7 @@ pub struct Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         self.proxy.abort();
+        self.admin_proxy.abort();
     }
 }
 
@@ -178,6 +184,14 @@ impl Stack {
             HUB_GRPC_SERVICE.0,
             HUB_GRPC_SERVICE.1,
         ));
+        let admin_proxy = tokio::spawn(pods::follow_pods(
+            hub.client().await?,
+            nodes[0].netns().to_string(),
+            HUB_NAMESPACE,
+            format!("app.kubernetes.io/name={HUB_CONTROLLER}"),
+            pods::HUB_ADMIN.port(),
+        ));
+        let admin = pods::forward_admin(&mut nodes[0], &testenv)?;
         let grpc = HUB_GRPC;
         progress(&format!(
             "telling the agents where the hub is: HUB_GRPC_ADDRESS=https://{grpc} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}"
@@ -189,7 +203,9 @@ impl Stack {
             repo,
             git,
             grpc,
+            admin,
             proxy,
+            admin_proxy,
             nodes,
             fleet,
         };

@@ -20,6 +20,8 @@ use testenv::stack::{Stack, StackOptions};
 mod autonomous;
 #[path = "e2e/churn.rs"]
 mod churn;
+#[path = "e2e/plugin.rs"]
+mod plugin;
 #[path = "e2e/support.rs"]
 mod support;
 
@@ -111,6 +113,9 @@ async fn the_pull_model_end_to_end() {
             })
     })
     .await;
+
+    phase("kubectl argocd-pull");
+    plugin::shows_the_fleet(&stack);
 
     phase("sync");
     // A sync started on the hub runs once on the spoke, over either
@@ -434,6 +439,9 @@ async fn the_pull_model_end_to_end() {
                 .unwrap()
         );
     }
+
+    phase("kubectl argocd-pull revoke");
+    plugin::revoke_cuts_cluster1_off(&stack).await;
 
     // Nothing in argocd-pull's logs says it failed to write.
     for (name, log) in stack.logs() {

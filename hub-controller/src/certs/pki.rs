@@ -39,6 +39,16 @@ impl Validity {
         }
     }
 
+    /// When [`Self::due`] becomes true: a third of the lifetime before
+    /// expiry.
+    pub fn renew_at(&self) -> SystemTime {
+        let lifetime = self
+            .not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default();
+        self.not_after - lifetime / 3
+    }
+
     pub fn expired(&self, now: SystemTime) -> bool {
         now >= self.not_after
     }

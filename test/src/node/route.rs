@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 use super::{Node, run_ok};
 use crate::{Error, Result};
 
-/// The nat chain (jumped to from OUTPUT and PREROUTING) that holds the
-/// Service addresses [`route_service`] keeps.
+/// The nat chain (jumped to from OUTPUT and PREROUTING) that sends each
+/// Service address [`route_service`] keeps to a chain of its own.
 const CHAIN: &str = "ARGOCD-PULL-SERVICES";
 
 /// A container's memory as its memory cgroup (v1) counts it.
@@ -161,7 +161,31 @@ impl Node {
 /// as the others, as kube-proxy does for a Service: with none, nothing
 /// answers there. Replaces what was there before in one step.
 pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr]) -> Result<()> {
-    let mut rules = format!("*nat\n:{CHAIN} - [0:0]\n");
+    // Each address has a chain of its own, jumped to from CHAIN, so that
+    // addresses are routed independently of each other.
+    let std::net::IpAddr::V4(ip) = address.ip() else {
+        return Err(Error::Command {
+            command: format!("route_service {address}"),
+            output: "only IPv4 addresses are routed".into(),
+        });
+    };
+    let chain = format!("APS-{:08x}-{:04x}", u32::from(ip), address.port());
+    let iptables = |args: &[&str]| {
+        run_ok(
+            Command::new("ip")
+                .args(["netns", "exec", netns, "iptables", "-t", "nat"])
+                .args(args),
+        )
+    };
+    let (dst, port) = (format!("{ip}/32"), address.port().to_string());
+    let jump = [
+        CHAIN, "-d", &dst, "-p", "tcp", "--dport", &port, "-j", &chain,
+    ];
+    if iptables(&[&["-C"], &jump[..]].concat()).is_err() {
+        let _ = iptables(&["-N", &chain]);
+        iptables(&[&["-A"], &jump[..]].concat())?;
+    }
+    let mut rules = format!("*nat\n:{chain} - [0:0]\n");
     for (i, to) in endpoints.iter().enumerate() {
         let left = endpoints.len() - i;
         let pick = if left > 1 {
@@ -172,11 +196,7 @@ pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr])
         } else {
             String::new()
         };
-        rules.push_str(&format!(
-            "-A {CHAIN} -d {}/32 -p tcp --dport {} {pick}-j DNAT --to-destination {to}\n",
-            address.ip(),
-            address.port()
-        ));
+        rules.push_str(&format!("-A {chain} -p tcp {pick}-j DNAT --to-destination {to}\n"));
     }
     rules.push_str("COMMIT\n");
     let mut child = Command::new("ip")

@@ -25,6 +25,12 @@ use crate::{Cluster, Result, images};
 pub const HUB_GRPC: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 213, 254, 1), 8443));
 
+/// Where the harness reaches the hub-controller's admin port inside the
+/// hub's node ([`follow_pods`]); the stack relays a loopback port of the
+/// machine to it ([`crate::stack::Stack::admin`]).
+pub const HUB_ADMIN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 213, 254, 2), 8080));
+
 /// A Deployment of argocd-pull as its pods show it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Status {
@@ -67,6 +73,22 @@ pub async fn join(nodes: &mut [Node], clusters: &[&Cluster], testenv: &Path) -> 
     Ok(())
 }
 
+/// Makes [`HUB_ADMIN`] inside the hub's node reachable at a loopback port
+/// of this machine (returned), as `kubectl port-forward` would; the pods
+/// behind it are kept by [`follow_pods`].
+pub fn forward_admin(hub: &mut Node, testenv: &Path) -> Result<SocketAddr> {
+    let socket = hub.expose(testenv, HUB_ADMIN)?;
+    let local = crate::net::free_addr()?;
+    hub.relay(
+        testenv,
+        "relay-hub-admin",
+        false,
+        &format!("tcp:{local}"),
+        &format!("unix:{}", socket.display()),
+    )?;
+    Ok(local)
+}
+
 /// Keeps [`HUB_GRPC`] inside network namespace `netns` (the hub's node)
 /// pointed at the ready endpoints of Service `namespace/service`'s port
 /// named `port`, as they change; until aborted.
@@ -79,37 +101,84 @@ pub async fn follow_service(
 ) {
     let slices: Api<EndpointSlice> = Api::namespaced(client, namespace);
     let selector = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
-    let mut current: Option<Vec<SocketAddr>> = None;
-    loop {
-        if let Ok(list) = slices.list(&selector).await {
-            let mut ready = Vec::new();
-            for slice in list.items {
-                let Some(number) = slice
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| p.name.as_deref() == Some(port))
-                    .and_then(|p| p.port)
-                else {
-                    continue;
-                };
-                for e in slice.endpoints {
-                    let is_ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false);
-                    for address in e.addresses.iter().filter(|_| is_ready) {
-                        if let Ok(ip) = address.parse() {
-                            ready.push(SocketAddr::new(ip, number as u16));
-                        }
+    follow(&netns, HUB_GRPC, "the hub's gRPC address", || async {
+        let list = slices.list(&selector).await.ok()?;
+        let mut ready = Vec::new();
+        for slice in list.items {
+            let Some(number) = slice
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(port))
+                .and_then(|p| p.port)
+            else {
+                continue;
+            };
+            for e in slice.endpoints {
+                let is_ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false);
+                for address in e.addresses.iter().filter(|_| is_ready) {
+                    if let Ok(ip) = address.parse() {
+                        ready.push(SocketAddr::new(ip, number as u16));
                     }
                 }
             }
-            ready.sort();
-            if current.as_ref() != Some(&ready) {
-                match node::route_service(&netns, HUB_GRPC, &ready) {
+        }
+        Some(ready)
+    })
+    .await
+}
+
+/// Keeps [`HUB_ADMIN`] inside network namespace `netns` (the hub's node)
+/// pointed at port `port` of the running pods that `selector` picks in
+/// `namespace` (ready or not: a standby's admin port answers too), as
+/// `kubectl port-forward` would reach one; until aborted.
+pub async fn follow_pods(
+    client: kube::Client,
+    netns: String,
+    namespace: &str,
+    selector: String,
+    port: u16,
+) {
+    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let selector = ListParams::default().labels(&selector);
+    follow(
+        &netns,
+        HUB_ADMIN,
+        "the hub-controller's admin address",
+        || async {
+            let list = pods.list(&selector).await.ok()?;
+            Some(
+                list.items
+                    .iter()
+                    .filter_map(|p| p.status.as_ref())
+                    .filter(|s| s.phase.as_deref() == Some("Running"))
+                    .filter_map(|s| s.pod_ip.as_deref()?.parse().ok())
+                    .map(|ip| SocketAddr::new(ip, port))
+                    .collect(),
+            )
+        },
+    )
+    .await
+}
+
+/// Keeps `address` inside `netns` pointed at what `endpoints` returns
+/// (`None`: could not tell, try again), checked four times a second.
+async fn follow<F, Fut>(netns: &str, address: SocketAddr, what: &str, mut endpoints: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<Vec<SocketAddr>>>,
+{
+    let mut current: Option<Vec<SocketAddr>> = None;
+    loop {
+        if let Some(mut now) = endpoints().await {
+            now.sort();
+            if current.as_ref() != Some(&now) {
+                match node::route_service(netns, address, &now) {
                     Ok(()) => {
-                        tracing::info!(endpoints = ?ready, "the hub's gRPC address follows its Service");
-                        current = Some(ready);
+                        tracing::info!(endpoints = ?now, "{what} follows its pods");
+                        current = Some(now);
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot route the hub's gRPC address"),
+                    Err(e) => tracing::warn!(error = %e, "cannot route {what}"),
                 }
             }
         }

@@ -86,6 +86,31 @@ pub async fn run(dir: PathBuf, git_port: u16, timeout: Duration) -> Result<()> {
                 .trim_end()
         );
     }
+    // The fleet as `kubectl argocd-pull` shows it (the hub-controller's
+    // admin port reached as `kubectl port-forward` would).
+    let plugin = testenv::paths::own_binary("kubectl-argocd-pull")?;
+    let hub_kubeconfig = &kubeconfigs[0].1;
+    for args in [
+        &["status"][..],
+        &["apps"],
+        &["explain", &format!("{NAMESPACE}/guestbook-cluster1")],
+        &["certs"],
+    ] {
+        let out = std::process::Command::new(&plugin)
+            .arg("--kubeconfig")
+            .arg(hub_kubeconfig)
+            .arg("--admin")
+            .arg(format!("http://{}", stack.admin))
+            .args(args)
+            .output()?;
+        println!(
+            "\n$ kubectl argocd-pull --admin http://{} {}\n{}{}",
+            stack.admin,
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        );
+    }
     let hints = hints(&dir, &kubeconfigs, &stack);
     println!("\n{hints}");
     std::fs::write(dir.join("ready"), &hints)?;
@@ -131,6 +156,14 @@ fn hints(dir: &Path, kubeconfigs: &[(String, PathBuf)], stack: &Stack) -> String
         .unwrap_or("cluster2");
     let (c1, c2) = (n1, n2);
     let k1 = k(n1);
+    let plugin = testenv::paths::own_binary("kubectl-argocd-pull")
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "kubectl-argocd-pull".into());
+    let hub_kubeconfig = kubeconfigs
+        .first()
+        .map(|(_, p)| p.display().to_string())
+        .unwrap_or_default();
+    let admin = stack.admin;
     let logs: Vec<String> = stack
         .logs()
         .iter()
@@ -158,6 +191,10 @@ Break something on purpose (an Application for a cluster OCM does not know):
   {hub} -n argocd get application guestbook-nowhere -o jsonpath='{{.status.conditions}}{{\"\\n\"}}'
   {hub} -n argocd get events --field-selector involvedObject.name=guestbook-nowhere
   (the other Applications carry on; delete it with: {hub} delete -f example/mistakes/unknown-cluster.yaml)
+
+The fleet as the hub sees it (`make install-plugin` puts it on the PATH as `kubectl argocd-pull`):
+  {plugin} --kubeconfig {hub_kubeconfig} --admin http://{admin} status
+  {plugin} --kubeconfig {hub_kubeconfig} --admin http://{admin} explain argocd/guestbook-nowhere
 
 The status table again:  make demo-status
 Logs of argocd-pull's containers (or: kubectl logs -n argocd-pull deploy/argocd-pull-hub-controller):

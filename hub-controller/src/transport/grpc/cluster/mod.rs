@@ -109,8 +109,8 @@ pub enum Stop {
 struct Session {
     id: u64,
     mode: AgentMode,
-    /// SHA-256 of the client certificate it connected with.
-    fingerprint: String,
+    /// Who connected, and when.
+    agent: Agent,
     /// Ends the session's tasks, saying why.
     stop: watch::Sender<Option<Stop>>,
 }
@@ -200,6 +200,20 @@ impl Inner {
 }
 
 /// See the module documentation.
+/// Who is at the other end of a session, as the hub's status page
+/// (`/status` on the admin port) shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Agent {
+    /// SHA-256 of the client certificate it connected with.
+    pub fingerprint: String,
+    /// The agent's own version, from its `Hello`.
+    pub version: String,
+    /// Seconds since the Unix epoch after which its certificate expires.
+    pub certificate_not_after: i64,
+    /// Seconds since the Unix epoch when the session began.
+    pub since: i64,
+}
+
 pub struct ClusterState {
     pub name: String,
     inner: Mutex<Inner>,

@@ -10,25 +10,27 @@ use std::time::Instant;
 use argocd_pull_proto::v1::{AgentMode, HubMessage, hub_message};
 use tokio::sync::watch;
 
-use super::{ClusterState, DigestSet, Session, SetDigest, Stop, object_message, resync_requests};
+use super::{
+    Agent, ClusterState, DigestSet, Session, SetDigest, Stop, object_message, resync_requests,
+};
 
 impl ClusterState {
     /// Attaches a new session; a previous one is told to stop. What was in
     /// flight on the old stream goes back to the outbox.
     pub fn attach(&self, id: u64, mode: AgentMode) -> watch::Receiver<Option<Stop>> {
-        self.attach_as(id, mode, "")
+        self.attach_as(id, mode, Agent::default())
             .expect("attach is only called on clusters that are not revoked")
     }
 
-    /// [`Self::attach`] for a session with the certificate `fingerprint`;
-    /// refused, leaving any current session alone, while the cluster is
+    /// [`Self::attach`] for a session of `agent` (its certificate's
+    /// fingerprint is what the deny list checks); refused, leaving any current session alone, while the cluster is
     /// revoked (checked under the same lock [`Self::revoke`] takes, so no
     /// session slips in after a revocation).
     pub fn attach_as(
         &self,
         id: u64,
         mode: AgentMode,
-        fingerprint: &str,
+        agent: Agent,
     ) -> Result<watch::Receiver<Option<Stop>>, String> {
         let mut inner = self.lock();
         if let Some(why) = &inner.revoked {
@@ -45,7 +47,7 @@ impl ClusterState {
         inner.session = Some(Session {
             id,
             mode,
-            fingerprint: fingerprint.to_string(),
+            agent,
             stop,
         });
         Ok(stopped)
@@ -89,14 +91,22 @@ impl ClusterState {
     pub fn stop_if_denied(&self, denied: impl Fn(&str) -> Option<String>) -> Option<String> {
         let inner = self.lock();
         let session = inner.session.as_ref()?;
-        let note = denied(&session.fingerprint)?;
+        let note = denied(&session.agent.fingerprint)?;
         let _ = session.stop.send(Some(Stop::Denied(note)));
-        Some(session.fingerprint.clone())
+        Some(session.agent.fingerprint.clone())
     }
 
     /// The mode of the connected agent, if one is connected.
     pub fn mode(&self) -> Option<AgentMode> {
         self.lock().session.as_ref().map(|s| s.mode)
+    }
+
+    /// The connected agent and its mode, if one is connected.
+    pub fn agent(&self) -> Option<(AgentMode, Agent)> {
+        self.lock()
+            .session
+            .as_ref()
+            .map(|s| (s.mode, s.agent.clone()))
     }
 
     /// Up to `max` messages for session `id`: the digest and resync

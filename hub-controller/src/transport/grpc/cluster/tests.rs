@@ -26,6 +26,13 @@ fn desired(name: &str, version: &str) -> Arc<Desired> {
     })
 }
 
+fn fp(fingerprint: &str) -> Agent {
+    Agent {
+        fingerprint: fingerprint.into(),
+        ..Agent::default()
+    }
+}
+
 fn kinds(ms: &[HubMessage]) -> Vec<String> {
     ms.iter()
         .map(|m| match m.kind.as_ref().unwrap() {
@@ -354,14 +361,14 @@ fn a_retry_is_scheduled_once_per_message_in_flight() {
 #[test]
 fn a_revoked_cluster_is_stopped_and_refused_until_allowed() {
     let c = ClusterState::new("c1");
-    let mut first = c.attach_as(1, AgentMode::Managed, "fp-1").unwrap();
+    let mut first = c.attach_as(1, AgentMode::Managed, fp("fp-1")).unwrap();
     assert!(c.revoke("its ManagedCluster was deleted"));
     assert_eq!(
         *first.borrow_and_update(),
         Some(Stop::Revoked("its ManagedCluster was deleted".into()))
     );
     assert_eq!(
-        c.attach_as(2, AgentMode::Managed, "fp-1").unwrap_err(),
+        c.attach_as(2, AgentMode::Managed, fp("fp-1")).unwrap_err(),
         "its ManagedCluster was deleted"
     );
     assert_eq!(
@@ -370,17 +377,17 @@ fn a_revoked_cluster_is_stopped_and_refused_until_allowed() {
     );
     assert!(c.allow());
     assert!(!c.allow());
-    assert!(c.attach_as(3, AgentMode::Managed, "fp-1").is_ok());
+    assert!(c.attach_as(3, AgentMode::Managed, fp("fp-1")).is_ok());
 }
 
 #[test]
 fn only_the_session_of_a_denied_certificate_is_stopped() {
     let c = ClusterState::new("c1");
-    let s = c.attach_as(1, AgentMode::Managed, "fp-good").unwrap();
+    let s = c.attach_as(1, AgentMode::Managed, fp("fp-good")).unwrap();
     let deny = |fp: &str| (fp == "fp-bad").then(|| "stolen".to_string());
     assert_eq!(c.stop_if_denied(deny), None);
     assert!(!s.has_changed().unwrap());
-    let mut s = c.attach_as(2, AgentMode::Managed, "fp-bad").unwrap();
+    let mut s = c.attach_as(2, AgentMode::Managed, fp("fp-bad")).unwrap();
     assert_eq!(c.stop_if_denied(deny).as_deref(), Some("fp-bad"));
     assert_eq!(*s.borrow_and_update(), Some(Stop::Denied("stolen".into())));
 }

@@ -23,7 +23,7 @@ use argocd_pull_proto::{validate, version};
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
-use super::cluster::{ClusterState, Stop};
+use super::cluster::{Agent, ClusterState, Stop};
 use argocd_pull_runtime::client::limit::Bucket;
 
 use super::hub::Hub;
@@ -114,7 +114,16 @@ pub async fn run(
 
     let cs = hub.cluster(&cluster);
     let id = hub.session_id();
-    let stop = match cs.attach_as(id, negotiated.mode, &peer.fingerprint) {
+    let agent = Agent {
+        fingerprint: peer.fingerprint.clone(),
+        version: agent_version.clone(),
+        certificate_not_after: peer.not_after,
+        since: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs() as i64,
+    };
+    let stop = match cs.attach_as(id, negotiated.mode, agent) {
         Ok(stop) => stop,
         Err(why) => {
             let r = Refusal::revoked(&cluster, &why);

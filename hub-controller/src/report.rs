@@ -1,0 +1,255 @@
+//! `/status` on the admin port: what this replica serves, as JSON, for
+//! `kubectl argocd-pull status` and `certs` (docs/operations.md). Read-only:
+//! it holds the agents' sessions and the serving certificate's file, never
+//! anything the hub API has (the plugin reads that there).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use argocd_pull_proto::version::mode_name;
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+
+use crate::certs::pki;
+use crate::route::authz::Authorization;
+use crate::transport::grpc::Hub;
+
+/// The admin path of the report.
+pub const PATH: &str = "/status";
+
+/// What one replica reports.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The pod (or host) name of the replica.
+    pub replica: String,
+    /// The hub-controller's version.
+    pub version: String,
+    /// Whether this replica serves (holds the leader Lease, or runs without
+    /// leader election).
+    pub serving: bool,
+    /// Whether it serves the gRPC transport.
+    pub grpc: bool,
+    /// How it authorizes targets, while it serves.
+    pub authorization: Option<AuthorizationReport>,
+    /// The gRPC serving certificate it presents, once it has one.
+    pub serving_certificate: Option<Certificate>,
+    /// The agents connected to it, by cluster name.
+    pub agents: Vec<AgentReport>,
+}
+
+/// `--authorization` and `--allowed-target`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorizationReport {
+    pub require_placement: bool,
+    /// `NAMESPACE=CLUSTER` rules.
+    pub allowed_targets: Vec<String>,
+}
+
+impl From<&Authorization> for AuthorizationReport {
+    fn from(a: &Authorization) -> Self {
+        Self {
+            require_placement: a.require_placement,
+            allowed_targets: a
+                .allow
+                .iter()
+                .map(|r| format!("{}={}", r.namespace, r.cluster))
+                .collect(),
+        }
+    }
+}
+
+impl AuthorizationReport {
+    /// The authorization it stands for (rules that do not parse are left out).
+    pub fn authorization(&self) -> Authorization {
+        Authorization {
+            require_placement: self.require_placement,
+            allow: self
+                .allowed_targets
+                .iter()
+                .filter_map(|r| r.parse().ok())
+                .collect(),
+        }
+    }
+}
+
+/// A certificate's validity, in seconds since the Unix epoch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Certificate {
+    pub not_before: i64,
+    pub not_after: i64,
+    /// When it is due for renewal (a third of its lifetime left).
+    pub renew_at: i64,
+}
+
+impl Certificate {
+    /// The first certificate of `pem`, if it parses.
+    pub fn of_pem(pem: &str) -> Option<Self> {
+        let v = pki::validity(pem)?;
+        Some(Self {
+            not_before: secs(v.not_before),
+            not_after: secs(v.not_after),
+            renew_at: secs(v.renew_at()),
+        })
+    }
+}
+
+/// One connected agent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentReport {
+    pub cluster: String,
+    /// `managed` or `autonomous`.
+    pub mode: String,
+    /// The agent's version, from its `Hello`.
+    pub version: String,
+    /// When its session began.
+    pub connected_since: i64,
+    /// When the hub last heard from it (any message), if it did.
+    pub last_seen: Option<f64>,
+    /// Age of the oldest object message it has not acknowledged.
+    pub lag_seconds: f64,
+    /// Expiry of the client certificate it connected with.
+    pub certificate_not_after: i64,
+    /// SHA-256 of that certificate (what the deny list names).
+    pub certificate_fingerprint: String,
+}
+
+/// Seconds since the Unix epoch.
+pub fn secs(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() as i64
+}
+
+/// What the report is made from; filled in as the replica starts serving.
+#[derive(Clone, Default)]
+pub struct StatusPage(Arc<Mutex<Sources>>);
+
+#[derive(Default)]
+struct Sources {
+    serving: bool,
+    authorization: Option<AuthorizationReport>,
+    grpc: Option<(Arc<Hub>, PathBuf)>,
+}
+
+impl StatusPage {
+    /// This replica serves (or no longer does).
+    pub fn set_serving(&self, serving: bool) {
+        self.0.lock().expect("never poisoned").serving = serving;
+    }
+
+    /// It authorizes targets with `authorization`.
+    pub fn set_authorization(&self, authorization: &Authorization) {
+        self.0.lock().expect("never poisoned").authorization = Some(authorization.into());
+    }
+
+    /// It serves the gRPC transport of `hub`, presenting the certificate in
+    /// file `cert`.
+    pub fn set_grpc(&self, hub: Arc<Hub>, cert: PathBuf) {
+        self.0.lock().expect("never poisoned").grpc = Some((hub, cert));
+    }
+
+    /// The report now.
+    pub fn report(&self) -> Report {
+        let (serving, authorization, grpc) = {
+            let s = self.0.lock().expect("never poisoned");
+            (s.serving, s.authorization.clone(), s.grpc.clone())
+        };
+        let mut report = Report {
+            replica: argocd_pull_runtime::lease::pod_name(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            serving,
+            authorization: authorization.filter(|_| serving),
+            grpc: grpc.is_some(),
+            ..Report::default()
+        };
+        if let Some((hub, cert)) = grpc {
+            report.serving_certificate = std::fs::read_to_string(&cert)
+                .ok()
+                .and_then(|pem| Certificate::of_pem(&pem));
+            for cs in hub.clusters() {
+                let Some((mode, agent)) = cs.agent() else {
+                    continue;
+                };
+                let label = hub.metrics.cluster(&cs.name);
+                let last_seen = hub.metrics.last_seen.get(&label).map(|g| g.get());
+                let lag_seconds = hub.metrics.lag.get(&label).map_or(0.0, |g| g.get());
+                report.agents.push(AgentReport {
+                    cluster: cs.name.clone(),
+                    mode: mode_name(mode).into(),
+                    version: agent.version,
+                    connected_since: agent.since,
+                    last_seen: last_seen.filter(|s| *s > 0.0),
+                    lag_seconds,
+                    certificate_not_after: agent.certificate_not_after,
+                    certificate_fingerprint: agent.fingerprint,
+                });
+            }
+            report.agents.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+        }
+        report
+    }
+
+    /// `GET /status`.
+    pub fn routes(&self) -> Router {
+        let page = self.clone();
+        Router::new().route(
+            PATH,
+            get(move || {
+                let page = page.clone();
+                async move {
+                    match serde_json::to_string_pretty(&page.report()) {
+                        Ok(body) => (
+                            StatusCode::OK,
+                            [(header::CONTENT_TYPE, "application/json")],
+                            body,
+                        )
+                            .into_response(),
+                        Err(e) => {
+                            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+                        }
+                    }
+                }
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_is_due_a_third_before_it_expires() {
+        let now = SystemTime::now();
+        let lifetime = std::time::Duration::from_secs(90 * 86400);
+        let ca = pki::new_ca("test CA", pki::KeyKind::EcdsaP256, now, lifetime).unwrap();
+        let c = Certificate::of_pem(&ca.cert_pem).unwrap();
+        assert_eq!(c.not_after - c.renew_at, (c.not_after - c.not_before) / 3);
+        assert!(Certificate::of_pem("not a certificate").is_none());
+    }
+
+    #[test]
+    fn a_report_round_trips_as_the_plugin_reads_it() {
+        let page = StatusPage::default();
+        page.set_serving(true);
+        let report = page.report();
+        assert!(report.serving && !report.grpc && report.agents.is_empty());
+        assert_eq!(report.authorization, None, "not set yet");
+        let auth = Authorization {
+            require_placement: true,
+            allow: vec!["team-a=c1".parse().unwrap()],
+        };
+        page.set_authorization(&auth);
+        let report = page.report();
+        let json = serde_json::to_string(&report).unwrap();
+        assert_eq!(report.authorization.as_ref().unwrap().authorization(), auth);
+        assert!(json.contains("\"servingCertificate\":null"), "{json}");
+        assert_eq!(serde_json::from_str::<Report>(&json).unwrap(), report);
+    }
+}
