@@ -173,7 +173,8 @@ pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr])
     let iptables = |args: &[&str]| {
         run_ok(
             Command::new("ip")
-                .args(["netns", "exec", netns, "iptables", "-t", "nat"])
+                .args(["netns", "exec", netns, &super::iptables_bin("iptables")])
+                .args(["-t", "nat"])
                 .args(args),
         )
     };
@@ -196,7 +197,9 @@ pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr])
         } else {
             String::new()
         };
-        rules.push_str(&format!("-A {chain} -p tcp {pick}-j DNAT --to-destination {to}\n"));
+        rules.push_str(&format!(
+            "-A {chain} -p tcp {pick}-j DNAT --to-destination {to}\n"
+        ));
     }
     rules.push_str("COMMIT\n");
     let mut child = Command::new("ip")
