@@ -115,7 +115,7 @@ async fn the_pull_model_end_to_end() {
     .await;
 
     phase("kubectl argocd-pull");
-    plugin::shows_the_fleet(&stack);
+    plugin::shows_the_fleet(&stack).await;
 
     phase("sync");
     // A sync started on the hub runs once on the spoke, over either
