@@ -44,10 +44,13 @@ pub fn run_dir() -> PathBuf {
         .unwrap_or_else(|| cache_dir().join("run"))
 }
 
-/// One of argocd-pull's own binaries (`hub-controller`, `spoke-agent`) as
+/// One of argocd-pull's own binaries (`hub-controller`, `spoke-agent`,
+/// `kubectl-argocd-pull`) as
 /// Cargo built it: in `$ARGOCD_PULL_BIN_DIR`, or the workspace's
 /// `$CARGO_TARGET_DIR`/`target` `debug/` folder. `cargo test --workspace`
-/// and `make demo` build them before anything runs.
+/// builds a package's binaries only when that package has integration tests
+/// (hub-controller, spoke-agent and the plugin each do); `make demo` builds
+/// them explicitly.
 pub fn own_binary(name: &str) -> crate::Result<PathBuf> {
     let dir = std::env::var_os("ARGOCD_PULL_BIN_DIR")
         .map(PathBuf::from)
