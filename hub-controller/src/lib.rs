@@ -105,14 +105,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-/// The `/readyz` check that fails on a standby.
-pub const LEADER_CHECK: &str = "leader";
-
 /// Name of the leader Lease unless `--leader-election-id` says otherwise.
 pub const LEASE_NAME: &str = "argocd-pull-hub-controller";
 
-/// Runs until SIGTERM or SIGINT, or until the leader Lease is lost (an
-/// error, so that the process restarts and stands by).
+/// Runs until SIGTERM or SIGINT, or until the leader Lease or this
+/// replica's presence is lost (an error, so that the process restarts).
+///
+/// Every replica serves gRPC (its agents, from its own watches, writing
+/// for the clusters it holds: [`grpc::claims`]); the leader also runs the
+/// ManifestWork transport, the Argo CD cluster Secrets and the sweep, and
+/// writes for the clusters no replica holds.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let signals = shutdown::on_signals()?;
     let (stop, shutdown) = shutdown::channel();
@@ -141,55 +143,59 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     tracing::info!(server = %version.git_version, argocd_namespace = %args.argocd_namespace, "connected to the hub");
     readiness.set("hub-api", true);
-
-    // A standby serves nothing (no gRPC, no controllers): it is not Ready,
-    // so the gRPC Service sends agents only to the leader. Liveness
-    // (`/livez`) stays separate: a standby is alive.
-    if args.leader.enabled {
-        readiness.set(LEADER_CHECK, false);
-    }
-    let leadership = if args.leader.enabled {
-        match lease::acquire(
-            client.clone(),
-            args.leader.config(LEASE_NAME),
-            signals.clone(),
-        )
-        .await
-        {
-            Some(l) => Some(l),
-            None => {
-                stop.fire();
-                server.await??;
-                tracing::info!("stopped while standing by");
-                return Ok(());
-            }
-        }
-    } else {
-        None
-    };
-    // What the leader waits for before it is Ready, registered before it
-    // says it leads, so that no moment between reads as Ready.
+    // What a replica waits for before it is Ready: every replica serves
+    // what the Service sends it (gRPC), leader or not.
     readiness.set("applications-synced", false);
     if args.grpc.grpc_addr.is_some() {
         readiness.set("grpc-synced", false);
     }
-    readiness.set(LEADER_CHECK, true);
-    metrics.leader.set(1);
+
+    // The leader Lease, in the background: serving does not wait for it.
+    let lease_config = args.leader.enabled.then(|| args.leader.config(LEASE_NAME));
+    let claims = match (&lease_config, args.grpc.grpc_addr) {
+        (Some(c), Some(_)) => Some(grpc::claims::Claims::new(
+            client.clone(),
+            grpc::claims::ClaimsConfig::new(&c.namespace, &c.identity),
+        )),
+        _ => None,
+    };
+    let (leading_tx, leading) = tokio::sync::watch::channel(lease_config.is_none());
+    let (held_tx, held) = tokio::sync::oneshot::channel();
+    let elector = lease_config.map(|config| {
+        let (client, signals) = (client.clone(), signals.clone());
+        tokio::spawn(async move {
+            if let Some(l) = lease::acquire(client, config, signals).await {
+                let _ = leading_tx.send(true);
+                let _ = held_tx.send(l);
+            }
+        })
+    });
     page.set_serving(true);
-    let lost = leadership.as_ref().map(|l| l.lost());
+    let claims_lost = claims.as_ref().map(|c| c.lost());
     let watchdog = tokio::spawn(async move {
-        let lost = async {
-            match lost {
+        let lease_lost = async {
+            match held.await {
+                Ok(l) => {
+                    l.lost().await;
+                    Some(l)
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        let presence_lost = async {
+            match claims_lost {
                 Some(l) => l.await,
                 None => std::future::pending().await,
             }
         };
-        let was_lost = tokio::select! {
-            _ = signals.wait() => false,
-            _ = lost => true,
+        tokio::pin!(lease_lost);
+        let (why, leadership) = tokio::select! {
+            _ = signals.wait() => (None, None),
+            l = &mut lease_lost => (Some("lost the leader Lease"), l),
+            _ = presence_lost => (Some("could not renew this replica's presence"), None),
         };
         stop.fire();
-        was_lost
+        (why, leadership)
     });
     run_controllers(
         &args,
@@ -199,14 +205,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         readiness,
         &page,
         shutdown,
+        leading,
+        claims,
     )
     .await?;
     page.set_serving(false);
-    let was_lost = watchdog.await?;
+    if let Some(e) = elector {
+        e.abort();
+    }
+    let (why, leadership) = watchdog.await?;
     metrics.leader.set(0);
     server.await??;
-    if was_lost {
-        anyhow::bail!("lost the leader Lease; exiting so that this replica restarts and stands by");
+    if let Some(why) = why {
+        anyhow::bail!("{why}; exiting so that this replica restarts");
     }
     if let Some(l) = leadership {
         l.release().await;
@@ -215,7 +226,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The leader's work, until `shutdown` resolves.
+/// Every replica's work, until `shutdown` resolves; the leader's once
+/// `leading` says so.
+#[allow(clippy::too_many_arguments)]
 async fn run_controllers(
     args: &Args,
     client: kube::Client,
@@ -224,13 +237,13 @@ async fn run_controllers(
     readiness: Readiness,
     page: &report::StatusPage,
     shutdown: shutdown::Shutdown,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+    claims: Option<std::sync::Arc<grpc::claims::Claims>>,
 ) -> anyhow::Result<()> {
     let authorization = route::authz::Authorization {
         require_placement: args.authorization == AuthorizationMode::Placement,
         allow: args.allowed_targets.clone(),
     };
-    // The gRPC transport runs only on the leader, like the controllers: one
-    // replica decides and writes.
     let grpc_config = args.grpc.config(authorization.clone());
     page.set_authorization(&authorization);
     let watches = hub::watches::Watches::new(hub::watches::Scope {
@@ -242,13 +255,29 @@ async fn run_controllers(
     });
     let grpc = grpc_config
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));
+    let mut claiming = None;
+    if let (Some(hub), Some(claims)) = (&grpc, &claims) {
+        hub.set_claims(claims.clone());
+        claiming = Some((
+            tokio::spawn(claims.clone().run(shutdown.clone().wait())),
+            tokio::spawn(hub.clone().follow_claims()),
+        ));
+    }
     let mut keeper = None;
     if let (Some(hub), true) = (&grpc, args.certs.manage) {
+        // Every replica issues its own serving certificate from the shared
+        // CAs (the writes of the CAs carry the version read: one wins).
         let mut k = certs::Keeper::new(client.clone(), args.certs.config(hub.config.tls.clone()));
         // The server reads the files at start: they must be there.
-        k.pass()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot set up the gRPC certificates: {e}"))?;
+        let mut attempt = 0;
+        while let Err(e) = k.pass().await {
+            attempt += 1;
+            if attempt == 5 {
+                return Err(anyhow::anyhow!("cannot set up the gRPC certificates: {e}"));
+            }
+            tracing::warn!(error = %e, "cannot set up the gRPC certificates yet; retrying");
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
         keeper = Some(tokio::spawn(k.run(shutdown.clone().wait())));
     }
     let grpc_server = match &grpc {
@@ -257,9 +286,12 @@ async fn run_controllers(
             page.set_grpc(hub.clone(), hub.config.tls.cert.clone());
             // Agents are welcomed only once the hub sees everything
             // (`run` registered the check).
-            let (hub, ready) = (hub.clone(), readiness.clone());
+            let (hub, ready, claims) = (hub.clone(), readiness.clone(), claims.clone());
             tokio::spawn(async move {
                 hub.wait_synced().await;
+                if let Some(c) = claims {
+                    c.wait_synced().await;
+                }
                 ready.set("grpc-synced", true);
             });
             Some(server)
@@ -278,36 +310,70 @@ async fn run_controllers(
         watches.caches(),
         grpc.clone(),
     );
-    // One set of watches feeds both transports.
-    let mut consumers: Vec<std::sync::Arc<dyn hub::watches::Consumer>> = vec![ctx.clone()];
+    // One set of watches feeds both transports; the ManifestWork side
+    // hears them once this replica leads.
+    let gate = manifestwork::triggers::Gate::new(ctx.clone());
+    let mut consumers: Vec<std::sync::Arc<dyn hub::watches::Consumer>> = vec![gate.clone()];
     if let Some(hub) = &grpc {
         consumers.push(hub.clone());
     }
     let watching = tokio::spawn(watches.run(client.clone(), consumers, shutdown.clone().wait()));
-    let secrets = tokio::spawn(manifestwork::cluster_secrets::run(
-        client.clone(),
-        args.argocd_namespace.clone(),
-        shutdown.clone(),
-    ));
-    let sweep = tokio::spawn(manifestwork::sweep::run(
-        client,
-        ctx.caches.clone(),
-        metrics,
-        args.sweep_interval,
-        shutdown.clone().wait(),
-    ));
-    let synced = readiness.clone();
-    manifestwork::controller::run(
-        ctx,
-        move || synced.set("applications-synced", true),
-        shutdown.clone(),
-    )
-    .await;
-    sweep.await?;
-    secrets.await?;
+    {
+        let (caches, ready) = (ctx.caches.clone(), readiness.clone());
+        tokio::spawn(async move {
+            caches.wait_synced().await;
+            ready.set("applications-synced", true);
+        });
+    }
+
+    // The leader's share.
+    let led = tokio::select! {
+        l = leading.wait_for(|l| *l) => l.is_ok(),
+        _ = shutdown.clone().wait() => false,
+    };
+    let mut leader_tasks = Vec::new();
+    if led {
+        tracing::info!(
+            "leading: the ManifestWork transport, the cluster Secrets and the clusters no replica holds are this replica's"
+        );
+        metrics.leader.set(1);
+        page.set_leader(true);
+        if let Some(c) = &claims {
+            c.set_leader(true);
+        }
+        if let Some(hub) = &grpc {
+            hub.requeue_all();
+        }
+        gate.open();
+        leader_tasks.push(tokio::spawn(manifestwork::cluster_secrets::run(
+            client.clone(),
+            args.argocd_namespace.clone(),
+            shutdown.clone(),
+        )));
+        leader_tasks.push(tokio::spawn(manifestwork::sweep::run(
+            client,
+            ctx.caches.clone(),
+            metrics,
+            args.sweep_interval,
+            shutdown.clone().wait(),
+        )));
+        manifestwork::controller::run(ctx, || {}, shutdown.clone()).await;
+    } else {
+        shutdown.clone().wait().await;
+    }
+    for t in leader_tasks {
+        t.await?;
+    }
     watching.await?;
     if let Some(server) = grpc_server {
         server.await?;
+    }
+    if let Some((claiming, following)) = claiming {
+        claiming.await?;
+        following.abort();
+    }
+    if let Some(c) = &claims {
+        c.retire().await;
     }
     if let Some(keeper) = keeper {
         keeper.await?;

@@ -29,9 +29,12 @@ pub struct Report {
     pub replica: String,
     /// The hub-controller's version.
     pub version: String,
-    /// Whether this replica serves (holds the leader Lease, or runs without
-    /// leader election).
+    /// Whether this replica serves (every replica does while it runs).
     pub serving: bool,
+    /// Whether it leads: runs the ManifestWork transport and writes for the
+    /// clusters no replica holds.
+    #[serde(default)]
+    pub leader: bool,
     /// Whether it serves the gRPC transport.
     pub grpc: bool,
     /// How it authorizes targets, while it serves.
@@ -133,6 +136,7 @@ pub struct StatusPage(Arc<Mutex<Sources>>);
 #[derive(Default)]
 struct Sources {
     serving: bool,
+    leader: bool,
     authorization: Option<AuthorizationReport>,
     grpc: Option<(Arc<Hub>, PathBuf)>,
 }
@@ -141,6 +145,11 @@ impl StatusPage {
     /// This replica serves (or no longer does).
     pub fn set_serving(&self, serving: bool) {
         self.0.lock().expect("never poisoned").serving = serving;
+    }
+
+    /// This replica leads.
+    pub fn set_leader(&self, leader: bool) {
+        self.0.lock().expect("never poisoned").leader = leader;
     }
 
     /// It authorizes targets with `authorization`.
@@ -156,14 +165,15 @@ impl StatusPage {
 
     /// The report now.
     pub fn report(&self) -> Report {
-        let (serving, authorization, grpc) = {
+        let (serving, leader, authorization, grpc) = {
             let s = self.0.lock().expect("never poisoned");
-            (s.serving, s.authorization.clone(), s.grpc.clone())
+            (s.serving, s.leader, s.authorization.clone(), s.grpc.clone())
         };
         let mut report = Report {
             replica: argocd_pull_runtime::lease::pod_name(),
             version: env!("CARGO_PKG_VERSION").into(),
             serving,
+            leader,
             authorization: authorization.filter(|_| serving),
             grpc: grpc.is_some(),
             ..Report::default()

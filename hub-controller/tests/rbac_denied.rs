@@ -214,9 +214,15 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
             .await,
     );
 
-    // The leader Lease, and no other.
-    let leases: Api<Lease> = Api::namespaced(sa.clone(), "argocd-pull");
-    refused("get another Lease", leases.get("someone-else").await);
+    // Leases in its own namespace only (the leader Lease, the replicas'
+    // presences and the clusters' claims have names made at run time).
+    for ns in ["default", "kube-system", "kube-node-lease"] {
+        let leases: Api<Lease> = Api::namespaced(sa.clone(), ns);
+        refused(
+            &format!("list the Leases in {ns}"),
+            leases.list(&ListParams::default()).await,
+        );
+    }
 
     // Applications: never created or deleted.
     let apps: Api<DynamicObject> =

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod mode;
+pub mod replicas;
 pub mod series;
 
 use std::collections::BTreeMap;

@@ -9,8 +9,11 @@
 //! - [`hub`]: watches -> index -> desired sets, and the writers;
 //! - [`session`]: one stream;
 //! - [`tls`]: certificates, refused handshakes logged with the cluster;
-//! - [`revoke`]: validity on every stream, the deny list, revoked clusters.
+//! - [`revoke`]: validity on every stream, the deny list, revoked clusters;
+//! - [`claims`]: with several replicas, which one writes for a cluster (the
+//!   one its agent is connected to; the leader for the rest).
 
+pub mod claims;
 pub mod cluster;
 pub mod commands;
 pub mod hub;

@@ -7,7 +7,7 @@ pub mod application;
 pub mod cluster_secrets;
 pub mod controller;
 pub mod sweep;
-mod triggers;
+pub mod triggers;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

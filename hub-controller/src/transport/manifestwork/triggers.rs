@@ -83,3 +83,44 @@ impl Context {
         let _ = self.triggers.send(app);
     }
 }
+
+/// The ManifestWork transport's share of the hub's watches, heard only once
+/// this replica leads ([`Gate::open`]); until then events are dropped, and
+/// opening looks at every Application, as a fresh start would.
+pub struct Gate {
+    open: std::sync::atomic::AtomicBool,
+    ctx: std::sync::Arc<Context>,
+}
+
+impl Gate {
+    pub fn new(ctx: std::sync::Arc<Context>) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            open: std::sync::atomic::AtomicBool::new(false),
+            ctx,
+        })
+    }
+
+    /// This replica leads: every Application is looked at, and every event
+    /// from now on is heard.
+    pub fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+        for app in self.ctx.caches.apps.state() {
+            self.ctx.trigger(
+                ObjectRef::from_obj_with(app.as_ref(), application_resource()),
+                "leading",
+            );
+        }
+    }
+}
+
+impl Consumer for Gate {
+    fn event(&self, event: &Event) {
+        if self.open.load(std::sync::atomic::Ordering::SeqCst) {
+            self.ctx.event(event);
+        }
+    }
+
+    fn synced(&self) {
+        self.ctx.synced();
+    }
+}

@@ -96,6 +96,53 @@ impl ClusterState {
         Some(session.agent.fingerprint.clone())
     }
 
+    /// Whether session `id` is the one attached.
+    pub fn is_current(&self, id: u64) -> bool {
+        self.lock().session.as_ref().is_some_and(|s| s.id == id)
+    }
+
+    /// Whether an agent session is attached here.
+    pub fn has_session(&self) -> bool {
+        self.lock().session.is_some()
+    }
+
+    /// Ends the session because its agent connected to another replica
+    /// (this stream is stale: an agent has one). Returns whether one was
+    /// attached.
+    pub fn moved_away(&self) -> bool {
+        match &self.lock().session {
+            Some(s) => {
+                let _ = s.stop.send(Some(Stop::Replaced));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets what the agent reported, once this replica no longer writes
+    /// for the cluster: whoever writes next hears it from the agent, and
+    /// what is kept here would be older than what they write. Keeps what
+    /// the hub's mirrors show (read from the hub). Returns whether anything
+    /// was forgotten.
+    pub fn forget_reports(&self) -> bool {
+        let mut inner = self.lock();
+        let before = inner.observed.len()
+            + inner.rejected.len()
+            + inner.gone.len()
+            + inner.delete_acked.len()
+            + inner.ops.len();
+        inner
+            .observed
+            .retain(|_, o| matches!(o, super::Observation::Mirrored { .. }));
+        inner.rejected.clear();
+        inner.gone.clear();
+        inner.delete_acked.clear();
+        inner.gone_before_ack.clear();
+        inner.ops.clear();
+        let after = inner.observed.len();
+        before != after
+    }
+
     /// The mode of the connected agent, if one is connected.
     pub fn mode(&self) -> Option<AgentMode> {
         self.lock().session.as_ref().map(|s| s.mode)

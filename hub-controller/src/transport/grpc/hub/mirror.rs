@@ -41,6 +41,9 @@ impl Hub {
         cluster: &str,
         key: &ObjectKey,
     ) -> Result<(), kube::Error> {
+        if !self.acts_for(cluster) {
+            return Ok(());
+        }
         let cs = self.cluster(cluster);
         let cached = self
             .caches

@@ -20,6 +20,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
+mod claimed;
 mod index;
 mod mirror;
 mod workers;
@@ -59,6 +60,8 @@ pub struct Hub {
     /// Applications that moved to or from this transport, for the
     /// ManifestWork controller to look at again.
     switched: Mutex<Switches>,
+    /// With several replicas: which one writes for a cluster.
+    claims: std::sync::OnceLock<Arc<super::claims::Claims>>,
 }
 
 type Switches = (
@@ -88,6 +91,7 @@ impl Hub {
             queue: WorkQueue::new(),
             synced: watch::channel(false).0,
             next_session: AtomicU64::new(1),
+            claims: std::sync::OnceLock::new(),
             switched: Mutex::new({
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 (Some(tx), Some(rx))

@@ -70,6 +70,13 @@ impl Hub {
             .expect("never poisoned")
             .assignment(r)
             .cloned();
+        // With several replicas, one writes for a cluster (see `claims`).
+        if let Some((cluster, _)) = assignment.as_ref().and_then(|a| a.slot())
+            && !matches!(assignment, Some(Assignment::NotOurs { .. }))
+            && !self.acts_for(cluster)
+        {
+            return Ok(());
+        }
         let (cluster, key, reason, message) = match assignment {
             None | Some(Assignment::NotOurs { .. }) => return Ok(()),
             Some(Assignment::Refused {

@@ -139,6 +139,9 @@ pub async fn run(
         refuse(&hub, &cluster, r.reason, &out, r.status).await;
         return;
     }
+    // With several replicas, this one now writes for the cluster (once
+    // the one its agent was on before lets go).
+    hub.claim_for(&cluster, &cs, id);
     cs.set_control_gauge(
         metrics
             .control_queue
@@ -162,6 +165,7 @@ pub async fn run(
         .is_err()
     {
         cs.detach(id);
+        hub.session_ended(&cluster, &cs);
         return;
     }
     let mode = version::mode_name(negotiated.mode);
@@ -201,6 +205,7 @@ pub async fn run(
     .await;
     sender.abort();
     cs.detach(id);
+    hub.session_ended(&cluster, &cs);
     metrics
         .connected
         .get_or_create(&metrics.cluster(&cluster))

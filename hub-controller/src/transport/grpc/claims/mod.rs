@@ -1,0 +1,661 @@
+//! Every replica serves gRPC; a cluster's writes are made by one replica
+//! at a time ([`rule`] says who). This is the I/O around it, on
+//! `coordination.k8s.io` Leases in the hub-controller's namespace:
+//!
+//! - **presence** (`argocd-pull-replica-<identity>`): one per process,
+//!   renewed every `renew_every`; a replica whose presence has not changed
+//!   for its duration (on this process's clock) is dead, and its claims
+//!   may be taken. A replica that cannot renew for `renew_deadline`
+//!   (shorter than the duration) reports itself lost and exits before
+//!   anyone may take over.
+//! - **claim** (`argocd-pull-cluster-<cluster>`): exists while the
+//!   replica its agent is connected to holds it; written when an agent
+//!   connects and when its stream ends, never renewed.
+//!
+//! Both are watched (one watch, by label), so whether this replica acts for
+//! a cluster is answered from memory.
+
+pub mod rule;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{Notify, mpsc, watch};
+
+use argocd_pull_runtime::lease::Observer;
+use rule::{Claim, Step};
+
+/// Label on both kinds of Lease: `presence` or `claim`.
+pub const ROLE_LABEL: &str = "argocd-pull.io/lease";
+/// The cluster a claim is for.
+pub const CLUSTER_ANNOTATION: &str = "argocd-pull.io/cluster";
+/// The replica whose agent session asks the holder to let go.
+pub const WANTED_BY_ANNOTATION: &str = "argocd-pull.io/wanted-by";
+
+/// Where the Leases live and how fast presence moves.
+#[derive(Clone, Debug)]
+pub struct ClaimsConfig {
+    pub namespace: String,
+    /// This process (the leader Lease's identity).
+    pub identity: String,
+    /// A presence unchanged this long is dead.
+    pub presence_duration: Duration,
+    /// How often the presence is renewed.
+    pub renew_every: Duration,
+    /// Past this without a renewal, this replica is lost (shorter than
+    /// `presence_duration`).
+    pub renew_deadline: Duration,
+}
+
+impl ClaimsConfig {
+    /// 8 s presence, renewed every 2 s, lost after 6 s: a killed replica's
+    /// clusters are taken over at most 8 s after its last renewal.
+    pub fn new(namespace: &str, identity: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            identity: identity.into(),
+            presence_duration: Duration::from_secs(8),
+            renew_every: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(6),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    holder: Option<String>,
+    wanted_by: Option<String>,
+    version: u64,
+}
+
+#[derive(Default)]
+struct View {
+    /// Claims by cluster.
+    claims: HashMap<String, Record>,
+    /// Presences by identity: the Lease spec and when it last changed.
+    presences: HashMap<String, (LeaseSpec, Observer)>,
+    /// Identities found dead, since when.
+    dead: HashMap<String, Instant>,
+}
+
+/// This replica's view of the claims and presences, and its own writes.
+pub struct Claims {
+    api: Api<Lease>,
+    config: ClaimsConfig,
+    view: Mutex<View>,
+    leader: AtomicBool,
+    /// Clusters whose claim changed (who acts for them may have).
+    changed: mpsc::UnboundedSender<String>,
+    changes: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+    /// Any claim changed: claimers waiting for a holder look again.
+    notify: Notify,
+    synced: watch::Sender<bool>,
+    /// The Leases have had their first full list.
+    listed: AtomicBool,
+    lost: watch::Sender<bool>,
+    /// One claim or release at a time per cluster.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+fn version_of(lease: &Lease) -> u64 {
+    lease
+        .resource_version()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn now() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+impl Claims {
+    pub fn new(client: kube::Client, config: ClaimsConfig) -> Arc<Self> {
+        let (changed, changes) = mpsc::unbounded_channel();
+        Arc::new(Self {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+            view: Mutex::default(),
+            leader: AtomicBool::new(false),
+            changed,
+            changes: Mutex::new(Some(changes)),
+            notify: Notify::new(),
+            synced: watch::channel(false).0,
+            listed: AtomicBool::new(false),
+            lost: watch::channel(false).0,
+            locks: Mutex::default(),
+        })
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.config.identity
+    }
+
+    /// Clusters whose claim changed, for the transport to look at again
+    /// (taken once).
+    pub fn changes(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        self.changes.lock().expect("never poisoned").take()
+    }
+
+    /// This replica leads (it then acts for unclaimed clusters).
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::SeqCst);
+    }
+
+    /// Resolves once the Leases are listed and this replica's presence
+    /// exists.
+    pub async fn wait_synced(&self) {
+        let _ = self.synced.subscribe().wait_for(|s| *s).await;
+    }
+
+    /// Resolves when this replica could not renew its presence in time:
+    /// others may take its clusters, so it must stop writing.
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.lost.subscribe();
+        async move {
+            let _ = rx.wait_for(|l| *l).await;
+        }
+    }
+
+    fn alive(&self, view: &mut View, identity: &str, at: Instant) -> bool {
+        if identity == self.config.identity {
+            return !*self.lost.borrow();
+        }
+        match view.presences.get_mut(identity) {
+            Some((spec, observer)) => !observer.observe(spec, at, self.config.presence_duration),
+            None => false,
+        }
+    }
+
+    fn claim_view<'a>(&self, view: &'a mut View, cluster: &str, at: Instant) -> Option<Claim<'a>> {
+        let holder = view.claims.get(cluster)?.holder.clone();
+        let alive = holder.as_deref().is_some_and(|h| self.alive(view, h, at));
+        let r = view.claims.get(cluster)?;
+        Some(Claim {
+            holder: r.holder.as_deref(),
+            holder_alive: alive,
+            wanted_by: r.wanted_by.as_deref(),
+        })
+    }
+
+    /// Whether this replica writes for `cluster` now.
+    pub fn acts_for(&self, cluster: &str) -> bool {
+        if *self.lost.borrow() {
+            return false;
+        }
+        let leader = self.leader.load(Ordering::SeqCst);
+        let mut view = self.view.lock().expect("never poisoned");
+        let claim = self.claim_view(&mut view, cluster, Instant::now());
+        rule::acts_for(claim, &self.config.identity, leader)
+    }
+
+    /// Whether this replica holds `cluster`'s claim.
+    pub fn holds(&self, cluster: &str) -> bool {
+        self.view
+            .lock()
+            .expect("never poisoned")
+            .claims
+            .get(cluster)
+            .is_some_and(|r| r.holder.as_deref() == Some(self.config.identity.as_str()))
+    }
+
+    /// Whether another replica asked this one to let go of `cluster`.
+    pub fn asked_to_let_go(&self, cluster: &str) -> bool {
+        let mut view = self.view.lock().expect("never poisoned");
+        self.claim_view(&mut view, cluster, Instant::now())
+            .is_some_and(|c| rule::must_let_go(c, &self.config.identity))
+    }
+
+    /// Records a claim as read or written; newer versions only. Tells the
+    /// transport when the holder changed or someone asked for it.
+    fn record(&self, cluster: &str, lease: Option<&Lease>, deleted_version: Option<u64>) {
+        let mut view = self.view.lock().expect("never poisoned");
+        let before = view.claims.get(cluster).cloned();
+        match lease {
+            Some(l) => {
+                let new = Record {
+                    holder: l.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+                    wanted_by: l.annotations().get(WANTED_BY_ANNOTATION).cloned(),
+                    version: version_of(l),
+                };
+                if before.as_ref().is_some_and(|b| b.version > new.version) {
+                    return;
+                }
+                view.claims.insert(cluster.to_string(), new);
+            }
+            None => {
+                if before
+                    .as_ref()
+                    .is_some_and(|b| deleted_version.is_some_and(|d| b.version > d))
+                {
+                    return;
+                }
+                view.claims.remove(cluster);
+            }
+        }
+        let after = view.claims.get(cluster).cloned();
+        drop(view);
+        if before != after {
+            let _ = self.changed.send(cluster.to_string());
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn lock_for(&self, cluster: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .expect("never poisoned")
+            .entry(cluster.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn claim_lease(&self, cluster: &str, wanted_by: Option<&str>) -> Lease {
+        let mut annotations = std::collections::BTreeMap::from([(
+            CLUSTER_ANNOTATION.to_string(),
+            cluster.to_string(),
+        )]);
+        if let Some(w) = wanted_by {
+            annotations.insert(WANTED_BY_ANNOTATION.into(), w.into());
+        }
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(rule::claim_name(cluster)),
+                labels: Some([(ROLE_LABEL.to_string(), "claim".to_string())].into()),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.config.identity.clone()),
+                acquire_time: Some(now()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Claims `cluster` for this replica's session, asking a live holder to
+    /// let go; returns whether it is held, or `false` once `current` says
+    /// the session is over (or this replica is lost).
+    pub async fn claim(&self, cluster: &str, current: impl Fn() -> bool) -> bool {
+        self.wait_synced().await;
+        let lock = self.lock_for(cluster);
+        let name = rule::claim_name(cluster);
+        loop {
+            if !current() || *self.lost.borrow() {
+                return false;
+            }
+            let notified = self.notify.notified();
+            let outcome: Result<bool, kube::Error> = async {
+                let _g = lock.lock().await;
+                if !current() {
+                    return Ok(false);
+                }
+                let read = self.api.get_opt(&name).await?;
+                self.record(cluster, read.as_ref(), None);
+                let step = {
+                    let mut view = self.view.lock().expect("never poisoned");
+                    let claim = match read {
+                        Some(_) => self.claim_view(&mut view, cluster, Instant::now()),
+                        None => None,
+                    };
+                    rule::step(claim, &self.config.identity)
+                };
+                match (step, read) {
+                    (Step::Held, _) => Ok(true),
+                    (Step::Create, _) => {
+                        let l = self
+                            .api
+                            .create(&PostParams::default(), &self.claim_lease(cluster, None))
+                            .await?;
+                        self.record(cluster, Some(&l), None);
+                        Ok(true)
+                    }
+                    (Step::Take, Some(old)) => {
+                        let mut l = self.claim_lease(cluster, None);
+                        l.metadata.resource_version = old.resource_version();
+                        let l = self.api.replace(&name, &PostParams::default(), &l).await?;
+                        tracing::info!(%cluster, previous = ?old.spec.and_then(|s| s.holder_identity), "took over the cluster's writes");
+                        self.record(cluster, Some(&l), None);
+                        Ok(true)
+                    }
+                    (Step::Ask { holder }, Some(mut old)) => {
+                        old.annotations_mut().insert(
+                            WANTED_BY_ANNOTATION.into(),
+                            self.config.identity.clone(),
+                        );
+                        let l = self.api.replace(&name, &PostParams::default(), &old).await?;
+                        tracing::info!(%cluster, %holder, "the cluster's agent moved here: asked its previous replica to let go");
+                        self.record(cluster, Some(&l), None);
+                        Ok(false)
+                    }
+                    _ => Ok(false),
+                }
+            }
+            .await;
+            match outcome {
+                Ok(true) => return true,
+                Ok(false) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => {
+                    tracing::warn!(%cluster, error = %e, "cannot claim the cluster; retrying")
+                }
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(self.config.renew_every / 2) => {}
+            }
+        }
+    }
+
+    /// Lets go of `cluster` if this replica holds it and `free` still
+    /// says so (no new session came meanwhile); returns whether it did.
+    pub async fn release(&self, cluster: &str, free: impl Fn() -> bool) -> bool {
+        let lock = self.lock_for(cluster);
+        let _g = lock.lock().await;
+        if !free() {
+            return false;
+        }
+        let name = rule::claim_name(cluster);
+        for _ in 0..5 {
+            let read = match self.api.get_opt(&name).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(%cluster, error = %e, "cannot release the cluster; retrying");
+                    tokio::time::sleep(self.config.renew_every / 2).await;
+                    continue;
+                }
+            };
+            let Some(l) = read else {
+                self.record(cluster, None, None);
+                return true;
+            };
+            if l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+                != Some(self.config.identity.as_str())
+            {
+                self.record(cluster, Some(&l), None);
+                return false;
+            }
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: l.resource_version(),
+                    uid: None,
+                }),
+                ..Default::default()
+            };
+            match self.api.delete(&name, &params).await {
+                Ok(_) => {
+                    self.record(cluster, None, Some(version_of(&l)));
+                    return true;
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
+                Err(e) => {
+                    tracing::warn!(%cluster, error = %e, "cannot release the cluster; retrying");
+                    tokio::time::sleep(self.config.renew_every / 2).await;
+                }
+            }
+        }
+        false
+    }
+
+    /// Keeps this replica's presence and the view until `shutdown`
+    /// ([`Self::retire`] then deletes the presence).
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        let watching = tokio::spawn(self.clone().watch());
+        tokio::pin!(shutdown);
+        let mut presence: Option<Lease> = None;
+        let mut last_renewal = Instant::now();
+        loop {
+            let started = Instant::now();
+            match tokio::time::timeout(self.config.renew_deadline / 2, self.renew(&mut presence))
+                .await
+            {
+                Ok(Ok(())) => {
+                    last_renewal = started;
+                    if !*self.synced.borrow() && self.listed.load(Ordering::SeqCst) {
+                        self.synced.send_replace(true);
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew this replica's presence"),
+                Err(_) => tracing::warn!(
+                    "the API server did not answer about this replica's presence in time"
+                ),
+            }
+            if last_renewal.elapsed() > self.config.renew_deadline && !*self.lost.borrow() {
+                tracing::error!(deadline = ?self.config.renew_deadline, "could not renew this replica's presence in time: others may take its clusters");
+                self.lost.send_replace(true);
+            }
+            self.check_dead().await;
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(self.config.renew_every) => {}
+            }
+        }
+        watching.abort();
+    }
+
+    /// Deletes this replica's presence once it has stopped writing: the
+    /// clusters it still holds are taken over at once, not after the
+    /// presence's duration.
+    pub async fn retire(&self) {
+        let name = rule::presence_name(&self.config.identity);
+        let params = DeleteParams::default();
+        let call = self.api.delete(&name, &params);
+        match tokio::time::timeout(self.config.renew_deadline / 2, call).await {
+            Ok(Ok(_)) => {
+                tracing::info!("this replica's presence is deleted: its clusters go to the others")
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not delete this replica's presence"),
+            Err(_) => tracing::warn!("could not delete this replica's presence in time"),
+        }
+    }
+
+    async fn renew(&self, presence: &mut Option<Lease>) -> Result<(), kube::Error> {
+        let name = rule::presence_name(&self.config.identity);
+        let spec = LeaseSpec {
+            holder_identity: Some(self.config.identity.clone()),
+            lease_duration_seconds: Some(self.config.presence_duration.as_secs() as i32),
+            renew_time: Some(now()),
+            ..Default::default()
+        };
+        let written = match presence.take() {
+            Some(mut l) => {
+                l.spec = Some(spec);
+                match self.api.replace(&name, &PostParams::default(), &l).await {
+                    Ok(l) => l,
+                    Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                        // Read again next time.
+                        *presence = self.api.get_opt(&name).await?;
+                        return Err(kube::Error::Api(s));
+                    }
+                    Err(e) => {
+                        *presence = Some(l);
+                        return Err(e);
+                    }
+                }
+            }
+            None => {
+                let l = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        labels: Some([(ROLE_LABEL.to_string(), "presence".to_string())].into()),
+                        ..Default::default()
+                    },
+                    spec: Some(spec),
+                };
+                match self.api.create(&PostParams::default(), &l).await {
+                    Ok(l) => l,
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        *presence = self.api.get_opt(&name).await?;
+                        return Err(kube::Error::Api(s));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        *presence = Some(written);
+        Ok(())
+    }
+
+    /// Replicas that died since the last check: their clusters are now
+    /// acted for by the leader (or taken by their agents' new replicas).
+    /// The leader also deletes Leases of replicas long dead.
+    async fn check_dead(&self) {
+        let at = Instant::now();
+        let (newly_dead, clusters, stale) = {
+            let mut view = self.view.lock().expect("never poisoned");
+            let ids: Vec<String> = view.presences.keys().cloned().collect();
+            let mut newly = Vec::new();
+            let mut stale = Vec::new();
+            // Long dead: ten durations.
+            let long = self.config.presence_duration * 10;
+            for id in ids {
+                if self.alive(&mut view, &id, at) {
+                    view.dead.remove(&id);
+                    continue;
+                }
+                match view.dead.get(&id) {
+                    None => {
+                        view.dead.insert(id.clone(), at);
+                        newly.push(id);
+                    }
+                    Some(since) if at.duration_since(*since) > long => {
+                        stale.push(rule::presence_name(&id))
+                    }
+                    Some(_) => {}
+                }
+            }
+            let clusters: Vec<String> = view
+                .claims
+                .iter()
+                .filter(|(_, r)| r.holder.as_ref().is_some_and(|h| newly.contains(h)))
+                .map(|(c, _)| c.clone())
+                .collect();
+            (newly, clusters, stale)
+        };
+        for id in &newly_dead {
+            tracing::warn!(replica = %id, "a replica stopped renewing its presence: its clusters are taken over");
+        }
+        for c in clusters {
+            let _ = self.changed.send(c);
+        }
+        if !newly_dead.is_empty() {
+            self.notify.notify_waiters();
+        }
+        if self.leader.load(Ordering::SeqCst) {
+            for name in stale {
+                let _ = self.api.delete(&name, &DeleteParams::default()).await;
+            }
+        }
+    }
+
+    async fn watch(self: Arc<Self>) {
+        let config = watcher::Config::default().labels(ROLE_LABEL);
+        let stream = watcher::watcher(self.api.clone(), config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut listing: Option<(HashSet<String>, HashSet<String>)> = None;
+        while let Some(ev) = stream.next().await {
+            let ev = match ev {
+                Ok(ev) => ev,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the Lease watch failed; retrying");
+                    continue;
+                }
+            };
+            use watcher::Event as E;
+            match ev {
+                E::Init => listing = Some(Default::default()),
+                E::InitApply(l) => {
+                    if let Some((claims, presences)) = &mut listing {
+                        match self.apply(&l) {
+                            Some(Kind::Claim(c)) => {
+                                claims.insert(c);
+                            }
+                            Some(Kind::Presence(p)) => {
+                                presences.insert(p);
+                            }
+                            None => {}
+                        }
+                    }
+                }
+                E::InitDone => {
+                    if let Some((claims, presences)) = listing.take() {
+                        let gone: Vec<String> = {
+                            let mut view = self.view.lock().expect("never poisoned");
+                            view.presences.retain(|id, _| presences.contains(id));
+                            view.dead.retain(|id, _| presences.contains(id));
+                            view.claims
+                                .keys()
+                                .filter(|c| !claims.contains(*c))
+                                .cloned()
+                                .collect()
+                        };
+                        for c in gone {
+                            self.record(&c, None, None);
+                        }
+                    }
+                    self.listed.store(true, Ordering::SeqCst);
+                }
+                E::Apply(l) => {
+                    self.apply(&l);
+                }
+                E::Delete(l) => match kind_of(&l) {
+                    Some(Kind::Claim(c)) => self.record(&c, None, Some(version_of(&l))),
+                    Some(Kind::Presence(id)) => {
+                        let mut view = self.view.lock().expect("never poisoned");
+                        view.presences.remove(&id);
+                        view.dead.remove(&id);
+                    }
+                    None => {}
+                },
+            }
+        }
+    }
+
+    fn apply(&self, l: &Lease) -> Option<Kind> {
+        let kind = kind_of(l)?;
+        match &kind {
+            Kind::Claim(c) => self.record(c, Some(l), None),
+            Kind::Presence(id) => {
+                let spec = l.spec.clone().unwrap_or_default();
+                let mut view = self.view.lock().expect("never poisoned");
+                let entry = view
+                    .presences
+                    .entry(id.clone())
+                    .or_insert_with(|| (spec.clone(), Observer::default()));
+                entry.0 = spec.clone();
+                entry
+                    .1
+                    .observe(&spec, Instant::now(), self.config.presence_duration);
+            }
+        }
+        Some(kind)
+    }
+}
+
+enum Kind {
+    Claim(String),
+    Presence(String),
+}
+
+fn kind_of(l: &Lease) -> Option<Kind> {
+    match l.labels().get(ROLE_LABEL).map(String::as_str) {
+        Some("claim") => l
+            .annotations()
+            .get(CLUSTER_ANNOTATION)
+            .map(|c| Kind::Claim(c.clone())),
+        Some("presence") => l
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .map(Kind::Presence),
+        _ => None,
+    }
+}

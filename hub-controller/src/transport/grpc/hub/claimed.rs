@@ -1,0 +1,149 @@
+//! The transport's side of [`super::super::claims`]: with several replicas,
+//! this one writes for a cluster only while it acts for it; a session
+//! claims its cluster, lets go when it ends, and everything the cluster's
+//! writes depend on is looked at again whenever who acts for it changes.
+
+use std::sync::Arc;
+
+use super::super::claims::Claims;
+use super::super::cluster::{ClusterState, Work};
+use super::Hub;
+use super::mirror::mirror_work;
+use crate::route::assign::HubRef;
+
+impl Hub {
+    /// From now on this replica writes for a cluster only while
+    /// [`Claims::acts_for`] says so (several replicas serve gRPC).
+    pub fn set_claims(&self, claims: Arc<Claims>) {
+        let _ = self.claims.set(claims);
+    }
+
+    pub fn claims(&self) -> Option<&Arc<Claims>> {
+        self.claims.get()
+    }
+
+    /// Whether this replica writes for `cluster` (always, with one replica).
+    pub(super) fn acts_for(&self, cluster: &str) -> bool {
+        self.claims.get().is_none_or(|c| c.acts_for(cluster))
+    }
+
+    /// Session `id` of `cluster` attached here: claims the cluster in the
+    /// background, for as long as that session is the current one.
+    pub fn claim_for(&self, cluster: &str, cs: &Arc<ClusterState>, id: u64) {
+        let Some(claims) = self.claims.get().cloned() else {
+            return;
+        };
+        let (cluster, cs) = (cluster.to_string(), cs.clone());
+        tokio::spawn(async move {
+            if claims.claim(&cluster, || cs.is_current(id)).await {
+                tracing::debug!(%cluster, session = id, "this replica writes for the cluster");
+            }
+        });
+    }
+
+    /// A session of `cluster` ended here: unless another one attached
+    /// meanwhile, forget what its agent reported and let go of the claim.
+    pub fn session_ended(&self, cluster: &str, cs: &Arc<ClusterState>) {
+        let Some(claims) = self.claims.get().cloned() else {
+            return;
+        };
+        let (cluster, cs) = (cluster.to_string(), cs.clone());
+        let hub = self.me.upgrade();
+        tokio::spawn(async move {
+            let free = || !cs.has_session();
+            if !free() {
+                return;
+            }
+            if cs.forget_reports()
+                && let Some(hub) = &hub
+            {
+                hub.reseed_mirrors(&cluster);
+            }
+            claims.release(&cluster, free).await;
+        });
+    }
+
+    /// Follows who acts for each cluster until the claims' changes end:
+    /// a holder asked to let go ends its (stale) session; a replica that no
+    /// longer acts forgets; the cluster's work is looked at again.
+    pub async fn follow_claims(self: Arc<Self>) {
+        let Some(claims) = self.claims.get().cloned() else {
+            return;
+        };
+        let Some(mut changes) = claims.changes() else {
+            return;
+        };
+        while let Some(cluster) = changes.recv().await {
+            let cs = self.cluster(&cluster);
+            if claims.asked_to_let_go(&cluster) && !cs.moved_away() {
+                // No session here, yet held (a release that failed).
+                self.session_ended(&cluster, &cs);
+            }
+            if !claims.holds(&cluster) && !cs.has_session() && cs.forget_reports() {
+                self.reseed_mirrors(&cluster);
+            }
+            self.requeue_cluster(&cluster);
+        }
+    }
+
+    /// Looks again at everything of `cluster`: its hub Applications and
+    /// its mirrors.
+    pub fn requeue_cluster(&self, cluster: &str) {
+        let refs: Vec<HubRef> = {
+            let index = self.index.lock().expect("never poisoned");
+            index
+                .refs()
+                .into_iter()
+                .filter(|r| {
+                    index
+                        .assignment(r)
+                        .and_then(|a| a.slot())
+                        .is_some_and(|(c, _)| c == cluster)
+                })
+                .collect()
+        };
+        for r in refs {
+            self.queue.add(Work::App(r));
+        }
+        for m in self.caches.mirrors.state() {
+            if let Some(work) = mirror_work(&m)
+                && matches!(&work, Work::Mirror { cluster: c, .. } if c == cluster)
+            {
+                self.queue.add(work);
+            }
+        }
+    }
+
+    /// Looks again at every cluster (this replica now leads, and acts for
+    /// the clusters nobody holds).
+    pub fn requeue_all(&self) {
+        let clusters: std::collections::BTreeSet<String> = {
+            let index = self.index.lock().expect("never poisoned");
+            index
+                .refs()
+                .iter()
+                .filter_map(|r| {
+                    index
+                        .assignment(r)
+                        .and_then(|a| a.slot())
+                        .map(|(c, _)| c.to_string())
+                })
+                .collect()
+        };
+        for c in clusters {
+            self.requeue_cluster(&c);
+        }
+    }
+
+    /// What the hub's mirrors of `cluster` show, as the observations a
+    /// fresh replica starts from.
+    fn reseed_mirrors(&self, cluster: &str) {
+        for m in self.caches.mirrors.state() {
+            if let Some(Work::Mirror { cluster: c, key }) = mirror_work(&m)
+                && c == cluster
+            {
+                self.seed_mirror(&c, &key, &m);
+            }
+        }
+    }
+}

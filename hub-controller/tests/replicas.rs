@@ -1,0 +1,351 @@
+//! Three hub-controller replicas against real API servers, as the
+//! Deployment runs them: every replica serves gRPC behind one Service, the
+//! replica an agent is connected to writes for its cluster, the leader runs
+//! the rest. Churn on 300 Applications over three clusters while one
+//! serving replica is killed with SIGKILL, then the leader, then all three
+//! are restarted one by one: in the end every hub and spoke copy is exact,
+//! every sync ran once on its spoke, and every live claim is held by a
+//! live replica. The times each recovery took are printed (measured, not
+//! asserted; docs/operations.md).
+
+mod common;
+mod grpc_env;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use argocd_pull_spoke_agent::Mode;
+use grpc_env::replicas::{Balancer, Replica};
+use grpc_env::{Env, TIMEOUT};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use testenv::wait;
+
+const CLUSTERS: [&str; 3] = ["cluster1", "cluster2", "cluster3"];
+const APPS_PER_CLUSTER: usize = 100;
+
+fn name(cluster: usize, n: usize) -> String {
+    format!("app-{cluster}-{n:03}")
+}
+
+/// A change to every `step`-th Application: a new target revision.
+async fn churn(env: &Env, round: usize, step: usize) {
+    let hub = env.hub_apps();
+    let mut patches = Vec::new();
+    for c in 0..CLUSTERS.len() {
+        for n in (round % step..APPS_PER_CLUSTER).step_by(step) {
+            let (hub, name) = (hub.clone(), name(c, n));
+            patches.push(async move {
+                hub.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": { "source": { "targetRevision": format!("round-{round}") } } })),
+                )
+                .await
+                .unwrap();
+            });
+        }
+    }
+    futures::future::join_all(patches).await;
+}
+
+/// A sync with revision `rev` set on the hub copy of `name`.
+async fn request_sync(env: &Env, name: &str, rev: &str) {
+    env.hub_apps()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "operation": { "sync": { "revision": rev }, "initiatedBy": { "username": "alice" } } })),
+        )
+        .await
+        .unwrap();
+}
+
+async fn converged(env: &Env, expected: &BTreeMap<String, usize>, what: &str) -> Duration {
+    let start = Instant::now();
+    wait::until(what, Duration::from_secs(120), || env.converged(expected)).await;
+    start.elapsed()
+}
+
+/// The replica each connected cluster is on.
+async fn placement(replicas: &[Replica]) -> BTreeMap<String, String> {
+    let mut on = BTreeMap::new();
+    for r in replicas {
+        for c in r.agents().await {
+            on.insert(c, r.name.clone());
+        }
+    }
+    on
+}
+
+async fn leader(replicas: &[Replica]) -> Option<usize> {
+    for (i, r) in replicas.iter().enumerate() {
+        if r.leads().await {
+            return Some(i);
+        }
+    }
+    None
+}
+
+async fn all_connected(replicas: &[Replica]) -> Result<BTreeMap<String, String>, String> {
+    let on = placement(replicas).await;
+    if on.len() == CLUSTERS.len() {
+        Ok(on)
+    } else {
+        Err(format!("connected: {on:?}"))
+    }
+}
+
+fn point_service(service: &Balancer, replicas: &[Replica]) {
+    service.set(&replicas.iter().map(|r| r.grpc).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_serve_and_survive_kills_and_restarts() {
+    let mut env = Env::new(&CLUSTERS).await;
+    env.hub.ensure_namespace("argocd-pull").await.unwrap();
+    // The hub's Argo CD namespace, where the leader keeps the cluster Secrets.
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    let service = Balancer::start().await;
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        replicas.push(env.start_replica(&format!("hub-{i}"), &[]).await);
+    }
+    // Every replica is Ready (each serves what the Service sends it), and
+    // exactly one leads.
+    for r in &replicas {
+        assert!(r.ready().await, "{} is Ready", r.name);
+    }
+    wait::until("one replica to lead", TIMEOUT, || async {
+        let mut leading = Vec::new();
+        for r in &replicas {
+            if r.leads().await {
+                leading.push(r.name.clone());
+            }
+        }
+        if leading.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{leading:?}"))
+        }
+    })
+    .await;
+    point_service(&service, &replicas);
+    for i in 0..CLUSTERS.len() {
+        let config = env.agent_config(i, &service.address(), Mode::Managed);
+        env.start_agent_with(i, config);
+    }
+    env.wait_connected().await;
+    let on = wait::until("every agent on a replica", TIMEOUT, || {
+        all_connected(&replicas)
+    })
+    .await;
+    let serving: std::collections::BTreeSet<&String> = on.values().collect();
+    assert!(
+        serving.len() >= 2,
+        "the Service spreads the agents over the replicas: {on:?}"
+    );
+    eprintln!("agents: {on:?}");
+
+    // 300 Applications.
+    let mut expected = BTreeMap::new();
+    let hub = env.hub_apps();
+    for c in 0..CLUSTERS.len() {
+        let mut creates = Vec::new();
+        for n in 0..APPS_PER_CLUSTER {
+            let app = env.app(&name(c, n), c, json!({}));
+            expected.insert(name(c, n), c);
+            let hub = hub.clone();
+            creates.push(async move { hub.create(&PostParams::default(), &app).await.unwrap() });
+        }
+        futures::future::join_all(creates).await;
+    }
+    let took = converged(
+        &env,
+        &expected,
+        "300 Applications delivered and their status back",
+    )
+    .await;
+    eprintln!("delivered: {took:?}");
+    let mut syncs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut round = 0;
+    let mut figures = Vec::new();
+
+    // Kill -9 a serving replica that is not the leader, with syncs in flight
+    // on its clusters and changes coming.
+    let lead = leader(&replicas).await.expect("a leader");
+    let on = all_connected(&replicas).await.unwrap();
+    let victim = (0..replicas.len())
+        .filter(|i| *i != lead)
+        .max_by_key(|i| on.values().filter(|r| **r == replicas[*i].name).count())
+        .unwrap();
+    let victim_clusters: Vec<usize> = CLUSTERS
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| on.get(**c) == Some(&replicas[victim].name))
+        .map(|(i, _)| i)
+        .collect();
+    eprintln!(
+        "killing {} (serving {:?})",
+        replicas[victim].name, victim_clusters
+    );
+    for &c in &victim_clusters {
+        let (n, rev) = (name(c, 1), "kill-serving".to_string());
+        request_sync(&env, &n, &rev).await;
+        syncs.entry(n).or_default().push(rev);
+    }
+    let killed = replicas.remove(victim);
+    let start = Instant::now();
+    killed.kill().await;
+    point_service(&service, &replicas);
+    round += 1;
+    churn(&env, round, 3).await;
+    wait::until("every agent back on a live replica", TIMEOUT, || {
+        all_connected(&replicas)
+    })
+    .await;
+    let back = start.elapsed();
+    converged(
+        &env,
+        &expected,
+        "exact again after a serving replica was killed",
+    )
+    .await;
+    figures.push(("serving replica killed", back, start.elapsed()));
+    replicas.push(env.start_replica("hub-3", &[]).await);
+    point_service(&service, &replicas);
+
+    // Kill -9 the leader: another one leads within the Lease's duration,
+    // and the clusters it served go elsewhere.
+    let lead = leader(&replicas).await.expect("a leader");
+    for c in 0..CLUSTERS.len() {
+        let (n, rev) = (name(c, 2), "kill-leader".to_string());
+        request_sync(&env, &n, &rev).await;
+        syncs.entry(n).or_default().push(rev);
+    }
+    let killed = replicas.remove(lead);
+    eprintln!("killing the leader {}", killed.name);
+    let start = Instant::now();
+    killed.kill().await;
+    point_service(&service, &replicas);
+    round += 1;
+    churn(&env, round, 3).await;
+    wait::until(
+        "another replica to lead",
+        Duration::from_secs(30),
+        || async { leader(&replicas).await.ok_or("no leader yet") },
+    )
+    .await;
+    let led = start.elapsed();
+    wait::until("every agent back on a live replica", TIMEOUT, || {
+        all_connected(&replicas)
+    })
+    .await;
+    converged(&env, &expected, "exact again after the leader was killed").await;
+    figures.push(("leader killed (new leader after)", led, start.elapsed()));
+    replicas.push(env.start_replica("hub-4", &[]).await);
+    point_service(&service, &replicas);
+
+    // A rolling restart: each replica stopped (SIGTERM) and replaced in
+    // turn, with changes and syncs between.
+    for k in 0..3 {
+        let old = replicas.remove(0);
+        eprintln!("restarting {}", old.name);
+        for c in 0..CLUSTERS.len() {
+            let (n, rev) = (name(c, 3 + k), format!("restart-{k}"));
+            request_sync(&env, &n, &rev).await;
+            syncs.entry(n).or_default().push(rev);
+        }
+        let start = Instant::now();
+        point_service(&service, &replicas);
+        let status = old.terminate().await;
+        assert!(status.success(), "a replica stops cleanly: {status:?}");
+        round += 1;
+        churn(&env, round, 5).await;
+        replicas.push(env.start_replica(&format!("hub-{}", 5 + k), &[]).await);
+        point_service(&service, &replicas);
+        wait::until("every agent on a live replica", TIMEOUT, || {
+            all_connected(&replicas)
+        })
+        .await;
+        converged(&env, &expected, "exact again after a replica restarted").await;
+        figures.push(("replica restarted", start.elapsed(), start.elapsed()));
+    }
+
+    // Every sync ran exactly once on its spoke.
+    for (n, revs) in &syncs {
+        let c: usize = n[4..5].parse().unwrap();
+        assert_eq!(
+            &env.spokes[c].argocd.syncs_of(n),
+            revs,
+            "{n}: every sync ran once"
+        );
+    }
+    // Each cluster is held by the replica its agent is on, and no Lease
+    // names a replica that is gone.
+    let on = all_connected(&replicas).await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), "argocd-pull");
+    wait::until(
+        "each cluster's claim held by its agent's replica",
+        TIMEOUT,
+        || async {
+            let all = leases
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let claims: BTreeMap<String, String> = all
+                .items
+                .iter()
+                .filter(|l| {
+                    l.labels().get("argocd-pull.io/lease").map(String::as_str) == Some("claim")
+                })
+                .map(|l| {
+                    (
+                        l.annotations()
+                            .get("argocd-pull.io/cluster")
+                            .cloned()
+                            .unwrap_or_default(),
+                        l.spec
+                            .as_ref()
+                            .and_then(|s| s.holder_identity.clone())
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let held_by: BTreeMap<String, String> = claims
+                .iter()
+                .map(|(c, holder)| {
+                    (
+                        c.clone(),
+                        holder.split('_').next().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect();
+            if held_by == on {
+                Ok(())
+            } else {
+                Err(format!("claims {claims:?}, agents on {on:?}"))
+            }
+        },
+    )
+    .await;
+    for (what, first, exact) in &figures {
+        eprintln!(
+            "{what}: {first:?} to the first signal, {exact:?} until every Application was exact"
+        );
+    }
+    for r in replicas {
+        assert!(r.terminate().await.success());
+    }
+    let log = env.hub_log();
+    for l in log.lines().filter(|l| {
+        l.contains("WARN")
+            || l.contains("ERROR")
+            || l.contains("took over")
+            || l.contains("asked its previous")
+    }) {
+        eprintln!("hub: {l}");
+    }
+}
