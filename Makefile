@@ -136,6 +136,12 @@ bench-grpc-compare: bench-grpc-build
 bench-grpc-fleet: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
 
+## bench-grpc-fleet-ha: the fleet (3,000 simulated agents x 10 Applications) on three hub-controller replicas behind one Service; agents and peak RSS per replica, recovery after killing a serving replica and the leader (docs/benchmarks.md)
+.PHONY: bench-grpc-fleet-ha
+BENCH_GRPC_FLEET_HA_ARGS ?= --agents 3000 --apps-per-agent 10 --replicas 3
+bench-grpc-fleet-ha: bench-grpc-build
+	$(BENCH_GRPC) fleet-ha $(BENCH_GRPC_FLEET_HA_ARGS)
+
 ## bench-abuse: 100 good agents' latency (p50/p99) quiet and while 10,000 handshakes with bad certificates and one valid agent that floods and never reads abuse the hub; the hub's peak RSS (loopback only)
 .PHONY: bench-abuse
 BENCH_ABUSE_ARGS ?= --good-agents 100 --bad-handshakes 10000

@@ -15,12 +15,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use argocd_pull_spoke_agent::Mode;
-use grpc_env::replicas::{Balancer, Replica};
+use grpc_env::replicas::Replica;
 use grpc_env::{Env, TIMEOUT};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testenv::balancer::Balancer;
 use testenv::wait;
 
 const CLUSTERS: [&str; 3] = ["cluster1", "cluster2", "cluster3"];
@@ -108,7 +109,7 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
     env.hub.ensure_namespace("argocd-pull").await.unwrap();
     // The hub's Argo CD namespace, where the leader keeps the cluster Secrets.
     env.hub.ensure_namespace("argocd").await.unwrap();
-    let service = Balancer::start().await;
+    let service = Balancer::start().await.unwrap();
     let mut replicas = Vec::new();
     for i in 0..3 {
         replicas.push(env.start_replica(&format!("hub-{i}"), &[]).await);

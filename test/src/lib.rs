@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod argocd;
+pub mod balancer;
 mod cluster;
 mod crds;
 pub mod images;

@@ -1,12 +1,9 @@
 //! Several hub-controller replicas as the Deployment runs them (leader
-//! election on, every one serving gRPC on an address of its own), and a
-//! stand-in for their gRPC Service: a TCP balancer that hands each new
-//! connection to the next replica that accepts it, as kube-proxy does with
-//! the Ready endpoints.
+//! election on, every one serving gRPC on an address of its own); their
+//! gRPC Service is [`testenv::balancer::Balancer`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use testenv::{net, wait};
@@ -106,62 +103,5 @@ impl Env {
         })
         .await;
         replica
-    }
-}
-
-/// The gRPC Service: each new connection goes to the next backend, in
-/// turn, that accepts it.
-pub struct Balancer {
-    pub addr: SocketAddr,
-    backends: Arc<Mutex<Vec<SocketAddr>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Balancer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Balancer {
-    pub async fn start() -> Balancer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let backends: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
-        let b = backends.clone();
-        let task = tokio::spawn(async move {
-            let mut next = 0usize;
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let list = b.lock().unwrap().clone();
-                next = next.wrapping_add(1);
-                let start = next;
-                tokio::spawn(async move {
-                    for i in 0..list.len() {
-                        let to = list[(start + i) % list.len()];
-                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
-                            let _ = inbound.set_nodelay(true);
-                            let _ = outbound.set_nodelay(true);
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        Balancer {
-            addr,
-            backends,
-            task,
-        }
-    }
-
-    /// The endpoints: the Ready replicas' addresses.
-    pub fn set(&self, backends: &[SocketAddr]) {
-        *self.backends.lock().unwrap() = backends.to_vec();
-    }
-
-    pub fn address(&self) -> String {
-        format!("https://{}", self.addr)
     }
 }

@@ -65,24 +65,24 @@ pub struct FleetArgs {
 }
 
 /// Namespace of the hub Applications.
-const NS: &str = "fleet";
+pub const NS: &str = "fleet";
 /// The `agent` part of the simulated agents' certificate subjects.
-const AGENT_NAME: &str = "fleet-load-generator";
+pub const AGENT_NAME: &str = "fleet-load-generator";
 const PEAK_RSS_TARGET_MIB: f64 = 512.0;
 const RESYNC_TARGET: Duration = Duration::from_secs(60);
 
 /// Which hub Applications carry the status their agent sent, from a watch.
 #[derive(Default)]
-struct Copies {
-    matching: HashSet<String>,
+pub struct Copies {
+    pub matching: HashSet<String>,
     /// Since when every one of them does.
-    all_since: Option<Instant>,
+    pub all_since: Option<Instant>,
     /// Writes to hub Applications seen (watch events after the first list).
     writes: u64,
 }
 
 /// Watches the hub Applications and keeps [`Copies`] current.
-fn watch_copies(client: kube::Client, total: usize) -> Arc<Mutex<Copies>> {
+pub fn watch_copies(client: kube::Client, total: usize) -> Arc<Mutex<Copies>> {
     let copies = Arc::new(Mutex::new(Copies::default()));
     let shared = copies.clone();
     let api: Api<Application> = Api::namespaced_with(client, NS, &application_resource());

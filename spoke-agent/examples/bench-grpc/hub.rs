@@ -167,13 +167,33 @@ pub struct HubProcess {
 impl HubProcess {
     /// Starts it with the gRPC server on; returns at once (see [`Self::ready`]).
     pub fn start(o: &HubOptions<'_>) -> Result<Self> {
+        Self::start_as(o, None)
+    }
+
+    /// Starts one of several replicas, as the Deployment runs them: leader
+    /// election on (its Leases in namespace `argocd-pull`), `replica` its
+    /// `POD_NAME`.
+    pub fn start_replica(o: &HubOptions<'_>, replica: &str) -> Result<Self> {
+        Self::start_as(o, Some(replica))
+    }
+
+    fn start_as(o: &HubOptions<'_>, replica: Option<&str>) -> Result<Self> {
         let admin = net::free_addr()?;
         let (crt, key) = o.pki.hub_files();
         let mut cmd = tokio::process::Command::new(o.bin);
         cmd.arg("--kubeconfig")
             .arg(o.hub.kubeconfig())
-            .args(["--admin-addr", &admin.to_string(), "--leader-elect=false"])
-            .args(["--grpc-addr", &o.grpc_addr.to_string()])
+            .args(["--admin-addr", &admin.to_string()]);
+        match replica {
+            Some(name) => {
+                cmd.args(["--leader-election-namespace", "argocd-pull"])
+                    .env("POD_NAME", name);
+            }
+            None => {
+                cmd.arg("--leader-elect=false");
+            }
+        }
+        cmd.args(["--grpc-addr", &o.grpc_addr.to_string()])
             .arg("--grpc-tls-cert")
             .arg(crt)
             .arg("--grpc-tls-key")

@@ -41,6 +41,7 @@ mod abuse;
 mod argocd_agent;
 mod compare;
 mod fleet;
+mod fleet_ha;
 mod fleet_load_generator;
 mod hub;
 mod latency;
@@ -73,6 +74,11 @@ enum Part {
     /// A fleet of simulated agents (a load generator) on one hub: peak
     /// memory, time to connect, time to reconnect and resync after restarts.
     Fleet(fleet::FleetArgs),
+    /// The fleet on several hub-controller replicas behind one Service:
+    /// agents and memory per replica, and how long until every agent is
+    /// back and every hub copy exact after a serving replica, then the
+    /// leader, is killed.
+    FleetHa(fleet_ha::FleetHaArgs),
     /// Ours and argocd-agent (principal and one managed agent, mTLS) side
     /// by side on the same API servers: latency, one agent's throughput,
     /// recovery after a hub restart.
@@ -103,6 +109,7 @@ async fn main() -> Result<()> {
     match args.part {
         Part::Latency(a) => latency::run(a, args.repeat, &hub_bin).await,
         Part::Fleet(a) => fleet::run(a, args.repeat, &hub_bin).await,
+        Part::FleetHa(a) => fleet_ha::run(a, args.repeat, &hub_bin).await,
         Part::Compare(a) => compare::run(a, args.repeat, &hub_bin).await,
         Part::Abuse(a) => abuse::run(a, args.repeat, &hub_bin).await,
     }

@@ -1,0 +1,579 @@
+//! The fleet part of `bench-grpc` with several hub-controller replicas
+//! (`fleet-ha`): the same hub API server, ManagedClusters, Applications and
+//! fleet load generator as `fleet`, but `--replicas` release
+//! hub-controllers with leader election behind one Service (a loopback TCP
+//! balancer, [`testenv::balancer`]), every one serving gRPC.
+//!
+//! 1. First start: every replica Ready, then the fleet; timed until every
+//!    agent is connected and in sync and every hub copy carries the status
+//!    its agent sent. Then a steady state; each replica's agents and peak
+//!    resident memory (VmHWM).
+//! 2. A serving replica that does not lead (the one with the most agents)
+//!    is killed (SIGKILL) and taken out of the Service; at that moment the
+//!    benchmark erases the status of every hub copy of that replica's
+//!    clusters (as if something had written them while their writer was
+//!    dead). Timed until its agents are connected elsewhere and in sync,
+//!    and until every hub copy carries its agent's status again (the
+//!    clusters' claims taken over and their status written). A replacement
+//!    starts.
+//! 3. The same for the leader, also timed until another replica leads.
+//! 4. At the end: every copy right, every agent connected once, nothing
+//!    pending.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use argocd_pull_apis::argocd::{Application, application_resource};
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, Patch, PatchParams};
+use testenv::balancer::Balancer;
+use testenv::{Cluster, ClusterConfig, CrdSet};
+use tokio::time::Instant;
+
+use crate::fleet::{AGENT_NAME, NS, watch_copies};
+use crate::fleet_load_generator::LoadGenerator;
+use crate::hub::{self, HubOptions, HubProcess, Pki};
+use crate::report::{self, Row, print_runs};
+
+#[derive(clap::Args, Debug)]
+pub struct FleetHaArgs {
+    /// Simulated agents, one per managed cluster.
+    #[arg(long, default_value_t = 3000)]
+    agents: usize,
+    /// Applications per managed cluster.
+    #[arg(long, default_value_t = 10)]
+    apps_per_agent: usize,
+    /// hub-controller replicas.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Seconds of steady state after the first start.
+    #[arg(long, default_value_t = 40)]
+    steady_secs: u64,
+    /// Creates and patches in flight.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Give up on a phase after this many seconds.
+    #[arg(long, default_value_t = 1200)]
+    timeout_secs: u64,
+    /// Shortest reconnect delay of the agents (the spoke-agent's default).
+    #[arg(long, default_value = "500ms", value_parser = argocd_pull_spoke_agent::parse_duration)]
+    reconnect_min: Duration,
+    /// Longest reconnect delay of the agents (the spoke-agent's default).
+    #[arg(long, default_value = "30s", value_parser = argocd_pull_spoke_agent::parse_duration)]
+    reconnect_max: Duration,
+}
+
+/// One replica: its process, gRPC address and name.
+struct Replica {
+    name: String,
+    process: HubProcess,
+    grpc: std::net::SocketAddr,
+}
+
+impl Replica {
+    async fn agents(&self) -> Vec<String> {
+        let Ok((200, body)) = testenv::net::http_get(self.process.admin, "/status").await else {
+            return Vec::new();
+        };
+        let report: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        report["agents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["cluster"].as_str().map(String::from))
+            .collect()
+    }
+
+    async fn leads(&self) -> bool {
+        self.process.metric("argocd_pull_hub_leader").await == 1.0
+    }
+}
+
+/// A failover: how long until the agents were back and in sync, the hub
+/// copies right, and (for the leader) another replica led.
+struct Failover {
+    moved: usize,
+    in_sync: Duration,
+    exact: Duration,
+    led: Option<Duration>,
+}
+
+struct Figures {
+    first_in_sync: Duration,
+    first_copies: Duration,
+    /// Per replica after the first start: agents, VmRSS and VmHWM (KiB).
+    per_replica: Vec<(usize, Option<u64>, Option<u64>)>,
+    serving: Failover,
+    leader: Failover,
+    /// The highest VmHWM of any replica over the run.
+    peak_any: Option<u64>,
+    matching: usize,
+    connected: f64,
+    pending: f64,
+    warns: usize,
+    errors: usize,
+    logs: Vec<PathBuf>,
+}
+
+pub async fn run(args: FleetHaArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
+    let (n, per, r) = (args.agents, args.apps_per_agent, args.replicas);
+    if r < 2 {
+        bail!("--replicas must be at least 2 (one is killed)");
+    }
+    let total = n * per;
+    let mut runs = Vec::with_capacity(repeat);
+    let mut version = String::new();
+    for round in 1..=repeat {
+        eprintln!("bench-grpc fleet-ha: run {round}/{repeat}");
+        let run = one_run(&args, hub_bin, round, &mut version).await;
+        if let Err(e) = &run {
+            eprintln!("bench-grpc fleet-ha: run {round} failed: {e:#}");
+        }
+        runs.push(run);
+    }
+    let ok: Vec<Option<&Figures>> = runs.iter().map(|r| r.as_ref().ok()).collect();
+    let of =
+        |f: &dyn Fn(&Figures) -> Option<f64>| ok.iter().map(|x| x.and_then(f)).collect::<Vec<_>>();
+    let secs = |f: fn(&Figures) -> Duration| of(&|x| Some(f(x).as_secs_f64()));
+    let mut rows = vec![
+        Row::new(
+            "first start: every agent connected and in sync",
+            secs(|f| f.first_in_sync),
+            report::secs,
+        ),
+        Row::new(
+            "first start: every hub copy carries its agent's status",
+            secs(|f| f.first_copies),
+            report::secs,
+        ),
+    ];
+    for i in 0..r {
+        rows.push(Row::new(
+            format!("replica {i}: agents connected to it (steady state)"),
+            of(&|f| f.per_replica.get(i).map(|p| p.0 as f64)),
+            report::count,
+        ));
+        rows.push(Row::new(
+            format!("replica {i}: RSS in steady state (VmRSS)"),
+            of(&|f| f.per_replica.get(i).and_then(|p| p.1).map(|k| k as f64)),
+            report::mib,
+        ));
+        rows.push(Row::new(
+            format!("replica {i}: peak RSS (VmHWM), first start and steady state"),
+            of(&|f| f.per_replica.get(i).and_then(|p| p.2).map(|k| k as f64)),
+            report::mib,
+        ));
+    }
+    for (what, pick) in [
+        (
+            "a serving replica killed",
+            (|f: &Figures| &f.serving) as fn(&Figures) -> &Failover,
+        ),
+        ("the leader killed", |f: &Figures| &f.leader),
+    ] {
+        rows.push(Row::new(
+            format!("{what}: its agents"),
+            of(&|f| Some(pick(f).moved as f64)),
+            report::count,
+        ));
+        rows.push(Row::new(
+            format!("{what}: every agent connected elsewhere and in sync"),
+            of(&|f| Some(pick(f).in_sync.as_secs_f64())),
+            report::secs,
+        ));
+        rows.push(
+            Row::new(
+                format!("{what}: every hub copy exact again (its erased status rewritten)"),
+                of(&|f| Some(pick(f).exact.as_secs_f64())),
+                report::secs,
+            )
+            .target("< 15 s", |v| v < 15.0),
+        );
+    }
+    rows.push(Row::new(
+        "the leader killed: another replica leads",
+        of(&|f| f.leader.led.map(|d| d.as_secs_f64())),
+        report::secs,
+    ));
+    rows.push(Row::new(
+        "peak RSS of any replica over the run (VmHWM)",
+        of(&|f| f.peak_any.map(|k| k as f64)),
+        report::mib,
+    ));
+    rows.push(
+        Row::new(
+            "at the end: hub copies carrying their agent's status",
+            of(&|f| Some(f.matching as f64)),
+            report::count,
+        )
+        .target(format!("all ({total})"), move |v| v == total as f64),
+    );
+    rows.push(
+        Row::new(
+            "at the end: agents the replicas count connected",
+            of(&|f| Some(f.connected)),
+            report::count,
+        )
+        .target(format!("{n}"), move |v| v == n as f64),
+    );
+    rows.push(
+        Row::new(
+            "at the end: objects pending",
+            of(&|f| Some(f.pending)),
+            report::count,
+        )
+        .target("0", |v| v == 0.0),
+    );
+    rows.push(Row::new(
+        "WARN lines in the replicas' logs",
+        of(&|f| Some(f.warns as f64)),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "ERROR lines in the replicas' logs",
+        of(&|f| Some(f.errors as f64)),
+        report::count,
+    ));
+    print_runs(
+        &format!(
+            "gRPC transport, fleet with {r} replicas: {n} simulated agents x {per} Applications = {total} on one hub (kube-apiserver {version}); times from the kill; {repeat} run(s), each on a fresh hub API server"
+        ),
+        &rows,
+    );
+    println!();
+    let mut failed = false;
+    for (i, run) in runs.iter().enumerate() {
+        match run {
+            Ok(f) => {
+                let logs: Vec<String> = f.logs.iter().map(|p| p.display().to_string()).collect();
+                println!("run {}: hub logs: {}", i + 1, logs.join(", "));
+                if f.matching != total || f.connected as usize != n || f.pending != 0.0 {
+                    println!("run {}: the fleet did not end in sync with the hub", i + 1);
+                    failed = true;
+                }
+            }
+            Err(e) => {
+                println!("run {}: {e:#}", i + 1);
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        bail!("a fleet-ha run failed or did not end in sync with the hub");
+    }
+    Ok(())
+}
+
+/// Every agent connected (on any stream since `epoch`) and in sync, and
+/// every copy right since `since` or later; returns when both first held.
+async fn wait_exact(
+    what: &str,
+    fleet: &LoadGenerator,
+    copies: &std::sync::Arc<std::sync::Mutex<crate::fleet::Copies>>,
+    per: usize,
+    since: Instant,
+    timeout: Duration,
+) -> Result<(Duration, Duration)> {
+    let mut in_sync_at = None;
+    let mut last_print = Instant::now();
+    loop {
+        let progress = fleet.progress();
+        let n = progress.len();
+        let in_sync = progress
+            .iter()
+            .filter(|p| p.in_sync_at.is_some() && p.apps == per)
+            .count();
+        if in_sync == n && in_sync_at.is_none() {
+            in_sync_at = Some(since.elapsed());
+        }
+        let (matching, all_since) = {
+            let c = copies.lock().expect("never poisoned");
+            (c.matching.len(), c.all_since)
+        };
+        if let (Some(s), Some(all)) = (in_sync_at, all_since)
+            && in_sync == n
+        {
+            return Ok((s, all.saturating_duration_since(since)));
+        }
+        if last_print.elapsed() > Duration::from_secs(5) {
+            last_print = Instant::now();
+            eprintln!(
+                "bench-grpc fleet-ha: {what}, {:.0} s: {in_sync}/{n} agents in sync, {matching} hub copies carry their status",
+                since.elapsed().as_secs_f64()
+            );
+        }
+        if since.elapsed() > timeout {
+            bail!(
+                "{what}: not exact after {timeout:?}: {in_sync}/{n} in sync, {matching} copies right"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Erases the status of every hub copy of `clusters`.
+async fn erase_status(
+    client: &kube::Client,
+    clusters: &[String],
+    per: usize,
+    concurrency: usize,
+) -> Result<()> {
+    let api: Api<Application> = Api::namespaced_with(client.clone(), NS, &application_resource());
+    let names: Vec<String> = clusters
+        .iter()
+        .flat_map(|c| (0..per).map(move |i| format!("{c}-app-{i:02}")))
+        .collect();
+    futures::stream::iter(names.iter())
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                api.patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({ "status": null })),
+                )
+                .await
+                .map(|_| ())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("erasing the hub copies' status")?;
+    Ok(())
+}
+
+async fn one_run(
+    args: &FleetHaArgs,
+    hub_bin: &Path,
+    round: usize,
+    version: &mut String,
+) -> Result<Figures> {
+    let (n, per) = (args.agents, args.apps_per_agent);
+    let timeout = Duration::from_secs(args.timeout_secs);
+    eprintln!(
+        "bench-grpc fleet-ha: starting a hub API server for {n} clusters x {per} Applications"
+    );
+    let hub = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)).await?;
+    *version = hub.version().to_string();
+    let client = hub.client().await?;
+    for ns in [NS, "argocd", "argocd-pull"] {
+        hub.ensure_namespace(ns).await?;
+    }
+    let clusters: Vec<String> = (1..=n).map(|i| format!("cluster-{i:04}")).collect();
+    futures::stream::iter(clusters.iter())
+        .map(|c| hub::join(&client, c))
+        .buffer_unordered(args.concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("joining the clusters")?;
+    let apps: Vec<(String, String)> = clusters
+        .iter()
+        .flat_map(|c| (0..per).map(move |i| (c.clone(), format!("{c}-app-{i:02}"))))
+        .collect();
+    futures::stream::iter(apps.iter())
+        .map(|(c, name)| hub::create(&client, hub::application(NS, name, c), "applications"))
+        .buffer_unordered(args.concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("creating the Applications")?;
+    eprintln!(
+        "bench-grpc fleet-ha: {n} clusters and {} Applications created",
+        apps.len()
+    );
+
+    let pki = Pki::new()?;
+    let service = Balancer::start().await?;
+    let fleet = LoadGenerator::for_clusters(
+        &pki,
+        &clusters,
+        &service.address(),
+        AGENT_NAME,
+        (args.reconnect_min, args.reconnect_max),
+    )?;
+    let copies = watch_copies(client.clone(), apps.len());
+    let logs = testenv::paths::run_dir().join("bench-logs");
+    std::fs::create_dir_all(&logs)?;
+    let allowed = [format!("{NS}=*")];
+    let mut started = 0usize;
+    let mut all_logs = Vec::new();
+    let mut start = |all_logs: &mut Vec<PathBuf>| -> Result<Replica> {
+        let grpc = testenv::net::free_addr()?;
+        let name = format!("hub-{started}");
+        let log = logs.join(format!("grpc-fleet-ha-run{round}-{name}.log"));
+        let _ = std::fs::remove_file(&log);
+        started += 1;
+        all_logs.push(log.clone());
+        let process = HubProcess::start_replica(
+            &HubOptions {
+                bin: hub_bin,
+                hub: &hub,
+                pki: &pki,
+                grpc_addr: grpc,
+                allowed_targets: &allowed,
+                log: Some(log.clone()),
+            },
+            &name,
+        )?;
+        Ok(Replica {
+            name,
+            process,
+            grpc,
+        })
+    };
+    let mut replicas = Vec::new();
+    for _ in 0..args.replicas {
+        replicas.push(start(&mut all_logs)?);
+    }
+    for rep in &mut replicas {
+        rep.process.ready(timeout).await?;
+    }
+    service.set(&replicas.iter().map(|x| x.grpc).collect::<Vec<_>>());
+    eprintln!(
+        "bench-grpc fleet-ha: {} replicas Ready; starting {n} simulated agents",
+        replicas.len()
+    );
+    let epoch = fleet.new_epoch();
+    fleet.start();
+    let (first_in_sync, first_copies) =
+        wait_exact("first start", &fleet, &copies, per, epoch, timeout).await?;
+    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let mut per_replica = Vec::new();
+    for rep in &replicas {
+        per_replica.push((
+            rep.agents().await.len(),
+            rep.process.memory_kib("VmRSS"),
+            rep.process.memory_kib("VmHWM"),
+        ));
+    }
+    eprintln!("bench-grpc fleet-ha: steady state: {per_replica:?} (agents, VmRSS KiB, VmHWM KiB)");
+    let mut peak_any = per_replica.iter().filter_map(|p| p.2).max();
+
+    let mut results = Vec::new();
+    for kill_leader in [false, true] {
+        let mut lead = None;
+        for (i, rep) in replicas.iter().enumerate() {
+            if rep.leads().await {
+                lead = Some(i);
+            }
+        }
+        let lead = lead.context("no replica leads")?;
+        let mut on = BTreeMap::new();
+        for (i, rep) in replicas.iter().enumerate() {
+            on.insert(i, rep.agents().await);
+        }
+        let victim = if kill_leader {
+            lead
+        } else {
+            *on.iter()
+                .filter(|(i, _)| **i != lead)
+                .max_by_key(|(_, a)| a.len())
+                .map(|(i, _)| i)
+                .context("no other replica")?
+        };
+        let moved = on[&victim].clone();
+        let mut dead = replicas.remove(victim);
+        for rep in &replicas {
+            peak_any = peak_any.max(rep.process.memory_kib("VmHWM"));
+        }
+        peak_any = peak_any.max(dead.process.memory_kib("VmHWM"));
+        eprintln!(
+            "bench-grpc fleet-ha: killing {} ({}, {} agents)",
+            dead.name,
+            if kill_leader { "the leader" } else { "serving" },
+            moved.len()
+        );
+        let since = Instant::now();
+        dead.process.kill().await?;
+        service.set(&replicas.iter().map(|x| x.grpc).collect::<Vec<_>>());
+        erase_status(&client, &moved, per, args.concurrency).await?;
+        let led = if kill_leader {
+            let mut led = None;
+            while since.elapsed() < timeout {
+                let mut any = false;
+                for rep in &replicas {
+                    any |= rep.leads().await;
+                }
+                if any {
+                    led = Some(since.elapsed());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Some(led.context("no replica took the lead")?)
+        } else {
+            None
+        };
+        let what = if kill_leader {
+            "leader killed"
+        } else {
+            "serving replica killed"
+        };
+        let (in_sync, exact) = wait_exact(what, &fleet, &copies, per, since, timeout).await?;
+        eprintln!(
+            "bench-grpc fleet-ha: {what}: in sync after {:.1} s, exact after {:.1} s{}",
+            in_sync.as_secs_f64(),
+            exact.as_secs_f64(),
+            led.map(|d| format!(", led after {:.1} s", d.as_secs_f64()))
+                .unwrap_or_default()
+        );
+        results.push(Failover {
+            moved: moved.len(),
+            in_sync,
+            exact,
+            led,
+        });
+        let mut fresh = start(&mut all_logs)?;
+        fresh.process.ready(timeout).await?;
+        replicas.push(fresh);
+        service.set(&replicas.iter().map(|x| x.grpc).collect::<Vec<_>>());
+    }
+    let mut connected = 0.0;
+    let mut pending = 0.0;
+    for rep in &replicas {
+        connected += rep
+            .process
+            .metric("argocd_pull_hub_grpc_agent_connected")
+            .await;
+        pending += rep
+            .process
+            .metric("argocd_pull_hub_grpc_agent_pending_objects")
+            .await;
+        peak_any = peak_any.max(rep.process.memory_kib("VmHWM"));
+    }
+    let matching = copies.lock().expect("never poisoned").matching.len();
+    fleet.stop();
+    for rep in &mut replicas {
+        rep.process.terminate(Duration::from_secs(60)).await?;
+    }
+    let count = |level: &str| -> usize {
+        all_logs
+            .iter()
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains(&format!(" {level} ")))
+                    .count()
+            })
+            .sum()
+    };
+    let leader = results.pop().context("two failovers")?;
+    let serving = results.pop().context("two failovers")?;
+    Ok(Figures {
+        first_in_sync,
+        first_copies,
+        per_replica,
+        serving,
+        leader,
+        peak_any,
+        matching,
+        connected,
+        pending,
+        warns: count("WARN"),
+        errors: count("ERROR"),
+        logs: all_logs,
+    })
+}
