@@ -73,22 +73,30 @@ impl Hub {
         let Some(mut changes) = claims.changes() else {
             return;
         };
-        while let Some(cluster) = changes.recv().await {
-            let cs = self.cluster(&cluster);
-            if claims.asked_to_let_go(&cluster) && !cs.moved_away() {
-                // No session here, yet held (a release that failed).
-                self.session_ended(&cluster, &cs);
+        while let Some(first) = changes.recv().await {
+            // Everything that changed meanwhile, in one pass over the index
+            // (a fleet connecting changes thousands of claims at once).
+            let mut changed = std::collections::BTreeSet::from([first]);
+            while let Ok(c) = changes.try_recv() {
+                changed.insert(c);
             }
-            if !claims.holds(&cluster) && !cs.has_session() && cs.forget_reports() {
-                self.reseed_mirrors(&cluster);
+            for cluster in &changed {
+                let cs = self.cluster(cluster);
+                if claims.asked_to_let_go(cluster) && !cs.moved_away() {
+                    // No session here, yet held (a release that failed).
+                    self.session_ended(cluster, &cs);
+                }
+                if !claims.holds(cluster) && !cs.has_session() && cs.forget_reports() {
+                    self.reseed_mirrors(cluster);
+                }
             }
-            self.requeue_cluster(&cluster);
+            self.requeue_clusters(&changed);
         }
     }
 
-    /// Looks again at everything of `cluster`: its hub Applications and
-    /// its mirrors.
-    pub fn requeue_cluster(&self, cluster: &str) {
+    /// Looks again at everything of `clusters`: their hub Applications and
+    /// their mirrors.
+    pub fn requeue_clusters(&self, clusters: &std::collections::BTreeSet<String>) {
         let refs: Vec<HubRef> = {
             let index = self.index.lock().expect("never poisoned");
             index
@@ -98,7 +106,7 @@ impl Hub {
                     index
                         .assignment(r)
                         .and_then(|a| a.slot())
-                        .is_some_and(|(c, _)| c == cluster)
+                        .is_some_and(|(c, _)| clusters.contains(c))
                 })
                 .collect()
         };
@@ -107,7 +115,7 @@ impl Hub {
         }
         for m in self.caches.mirrors.state() {
             if let Some(work) = mirror_work(&m)
-                && matches!(&work, Work::Mirror { cluster: c, .. } if c == cluster)
+                && matches!(&work, Work::Mirror { cluster: c, .. } if clusters.contains(c))
             {
                 self.queue.add(work);
             }
@@ -130,9 +138,7 @@ impl Hub {
                 })
                 .collect()
         };
-        for c in clusters {
-            self.requeue_cluster(&c);
-        }
+        self.requeue_clusters(&clusters);
     }
 
     /// What the hub's mirrors of `cluster` show, as the observations a
