@@ -208,6 +208,11 @@ pub async fn acquire(
                 tracing::info!(lease = %config.name, identity = %config.identity, "became the leader");
                 break started;
             }
+            // Another candidate wrote first (both created it, or both took
+            // it over): it leads; read again.
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                tracing::debug!(lease = %config.name, "another candidate wrote the leader lease first");
+            }
             Ok(Err(e)) => {
                 tracing::warn!(lease = %config.name, namespace = %config.namespace, error = %e,
                 "cannot read or write the leader lease; check the namespace exists and the RBAC allows leases")

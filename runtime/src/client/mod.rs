@@ -132,7 +132,12 @@ where
                 request.uri().path(),
                 request.uri().query(),
             );
-            let limited = verb != "watch";
+            // Watches are long-running; Leases (leader election, the
+            // replicas' presence and claims) must not queue behind this
+            // process's own bulk writes: a renewal that waits for the cap
+            // loses the lease, and the replica exits, under exactly the load
+            // it should ride out. Both bypass the limits.
+            let limited = verb != "watch" && resource != "leases";
             let mut request = request;
             let mut retried = false;
             loop {
