@@ -108,8 +108,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Name of the leader Lease unless `--leader-election-id` says otherwise.
 pub const LEASE_NAME: &str = "argocd-pull-hub-controller";
 
-/// Runs until SIGTERM or SIGINT, or until the leader Lease or this
-/// replica's presence is lost (an error, so that the process restarts).
+/// Runs until SIGTERM or SIGINT, or until the leader Lease is lost (an
+/// error, so that the process restarts).
 ///
 /// Every replica serves gRPC (its agents, from its own watches, writing
 /// for the clusters it holds: [`grpc::claims`]); the leader also runs the
@@ -171,7 +171,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         })
     });
     page.set_serving(true);
-    let claims_lost = claims.as_ref().map(|c| c.lost());
     let watchdog = tokio::spawn(async move {
         let lease_lost = async {
             match held.await {
@@ -182,17 +181,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 Err(_) => std::future::pending().await,
             }
         };
-        let presence_lost = async {
-            match claims_lost {
-                Some(l) => l.await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::pin!(lease_lost);
         let (why, leadership) = tokio::select! {
             _ = signals.wait() => (None, None),
             l = &mut lease_lost => (Some("lost the leader Lease"), l),
-            _ = presence_lost => (Some("could not renew this replica's presence"), None),
         };
         stop.fire();
         (why, leadership)

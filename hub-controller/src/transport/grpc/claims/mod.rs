@@ -6,8 +6,11 @@
 //!   renewed every `renew_every`; a replica whose presence has not changed
 //!   for its duration (on this process's clock) is dead, and its claims
 //!   may be taken. A replica that cannot renew for `renew_deadline`
-//!   (shorter than the duration) reports itself lost and exits before
-//!   anyone may take over.
+//!   (shorter than the duration) stops writing for every cluster before
+//!   anyone may take over, and goes on serving its agents; once it renews
+//!   again it reads back each claim it held before it writes again. (It
+//!   does not exit: under a slow API server, replicas exiting and their
+//!   agents reconnecting elsewhere all at once would only add load.)
 //! - **claim** (`argocd-pull-cluster-<cluster>`): exists while the
 //!   replica its agent is connected to holds it; written when an agent
 //!   connects and when its stream ends, never renewed.
@@ -51,14 +54,15 @@ pub struct ClaimsConfig {
     pub presence_duration: Duration,
     /// How often the presence is renewed.
     pub renew_every: Duration,
-    /// Past this without a renewal, this replica is lost (shorter than
-    /// `presence_duration`).
+    /// Past this without a renewal, this replica stops writing (shorter
+    /// than `presence_duration`).
     pub renew_deadline: Duration,
 }
 
 impl ClaimsConfig {
-    /// 8 s presence, renewed every 2 s, lost after 6 s: a killed replica's
-    /// clusters are taken over at most 8 s after its last renewal.
+    /// 8 s presence, renewed every 2 s, writes suspended after 6 s without
+    /// a renewal: a killed replica's clusters are taken over at most 8 s
+    /// after its last renewal.
     pub fn new(namespace: &str, identity: &str) -> Self {
         Self {
             namespace: namespace.into(),
@@ -101,7 +105,9 @@ pub struct Claims {
     synced: watch::Sender<bool>,
     /// The Leases have had their first full list.
     listed: AtomicBool,
-    lost: watch::Sender<bool>,
+    /// The presence could not be renewed in time: no writes until it is,
+    /// and the claims are read back.
+    suspended: watch::Sender<bool>,
     /// One claim or release at a time per cluster.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -130,7 +136,7 @@ impl Claims {
             notify: Notify::new(),
             synced: watch::channel(false).0,
             listed: AtomicBool::new(false),
-            lost: watch::channel(false).0,
+            suspended: watch::channel(false).0,
             locks: Mutex::default(),
         })
     }
@@ -156,18 +162,14 @@ impl Claims {
         let _ = self.synced.subscribe().wait_for(|s| *s).await;
     }
 
-    /// Resolves when this replica could not renew its presence in time:
-    /// others may take its clusters, so it must stop writing.
-    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.lost.subscribe();
-        async move {
-            let _ = rx.wait_for(|l| *l).await;
-        }
+    /// Whether writes are suspended (the presence is behind).
+    pub fn suspended(&self) -> bool {
+        *self.suspended.borrow()
     }
 
     fn alive(&self, view: &mut View, identity: &str, at: Instant) -> bool {
         if identity == self.config.identity {
-            return !*self.lost.borrow();
+            return !*self.suspended.borrow();
         }
         match view.presences.get_mut(identity) {
             Some((spec, observer)) => !observer.observe(spec, at, self.config.presence_duration),
@@ -188,7 +190,7 @@ impl Claims {
 
     /// Whether this replica writes for `cluster` now.
     pub fn acts_for(&self, cluster: &str) -> bool {
-        if *self.lost.borrow() {
+        if *self.suspended.borrow() {
             return false;
         }
         let leader = self.leader.load(Ordering::SeqCst);
@@ -283,14 +285,18 @@ impl Claims {
 
     /// Claims `cluster` for this replica's session, asking a live holder to
     /// let go; returns whether it is held, or `false` once `current` says
-    /// the session is over (or this replica is lost).
+    /// the session is over. Waits while writes are suspended.
     pub async fn claim(&self, cluster: &str, current: impl Fn() -> bool) -> bool {
         self.wait_synced().await;
         let lock = self.lock_for(cluster);
         let name = rule::claim_name(cluster);
         loop {
-            if !current() || *self.lost.borrow() {
+            if !current() {
                 return false;
+            }
+            if *self.suspended.borrow() {
+                tokio::time::sleep(self.config.renew_every / 2).await;
+                continue;
             }
             let notified = self.notify.notified();
             let outcome: Result<bool, kube::Error> = async {
@@ -419,6 +425,9 @@ impl Claims {
             {
                 Ok(Ok(())) => {
                     last_renewal = started;
+                    if *self.suspended.borrow() {
+                        self.resume().await;
+                    }
                     if !*self.synced.borrow() && self.listed.load(Ordering::SeqCst) {
                         self.synced.send_replace(true);
                     }
@@ -428,9 +437,9 @@ impl Claims {
                     "the API server did not answer about this replica's presence in time"
                 ),
             }
-            if last_renewal.elapsed() > self.config.renew_deadline && !*self.lost.borrow() {
-                tracing::error!(deadline = ?self.config.renew_deadline, "could not renew this replica's presence in time: others may take its clusters");
-                self.lost.send_replace(true);
+            if last_renewal.elapsed() > self.config.renew_deadline && !*self.suspended.borrow() {
+                tracing::error!(deadline = ?self.config.renew_deadline, "could not renew this replica's presence in time: others may take its clusters, so it writes for none until it renews");
+                self.suspended.send_replace(true);
             }
             self.check_dead().await;
             tokio::select! {
@@ -439,6 +448,39 @@ impl Claims {
             }
         }
         watching.abort();
+    }
+
+    /// The presence is renewed again after writes were suspended: reads
+    /// back every claim this replica held (another may have taken it
+    /// meanwhile, and the watch may lag), then writes again for those it
+    /// still holds.
+    async fn resume(&self) {
+        let held: Vec<String> = {
+            let view = self.view.lock().expect("never poisoned");
+            view.claims
+                .iter()
+                .filter(|(_, r)| r.holder.as_deref() == Some(self.config.identity.as_str()))
+                .map(|(c, _)| c.clone())
+                .collect()
+        };
+        for cluster in &held {
+            match self.api.get_opt(&rule::claim_name(cluster)).await {
+                Ok(read) => self.record(cluster, read.as_ref(), None),
+                Err(e) => {
+                    tracing::warn!(%cluster, error = %e, "cannot read back a claim; still not writing");
+                    return;
+                }
+            }
+        }
+        self.suspended.send_replace(false);
+        tracing::info!(
+            claims = held.len(),
+            "this replica's presence is renewed again: writing for the clusters it still holds"
+        );
+        for cluster in held {
+            let _ = self.changed.send(cluster);
+        }
+        self.notify.notify_waiters();
     }
 
     /// Deletes this replica's presence once it has stopped writing: the
