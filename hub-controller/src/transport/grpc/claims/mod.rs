@@ -17,21 +17,27 @@
 //!
 //! Both are watched (one watch, by label), so whether this replica acts for
 //! a cluster is answered from memory.
+//!
+//! - [`rule`]: who writes, what a claimer does next (pure);
+//! - this file: the view, claiming and releasing a cluster;
+//! - `presence`: renewing this replica's presence, suspending and resuming
+//!   its writes, noticing the dead;
+//! - `leases`: the watch that keeps the view.
 
+mod leases;
+mod presence;
 pub mod rule;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, mpsc, watch};
 
 use argocd_pull_runtime::lease::Observer;
@@ -409,295 +415,5 @@ impl Claims {
             }
         }
         false
-    }
-
-    /// Keeps this replica's presence and the view until `shutdown`
-    /// ([`Self::retire`] then deletes the presence).
-    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        let watching = tokio::spawn(self.clone().watch());
-        tokio::pin!(shutdown);
-        let mut presence: Option<Lease> = None;
-        let mut last_renewal = Instant::now();
-        loop {
-            let started = Instant::now();
-            match tokio::time::timeout(self.config.renew_deadline / 2, self.renew(&mut presence))
-                .await
-            {
-                Ok(Ok(())) => {
-                    last_renewal = started;
-                    if *self.suspended.borrow() {
-                        self.resume().await;
-                    }
-                    if !*self.synced.borrow() && self.listed.load(Ordering::SeqCst) {
-                        self.synced.send_replace(true);
-                    }
-                }
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew this replica's presence"),
-                Err(_) => tracing::warn!(
-                    "the API server did not answer about this replica's presence in time"
-                ),
-            }
-            if last_renewal.elapsed() > self.config.renew_deadline && !*self.suspended.borrow() {
-                tracing::error!(deadline = ?self.config.renew_deadline, "could not renew this replica's presence in time: others may take its clusters, so it writes for none until it renews");
-                self.suspended.send_replace(true);
-            }
-            self.check_dead().await;
-            tokio::select! {
-                _ = &mut shutdown => break,
-                _ = tokio::time::sleep(self.config.renew_every) => {}
-            }
-        }
-        watching.abort();
-    }
-
-    /// The presence is renewed again after writes were suspended: reads
-    /// back every claim this replica held (another may have taken it
-    /// meanwhile, and the watch may lag), then writes again for those it
-    /// still holds.
-    async fn resume(&self) {
-        let held: Vec<String> = {
-            let view = self.view.lock().expect("never poisoned");
-            view.claims
-                .iter()
-                .filter(|(_, r)| r.holder.as_deref() == Some(self.config.identity.as_str()))
-                .map(|(c, _)| c.clone())
-                .collect()
-        };
-        for cluster in &held {
-            match self.api.get_opt(&rule::claim_name(cluster)).await {
-                Ok(read) => self.record(cluster, read.as_ref(), None),
-                Err(e) => {
-                    tracing::warn!(%cluster, error = %e, "cannot read back a claim; still not writing");
-                    return;
-                }
-            }
-        }
-        self.suspended.send_replace(false);
-        tracing::info!(
-            claims = held.len(),
-            "this replica's presence is renewed again: writing for the clusters it still holds"
-        );
-        for cluster in held {
-            let _ = self.changed.send(cluster);
-        }
-        self.notify.notify_waiters();
-    }
-
-    /// Deletes this replica's presence once it has stopped writing: the
-    /// clusters it still holds are taken over at once, not after the
-    /// presence's duration.
-    pub async fn retire(&self) {
-        let name = rule::presence_name(&self.config.identity);
-        let params = DeleteParams::default();
-        let call = self.api.delete(&name, &params);
-        match tokio::time::timeout(self.config.renew_deadline / 2, call).await {
-            Ok(Ok(_)) => {
-                tracing::info!("this replica's presence is deleted: its clusters go to the others")
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not delete this replica's presence"),
-            Err(_) => tracing::warn!("could not delete this replica's presence in time"),
-        }
-    }
-
-    async fn renew(&self, presence: &mut Option<Lease>) -> Result<(), kube::Error> {
-        let name = rule::presence_name(&self.config.identity);
-        let spec = LeaseSpec {
-            holder_identity: Some(self.config.identity.clone()),
-            lease_duration_seconds: Some(self.config.presence_duration.as_secs() as i32),
-            renew_time: Some(now()),
-            ..Default::default()
-        };
-        let written = match presence.take() {
-            Some(mut l) => {
-                l.spec = Some(spec);
-                match self.api.replace(&name, &PostParams::default(), &l).await {
-                    Ok(l) => l,
-                    Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                        // Read again next time.
-                        *presence = self.api.get_opt(&name).await?;
-                        return Err(kube::Error::Api(s));
-                    }
-                    Err(e) => {
-                        *presence = Some(l);
-                        return Err(e);
-                    }
-                }
-            }
-            None => {
-                let l = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        labels: Some([(ROLE_LABEL.to_string(), "presence".to_string())].into()),
-                        ..Default::default()
-                    },
-                    spec: Some(spec),
-                };
-                match self.api.create(&PostParams::default(), &l).await {
-                    Ok(l) => l,
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        *presence = self.api.get_opt(&name).await?;
-                        return Err(kube::Error::Api(s));
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        };
-        *presence = Some(written);
-        Ok(())
-    }
-
-    /// Replicas that died since the last check: their clusters are now
-    /// acted for by the leader (or taken by their agents' new replicas).
-    /// The leader also deletes Leases of replicas long dead.
-    async fn check_dead(&self) {
-        let at = Instant::now();
-        let (newly_dead, clusters, stale) = {
-            let mut view = self.view.lock().expect("never poisoned");
-            let ids: Vec<String> = view.presences.keys().cloned().collect();
-            let mut newly = Vec::new();
-            let mut stale = Vec::new();
-            // Long dead: ten durations.
-            let long = self.config.presence_duration * 10;
-            for id in ids {
-                if self.alive(&mut view, &id, at) {
-                    view.dead.remove(&id);
-                    continue;
-                }
-                match view.dead.get(&id) {
-                    None => {
-                        view.dead.insert(id.clone(), at);
-                        newly.push(id);
-                    }
-                    Some(since) if at.duration_since(*since) > long => {
-                        stale.push(rule::presence_name(&id))
-                    }
-                    Some(_) => {}
-                }
-            }
-            let clusters: Vec<String> = view
-                .claims
-                .iter()
-                .filter(|(_, r)| r.holder.as_ref().is_some_and(|h| newly.contains(h)))
-                .map(|(c, _)| c.clone())
-                .collect();
-            (newly, clusters, stale)
-        };
-        for id in &newly_dead {
-            tracing::warn!(replica = %id, "a replica stopped renewing its presence: its clusters are taken over");
-        }
-        for c in clusters {
-            let _ = self.changed.send(c);
-        }
-        if !newly_dead.is_empty() {
-            self.notify.notify_waiters();
-        }
-        if self.leader.load(Ordering::SeqCst) {
-            for name in stale {
-                let _ = self.api.delete(&name, &DeleteParams::default()).await;
-            }
-        }
-    }
-
-    async fn watch(self: Arc<Self>) {
-        let config = watcher::Config::default().labels(ROLE_LABEL);
-        let stream = watcher::watcher(self.api.clone(), config).default_backoff();
-        futures::pin_mut!(stream);
-        let mut listing: Option<(HashSet<String>, HashSet<String>)> = None;
-        while let Some(ev) = stream.next().await {
-            let ev = match ev {
-                Ok(ev) => ev,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the Lease watch failed; retrying");
-                    continue;
-                }
-            };
-            use watcher::Event as E;
-            match ev {
-                E::Init => listing = Some(Default::default()),
-                E::InitApply(l) => {
-                    if let Some((claims, presences)) = &mut listing {
-                        match self.apply(&l) {
-                            Some(Kind::Claim(c)) => {
-                                claims.insert(c);
-                            }
-                            Some(Kind::Presence(p)) => {
-                                presences.insert(p);
-                            }
-                            None => {}
-                        }
-                    }
-                }
-                E::InitDone => {
-                    if let Some((claims, presences)) = listing.take() {
-                        let gone: Vec<String> = {
-                            let mut view = self.view.lock().expect("never poisoned");
-                            view.presences.retain(|id, _| presences.contains(id));
-                            view.dead.retain(|id, _| presences.contains(id));
-                            view.claims
-                                .keys()
-                                .filter(|c| !claims.contains(*c))
-                                .cloned()
-                                .collect()
-                        };
-                        for c in gone {
-                            self.record(&c, None, None);
-                        }
-                    }
-                    self.listed.store(true, Ordering::SeqCst);
-                }
-                E::Apply(l) => {
-                    self.apply(&l);
-                }
-                E::Delete(l) => match kind_of(&l) {
-                    Some(Kind::Claim(c)) => self.record(&c, None, Some(version_of(&l))),
-                    Some(Kind::Presence(id)) => {
-                        let mut view = self.view.lock().expect("never poisoned");
-                        view.presences.remove(&id);
-                        view.dead.remove(&id);
-                    }
-                    None => {}
-                },
-            }
-        }
-    }
-
-    fn apply(&self, l: &Lease) -> Option<Kind> {
-        let kind = kind_of(l)?;
-        match &kind {
-            Kind::Claim(c) => self.record(c, Some(l), None),
-            Kind::Presence(id) => {
-                let spec = l.spec.clone().unwrap_or_default();
-                let mut view = self.view.lock().expect("never poisoned");
-                let entry = view
-                    .presences
-                    .entry(id.clone())
-                    .or_insert_with(|| (spec.clone(), Observer::default()));
-                entry.0 = spec.clone();
-                entry
-                    .1
-                    .observe(&spec, Instant::now(), self.config.presence_duration);
-            }
-        }
-        Some(kind)
-    }
-}
-
-enum Kind {
-    Claim(String),
-    Presence(String),
-}
-
-fn kind_of(l: &Lease) -> Option<Kind> {
-    match l.labels().get(ROLE_LABEL).map(String::as_str) {
-        Some("claim") => l
-            .annotations()
-            .get(CLUSTER_ANNOTATION)
-            .map(|c| Kind::Claim(c.clone())),
-        Some("presence") => l
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.clone())
-            .map(Kind::Presence),
-        _ => None,
     }
 }
