@@ -204,6 +204,21 @@ impl Env {
 
     /// Starts the hub-controller binary serving gRPC, waits until ready.
     pub async fn start_hub(&mut self, extra: &[&str]) {
+        let mut args = vec!["--leader-elect=false"];
+        args.extend_from_slice(extra);
+        let process = self.spawn_hub(self.grpc_addr, &args, &[]).await;
+        self.hub_process = Some(process);
+    }
+
+    /// The hub-controller binary serving gRPC on `grpc` with the test's
+    /// certificates, its admin port on a free address, `args` and `envs`
+    /// added, logging to the next `hub-<n>.log`; once `/readyz` passes.
+    pub(crate) async fn spawn_hub(
+        &mut self,
+        grpc: SocketAddr,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> HubProcess {
         let admin = net::free_addr().unwrap();
         let d = self.dir.path();
         self.hub_starts += 1;
@@ -211,8 +226,8 @@ impl Env {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
             .arg("--kubeconfig")
             .arg(self.hub.kubeconfig())
-            .args(["--admin-addr", &admin.to_string(), "--leader-elect=false"])
-            .args(["--grpc-addr", &self.grpc_addr.to_string()])
+            .args(["--admin-addr", &admin.to_string()])
+            .args(["--grpc-addr", &grpc.to_string()])
             .arg("--grpc-tls-cert")
             .arg(d.join("hub.crt"))
             .arg("--grpc-tls-key")
@@ -220,13 +235,13 @@ impl Env {
             .arg("--grpc-client-ca")
             .arg(d.join("ca.crt"))
             .args(["--grpc-heartbeat", "2s", "--grpc-digest-interval", "5s"])
-            .args(extra)
+            .args(args)
+            .envs(envs.iter().copied())
             .env("ARGOCD_PULL_LOG", "info,kube_client=off")
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let process = HubProcess { child, admin, log };
         wait::until("the hub-controller to be ready", TIMEOUT, || async {
             match net::http_get(admin, "/readyz").await {
                 Ok((200, _)) => Ok(()),
@@ -234,7 +249,7 @@ impl Env {
             }
         })
         .await;
-        self.hub_process = Some(process);
+        HubProcess { child, admin, log }
     }
 
     /// Kills the hub-controller with SIGKILL: no goodbye to anyone.

@@ -3,12 +3,13 @@
 //! gRPC Service is [`testenv::balancer::Balancer`].
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use testenv::{net, wait};
+use testenv::net;
 
-use super::{Env, HubProcess, TIMEOUT};
+use argocd_pull_hub_controller::report::Report;
+
+use super::{Env, HubProcess};
 
 /// One replica: its process, gRPC address and pod name.
 pub struct Replica {
@@ -40,13 +41,9 @@ impl Replica {
         let Ok((200, body)) = net::http_get(self.process.admin, "/status").await else {
             return Vec::new();
         };
-        let report: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        report["agents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a["cluster"].as_str().map(String::from))
-            .collect()
+        serde_json::from_str::<Report>(&body)
+            .map(|r| r.agents.into_iter().map(|a| a.cluster).collect())
+            .unwrap_or_default()
     }
 
     /// SIGKILL: no goodbye to anyone.
@@ -65,43 +62,14 @@ impl Env {
     /// Starts replica `name` (its `POD_NAME`) with leader election, serving
     /// gRPC with the test's certificates; waits until it is Ready.
     pub async fn start_replica(&mut self, name: &str, extra: &[&str]) -> Replica {
-        let (admin, grpc) = (net::free_addr().unwrap(), net::free_addr().unwrap());
-        let d = self.dir.path().to_path_buf();
-        self.hub_starts += 1;
-        let log: PathBuf = d.join(format!("hub-{}.log", self.hub_starts));
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
-            .arg("--kubeconfig")
-            .arg(self.hub.kubeconfig())
-            .args(["--admin-addr", &admin.to_string()])
-            .args(["--leader-election-namespace", "argocd-pull"])
-            .args(["--grpc-addr", &grpc.to_string()])
-            .arg("--grpc-tls-cert")
-            .arg(d.join("hub.crt"))
-            .arg("--grpc-tls-key")
-            .arg(d.join("hub.key"))
-            .arg("--grpc-client-ca")
-            .arg(d.join("ca.crt"))
-            .args(["--grpc-heartbeat", "2s", "--grpc-digest-interval", "5s"])
-            .args(extra)
-            .env("POD_NAME", name)
-            .env("ARGOCD_PULL_LOG", "info,kube_client=off")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let replica = Replica {
+        let grpc = net::free_addr().unwrap();
+        let mut args = vec!["--leader-election-namespace", "argocd-pull"];
+        args.extend_from_slice(extra);
+        let process = self.spawn_hub(grpc, &args, &[("POD_NAME", name)]).await;
+        Replica {
             name: name.into(),
-            process: HubProcess { child, admin, log },
+            process,
             grpc,
-        };
-        wait::until(&format!("replica {name} to be Ready"), TIMEOUT, || async {
-            if replica.ready().await {
-                Ok(())
-            } else {
-                Err(format!("{:?}", net::http_get(admin, "/readyz").await))
-            }
-        })
-        .await;
-        replica
+        }
     }
 }
