@@ -159,35 +159,39 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )),
         _ => None,
     };
+    // `leading` turns true once this replica holds the Lease; the elector
+    // keeps the Leadership for its release at the end, or says it was lost.
     let (leading_tx, leading) = tokio::sync::watch::channel(lease_config.is_none());
-    let (held_tx, held) = tokio::sync::oneshot::channel();
+    let (lost_tx, lost) = tokio::sync::oneshot::channel::<()>();
     let elector = lease_config.map(|config| {
         let (client, signals) = (client.clone(), signals.clone());
         tokio::spawn(async move {
-            if let Some(l) = lease::acquire(client, config, signals).await {
-                let _ = leading_tx.send(true);
-                let _ = held_tx.send(l);
+            let leadership = lease::acquire(client, config, signals.clone()).await?;
+            let _ = leading_tx.send(true);
+            tokio::select! {
+                _ = leadership.lost() => {
+                    let _ = lost_tx.send(());
+                    None
+                }
+                _ = signals.wait() => Some(leadership),
             }
         })
     });
     page.set_serving(true);
     let watchdog = tokio::spawn(async move {
-        let lease_lost = async {
-            match held.await {
-                Ok(l) => {
-                    l.lost().await;
-                    Some(l)
-                }
-                Err(_) => std::future::pending().await,
+        // A dropped sender (no election, or the elector stopped on the
+        // signal) is not a loss: only the signal ends the wait then.
+        let lost = async {
+            if lost.await.is_err() {
+                std::future::pending::<()>().await;
             }
         };
-        tokio::pin!(lease_lost);
-        let (why, leadership) = tokio::select! {
-            _ = signals.wait() => (None, None),
-            l = &mut lease_lost => (Some("lost the leader Lease"), l),
+        let was_lost = tokio::select! {
+            _ = signals.wait() => false,
+            _ = lost => true,
         };
         stop.fire();
-        (why, leadership)
+        was_lost
     });
     run_controllers(
         &args,
@@ -202,14 +206,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await?;
     page.set_serving(false);
-    if let Some(e) = elector {
-        e.abort();
-    }
-    let (why, leadership) = watchdog.await?;
+    let was_lost = watchdog.await?;
+    // The controllers have stopped: only now may the Lease go to another.
+    let leadership = match elector {
+        Some(e) => e.await?,
+        None => None,
+    };
     metrics.leader.set(0);
     server.await??;
-    if let Some(why) = why {
-        anyhow::bail!("{why}; exiting so that this replica restarts");
+    if was_lost {
+        anyhow::bail!("lost the leader Lease; exiting so that this replica restarts");
     }
     if let Some(l) = leadership {
         l.release().await;

@@ -14,6 +14,7 @@ mod grpc_env;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use argocd_pull_hub_controller::transport::grpc::claims::{CLUSTER_ANNOTATION, ROLE_LABEL};
 use argocd_pull_spoke_agent::Mode;
 use grpc_env::replicas::Replica;
 use grpc_env::{Env, TIMEOUT};
@@ -251,8 +252,12 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
 
     // A rolling restart: each replica stopped (SIGTERM) and replaced in
     // turn, with changes and syncs between.
+    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), "argocd-pull");
+    let mut restarted_the_leader = false;
     for k in 0..3 {
         let old = replicas.remove(0);
+        let was_leader = old.leads().await;
+        restarted_the_leader |= was_leader;
         eprintln!("restarting {}", old.name);
         for c in 0..CLUSTERS.len() {
             let (n, rev) = (name(c, 3 + k), format!("restart-{k}"));
@@ -261,8 +266,25 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
         }
         let start = Instant::now();
         point_service(&service, &replicas);
+        let old_name = old.name.clone();
         let status = old.terminate().await;
         assert!(status.success(), "a replica stops cleanly: {status:?}");
+        if was_leader {
+            // Released on the way out, not left to expire: the Lease no
+            // longer names the stopped replica the moment it has exited.
+            let lease = leases
+                .get(argocd_pull_hub_controller::LEASE_NAME)
+                .await
+                .unwrap();
+            let holder = lease
+                .spec
+                .and_then(|s| s.holder_identity)
+                .unwrap_or_default();
+            assert!(
+                !holder.starts_with(&format!("{old_name}_")),
+                "the stopped leader released its Lease, but it still names {holder}"
+            );
+        }
         round += 1;
         churn(&env, round, 5).await;
         replicas.push(env.start_replica(&format!("hub-{}", 5 + k), &[]).await);
@@ -271,9 +293,14 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
             all_connected(&replicas)
         })
         .await;
+        let back = start.elapsed();
         converged(&env, &expected, "exact again after a replica restarted").await;
-        figures.push(("replica restarted", start.elapsed(), start.elapsed()));
+        figures.push(("replica restarted", back, start.elapsed()));
     }
+    assert!(
+        restarted_the_leader,
+        "the rolling restart stopped the leader too"
+    );
 
     // Every sync ran exactly once on its spoke.
     for (n, revs) in &syncs {
@@ -287,25 +314,21 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
     // Each cluster is held by the replica its agent is on, and no Lease
     // names a replica that is gone.
     let on = all_connected(&replicas).await.unwrap();
-    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), "argocd-pull");
     wait::until(
         "each cluster's claim held by its agent's replica",
         TIMEOUT,
         || async {
             let all = leases
-                .list(&Default::default())
+                .list(&kube::api::ListParams::default().labels(&format!("{ROLE_LABEL}=claim")))
                 .await
                 .map_err(|e| e.to_string())?;
             let claims: BTreeMap<String, String> = all
                 .items
                 .iter()
-                .filter(|l| {
-                    l.labels().get("argocd-pull.io/lease").map(String::as_str) == Some("claim")
-                })
                 .map(|l| {
                     (
                         l.annotations()
-                            .get("argocd-pull.io/cluster")
+                            .get(CLUSTER_ANNOTATION)
                             .cloned()
                             .unwrap_or_default(),
                         l.spec
