@@ -147,10 +147,6 @@ impl Claims {
         })
     }
 
-    pub fn identity(&self) -> &str {
-        &self.config.identity
-    }
-
     /// Clusters whose claim changed, for the transport to look at again
     /// (taken once).
     pub fn changes(&self) -> Option<mpsc::UnboundedReceiver<String>> {
@@ -166,11 +162,6 @@ impl Claims {
     /// exists.
     pub async fn wait_synced(&self) {
         let _ = self.synced.subscribe().wait_for(|s| *s).await;
-    }
-
-    /// Whether writes are suspended (the presence is behind).
-    pub fn suspended(&self) -> bool {
-        *self.suspended.borrow()
     }
 
     fn alive(&self, view: &mut View, identity: &str, at: Instant) -> bool {
@@ -266,19 +257,13 @@ impl Claims {
             .clone()
     }
 
-    fn claim_lease(&self, cluster: &str, wanted_by: Option<&str>) -> Lease {
-        let mut annotations = std::collections::BTreeMap::from([(
-            CLUSTER_ANNOTATION.to_string(),
-            cluster.to_string(),
-        )]);
-        if let Some(w) = wanted_by {
-            annotations.insert(WANTED_BY_ANNOTATION.into(), w.into());
-        }
+    /// `cluster`'s claim, held by this replica.
+    fn claim_lease(&self, cluster: &str) -> Lease {
         Lease {
             metadata: ObjectMeta {
                 name: Some(rule::claim_name(cluster)),
                 labels: Some([(ROLE_LABEL.to_string(), "claim".to_string())].into()),
-                annotations: Some(annotations),
+                annotations: Some([(CLUSTER_ANNOTATION.to_string(), cluster.to_string())].into()),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
@@ -312,12 +297,10 @@ impl Claims {
                 }
                 let read = self.api.get_opt(&name).await?;
                 self.record(cluster, read.as_ref(), None);
+                // The view now holds what was read (nothing, if nothing was).
                 let step = {
                     let mut view = self.view.lock().expect("never poisoned");
-                    let claim = match read {
-                        Some(_) => self.claim_view(&mut view, cluster, Instant::now()),
-                        None => None,
-                    };
+                    let claim = self.claim_view(&mut view, cluster, Instant::now());
                     rule::step(claim, &self.config.identity)
                 };
                 match (step, read) {
@@ -325,13 +308,13 @@ impl Claims {
                     (Step::Create, _) => {
                         let l = self
                             .api
-                            .create(&PostParams::default(), &self.claim_lease(cluster, None))
+                            .create(&PostParams::default(), &self.claim_lease(cluster))
                             .await?;
                         self.record(cluster, Some(&l), None);
                         Ok(true)
                     }
                     (Step::Take, Some(old)) => {
-                        let mut l = self.claim_lease(cluster, None);
+                        let mut l = self.claim_lease(cluster);
                         l.metadata.resource_version = old.resource_version();
                         let l = self.api.replace(&name, &PostParams::default(), &l).await?;
                         tracing::info!(%cluster, previous = ?old.spec.and_then(|s| s.holder_identity), "took over the cluster's writes");

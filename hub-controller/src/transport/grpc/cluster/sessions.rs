@@ -126,21 +126,21 @@ impl ClusterState {
     /// was forgotten.
     pub fn forget_reports(&self) -> bool {
         let mut inner = self.lock();
-        let before = inner.observed.len()
-            + inner.rejected.len()
-            + inner.gone.len()
-            + inner.delete_acked.len()
-            + inner.ops.len();
+        let observed = inner.observed.len();
         inner
             .observed
             .retain(|_, o| matches!(o, super::Observation::Mirrored { .. }));
+        let forgot = inner.observed.len() != observed
+            || !inner.rejected.is_empty()
+            || !inner.gone.is_empty()
+            || !inner.delete_acked.is_empty()
+            || !inner.ops.is_empty();
         inner.rejected.clear();
         inner.gone.clear();
         inner.delete_acked.clear();
         inner.gone_before_ack.clear();
         inner.ops.clear();
-        let after = inner.observed.len();
-        before != after
+        forgot
     }
 
     /// The mode of the connected agent, if one is connected.

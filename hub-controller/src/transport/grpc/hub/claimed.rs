@@ -97,6 +97,18 @@ impl Hub {
     /// Looks again at everything of `clusters`: their hub Applications and
     /// their mirrors.
     pub fn requeue_clusters(&self, clusters: &std::collections::BTreeSet<String>) {
+        self.requeue_where(|c| clusters.contains(c));
+    }
+
+    /// Looks again at everything of every cluster (this replica now leads,
+    /// and acts for the clusters nobody holds).
+    pub fn requeue_all(&self) {
+        self.requeue_where(|_| true);
+    }
+
+    /// Queues every hub Application assigned to, and every mirror of, a
+    /// cluster `wanted` accepts: one pass over the index.
+    fn requeue_where(&self, wanted: impl Fn(&str) -> bool) {
         let refs: Vec<HubRef> = {
             let index = self.index.lock().expect("never poisoned");
             index
@@ -106,7 +118,7 @@ impl Hub {
                     index
                         .assignment(r)
                         .and_then(|a| a.slot())
-                        .is_some_and(|(c, _)| clusters.contains(c))
+                        .is_some_and(|(c, _)| wanted(c))
                 })
                 .collect()
         };
@@ -115,30 +127,11 @@ impl Hub {
         }
         for m in self.caches.mirrors.state() {
             if let Some(work) = mirror_work(&m)
-                && matches!(&work, Work::Mirror { cluster: c, .. } if clusters.contains(c))
+                && matches!(&work, Work::Mirror { cluster, .. } if wanted(cluster))
             {
                 self.queue.add(work);
             }
         }
-    }
-
-    /// Looks again at every cluster (this replica now leads, and acts for
-    /// the clusters nobody holds).
-    pub fn requeue_all(&self) {
-        let clusters: std::collections::BTreeSet<String> = {
-            let index = self.index.lock().expect("never poisoned");
-            index
-                .refs()
-                .iter()
-                .filter_map(|r| {
-                    index
-                        .assignment(r)
-                        .and_then(|a| a.slot())
-                        .map(|(c, _)| c.to_string())
-                })
-                .collect()
-        };
-        self.requeue_clusters(&clusters);
     }
 
     /// What the hub's mirrors of `cluster` show, as the observations a
