@@ -351,14 +351,30 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         ),
         &rows,
     );
+    check_runs(&runs, "fleet", |f| {
+        (
+            &f.logs,
+            f.matching == total && f.connected as usize == n && f.pending == 0.0,
+        )
+    })
+}
+
+/// Prints each run's hub logs, and whether it failed or did not end in sync
+/// (`end` gives a run's logs and whether it did); an error if any.
+pub fn check_runs<F>(
+    runs: &[Result<F>],
+    what: &str,
+    end: impl Fn(&F) -> (&Vec<std::path::PathBuf>, bool),
+) -> Result<()> {
     println!();
     let mut failed = false;
     for (i, r) in runs.iter().enumerate() {
         match r {
             Ok(f) => {
-                let logs: Vec<String> = f.logs.iter().map(|p| p.display().to_string()).collect();
+                let (logs, in_sync) = end(f);
+                let logs: Vec<String> = logs.iter().map(|p| p.display().to_string()).collect();
                 println!("run {}: hub logs: {}", i + 1, logs.join(", "));
-                if f.matching != total || f.connected as usize != n || f.pending != 0.0 {
+                if !in_sync {
                     println!("run {}: the fleet did not end in sync with the hub", i + 1);
                     failed = true;
                 }
@@ -370,9 +386,66 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         }
     }
     if failed {
-        bail!("a fleet run failed or did not end in sync with the hub");
+        bail!("a {what} run failed or did not end in sync with the hub");
     }
     Ok(())
+}
+
+/// The name of cluster `cluster`'s `i`th Application.
+pub fn app_name(cluster: &str, i: usize) -> String {
+    format!("{cluster}-app-{i:02}")
+}
+
+/// `n` ManagedClusters with the addon (`cluster-0001`...), joined
+/// `concurrency` at a time; their names.
+pub async fn join_clusters(
+    client: &kube::Client,
+    n: usize,
+    concurrency: usize,
+) -> Result<Vec<String>> {
+    let clusters: Vec<String> = (1..=n).map(|i| format!("cluster-{i:04}")).collect();
+    futures::stream::iter(clusters.iter())
+        .map(|c| hub::join(client, c))
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("joining the clusters")?;
+    Ok(clusters)
+}
+
+/// `per` pull-model Applications for each of `clusters` in [`NS`]; their
+/// (cluster, name) pairs.
+pub async fn create_apps(
+    client: &kube::Client,
+    clusters: &[String],
+    per: usize,
+    concurrency: usize,
+) -> Result<Vec<(String, String)>> {
+    let apps: Vec<(String, String)> = clusters
+        .iter()
+        .flat_map(|c| (0..per).map(move |i| (c.clone(), app_name(c, i))))
+        .collect();
+    futures::stream::iter(apps.iter())
+        .map(|(c, name)| hub::create(client, hub::application(NS, name, c), "applications"))
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("creating the Applications")?;
+    Ok(apps)
+}
+
+/// Lines at `level` (`WARN`, `ERROR`) in the logs `paths`.
+pub fn log_lines(paths: &[std::path::PathBuf], level: &str) -> usize {
+    paths
+        .iter()
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(&format!(" {level} ")))
+                .count()
+        })
+        .sum()
 }
 
 /// One run on a fresh hub API server (see the module documentation).
@@ -395,30 +468,15 @@ async fn one_run(
     hub.ensure_namespace("argocd").await?;
 
     // ---------------------------------------------------------------- set-up
-    let clusters: Vec<String> = (1..=n).map(|i| format!("cluster-{i:04}")).collect();
     let setup = Instant::now();
-    futures::stream::iter(clusters.iter())
-        .map(|c| hub::join(&client, c))
-        .buffer_unordered(args.concurrency)
-        .try_collect::<Vec<()>>()
-        .await
-        .context("joining the clusters")?;
+    let clusters = join_clusters(&client, n, args.concurrency).await?;
     let joined = setup.elapsed();
     eprintln!(
         "bench-grpc fleet: {n} ManagedClusters with the addon in {:.1} s; creating {} Applications",
         joined.as_secs_f64(),
         n * per
     );
-    let apps: Vec<(String, String)> = clusters
-        .iter()
-        .flat_map(|c| (0..per).map(move |i| (c.clone(), format!("{c}-app-{i:02}"))))
-        .collect();
-    futures::stream::iter(apps.iter())
-        .map(|(c, name)| hub::create(&client, hub::application(NS, name, c), "applications"))
-        .buffer_unordered(args.concurrency)
-        .try_collect::<Vec<()>>()
-        .await
-        .context("creating the Applications")?;
+    let apps = create_apps(&client, &clusters, per, args.concurrency).await?;
     let created = setup.elapsed() - joined;
     eprintln!(
         "bench-grpc fleet: {} Applications in {:.1} s",
@@ -536,17 +594,7 @@ async fn one_run(
     let failed_attempts = fleet.failed_attempts();
     fleet.stop();
     hub3.terminate(Duration::from_secs(60)).await?;
-    let log_lines = |p: &Path, level: &str| -> usize {
-        std::fs::read_to_string(p)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(&format!(" {level} ")))
-            .count()
-    };
-    let (warns, errors): (Vec<usize>, Vec<usize>) = [&log1, &log2, &log3]
-        .iter()
-        .map(|p| (log_lines(p, "WARN"), log_lines(p, "ERROR")))
-        .unzip();
+    let logs = vec![log1, log2, log3];
 
     Ok(Figures {
         joined,
@@ -569,9 +617,9 @@ async fn one_run(
         connected,
         pending,
         failed_attempts,
-        warns: warns.iter().sum(),
-        errors: errors.iter().sum(),
-        logs: vec![log1, log2, log3],
+        warns: log_lines(&logs, "WARN"),
+        errors: log_lines(&logs, "ERROR"),
+        logs,
     })
 }
 

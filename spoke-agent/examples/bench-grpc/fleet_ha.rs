@@ -32,9 +32,11 @@ use testenv::balancer::Balancer;
 use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::time::Instant;
 
-use crate::fleet::{AGENT_NAME, NS, watch_copies};
+use crate::fleet::{
+    AGENT_NAME, NS, app_name, check_runs, create_apps, join_clusters, log_lines, watch_copies,
+};
 use crate::fleet_load_generator::LoadGenerator;
-use crate::hub::{self, HubOptions, HubProcess, Pki};
+use crate::hub::{HubOptions, HubProcess, Pki};
 use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
@@ -248,28 +250,12 @@ pub async fn run(args: FleetHaArgs, repeat: usize, hub_bin: &Path) -> Result<()>
         ),
         &rows,
     );
-    println!();
-    let mut failed = false;
-    for (i, run) in runs.iter().enumerate() {
-        match run {
-            Ok(f) => {
-                let logs: Vec<String> = f.logs.iter().map(|p| p.display().to_string()).collect();
-                println!("run {}: hub logs: {}", i + 1, logs.join(", "));
-                if f.matching != total || f.connected as usize != n || f.pending != 0.0 {
-                    println!("run {}: the fleet did not end in sync with the hub", i + 1);
-                    failed = true;
-                }
-            }
-            Err(e) => {
-                println!("run {}: {e:#}", i + 1);
-                failed = true;
-            }
-        }
-    }
-    if failed {
-        bail!("a fleet-ha run failed or did not end in sync with the hub");
-    }
-    Ok(())
+    check_runs(&runs, "fleet-ha", |f| {
+        (
+            &f.logs,
+            f.matching == total && f.connected as usize == n && f.pending == 0.0,
+        )
+    })
 }
 
 /// Every agent connected (on any stream since `epoch`) and in sync, and
@@ -330,7 +316,7 @@ async fn erase_status(
     let api: Api<Application> = Api::namespaced_with(client.clone(), NS, &application_resource());
     let names: Vec<String> = clusters
         .iter()
-        .flat_map(|c| (0..per).map(move |i| format!("{c}-app-{i:02}")))
+        .flat_map(|c| (0..per).map(move |i| app_name(c, i)))
         .collect();
     futures::stream::iter(names.iter())
         .map(|name| {
@@ -369,23 +355,8 @@ async fn one_run(
     for ns in [NS, "argocd", "argocd-pull"] {
         hub.ensure_namespace(ns).await?;
     }
-    let clusters: Vec<String> = (1..=n).map(|i| format!("cluster-{i:04}")).collect();
-    futures::stream::iter(clusters.iter())
-        .map(|c| hub::join(&client, c))
-        .buffer_unordered(args.concurrency)
-        .try_collect::<Vec<()>>()
-        .await
-        .context("joining the clusters")?;
-    let apps: Vec<(String, String)> = clusters
-        .iter()
-        .flat_map(|c| (0..per).map(move |i| (c.clone(), format!("{c}-app-{i:02}"))))
-        .collect();
-    futures::stream::iter(apps.iter())
-        .map(|(c, name)| hub::create(&client, hub::application(NS, name, c), "applications"))
-        .buffer_unordered(args.concurrency)
-        .try_collect::<Vec<()>>()
-        .await
-        .context("creating the Applications")?;
+    let clusters = join_clusters(&client, n, args.concurrency).await?;
+    let apps = create_apps(&client, &clusters, per, args.concurrency).await?;
     eprintln!(
         "bench-grpc fleet-ha: {n} clusters and {} Applications created",
         apps.len()
@@ -562,18 +533,6 @@ async fn one_run(
     for rep in &mut replicas {
         rep.process.terminate(Duration::from_secs(60)).await?;
     }
-    let count = |level: &str| -> usize {
-        all_logs
-            .iter()
-            .map(|p| {
-                std::fs::read_to_string(p)
-                    .unwrap_or_default()
-                    .lines()
-                    .filter(|l| l.contains(&format!(" {level} ")))
-                    .count()
-            })
-            .sum()
-    };
     let leader = results.pop().context("two failovers")?;
     let serving = results.pop().context("two failovers")?;
     Ok(Figures {
@@ -586,8 +545,8 @@ async fn one_run(
         matching,
         connected,
         pending,
-        warns: count("WARN"),
-        errors: count("ERROR"),
+        warns: log_lines(&all_logs, "WARN"),
+        errors: log_lines(&all_logs, "ERROR"),
         logs: all_logs,
     })
 }
