@@ -8,6 +8,7 @@ pub mod certs;
 #[cfg(test)]
 mod fixtures;
 pub mod hub;
+mod leading;
 pub mod metrics;
 pub mod render;
 pub mod report;
@@ -108,8 +109,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Name of the leader Lease unless `--leader-election-id` says otherwise.
 pub const LEASE_NAME: &str = "argocd-pull-hub-controller";
 
-/// Runs until SIGTERM or SIGINT, or until the leader Lease is lost (an
-/// error, so that the process restarts).
+/// Runs until SIGTERM or SIGINT.
 ///
 /// Every replica serves gRPC (its agents, from its own watches, writing
 /// for the clusters it holds: [`grpc::claims`]); the leader also runs the
@@ -159,64 +159,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )),
         _ => None,
     };
-    // `leading` turns true once this replica holds the Lease; the elector
-    // keeps the Leadership for its release at the end, or says it was lost.
-    let (leading_tx, leading) = tokio::sync::watch::channel(lease_config.is_none());
-    let (lost_tx, lost) = tokio::sync::oneshot::channel::<()>();
-    let elector = lease_config.map(|config| {
-        let (client, signals) = (client.clone(), signals.clone());
-        tokio::spawn(async move {
-            let leadership = lease::acquire(client, config, signals.clone()).await?;
-            let _ = leading_tx.send(true);
-            tokio::select! {
-                _ = leadership.lost() => {
-                    let _ = lost_tx.send(());
-                    None
-                }
-                _ = signals.wait() => Some(leadership),
-            }
-        })
-    });
     page.set_serving(true);
-    let watchdog = tokio::spawn(async move {
-        // A dropped sender (no election, or the elector stopped on the
-        // signal) is not a loss: only the signal ends the wait then.
-        let lost = async {
-            if lost.await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        };
-        let was_lost = tokio::select! {
-            _ = signals.wait() => false,
-            _ = lost => true,
-        };
+    // Only a signal stops a replica: one that loses the leader Lease steps
+    // down and keeps serving ([`leading`]).
+    tokio::spawn(async move {
+        signals.wait().await;
         stop.fire();
-        was_lost
     });
-    run_controllers(
+    let leadership = run_controllers(
         &args,
         client,
-        metrics.clone(),
+        metrics,
         grpc_metrics,
         readiness,
         &page,
         shutdown,
-        leading,
+        lease_config,
         claims,
     )
     .await?;
     page.set_serving(false);
-    let was_lost = watchdog.await?;
-    // The controllers have stopped: only now may the Lease go to another.
-    let leadership = match elector {
-        Some(e) => e.await?,
-        None => None,
-    };
-    metrics.leader.set(0);
     server.await??;
-    if was_lost {
-        anyhow::bail!("lost the leader Lease; exiting so that this replica restarts");
-    }
+    // The controllers have stopped: only now may the Lease go to another.
     if let Some(l) = leadership {
         l.release().await;
     }
@@ -224,8 +188,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every replica's work, until `shutdown` resolves; the leader's once
-/// `leading` says so.
+/// Every replica's work, until `shutdown` resolves, and the leader's
+/// whenever this replica holds the Lease of `election` (always without
+/// one); the Leadership held at the end, to release.
 #[allow(clippy::too_many_arguments)]
 async fn run_controllers(
     args: &Args,
@@ -235,9 +200,9 @@ async fn run_controllers(
     readiness: Readiness,
     page: &report::StatusPage,
     shutdown: shutdown::Shutdown,
-    mut leading: tokio::sync::watch::Receiver<bool>,
+    election: Option<lease::LeaseConfig>,
     claims: Option<std::sync::Arc<grpc::claims::Claims>>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<lease::Leadership>> {
     let authorization = route::authz::Authorization {
         require_placement: args.authorization == AuthorizationMode::Placement,
         allow: args.allowed_targets.clone(),
@@ -324,44 +289,30 @@ async fn run_controllers(
         });
     }
 
-    // The leader's share.
-    let led = tokio::select! {
-        l = leading.wait_for(|l| *l) => l.is_ok(),
-        _ = shutdown.clone().wait() => false,
-    };
-    let mut leader_tasks = Vec::new();
-    if led {
-        tracing::info!(
-            "leading: the ManifestWork transport, the cluster Secrets and the clusters no replica holds are this replica's"
-        );
-        metrics.leader.set(1);
-        page.set_leader(true);
-        if let Some(c) = &claims {
-            c.set_leader(true);
-        }
-        if let Some(hub) = &grpc {
-            hub.requeue_all();
-        }
-        gate.open();
-        leader_tasks.push(tokio::spawn(manifestwork::cluster_secrets::run(
-            client.clone(),
-            args.argocd_namespace.clone(),
-            shutdown.clone(),
-        )));
-        leader_tasks.push(tokio::spawn(manifestwork::sweep::run(
+    if let Some(hub) = &grpc {
+        let gate = std::sync::Arc::downgrade(&gate);
+        hub.on_transport_switch(move |r| {
+            if let Some(g) = gate.upgrade() {
+                g.transport_switched(r);
+            }
+        });
+    }
+    let leadership = leading::run(
+        leading::Share {
             client,
-            ctx.caches.clone(),
+            argocd_namespace: args.argocd_namespace.clone(),
+            sweep_interval: args.sweep_interval,
+            ctx,
+            gate,
+            grpc: grpc.clone(),
+            claims: claims.clone(),
             metrics,
-            args.sweep_interval,
-            shutdown.clone().wait(),
-        )));
-        manifestwork::controller::run(ctx, || {}, shutdown.clone()).await;
-    } else {
-        shutdown.clone().wait().await;
-    }
-    for t in leader_tasks {
-        t.await?;
-    }
+            page: page.clone(),
+        },
+        election,
+        shutdown.clone(),
+    )
+    .await;
     watching.await?;
     if let Some(server) = grpc_server {
         server.await?;
@@ -376,5 +327,5 @@ async fn run_controllers(
     if let Some(keeper) = keeper {
         keeper.await?;
     }
-    Ok(())
+    Ok(leadership)
 }

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub works_managed: Gauge,
     pub queue_depth: Gauge,
     pub leader: Gauge,
+    /// Terms as leader that ended with the Lease lost (not a shutdown).
+    pub leader_terms_lost: Counter,
 }
 
 impl Default for Metrics {
@@ -54,6 +56,7 @@ impl Default for Metrics {
             works_managed: Gauge::default(),
             queue_depth: Gauge::default(),
             leader: Gauge::default(),
+            leader_terms_lost: Counter::default(),
         }
     }
 }
@@ -114,8 +117,13 @@ impl Metrics {
         );
         registry.register(
             "leader",
-            "1 while this replica holds the leader Lease and runs the controllers",
+            "1 while this replica holds the leader Lease and runs the leader's share",
             m.leader.clone(),
+        );
+        registry.register(
+            "leader_terms_lost",
+            "Times this replica lost the leader Lease and stepped down (it stands again)",
+            m.leader_terms_lost.clone(),
         );
         m
     }

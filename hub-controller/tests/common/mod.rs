@@ -208,7 +208,9 @@ pub async fn run_controller_with(
     argocd_pull_runtime::shutdown::Trigger,
 ) {
     use argocd_pull_hub_controller::hub::watches::{Scope, Watches};
-    use argocd_pull_hub_controller::transport::manifestwork::{Context, controller};
+    use argocd_pull_hub_controller::transport::manifestwork::{
+        Context, controller, triggers::Gate,
+    };
     let watches = Watches::new(Scope::default());
     let ctx = Context::new(
         client.clone(),
@@ -219,10 +221,14 @@ pub async fn run_controller_with(
         None,
     );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
-    tokio::spawn(watches.run(client, vec![ctx.clone()], shutdown.clone().wait()));
+    // One term that lasts the whole test: this hub leads from the start.
+    let gate = Gate::new(ctx.clone());
+    let triggered = gate.open();
+    tokio::spawn(watches.run(client, vec![gate], shutdown.clone().wait()));
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(controller::run(
         ctx.clone(),
+        triggered,
         move || {
             let _ = synced_tx.send(());
         },

@@ -20,26 +20,25 @@ use crate::hub::cached::CachedApp;
 /// How long in-flight reconciles get to finish once shutdown begins.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Runs the controller until `shutdown` resolves. `ready` is called once the
-/// hub's caches have their first full list, so that `/readyz` only passes
-/// when the controller sees every Application. The caches are fed by
-/// [`crate::hub::watches::Watches::run`], with `ctx` among its consumers.
+/// Runs the controller of one term until `shutdown` resolves, reconciling
+/// the Applications that come on `triggered` (from
+/// [`super::triggers::Gate::open`]). `ready` is called once the hub's
+/// caches have their first full list. The caches are fed by
+/// [`crate::hub::watches::Watches::run`], with the gate among its
+/// consumers.
 pub async fn run(
     ctx: Arc<Context>,
+    triggered: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<CachedApp>>,
     ready: impl FnOnce() + Send + 'static,
     shutdown: argocd_pull_runtime::shutdown::Shutdown,
 ) {
-    let Some(triggered) = ctx.take_triggered() else {
-        tracing::error!("the Application controller of this context is already running");
-        return;
-    };
     let ar = application_resource();
     let app_store = ctx.caches.apps.clone();
     let queue = ctx.queue.clone();
 
     // Every trigger comes by reference from the hub's watches; the
     // controller reads the Applications from the shared cache.
-    let mut controller = Controller::for_stream_with(
+    let controller = Controller::for_stream_with(
         futures::stream::pending::<Result<CachedApp, watcher::Error>>(),
         app_store.clone(),
         ar.clone(),
@@ -50,19 +49,6 @@ pub async fn run(
     .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
         triggered,
     ));
-    // Applications moving to or from the gRPC transport: deliver by work, or
-    // hand the work over.
-    if let Some(switches) = ctx.grpc.as_ref().and_then(|g| g.transport_switches()) {
-        let q = queue.clone();
-        let switched =
-            tokio_stream::wrappers::UnboundedReceiverStream::new(switches).map(move |r| {
-                let r = ObjectRef::new_with(&r.name, application_resource()).within(&r.namespace);
-                q.triggered(r.clone(), "transport-switch");
-                r
-            });
-        controller = controller.reconcile_on(switched);
-    }
-
     let caches = ctx.caches.clone();
     tokio::spawn(async move {
         caches.wait_synced().await;

@@ -42,9 +42,9 @@ pub struct Context {
     /// delivers are left to it (see [`crate::route::transport`]).
     pub grpc: Option<Arc<crate::transport::grpc::Hub>>,
     /// Applications the watches' events concern, to reconcile (see
-    /// [`triggers`]); the receiver is taken once by the controller's run.
-    triggers: mpsc::UnboundedSender<ObjectRef<CachedApp>>,
-    triggered: Mutex<Option<mpsc::UnboundedReceiver<ObjectRef<CachedApp>>>>,
+    /// [`triggers`]), sent to the controller of the current term
+    /// ([`triggers::Gate`]); none between terms.
+    triggers: Mutex<Option<mpsc::UnboundedSender<ObjectRef<CachedApp>>>>,
     /// The last generation seen of each ManagedCluster: only a new one
     /// (a cluster joining or its spec changing) re-reconciles its
     /// Applications, not every status heartbeat.
@@ -71,7 +71,6 @@ impl Context {
             .as_ref()
             .map(|g| g.writer.clone())
             .unwrap_or_else(|| AppWriter::new(client.clone()));
-        let (triggers, triggered) = mpsc::unbounded_channel();
         Arc::new(Self {
             writer,
             client,
@@ -81,16 +80,26 @@ impl Context {
             metrics,
             caches,
             grpc,
-            triggers,
-            triggered: Mutex::new(Some(triggered)),
+            triggers: Mutex::default(),
             cluster_generations: Mutex::default(),
             unapplied: Mutex::default(),
         })
     }
 
-    /// The Applications to reconcile; `None` after the first call.
-    fn take_triggered(&self) -> Option<mpsc::UnboundedReceiver<ObjectRef<CachedApp>>> {
-        self.triggered.lock().expect("lock").take()
+    /// Starts a term of the controller: the Applications to reconcile
+    /// come on the receiver until [`Context::end_term`] or the next term.
+    /// Cluster generations seen before are forgotten: events between
+    /// terms were not heard.
+    fn start_term(&self) -> mpsc::UnboundedReceiver<ObjectRef<CachedApp>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.cluster_generations.lock().expect("lock").clear();
+        *self.triggers.lock().expect("lock") = Some(tx);
+        rx
+    }
+
+    /// Ends the term: triggers are dropped until the next one.
+    fn end_term(&self) {
+        *self.triggers.lock().expect("lock") = None;
     }
 
     pub fn reconcile_count(&self) -> u64 {

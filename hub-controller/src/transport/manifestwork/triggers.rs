@@ -76,17 +76,21 @@ impl Context {
         self.queue.triggered(r, why);
     }
 
-    /// Reconciles `app` (soon), recording what asked for it.
+    /// Reconciles `app` (soon), recording what asked for it; nothing
+    /// between terms (the next term looks at every Application).
     pub(crate) fn trigger(&self, app: ObjectRef<CachedApp>, why: &'static str) {
-        self.queue.triggered(app.clone(), why);
-        // Closed only when the controller has stopped.
-        let _ = self.triggers.send(app);
+        if let Some(tx) = &*self.triggers.lock().expect("lock") {
+            self.queue.triggered(app.clone(), why);
+            // Closed only when the term's controller has stopped.
+            let _ = tx.send(app);
+        }
     }
 }
 
-/// The ManifestWork transport's share of the hub's watches, heard only once
-/// this replica leads ([`Gate::open`]); until then events are dropped, and
-/// opening looks at every Application, as a fresh start would.
+/// The ManifestWork transport's share of the hub's watches, heard only
+/// while this replica leads: from [`Gate::open`] to [`Gate::close`]. In
+/// between, events are dropped, and opening looks at every Application, as
+/// a fresh start would.
 pub struct Gate {
     open: std::sync::atomic::AtomicBool,
     ctx: std::sync::Arc<Context>,
@@ -101,14 +105,33 @@ impl Gate {
     }
 
     /// This replica leads: every Application is looked at, and every event
-    /// from now on is heard.
-    pub fn open(&self) {
+    /// from now on is heard, by the controller reading the receiver
+    /// ([`super::controller::run`]).
+    pub fn open(&self) -> tokio::sync::mpsc::UnboundedReceiver<ObjectRef<CachedApp>> {
+        let triggered = self.ctx.start_term();
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
         for app in self.ctx.caches.apps.state() {
             self.ctx.trigger(
                 ObjectRef::from_obj_with(app.as_ref(), application_resource()),
                 "leading",
             );
+        }
+        triggered
+    }
+
+    /// This replica no longer leads: nothing more is heard, and the
+    /// term's controller gets no new work.
+    pub fn close(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.ctx.end_term();
+    }
+
+    /// `app` moved to or from the gRPC transport: while open, its work is
+    /// delivered or handed over.
+    pub fn transport_switched(&self, app: &crate::route::assign::HubRef) {
+        if self.open.load(std::sync::atomic::Ordering::SeqCst) {
+            let r = ObjectRef::new_with(&app.name, application_resource()).within(&app.namespace);
+            self.ctx.trigger(r, "transport-switch");
         }
     }
 }

@@ -57,17 +57,15 @@ pub struct Hub {
     /// transport.
     pub writer: Arc<AppWriter>,
     next_session: AtomicU64,
-    /// Applications that moved to or from this transport, for the
-    /// ManifestWork controller to look at again.
-    switched: Mutex<Switches>,
+    /// Told of Applications that move to or from this transport, for the
+    /// ManifestWork controller to look at again (while it runs).
+    on_switch: std::sync::OnceLock<OnSwitch>,
     /// With several replicas: which one writes for a cluster.
     claims: std::sync::OnceLock<Arc<super::claims::Claims>>,
 }
 
-type Switches = (
-    Option<tokio::sync::mpsc::UnboundedSender<HubRef>>,
-    Option<tokio::sync::mpsc::UnboundedReceiver<HubRef>>,
-);
+/// What [`Hub::on_transport_switch`] calls.
+type OnSwitch = Box<dyn Fn(&HubRef) + Send + Sync>;
 
 impl Hub {
     /// A transport reading `caches`, which must be fed by
@@ -92,10 +90,7 @@ impl Hub {
             synced: watch::channel(false).0,
             next_session: AtomicU64::new(1),
             claims: std::sync::OnceLock::new(),
-            switched: Mutex::new({
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                (Some(tx), Some(rx))
-            }),
+            on_switch: std::sync::OnceLock::new(),
         })
     }
 
@@ -233,9 +228,10 @@ impl Hub {
         }
     }
 
-    /// Applications that move to or from the gRPC transport (taken once).
-    pub fn transport_switches(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<HubRef>> {
-        self.switched.lock().expect("never poisoned").1.take()
+    /// Calls `f` with every Application that moves to or from the gRPC
+    /// transport (set once).
+    pub fn on_transport_switch(&self, f: impl Fn(&HubRef) + Send + Sync + 'static) {
+        let _ = self.on_switch.set(Box::new(f));
     }
 
     fn reassign(&self, cached: &CachedApp) {
@@ -245,9 +241,9 @@ impl Hub {
         let ours = |a: Option<&Assignment>| !matches!(a, None | Some(Assignment::NotOurs { .. }));
         let was = ours(self.index.lock().expect("never poisoned").assignment(&r));
         if was != ours(Some(&a))
-            && let Some(tx) = &self.switched.lock().expect("never poisoned").0
+            && let Some(f) = self.on_switch.get()
         {
-            let _ = tx.send(r.clone());
+            f(&r);
         }
         let slots = self.index.lock().expect("never poisoned").set(&r, Some(a));
         for (cluster, key) in slots {

@@ -1,0 +1,148 @@
+//! A replica that loses the leader Lease steps down without exiting: it
+//! keeps serving its agent over gRPC, stops the ManifestWork transport,
+//! and leads again once the Lease is free. Against a real hub API server,
+//! with the test taking the Lease over as another replica would.
+
+mod common;
+mod grpc_env;
+
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::ManifestWork;
+use argocd_pull_hub_controller::LEASE_NAME;
+use argocd_pull_hub_controller::render::work::work_name;
+use argocd_pull_spoke_agent::Mode;
+use grpc_env::{Env, TIMEOUT};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use testenv::wait;
+
+const NS: &str = "argocd-pull";
+
+/// Writes the leader Lease as held by `holder`, renewed now; retried on a
+/// conflict with the replica's own renewal.
+async fn hold(leases: &Api<Lease>, holder: &str) {
+    wait::until(
+        "the leader Lease written as held by the test",
+        TIMEOUT,
+        || async {
+            let mut lease = leases.get(LEASE_NAME).await.map_err(|e| e.to_string())?;
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.holder_identity = Some(holder.into());
+            spec.lease_duration_seconds = Some(15);
+            spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+            leases
+                .replace(LEASE_NAME, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+}
+
+async fn work(env: &Env, app: &str) -> Option<ManifestWork> {
+    Api::<ManifestWork>::namespaced(env.hub_client.clone(), &env.spokes[0].name)
+        .get_opt(&work_name(&env.team, app))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.hub.ensure_namespace(NS).await.unwrap();
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    let mut replica = env.start_replica("hub-0", &[]).await;
+    let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
+    env.start_agent_with(0, config);
+    env.wait_connected().await;
+    wait::until("hub-0 to lead", TIMEOUT, || async {
+        replica.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+
+    // Another holder takes the Lease and keeps renewing it.
+    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), NS);
+    hold(&leases, "intruder").await;
+    let renewing = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                hold(&leases, "intruder").await;
+            }
+        })
+    };
+    wait::until("hub-0 to step down", TIMEOUT, || async {
+        match replica
+            .metric("argocd_pull_hub_leader_terms_lost_total")
+            .await
+        {
+            Some(n) if n >= 1.0 => Ok(()),
+            other => Err(format!("terms lost: {other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        !replica.leads().await,
+        "a replica that stepped down says so"
+    );
+    assert!(
+        replica.process.child.try_wait().unwrap().is_none(),
+        "hub-0 exited on losing the Lease:\n{}",
+        std::fs::read_to_string(&replica.process.log).unwrap_or_default()
+    );
+    assert!(
+        replica.ready().await,
+        "a replica that stepped down stays Ready"
+    );
+
+    // While another leads: an Application forced onto the ManifestWork
+    // transport gets no work from hub-0, and one on gRPC, created after
+    // it, still reaches the spoke through hub-0.
+    let hub = env.hub_apps();
+    let forced = json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } });
+    hub.create(&PostParams::default(), &env.app("by-work", 0, forced))
+        .await
+        .unwrap();
+    hub.create(&PostParams::default(), &env.app("by-grpc", 0, json!({})))
+        .await
+        .unwrap();
+    wait::until("by-grpc on cluster1 through hub-0", TIMEOUT, || async {
+        env.spoke_apps(0)
+            .get_opt("by-grpc")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    assert!(
+        work(&env, "by-work").await.is_none(),
+        "a replica that does not lead wrote a ManifestWork"
+    );
+
+    // The Lease is free again: hub-0 stands, leads, and delivers the work.
+    renewing.abort();
+    let _ = renewing.await;
+    leases
+        .delete(LEASE_NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until("hub-0 to lead again", TIMEOUT, || async {
+        replica.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+    wait::until("the work of by-work", TIMEOUT, || async {
+        work(&env, "by-work").await.ok_or("none")
+    })
+    .await;
+    assert!(replica.process.child.try_wait().unwrap().is_none());
+    let log = std::fs::read_to_string(&replica.process.log).unwrap_or_default();
+    assert!(
+        log.contains("stepped down"),
+        "the step-down is logged:\n{log}"
+    );
+}
