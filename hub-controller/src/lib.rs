@@ -155,7 +155,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let claims = match (&lease_config, args.grpc.grpc_addr) {
         (Some(c), Some(_)) => Some(grpc::claims::Claims::new(
             client.clone(),
-            grpc::claims::ClaimsConfig::new(&c.namespace, &c.identity),
+            grpc::claims::ClaimsConfig {
+                abandoned_after: args.grpc.abandoned_claim_after,
+                ..grpc::claims::ClaimsConfig::new(&c.namespace, &c.identity)
+            },
         )),
         _ => None,
     };

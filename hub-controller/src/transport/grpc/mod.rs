@@ -87,6 +87,11 @@ pub struct GrpcArgs {
     /// after every connect).
     #[arg(long = "grpc-digest-interval", env = "ARGOCD_PULL_GRPC_DIGEST_INTERVAL", default_value = "5m", value_parser = crate::parse_duration)]
     pub grpc_digest_interval: Duration,
+    /// With several replicas: a cluster's claim that no live replica has
+    /// held for this long (its agent never came back: the cluster was
+    /// deleted, or moved to ManifestWork) is deleted by the leader.
+    #[arg(long = "grpc-abandoned-claim-after", env = "ARGOCD_PULL_GRPC_ABANDONED_CLAIM_AFTER", default_value = "80s", value_parser = crate::parse_duration)]
+    pub abandoned_claim_after: Duration,
     /// Writers to the hub API server (status, mirrors), in parallel across
     /// Applications.
     #[arg(

@@ -63,6 +63,8 @@ pub struct ClaimsConfig {
     /// Past this without a renewal, this replica stops writing (shorter
     /// than `presence_duration`).
     pub renew_deadline: Duration,
+    /// A claim without a live holder this long is deleted by the leader.
+    pub abandoned_after: Duration,
 }
 
 impl ClaimsConfig {
@@ -76,6 +78,7 @@ impl ClaimsConfig {
             presence_duration: Duration::from_secs(8),
             renew_every: Duration::from_secs(2),
             renew_deadline: Duration::from_secs(6),
+            abandoned_after: Duration::from_secs(80),
         }
     }
 }
@@ -95,6 +98,8 @@ struct View {
     presences: HashMap<String, (LeaseSpec, Observer)>,
     /// Identities found dead, since when.
     dead: HashMap<String, Instant>,
+    /// Claims without a live holder, since when.
+    orphans: rule::Orphans,
 }
 
 /// This replica's view of the claims and presences, and its own writes.

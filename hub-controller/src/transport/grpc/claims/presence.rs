@@ -1,14 +1,15 @@
 //! This replica's presence Lease: renewed every `renew_every`; behind by
 //! `renew_deadline`, this replica writes for no cluster until it renews and
 //! has read its claims back. Also who else died (their clusters are looked
-//! at again) and, on the leader, the Leases of replicas long dead.
+//! at again) and, on the leader, the Leases of replicas long dead and the
+//! claims no live replica has held for as long.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 
 use super::{Claims, ROLE_LABEL, now, rule};
 
@@ -148,12 +149,32 @@ impl Claims {
         Ok(())
     }
 
+    /// Deletes `cluster`'s claim, as of `version` (a replica that took it
+    /// since changed the version: then nothing is deleted).
+    async fn delete_abandoned(&self, cluster: &str, version: u64) {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(version.to_string()),
+                uid: None,
+            }),
+            ..Default::default()
+        };
+        match self.api.delete(&rule::claim_name(cluster), &params).await {
+            Ok(_) => {
+                tracing::info!(%cluster, "deleted a claim no live replica has held for long");
+                self.record(cluster, None, Some(version));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            Err(e) => tracing::warn!(%cluster, error = %e, "cannot delete an abandoned claim"),
+        }
+    }
+
     /// Replicas that died since the last check: their clusters are now
     /// acted for by the leader (or taken by their agents' new replicas).
     /// The leader also deletes Leases of replicas long dead.
     async fn check_dead(&self) {
         let at = Instant::now();
-        let (newly_dead, clusters, stale) = {
+        let (newly_dead, clusters, stale, abandoned) = {
             let mut view = self.view.lock().expect("never poisoned");
             let ids: Vec<String> = view.presences.keys().cloned().collect();
             let mut newly = Vec::new();
@@ -182,7 +203,32 @@ impl Claims {
                 .filter(|(_, r)| r.holder.as_ref().is_some_and(|h| newly.contains(h)))
                 .map(|(c, _)| c.clone())
                 .collect();
-            (newly, clusters, stale)
+            // Claims whose holder has been gone as long: their agent never
+            // came back (its cluster was deleted, or moved to ManifestWork).
+            let holders: Vec<(String, Option<String>)> = view
+                .claims
+                .iter()
+                .map(|(c, r)| (c.clone(), r.holder.clone()))
+                .collect();
+            let live: Vec<bool> = holders
+                .iter()
+                .map(|(_, h)| {
+                    // Its own claims are never abandoned: its agents are here,
+                    // even while its writes are suspended.
+                    h.as_deref()
+                        .is_some_and(|h| h == self.config.identity || self.alive(&mut view, h, at))
+                })
+                .collect();
+            let orphans = view.orphans.update(
+                holders.iter().zip(live).map(|((c, _), l)| (c.as_str(), l)),
+                at,
+                self.config.abandoned_after,
+            );
+            let abandoned: Vec<(String, u64)> = orphans
+                .into_iter()
+                .filter_map(|c| view.claims.get(&c).map(|r| (c, r.version)))
+                .collect();
+            (newly, clusters, stale, abandoned)
         };
         for id in &newly_dead {
             tracing::warn!(replica = %id, "a replica stopped renewing its presence: its clusters are taken over");
@@ -196,6 +242,9 @@ impl Claims {
         if self.leader.load(Ordering::SeqCst) {
             for name in stale {
                 let _ = self.api.delete(&name, &DeleteParams::default()).await;
+            }
+            for (cluster, version) in abandoned {
+                self.delete_abandoned(&cluster, version).await;
             }
         }
     }

@@ -70,6 +70,44 @@ pub fn must_let_go(claim: Claim<'_>, me: &str) -> bool {
     claim.holder == Some(me) && claim.wanted_by.is_some_and(|w| !w.is_empty() && w != me)
 }
 
+/// Claims that no live replica holds, and since when (on this replica's
+/// clock). An agent that comes back takes such a claim over; one whose
+/// cluster is gone never does, so the leader deletes a claim left without
+/// a live holder for long enough.
+#[derive(Debug, Default)]
+pub struct Orphans {
+    since: std::collections::HashMap<String, std::time::Instant>,
+}
+
+impl Orphans {
+    /// Looks at every claim (`cluster`, whether a live replica holds it)
+    /// at `at`; returns the clusters whose claim has had no live holder for
+    /// longer than `long`. A claim no longer listed is forgotten.
+    pub fn update<'a>(
+        &mut self,
+        claims: impl IntoIterator<Item = (&'a str, bool)>,
+        at: std::time::Instant,
+        long: std::time::Duration,
+    ) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        let mut abandoned = Vec::new();
+        for (cluster, held) in claims {
+            seen.insert(cluster);
+            if held {
+                self.since.remove(cluster);
+                continue;
+            }
+            let since = *self.since.entry(cluster.to_string()).or_insert(at);
+            if at.duration_since(since) > long {
+                abandoned.push(cluster.to_string());
+            }
+        }
+        self.since.retain(|c, _| seen.contains(c.as_str()));
+        abandoned.sort();
+        abandoned
+    }
+}
+
 /// A Lease name for a replica's identity (`pod_suffix`: lower case, `_`
 /// is not allowed in names).
 pub fn presence_name(identity: &str) -> String {
@@ -155,6 +193,40 @@ mod tests {
         assert!(!must_let_go(claim(Some("a"), true, Some("a")), "a"));
         assert!(!must_let_go(claim(Some("a"), true, None), "a"));
         assert!(!must_let_go(claim(Some("a"), true, Some("b")), "b"));
+    }
+
+    #[test]
+    fn a_claim_without_a_live_holder_for_long_is_abandoned() {
+        let long = std::time::Duration::from_secs(80);
+        let t0 = std::time::Instant::now();
+        let at = |s| t0 + std::time::Duration::from_secs(s);
+        let mut o = Orphans::default();
+        assert!(
+            o.update([("a", false), ("b", true)], at(0), long)
+                .is_empty()
+        );
+        assert!(
+            o.update([("a", false), ("b", true)], at(80), long)
+                .is_empty()
+        );
+        assert_eq!(o.update([("a", false), ("b", true)], at(81), long), ["a"]);
+        // Held again (its agent came back): the clock starts over.
+        assert!(
+            o.update([("a", true), ("b", false)], at(82), long)
+                .is_empty()
+        );
+        assert!(
+            o.update([("a", false), ("b", false)], at(150), long)
+                .is_empty()
+        );
+        assert_eq!(o.update([("a", false), ("b", false)], at(163), long), ["b"]);
+        // A claim not listed any more (deleted) is forgotten: listed again
+        // later, it is counted from the new sighting.
+        assert_eq!(o.update([("b", false)], at(164), long), ["b"]);
+        assert!(o.update([], at(165), long).is_empty());
+        assert!(o.update([("a", false)], at(166), long).is_empty());
+        assert!(o.update([("a", false)], at(246), long).is_empty());
+        assert_eq!(o.update([("a", false)], at(247), long), ["a"]);
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! A replica that loses the leader Lease steps down without exiting: it
-//! keeps serving its agent over gRPC, stops the ManifestWork transport,
-//! and leads again once the Lease is free. Against a real hub API server,
-//! with the test taking the Lease over as another replica would.
+//! The leader's share on a real hub API server. A replica that loses the
+//! leader Lease steps down without exiting: it keeps serving its agent
+//! over gRPC, stops the ManifestWork transport, and leads again once the
+//! Lease is free (the test takes the Lease over as another replica
+//! would). The leader deletes a cluster's claim that no live replica has
+//! held for `--grpc-abandoned-claim-after`, and no other.
 
 mod common;
 mod grpc_env;
@@ -10,6 +12,7 @@ use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
 use argocd_pull_hub_controller::LEASE_NAME;
 use argocd_pull_hub_controller::render::work::work_name;
+use argocd_pull_hub_controller::transport::grpc::claims::{CLUSTER_ANNOTATION, ROLE_LABEL};
 use argocd_pull_spoke_agent::Mode;
 use grpc_env::{Env, TIMEOUT};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -144,5 +147,99 @@ async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again
     assert!(
         log.contains("stepped down"),
         "the step-down is logged:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.hub.ensure_namespace(NS).await.unwrap();
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    // A claim left by a replica that died and whose cluster never came
+    // back (no presence Lease names its holder).
+    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), NS);
+    let abandoned: Lease = serde_json::from_value(json!({
+        "metadata": {
+            "name": "argocd-pull-cluster-gone",
+            "labels": { ROLE_LABEL: "claim" },
+            "annotations": { CLUSTER_ANNOTATION: "gone" },
+        },
+        "spec": { "holderIdentity": "hub-dead_0123" },
+    }))
+    .unwrap();
+    leases
+        .create(&PostParams::default(), &abandoned)
+        .await
+        .unwrap();
+    let replica = env
+        .start_replica("hub-0", &["--grpc-abandoned-claim-after", "3s"])
+        .await;
+    let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
+    env.start_agent_with(0, config);
+    env.wait_connected().await;
+    let claimed = wait::until("cluster1's claim, held by hub-0", TIMEOUT, || async {
+        let l = leases
+            .get_opt("argocd-pull-cluster-cluster1")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no claim")?;
+        match l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) {
+            Some(h) if h.starts_with("hub-0") => Ok(l.clone()),
+            other => Err(format!("held by {other:?}")),
+        }
+    })
+    .await;
+    let claimed_at = k8s_openapi::jiff::Timestamp::now();
+    wait::until(
+        "the abandoned claim deleted by the leader",
+        TIMEOUT,
+        || async {
+            match leases.get_opt("argocd-pull-cluster-gone").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{:?}", other.map(|l| l.is_some()))),
+            }
+        },
+    )
+    .await;
+    // A claim held by a live replica is never deleted, however old: once
+    // hub-0 has renewed its presence (and looked at every claim after
+    // renewing) for more than twice the window since cluster1's claim
+    // appeared, that claim is still the one it wrote.
+    wait::until(
+        "hub-0's presence renewed 6 s after the claim",
+        TIMEOUT,
+        || async {
+            let presences = leases
+                .list(&kube::api::ListParams::default().labels(&format!("{ROLE_LABEL}=presence")))
+                .await
+                .map_err(|e| e.to_string())?;
+            let renewed = presences
+                .items
+                .iter()
+                .filter_map(|l| l.spec.as_ref()?.renew_time.as_ref())
+                .map(|t| t.0)
+                .max()
+                .ok_or("no presence")?;
+            if renewed.duration_since(claimed_at).as_secs_f64() > 6.0 {
+                Ok(())
+            } else {
+                Err(format!("last renewal {renewed}"))
+            }
+        },
+    )
+    .await;
+    let now = leases
+        .get_opt("argocd-pull-cluster-cluster1")
+        .await
+        .unwrap()
+        .expect("the live claim of cluster1 was deleted");
+    assert_eq!(
+        now.metadata.resource_version, claimed.metadata.resource_version,
+        "the live claim of cluster1 was rewritten"
+    );
+    let log = std::fs::read_to_string(&replica.process.log).unwrap_or_default();
+    assert!(
+        log.contains("deleted a claim no live replica has held for long"),
+        "{log}"
     );
 }
