@@ -117,6 +117,11 @@ struct Figures {
     leader: Failover,
     /// The highest VmHWM of any replica over the run.
     peak_any: Option<u64>,
+    /// Replicas that ended on their own (restarted, as a kubelet would).
+    exits: usize,
+    /// Leader terms that ended with the Lease lost (the leader stepped
+    /// down), over every replica of the run.
+    terms_lost: f64,
     matching: usize,
     connected: f64,
     pending: f64,
@@ -212,6 +217,19 @@ pub async fn run(args: FleetHaArgs, repeat: usize, hub_bin: &Path) -> Result<()>
     ));
     rows.push(
         Row::new(
+            "replicas that exited on their own (restarted as a kubelet would)",
+            of(&|f| Some(f.exits as f64)),
+            report::count,
+        )
+        .target("0", |v| v == 0.0),
+    );
+    rows.push(Row::new(
+        "leader terms ended by a lost Lease (stepped down, kept serving)",
+        of(&|f| Some(f.terms_lost)),
+        report::count,
+    ));
+    rows.push(
+        Row::new(
             "at the end: hub copies carrying their agent's status",
             of(&|f| Some(f.matching as f64)),
             report::count,
@@ -256,6 +274,45 @@ pub async fn run(args: FleetHaArgs, repeat: usize, hub_bin: &Path) -> Result<()>
             f.matching == total && f.connected as usize == n && f.pending == 0.0,
         )
     })
+}
+
+const TERMS_LOST: &str = "argocd_pull_hub_leader_terms_lost_total";
+
+/// The replica that leads, once one does (a leader that stepped down
+/// stands again: there may be a moment with none).
+async fn leader(replicas: &[Replica], timeout: Duration) -> Result<usize> {
+    let since = Instant::now();
+    while since.elapsed() < timeout {
+        for (i, rep) in replicas.iter().enumerate() {
+            if rep.leads().await {
+                return Ok(i);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("no replica leads")
+}
+
+/// Replaces every replica that ended on its own with a new one, as the
+/// kubelet would restart it; returns how many there were.
+async fn restart_exited(
+    replicas: &mut [Replica],
+    start: &mut dyn FnMut() -> Result<Replica>,
+    timeout: Duration,
+) -> Result<usize> {
+    let mut restarted = 0;
+    for rep in replicas.iter_mut() {
+        if rep.process.exited() {
+            eprintln!(
+                "bench-grpc fleet-ha: {} exited on its own; starting another as a kubelet would",
+                rep.name
+            );
+            *rep = start()?;
+            rep.process.ready(timeout).await?;
+            restarted += 1;
+        }
+    }
+    Ok(restarted)
 }
 
 /// Every agent connected (on any stream since `epoch`) and in sync, and
@@ -405,6 +462,8 @@ async fn one_run(
     for _ in 0..args.replicas {
         replicas.push(start(&mut all_logs)?);
     }
+    let mut exits = 0;
+    let mut terms_lost = 0.0;
     for rep in &mut replicas {
         rep.process.ready(timeout).await?;
     }
@@ -431,13 +490,9 @@ async fn one_run(
 
     let mut results = Vec::new();
     for kill_leader in [false, true] {
-        let mut lead = None;
-        for (i, rep) in replicas.iter().enumerate() {
-            if rep.leads().await {
-                lead = Some(i);
-            }
-        }
-        let lead = lead.context("no replica leads")?;
+        exits += restart_exited(&mut replicas, &mut || start(&mut all_logs), timeout).await?;
+        service.set(&replicas.iter().map(|x| x.grpc).collect::<Vec<_>>());
+        let lead = leader(&replicas, timeout).await?;
         let mut on = BTreeMap::new();
         for (i, rep) in replicas.iter().enumerate() {
             on.insert(i, rep.agents().await);
@@ -463,6 +518,7 @@ async fn one_run(
             if kill_leader { "the leader" } else { "serving" },
             moved.len()
         );
+        terms_lost += dead.process.metric(TERMS_LOST).await;
         let since = Instant::now();
         dead.process.kill().await?;
         service.set(&replicas.iter().map(|x| x.grpc).collect::<Vec<_>>());
@@ -515,9 +571,12 @@ async fn one_run(
         replicas.push(fresh);
         service.set(&replicas.iter().map(|x| x.grpc).collect::<Vec<_>>());
     }
+    exits += restart_exited(&mut replicas, &mut || start(&mut all_logs), timeout).await?;
+    service.set(&replicas.iter().map(|x| x.grpc).collect::<Vec<_>>());
     let mut connected = 0.0;
     let mut pending = 0.0;
     for rep in &replicas {
+        terms_lost += rep.process.metric(TERMS_LOST).await;
         connected += rep
             .process
             .metric("argocd_pull_hub_grpc_agent_connected")
@@ -542,6 +601,8 @@ async fn one_run(
         serving,
         leader,
         peak_any,
+        exits,
+        terms_lost,
         matching,
         connected,
         pending,

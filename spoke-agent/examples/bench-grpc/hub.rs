@@ -289,6 +289,11 @@ impl HubProcess {
             .ok()
     }
 
+    /// Whether it has ended on its own (a crash, or an exit with an error).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Ends it the way a crash or an OOM kill would (SIGKILL).
     pub async fn kill(&mut self) -> Result<()> {
         self.child.start_kill()?;
