@@ -739,9 +739,36 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
         .unwrap();
     let client = cluster.client().await.unwrap();
     cluster.ensure_namespace("argocd").await.unwrap();
+    // The controller's own client counts its requests.
+    let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let api_metrics = argocd_pull_runtime::client::ApiMetrics::default();
+    let counted = argocd_pull_runtime::client::build(
+        config,
+        &argocd_pull_runtime::client::ApiLayer::new(
+            api_metrics.clone(),
+            argocd_pull_runtime::client::Limits::UNLIMITED,
+        ),
+    )
+    .unwrap();
+    let secret_writes = || {
+        api_metrics
+            .requests
+            .get_or_create(&argocd_pull_runtime::client::RequestLabels {
+                verb: "patch".into(),
+                resource: "secrets".into(),
+                code: "200".into(),
+            })
+            .get()
+    };
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     tokio::spawn(manifestwork::cluster_secrets::run(
-        client.clone(),
+        counted,
         "argocd".into(),
         shutdown,
     ));
@@ -765,6 +792,47 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
     let data = secret.data.unwrap();
     assert_eq!(data["name"].0, b"edge-7");
     assert_eq!(data["server"].0, b"https://edge-7.example:6443");
+
+    // Status updates (OCM's registration agent makes them all the time)
+    // write nothing; a new spec does. Once the new URL is in the Secret,
+    // the write that put it there is the only one since the first.
+    let written = secret_writes();
+    for i in 0..5 {
+        clusters
+            .patch_status(
+                "edge-7",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "status": { "version": { "kubernetes": format!("v1.35.{i}") } } }),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    clusters
+        .patch(
+            "edge-7",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "managedClusterClientConfigs": [{ "url": "https://edge-7.moved:6443" }] } })),
+        )
+        .await
+        .unwrap();
+    wait::until("the new server in the Secret", TIMEOUT, || async {
+        let s = secrets
+            .get("edge-7-cluster-secret")
+            .await
+            .map_err(|e| e.to_string())?;
+        match s.data.as_ref().and_then(|d| d.get("server")) {
+            Some(v) if v.0 == b"https://edge-7.moved:6443" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        secret_writes() - written,
+        1,
+        "only the new spec was written, not the status updates"
+    );
 
     // Removing the cluster from OCM removes the Secret (garbage collection
     // by the real controller-manager, through the owner reference).

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, ResourceExt};
 
 use super::WORK_MANAGER;
@@ -41,7 +41,16 @@ pub async fn run(
         client,
         namespace: argocd_namespace,
     });
-    let running = Controller::new(clusters, watcher::Config::default())
+    // The Secret depends on the cluster's name, uid and spec: only a new
+    // generation (or a new cluster) is worth a write. Status updates, which
+    // OCM's registration agent makes all the time, are not.
+    let (reader, writer) = reflector::store();
+    let changed = watcher(clusters, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+    let running = Controller::for_stream(changed, reader)
         .graceful_shutdown_on(shutdown.clone().wait())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
