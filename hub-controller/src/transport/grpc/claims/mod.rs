@@ -130,6 +130,17 @@ fn version_of(lease: &Lease) -> u64 {
         .unwrap_or(0)
 }
 
+/// Delete options that delete only the version given.
+fn delete_at(version: u64) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: Some(version.to_string()),
+            uid: None,
+        }),
+        ..Default::default()
+    }
+}
+
 fn now() -> MicroTime {
     MicroTime(Timestamp::now())
 }
@@ -300,6 +311,19 @@ impl Claims {
                 if !current() {
                     return Ok(false);
                 }
+                // No claim as far as the watch knows (an agent's first
+                // connection, the usual case): create it without reading
+                // first; one that exists after all answers 409.
+                if !self.view.lock().expect("never poisoned").claims.contains_key(cluster) {
+                    match self.api.create(&PostParams::default(), &self.claim_lease(cluster)).await {
+                        Ok(l) => {
+                            self.record(cluster, Some(&l), None);
+                            return Ok(true);
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Err(e) => return Err(e),
+                    }
+                }
                 let read = self.api.get_opt(&name).await?;
                 self.record(cluster, read.as_ref(), None);
                 // The view now holds what was read (nothing, if nothing was).
@@ -364,6 +388,29 @@ impl Claims {
             return false;
         }
         let name = rule::claim_name(cluster);
+        // First with the version the view has of this replica's own claim,
+        // without reading: a claim changed since answers 409, and is read.
+        let known = self
+            .view
+            .lock()
+            .expect("never poisoned")
+            .claims
+            .get(cluster)
+            .filter(|r| r.holder.as_deref() == Some(self.config.identity.as_str()))
+            .map(|r| r.version);
+        if let Some(version) = known {
+            match self.api.delete(&name, &delete_at(version)).await {
+                Ok(_) => {
+                    self.record(cluster, None, Some(version));
+                    return true;
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    self.record(cluster, None, Some(version));
+                    return true;
+                }
+                Err(_) => {}
+            }
+        }
         for _ in 0..5 {
             let read = match self.api.get_opt(&name).await {
                 Ok(r) => r,
@@ -383,14 +430,7 @@ impl Claims {
                 self.record(cluster, Some(&l), None);
                 return false;
             }
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    resource_version: l.resource_version(),
-                    uid: None,
-                }),
-                ..Default::default()
-            };
-            match self.api.delete(&name, &params).await {
+            match self.api.delete(&name, &delete_at(version_of(&l))).await {
                 Ok(_) => {
                     self.record(cluster, None, Some(version_of(&l)));
                     return true;

@@ -4,14 +4,16 @@
 //! at again) and, on the leader, the Leases of replicas long dead and the
 //! claims no live replica has held for as long.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 
-use super::{Claims, ROLE_LABEL, now, rule};
+use super::{CLUSTER_ANNOTATION, Claims, ROLE_LABEL, delete_at, now, rule};
 
 impl Claims {
     /// Keeps this replica's presence and the view until `shutdown`
@@ -23,9 +25,14 @@ impl Claims {
         let mut last_renewal = Instant::now();
         loop {
             let started = Instant::now();
-            match tokio::time::timeout(self.config.renew_deadline / 2, self.renew(&mut presence))
-                .await
-            {
+            // A slow API server still counts until the deadline: a renewal
+            // abandoned early is one more suspension, and more load.
+            let patience = self
+                .config
+                .renew_deadline
+                .saturating_sub(last_renewal.elapsed())
+                .max(self.config.renew_deadline / 2);
+            match tokio::time::timeout(patience, self.renew(&mut presence)).await {
                 Ok(Ok(())) => {
                     last_renewal = started;
                     if *self.suspended.borrow() {
@@ -66,14 +73,23 @@ impl Claims {
                 .map(|(c, _)| c.clone())
                 .collect()
         };
-        for cluster in &held {
-            match self.api.get_opt(&rule::claim_name(cluster)).await {
-                Ok(read) => self.record(cluster, read.as_ref(), None),
-                Err(e) => {
-                    tracing::warn!(%cluster, error = %e, "cannot read back a claim; still not writing");
-                    return;
-                }
+        // One list, not a read per claim: under the slow API server that
+        // suspended the writes, a thousand reads would slow it further.
+        let params = ListParams::default().labels(&format!("{ROLE_LABEL}=claim"));
+        let listed = match self.api.list(&params).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the claims back; still not writing");
+                return;
             }
+        };
+        let by_cluster: HashMap<&str, &Lease> = listed
+            .items
+            .iter()
+            .filter_map(|l| Some((l.annotations().get(CLUSTER_ANNOTATION)?.as_str(), l)))
+            .collect();
+        for cluster in &held {
+            self.record(cluster, by_cluster.get(cluster.as_str()).copied(), None);
         }
         self.suspended.send_replace(false);
         tracing::info!(
@@ -152,14 +168,11 @@ impl Claims {
     /// Deletes `cluster`'s claim, as of `version` (a replica that took it
     /// since changed the version: then nothing is deleted).
     async fn delete_abandoned(&self, cluster: &str, version: u64) {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: Some(version.to_string()),
-                uid: None,
-            }),
-            ..Default::default()
-        };
-        match self.api.delete(&rule::claim_name(cluster), &params).await {
+        match self
+            .api
+            .delete(&rule::claim_name(cluster), &delete_at(version))
+            .await
+        {
             Ok(_) => {
                 tracing::info!(%cluster, "deleted a claim no live replica has held for long");
                 self.record(cluster, None, Some(version));
