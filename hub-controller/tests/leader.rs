@@ -3,7 +3,10 @@
 //! over gRPC, stops the ManifestWork transport, and leads again once the
 //! Lease is free (the test takes the Lease over as another replica
 //! would). The leader deletes a cluster's claim that no live replica has
-//! held for `--grpc-abandoned-claim-after`, and no other.
+//! held for `--grpc-abandoned-claim-after`, and no other. A replica cut
+//! off from the API server stops writing, keeps its agent, and once it
+//! reaches the API server again reads its claims back (one list) and
+//! writes again.
 
 mod common;
 mod grpc_env;
@@ -242,4 +245,102 @@ async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
         log.contains("deleted a claim no live replica has held for long"),
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and_resumes() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.hub.ensure_namespace(NS).await.unwrap();
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
+        .await
+        .unwrap();
+    let path = env.dir.path().join("through-proxy.kubeconfig");
+    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    let mut replica = env.start_replica("hub-0", &[]).await;
+    let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
+    env.start_agent_with(0, config);
+    env.wait_connected().await;
+    env.hub_apps()
+        .create(&PostParams::default(), &env.app("app", 0, json!({})))
+        .await
+        .unwrap();
+    let expected = std::collections::BTreeMap::from([("app".to_string(), 0)]);
+    wait::until("app delivered and its status on the hub", TIMEOUT, || {
+        env.converged(&expected)
+    })
+    .await;
+    let lists = || async {
+        replica
+            .metric(
+                r#"argocd_pull_hub_api_requests_total{verb="list",resource="leases",code="200"}"#,
+            )
+            .await
+            .unwrap_or(0.0)
+    };
+    let lists_before = lists().await;
+
+    // The API server stops answering for longer than the presence's
+    // renew deadline (6 s) and its duration (8 s).
+    proxy.freeze();
+    let log = || std::fs::read_to_string(&replica.process.log).unwrap_or_default();
+    wait::until("hub-0 to stop writing", TIMEOUT, || async {
+        log()
+            .contains("writes for none until it renews")
+            .then_some(())
+            .ok_or("not yet")
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        env.spokes[0].agent.as_ref().unwrap().connected(),
+        "the agent stays connected"
+    );
+    proxy.thaw();
+
+    wait::until("hub-0 to write again", TIMEOUT, || async {
+        log()
+            .contains("presence is renewed again")
+            .then_some(())
+            .ok_or("not yet")
+    })
+    .await;
+    // Its one claim read back with one list, not one read per claim.
+    assert_eq!(
+        lists().await - lists_before,
+        1.0,
+        "claims read back by one list"
+    );
+    // A change made afterwards flows both ways through the same replica.
+    env.hub_apps()
+        .patch(
+            "app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({ "spec": { "source": { "targetRevision": "after" } } }),
+            ),
+        )
+        .await
+        .unwrap();
+    wait::until(
+        "the change on the spoke and the status back",
+        TIMEOUT,
+        || async {
+            let spoke = env
+                .spoke_apps(0)
+                .get("app")
+                .await
+                .map_err(|e| e.to_string())?;
+            if spoke.data.pointer("/spec/source/targetRevision") != Some(&json!("after")) {
+                return Err("not on the spoke yet".to_string());
+            }
+            env.converged(&expected).await
+        },
+    )
+    .await;
+    assert!(
+        replica.process.child.try_wait().unwrap().is_none(),
+        "hub-0 exited"
+    );
+    assert_eq!(replica.agents().await, ["cluster1"]);
 }

@@ -3,8 +3,6 @@
 //! a leader whose lease is taken notices, and a leader whose connection to
 //! the API server freezes stops before a standby takes over.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use argocd_pull_runtime::lease::{LeaseConfig, acquire};
@@ -12,11 +10,8 @@ use argocd_pull_runtime::shutdown;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use testenv::freeze::FreezingProxy;
 use testenv::{CrdSet, wait};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 /// Fast timings so that the test does not wait 15 s per step.
 fn config(ns: &str, identity: &str) -> LeaseConfig {
@@ -34,104 +29,6 @@ async fn holder(api: &Api<Lease>) -> Option<String> {
         .ok()
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
-}
-
-/// A TCP proxy on 127.0.0.1 in front of the API server that can be frozen:
-/// connections stay open, but no byte moves either way until it thaws, as
-/// with a hung connection. Counts the bytes clients sent.
-struct Proxy {
-    addr: std::net::SocketAddr,
-    frozen: watch::Sender<bool>,
-    sent: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: std::net::SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (frozen, rx) = watch::channel(false);
-        let sent = Arc::new(AtomicU64::new(0));
-        let counter = sent.clone();
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                conns.spawn(pump(cr, sw, rx.clone(), Some(counter.clone())));
-                conns.spawn(pump(sr, cw, rx.clone(), None));
-            }
-        });
-        Self {
-            addr,
-            frozen,
-            sent,
-            task,
-        }
-    }
-
-    fn freeze(&self) {
-        self.frozen.send_replace(true);
-    }
-
-    fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
-    }
-
-    /// A client of `cluster` (admin) that goes through this proxy.
-    async fn client(&self, kubeconfig: &std::path::Path) -> kube::Client {
-        let kc = Kubeconfig::read_from(kubeconfig).unwrap();
-        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .unwrap();
-        config.cluster_url = format!("https://{}", self.addr).parse().unwrap();
-        kube::Client::try_from(config).unwrap()
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        // Ends the accept loop and, with its JoinSet, every connection.
-        self.task.abort();
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut frozen: watch::Receiver<bool>,
-    counter: Option<Arc<AtomicU64>>,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        if frozen.wait_for(|f| !*f).await.is_err() {
-            return;
-        }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        // Read before the freeze, held after it: nothing reaches the other side.
-        if frozen.wait_for(|f| !*f).await.is_err() {
-            return;
-        }
-        if let Some(c) = &counter {
-            c.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
-fn upstream(cluster: &testenv::Cluster) -> std::net::SocketAddr {
-    let server = cluster.server().trim_start_matches("https://");
-    server
-        .parse()
-        .expect("the API server listens on 127.0.0.1:<port>")
 }
 
 /// Watches the lease until `renewals` renewals by `holder` have been seen
@@ -250,8 +147,8 @@ async fn an_abandoned_lease_is_taken_over_after_its_duration_not_before() {
     held.spec.as_mut().unwrap().lease_duration_seconds = Some(600);
     api.create(&PostParams::default(), &held).await.unwrap();
     // d reads the lease through a proxy, so that its attempts can be seen.
-    let proxy = Proxy::start(upstream(cluster)).await;
-    let through = proxy.client(cluster.kubeconfig()).await;
+    let proxy = FreezingProxy::start(cluster).await.unwrap();
+    let through = proxy.client(cluster).await.unwrap();
     let d = tokio::spawn(acquire(through, config(&ns, "d"), down.clone()));
     wait::until(
         "d to try for the lease a few times",
@@ -289,11 +186,11 @@ async fn a_leader_whose_api_connection_freezes_stops_before_anyone_takes_over() 
     let (_stop, down) = shutdown::channel();
 
     // The leader talks to the API server through a proxy; the standby does not.
-    let proxy = Proxy::start(upstream(cluster)).await;
+    let proxy = FreezingProxy::start(cluster).await.unwrap();
     let leader_config = config(&ns, "frozen");
     let deadline = leader_config.renew_deadline;
     let a = acquire(
-        proxy.client(cluster.kubeconfig()).await,
+        proxy.client(cluster).await.unwrap(),
         leader_config,
         down.clone(),
     )

@@ -16,6 +16,7 @@ pub mod argocd;
 pub mod balancer;
 mod cluster;
 mod crds;
+pub mod freeze;
 pub mod images;
 pub mod kubelet;
 pub mod net;

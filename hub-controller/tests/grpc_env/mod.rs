@@ -50,6 +50,9 @@ pub struct Env {
     pub team: String,
     pub grpc_addr: SocketAddr,
     pub hub_process: Option<HubProcess>,
+    /// The kubeconfig hub-controllers started from now on use, when not
+    /// the hub's own (one through a proxy).
+    pub hub_kubeconfig: Option<PathBuf>,
     hub_starts: usize,
 }
 
@@ -198,6 +201,7 @@ impl Env {
             team,
             grpc_addr: net::free_addr().unwrap(),
             hub_process: None,
+            hub_kubeconfig: None,
             hub_starts: 0,
         }
     }
@@ -225,7 +229,11 @@ impl Env {
         let log = d.join(format!("hub-{}.log", self.hub_starts));
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
             .arg("--kubeconfig")
-            .arg(self.hub.kubeconfig())
+            .arg(
+                self.hub_kubeconfig
+                    .as_deref()
+                    .unwrap_or_else(|| self.hub.kubeconfig()),
+            )
             .args(["--admin-addr", &admin.to_string()])
             .args(["--grpc-addr", &grpc.to_string()])
             .arg("--grpc-tls-cert")
