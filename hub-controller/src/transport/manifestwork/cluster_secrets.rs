@@ -6,7 +6,10 @@
 //! on every Secret of the Argo CD namespace (RBAC cannot narrow a list by
 //! label), `argocd-secret` and repository credentials included. So a
 //! Secret deleted or edited by hand is restored by the periodic
-//! re-apply ([`RESTORE_EVERY`]) instead of by a watch.
+//! re-apply ([`RESTORE_EVERY`]) instead of by a watch, and a new leader
+//! applies every Secret once more, spread at [`FIRST_PASS_PER_SECOND`].
+//! A cluster is written when it appears and when its spec changes (a new
+//! generation), not on its status updates.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +28,50 @@ use crate::render::cluster_secret::cluster_secret;
 /// How often each cluster's Secret is applied again.
 pub const RESTORE_EVERY: Duration = Duration::from_secs(600);
 
+/// A new term's first pass applies every cluster's Secret again, at most
+/// this many a second: a leader that takes over a large fleet must not
+/// crowd out the status writes of the failover it is part of. (Without
+/// reading Secrets it cannot tell which are current; see the module's
+/// doc for why it does not read them.)
+pub const FIRST_PASS_PER_SECOND: u32 = 10;
+
 struct Ctx {
     client: Client,
     namespace: String,
+    first_pass: std::sync::Mutex<Spread>,
+}
+
+/// Spreads the first reconcile of each cluster in a term: the n-th cluster
+/// seen is written `n / rate` after the term started (at once when that
+/// moment has passed: a cluster that appears later waits for nobody).
+#[derive(Debug)]
+struct Spread {
+    start: std::time::Instant,
+    interval: Duration,
+    seen: std::collections::HashSet<String>,
+}
+
+impl Spread {
+    fn new(start: std::time::Instant, per_second: u32) -> Self {
+        Self {
+            start,
+            interval: Duration::from_secs(1) / per_second.max(1),
+            seen: Default::default(),
+        }
+    }
+
+    /// How long the reconcile of `uid` at `now` should wait before it
+    /// writes; `None` to write now.
+    fn delay(&mut self, uid: &str, now: std::time::Instant) -> Option<Duration> {
+        if self.seen.contains(uid) {
+            return None;
+        }
+        let slot = self.interval * self.seen.len() as u32;
+        self.seen.insert(uid.to_string());
+        (self.start + slot)
+            .checked_duration_since(now)
+            .filter(|d| !d.is_zero())
+    }
 }
 
 /// Runs until `shutdown` resolves.
@@ -40,6 +84,10 @@ pub async fn run(
     let ctx = Arc::new(Ctx {
         client,
         namespace: argocd_namespace,
+        first_pass: std::sync::Mutex::new(Spread::new(
+            std::time::Instant::now(),
+            FIRST_PASS_PER_SECOND,
+        )),
     });
     // The Secret depends on the cluster's name, uid and spec: only a new
     // generation (or a new cluster) is worth a write. Status updates, which
@@ -69,6 +117,15 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
     if cluster.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let wait = ctx
+        .first_pass
+        .lock()
+        .expect("never poisoned")
+        .delay(&uid, std::time::Instant::now());
+    if let Some(wait) = wait {
+        return Ok(Action::requeue(wait));
+    }
     let secret = cluster_secret(&cluster, &ctx.namespace);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     api.patch(
@@ -84,4 +141,32 @@ fn error_policy(cluster: Arc<ManagedCluster>, error: &kube::Error, ctx: Arc<Ctx>
     tracing::warn!(cluster = %cluster.name_any(), namespace = %ctx.namespace, %error,
         "cannot write the Argo CD cluster Secret (does the Argo CD namespace exist?); retrying");
     Action::requeue(Duration::from_secs(15))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_pass_is_spread_and_later_clusters_wait_for_nobody() {
+        let t0 = std::time::Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Spread::new(t0, 10);
+        // The first is written at once, the next ones 100 ms apart.
+        assert_eq!(s.delay("a", t0), None);
+        assert_eq!(s.delay("b", t0), Some(Duration::from_millis(100)));
+        assert_eq!(s.delay("c", t0), Some(Duration::from_millis(200)));
+        // Their requeue comes back: written then, not spread again.
+        assert_eq!(s.delay("b", at(100)), None);
+        assert_eq!(s.delay("c", at(200)), None);
+        // A cluster that appears after the pass is written at once.
+        assert_eq!(s.delay("d", at(5_000)), None);
+        // One that appears during it waits for its slot only.
+        let mut s = Spread::new(t0, 10);
+        for (i, uid) in ["a", "b", "c", "d"].iter().enumerate() {
+            s.delay(uid, t0);
+            assert_eq!(s.seen.len(), i + 1);
+        }
+        assert_eq!(s.delay("e", at(250)), Some(Duration::from_millis(150)));
+    }
 }
