@@ -17,8 +17,7 @@ use std::time::Instant;
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::digest::{Entries, Repair, SetDigest, resync_requests};
 use argocd_pull_proto::v1::{
-    AckOutcome, AgentMode, ApplicationDelete, ApplicationUpsert, DigestSet, HubMessage, ObjectKey,
-    ObservedApplication, OperationRequest, hub_message,
+    AckOutcome, AgentMode, DigestSet, HubMessage, ObjectKey, ObservedApplication, OperationRequest,
 };
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, watch};
@@ -478,30 +477,6 @@ impl ClusterState {
             }
         }
     }
-}
-
-fn object_message(key: ObjectKey, seq: u64, item: &Item) -> HubMessage {
-    let kind = match item {
-        Item::Upsert(d) => hub_message::Kind::Upsert(ApplicationUpsert {
-            key: Some(key),
-            seq,
-            meta: Some(d.meta.clone()),
-            application_json: d.json.as_ref().clone(),
-        }),
-        Item::Delete { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
-            key: Some(key),
-            seq,
-            hub_uid: hub_uid.clone(),
-            release: false,
-        }),
-        Item::Release { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
-            key: Some(key),
-            seq,
-            hub_uid: hub_uid.clone(),
-            release: true,
-        }),
-    };
-    HubMessage { kind: Some(kind) }
 }
 
 #[cfg(test)]

@@ -7,12 +7,12 @@
 
 use std::time::Instant;
 
-use argocd_pull_proto::v1::{AgentMode, HubMessage, hub_message};
+use argocd_pull_proto::v1::{
+    AgentMode, ApplicationDelete, ApplicationUpsert, HubMessage, ObjectKey, hub_message,
+};
 use tokio::sync::watch;
 
-use super::{
-    Agent, ClusterState, DigestSet, Session, SetDigest, Stop, object_message, resync_requests,
-};
+use super::{Agent, ClusterState, DigestSet, Item, Session, SetDigest, Stop, resync_requests};
 
 impl ClusterState {
     /// Attaches a new session; a previous one is told to stop. What was in
@@ -247,4 +247,28 @@ impl ClusterState {
             })
             || (managed && inner.outbox().has_ready())
     }
+}
+
+fn object_message(key: ObjectKey, seq: u64, item: &Item) -> HubMessage {
+    let kind = match item {
+        Item::Upsert(d) => hub_message::Kind::Upsert(ApplicationUpsert {
+            key: Some(key),
+            seq,
+            meta: Some(d.meta.clone()),
+            application_json: d.json.as_ref().clone(),
+        }),
+        Item::Delete { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
+            key: Some(key),
+            seq,
+            hub_uid: hub_uid.clone(),
+            release: false,
+        }),
+        Item::Release { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
+            key: Some(key),
+            seq,
+            hub_uid: hub_uid.clone(),
+            release: true,
+        }),
+    };
+    HubMessage { kind: Some(kind) }
 }

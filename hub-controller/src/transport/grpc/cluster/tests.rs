@@ -1,6 +1,6 @@
 //! Unit tests of the per-cluster state.
 use super::*;
-use argocd_pull_proto::v1::ObjectMeta;
+use argocd_pull_proto::v1::{ObjectMeta, hub_message};
 
 fn key(name: &str) -> ObjectKey {
     ObjectKey {

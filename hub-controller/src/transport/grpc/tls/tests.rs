@@ -1,0 +1,55 @@
+use super::*;
+
+fn served(acceptor: &Acceptor) -> Vec<u8> {
+    acceptor.current.lock().unwrap().1.clone()
+}
+
+#[test]
+fn a_certificate_is_only_ever_used_with_its_own_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = testenv::pki::Ca::new("ca").unwrap();
+    let (a, b) = (
+        ca.serving(&["a"], &[]).unwrap(),
+        ca.serving(&["b"], &[]).unwrap(),
+    );
+    let files = TlsFiles {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        client_ca: dir.path().join("ca.crt"),
+    };
+    std::fs::write(&files.client_ca, &ca.pem.cert_pem).unwrap();
+    std::fs::write(&files.cert, &b.cert_pem).unwrap();
+    std::fs::write(&files.key, &a.key_pem).unwrap();
+    let metrics = GrpcMetrics::default();
+    let identities = IdentityMap::default();
+    let err = Acceptor::new(files.clone(), identities.clone(), metrics.clone())
+        .err()
+        .unwrap();
+    assert!(err.is::<KeyMismatch>(), "{err}");
+    assert!(
+        err.to_string().contains("does not belong to the key"),
+        "{err}"
+    );
+
+    std::fs::write(&files.cert, &a.cert_pem).unwrap();
+    let acceptor = Acceptor::new(files.clone(), identities, metrics)
+        .unwrap()
+        .with_reload_check(Duration::ZERO);
+    let first = served(&acceptor);
+    // Half a renewal: the new certificate, the old key.
+    std::fs::write(&files.cert, &b.cert_pem).unwrap();
+    acceptor.acceptor();
+    assert_eq!(served(&acceptor), first, "the previous pair stays");
+    // The key lands: the new pair is used.
+    std::fs::write(&files.key, &b.key_pem).unwrap();
+    acceptor.acceptor();
+    assert_eq!(
+        served(&acceptor),
+        [
+            b.cert_pem.as_bytes(),
+            b.key_pem.as_bytes(),
+            ca.pem.cert_pem.as_bytes()
+        ]
+        .concat()
+    );
+}
