@@ -98,7 +98,7 @@ async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again
     assert!(
         replica.process.child.try_wait().unwrap().is_none(),
         "hub-0 exited on losing the Lease:\n{}",
-        std::fs::read_to_string(&replica.process.log).unwrap_or_default()
+        replica.process.log_text()
     );
     assert!(
         replica.ready().await,
@@ -146,7 +146,7 @@ async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again
     })
     .await;
     assert!(replica.process.child.try_wait().unwrap().is_none());
-    let log = std::fs::read_to_string(&replica.process.log).unwrap_or_default();
+    let log = replica.process.log_text();
     assert!(
         log.contains("stepped down"),
         "the step-down is logged:\n{log}"
@@ -240,7 +240,7 @@ async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
         now.metadata.resource_version, claimed.metadata.resource_version,
         "the live claim of cluster1 was rewritten"
     );
-    let log = std::fs::read_to_string(&replica.process.log).unwrap_or_default();
+    let log = replica.process.log_text();
     assert!(
         log.contains("deleted a claim no live replica has held for long"),
         "{log}"
@@ -282,29 +282,30 @@ async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and
 
     // The API server stops answering for longer than the presence's
     // renew deadline (6 s) and its duration (8 s).
+    let reconnects_before = env.spokes[0]
+        .agent
+        .as_ref()
+        .unwrap()
+        .metrics
+        .reconnects
+        .get();
     proxy.freeze();
-    let log = || std::fs::read_to_string(&replica.process.log).unwrap_or_default();
-    wait::until("hub-0 to stop writing", TIMEOUT, || async {
-        log()
-            .contains("writes for none until it renews")
-            .then_some(())
-            .ok_or("not yet")
-    })
-    .await;
+    replica
+        .process
+        .wait_logged(
+            "hub-0 to stop writing",
+            "writes for none until it renews",
+            TIMEOUT,
+        )
+        .await;
+    // Frozen past the presence's duration.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    assert!(
-        env.spokes[0].agent.as_ref().unwrap().connected(),
-        "the agent stays connected"
-    );
     proxy.thaw();
 
-    wait::until("hub-0 to write again", TIMEOUT, || async {
-        log()
-            .contains("presence is renewed again")
-            .then_some(())
-            .ok_or("not yet")
-    })
-    .await;
+    replica
+        .process
+        .wait_logged("hub-0 to write again", "presence is renewed again", TIMEOUT)
+        .await;
     // Its one claim read back with one list, not one read per claim.
     assert_eq!(
         lists().await - lists_before,
@@ -343,4 +344,13 @@ async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and
         "hub-0 exited"
     );
     assert_eq!(replica.agents().await, ["cluster1"]);
+    // The agent kept its stream through the freeze and since: not a
+    // reconnect anywhere in the window.
+    let agent = env.spokes[0].agent.as_ref().unwrap();
+    assert!(agent.connected(), "the agent stays connected");
+    assert_eq!(
+        agent.metrics.reconnects.get(),
+        reconnects_before,
+        "the agent reconnected while its replica was cut off"
+    );
 }

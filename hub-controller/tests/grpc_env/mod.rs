@@ -90,6 +90,22 @@ pub struct HubProcess {
 }
 
 impl HubProcess {
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until its log has a line containing `text`.
+    pub async fn wait_logged(&self, what: &str, text: &str, timeout: Duration) {
+        wait::until(what, timeout, || async {
+            self.log_text()
+                .contains(text)
+                .then_some(())
+                .ok_or("not yet")
+        })
+        .await;
+    }
+
     pub async fn metrics(&self) -> String {
         net::http_get(self.admin, "/metrics")
             .await

@@ -11,8 +11,9 @@
 //! A cluster is written when it appears and when its spec changes (a new
 //! generation), not on its status updates.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use argocd_pull_apis::ocm::ManagedCluster;
 use futures::StreamExt;
@@ -38,7 +39,7 @@ pub const FIRST_PASS_PER_SECOND: u32 = 10;
 struct Ctx {
     client: Client,
     namespace: String,
-    first_pass: std::sync::Mutex<Spread>,
+    first_pass: Mutex<Spread>,
 }
 
 /// Spreads the first reconcile of each cluster in a term: the n-th cluster
@@ -46,13 +47,13 @@ struct Ctx {
 /// moment has passed: a cluster that appears later waits for nobody).
 #[derive(Debug)]
 struct Spread {
-    start: std::time::Instant,
+    start: Instant,
     interval: Duration,
-    seen: std::collections::HashSet<String>,
+    seen: HashSet<String>,
 }
 
 impl Spread {
-    fn new(start: std::time::Instant, per_second: u32) -> Self {
+    fn new(start: Instant, per_second: u32) -> Self {
         Self {
             start,
             interval: Duration::from_secs(1) / per_second.max(1),
@@ -62,7 +63,7 @@ impl Spread {
 
     /// How long the reconcile of `uid` at `now` should wait before it
     /// writes; `None` to write now.
-    fn delay(&mut self, uid: &str, now: std::time::Instant) -> Option<Duration> {
+    fn delay(&mut self, uid: &str, now: Instant) -> Option<Duration> {
         if self.seen.contains(uid) {
             return None;
         }
@@ -84,10 +85,7 @@ pub async fn run(
     let ctx = Arc::new(Ctx {
         client,
         namespace: argocd_namespace,
-        first_pass: std::sync::Mutex::new(Spread::new(
-            std::time::Instant::now(),
-            FIRST_PASS_PER_SECOND,
-        )),
+        first_pass: Mutex::new(Spread::new(Instant::now(), FIRST_PASS_PER_SECOND)),
     });
     // The Secret depends on the cluster's name, uid and spec: only a new
     // generation (or a new cluster) is worth a write. Status updates, which
@@ -122,7 +120,7 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
         .first_pass
         .lock()
         .expect("never poisoned")
-        .delay(&uid, std::time::Instant::now());
+        .delay(&uid, Instant::now());
     if let Some(wait) = wait {
         return Ok(Action::requeue(wait));
     }
@@ -149,7 +147,7 @@ mod tests {
 
     #[test]
     fn a_first_pass_is_spread_and_later_clusters_wait_for_nobody() {
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut s = Spread::new(t0, 10);
         // The first is written at once, the next ones 100 ms apart.
