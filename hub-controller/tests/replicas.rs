@@ -16,11 +16,13 @@ use std::time::{Duration, Instant};
 
 use argocd_pull_hub_controller::transport::grpc::claims::{CLUSTER_ANNOTATION, ROLE_LABEL};
 use argocd_pull_spoke_agent::Mode;
-use grpc_env::replicas::Replica;
+use grpc_env::replicas::{
+    self, Replica, app_name, cluster_of, converged, leader, point_service, request_sync,
+};
 use grpc_env::{Env, TIMEOUT};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use testenv::balancer::Balancer;
 use testenv::wait;
@@ -29,79 +31,15 @@ const CLUSTERS: [&str; 3] = ["cluster1", "cluster2", "cluster3"];
 const APPS_PER_CLUSTER: usize = 100;
 
 fn name(cluster: usize, n: usize) -> String {
-    format!("app-{cluster}-{n:03}")
+    app_name(cluster, n)
 }
 
-/// A change to every `step`-th Application: a new target revision.
 async fn churn(env: &Env, round: usize, step: usize) {
-    let hub = env.hub_apps();
-    let mut patches = Vec::new();
-    for c in 0..CLUSTERS.len() {
-        for n in (round % step..APPS_PER_CLUSTER).step_by(step) {
-            let (hub, name) = (hub.clone(), name(c, n));
-            patches.push(async move {
-                hub.patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "spec": { "source": { "targetRevision": format!("round-{round}") } } })),
-                )
-                .await
-                .unwrap();
-            });
-        }
-    }
-    futures::future::join_all(patches).await;
-}
-
-/// A sync with revision `rev` set on the hub copy of `name`.
-async fn request_sync(env: &Env, name: &str, rev: &str) {
-    env.hub_apps()
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "operation": { "sync": { "revision": rev }, "initiatedBy": { "username": "alice" } } })),
-        )
-        .await
-        .unwrap();
-}
-
-async fn converged(env: &Env, expected: &BTreeMap<String, usize>, what: &str) -> Duration {
-    let start = Instant::now();
-    wait::until(what, Duration::from_secs(120), || env.converged(expected)).await;
-    start.elapsed()
-}
-
-/// The replica each connected cluster is on.
-async fn placement(replicas: &[Replica]) -> BTreeMap<String, String> {
-    let mut on = BTreeMap::new();
-    for r in replicas {
-        for c in r.agents().await {
-            on.insert(c, r.name.clone());
-        }
-    }
-    on
-}
-
-async fn leader(replicas: &[Replica]) -> Option<usize> {
-    for (i, r) in replicas.iter().enumerate() {
-        if r.leads().await {
-            return Some(i);
-        }
-    }
-    None
+    replicas::churn(env, CLUSTERS.len(), APPS_PER_CLUSTER, round, step).await
 }
 
 async fn all_connected(replicas: &[Replica]) -> Result<BTreeMap<String, String>, String> {
-    let on = placement(replicas).await;
-    if on.len() == CLUSTERS.len() {
-        Ok(on)
-    } else {
-        Err(format!("connected: {on:?}"))
-    }
-}
-
-fn point_service(service: &Balancer, replicas: &[Replica]) {
-    service.set(&replicas.iter().map(|r| r.grpc).collect::<Vec<_>>());
+    replicas::all_connected(replicas, CLUSTERS.len()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -304,7 +242,7 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
 
     // Every sync ran exactly once on its spoke.
     for (n, revs) in &syncs {
-        let c: usize = n[4..5].parse().unwrap();
+        let c = cluster_of(n);
         assert_eq!(
             &env.spokes[c].argocd.syncs_of(n),
             revs,

@@ -68,6 +68,31 @@ pub fn own_binary(name: &str) -> crate::Result<PathBuf> {
     }
 }
 
+/// One of the previous release's binaries (`hub-controller`,
+/// `spoke-agent`), which `test/tools/build.sh` builds from this
+/// repository's history (`PREVIOUS_RELEASE_COMMIT` in `versions.env`) for
+/// the upgrade test.
+pub fn previous_binary(name: &str) -> crate::Result<PathBuf> {
+    let path = cache_dir().join("previous").join("bin").join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(crate::Error::MissingTool(path))
+    }
+}
+
+/// The previous release's version (`PREVIOUS_RELEASE` in
+/// `test/tools/versions.env`), as its binaries report it.
+pub fn previous_release() -> String {
+    let pins = std::fs::read_to_string(workspace_dir().join("test/tools/versions.env"))
+        .expect("test/tools/versions.env is readable");
+    pins.lines()
+        .find_map(|l| l.strip_prefix("PREVIOUS_RELEASE="))
+        .expect("versions.env pins PREVIOUS_RELEASE")
+        .trim()
+        .to_string()
+}
+
 /// The top of the workspace (where `deploy/` and `example/` are).
 pub fn workspace_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

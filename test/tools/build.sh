@@ -12,6 +12,8 @@
 #   $CACHE/bin/iptables{,-restore,-save} (Debian's, unpacked into $CACHE/iptables)
 #   $CACHE/bin/helm
 #   $CACHE/bin/{kubelet,kube-scheduler}, $CACHE/bin/node/{containerd,containerd-shim-runc-v2,ctr,cni/*}
+#   $CACHE/previous/bin/{hub-controller,spoke-agent} (the previous release of
+#                             our own, from this repository's history)
 #   $CACHE/crds/{hub,managed}/*.yaml
 #   $CACHE/ocm/*.yaml                                    (OCM's bootstrap RBAC)
 #
@@ -361,6 +363,32 @@ build_node() {
   log "node components built in $((SECONDS - t0))s"
 }
 
+# The previous release's hub-controller and spoke-agent (versions.env), built
+# from this repository's own history in a copy under the cache: the upgrade
+# test runs them next to this build's binaries.
+build_previous() {
+  local c=$PREVIOUS_RELEASE_COMMIT out=$cache/previous
+  if fresh previous <(echo "$c") <(declare -f build_previous) \
+    && [ -x "$out/bin/hub-controller" ] && [ -x "$out/bin/spoke-agent" ]; then
+    return
+  fi
+  if ! git -C "$root" cat-file -e "$c^{commit}" 2>/dev/null; then
+    log "the previous release $PREVIOUS_RELEASE (commit $c) is not in this checkout's history:"
+    log "fetch it (git fetch --unshallow, or git fetch origin $c) and run again"
+    exit 1
+  fi
+  log "building the previous release $PREVIOUS_RELEASE ($c): hub-controller and spoke-agent (about 5 minutes cold on 2 cores)"
+  local t0=$SECONDS
+  rm -rf "$out/src" "$out/bin"
+  mkdir -p "$out/src" "$out/bin"
+  git -C "$root" archive "$c" | tar -x -C "$out/src"
+  (cd "$out/src" && CARGO_TARGET_DIR=$out/target cargo build --locked --bin hub-controller --bin spoke-agent)
+  cp "$out/target/debug/hub-controller" "$out/target/debug/spoke-agent" "$out/bin/"
+  rm -rf "$out/src"
+  mark previous <(echo "$c") <(declare -f build_previous)
+  log "previous release built in $((SECONDS - t0))s"
+}
+
 # `build.sh PART...` builds only those parts (e.g. `build.sh helm runc`).
 if [ $# -gt 0 ]; then
   for part in "$@"; do "build_$part"; done
@@ -378,4 +406,5 @@ build_runc
 build_iptables
 build_helm
 build_node
+build_previous
 log "ready: $bin"

@@ -54,22 +54,40 @@ pub struct Env {
     /// the hub's own (one through a proxy).
     pub hub_kubeconfig: Option<PathBuf>,
     hub_starts: usize,
+    agent_starts: usize,
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
-        // A failed test shows what the hub-controller said.
+        // A failed test shows what the hub-controllers and agent processes said.
         if std::thread::panicking() {
+            let d = self.dir.path();
             for n in 1..=self.hub_starts {
-                let log = std::fs::read_to_string(self.dir.path().join(format!("hub-{n}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(80).collect();
-                eprintln!("--- hub-controller log {n} (last lines) ---");
-                for line in tail.into_iter().rev() {
-                    eprintln!("{line}");
+                print_tail(
+                    &format!("hub-controller log {n}"),
+                    &d.join(format!("hub-{n}.log")),
+                    80,
+                );
+            }
+            for n in 1..=self.agent_starts {
+                for s in &self.spokes {
+                    let log = d.join(format!("agent-{}-{n}.log", s.name));
+                    print_tail(&format!("spoke-agent {} log {n}", s.name), &log, 40);
                 }
             }
         }
+    }
+}
+
+/// The last `lines` lines of the log at `path`, if there is one.
+fn print_tail(title: &str, path: &Path, lines: usize) {
+    let Ok(log) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+    eprintln!("--- {title} (last lines) ---");
+    for line in tail.into_iter().rev() {
+        eprintln!("{line}");
     }
 }
 
@@ -219,6 +237,7 @@ impl Env {
             hub_process: None,
             hub_kubeconfig: None,
             hub_starts: 0,
+            agent_starts: 0,
         }
     }
 
@@ -239,11 +258,24 @@ impl Env {
         args: &[&str],
         envs: &[(&str, &str)],
     ) -> HubProcess {
+        let binary = Path::new(env!("CARGO_BIN_EXE_hub-controller"));
+        self.spawn_hub_from(binary, grpc, args, envs).await
+    }
+
+    /// [`Env::spawn_hub`] with another build of the hub-controller (the
+    /// previous release's, in the upgrade test).
+    pub(crate) async fn spawn_hub_from(
+        &mut self,
+        binary: &Path,
+        grpc: SocketAddr,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> HubProcess {
         let admin = net::free_addr().unwrap();
         let d = self.dir.path();
         self.hub_starts += 1;
         let log = d.join(format!("hub-{}.log", self.hub_starts));
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
+        let child = tokio::process::Command::new(binary)
             .arg("--kubeconfig")
             .arg(
                 self.hub_kubeconfig
@@ -333,6 +365,41 @@ impl Env {
             readiness,
             metrics,
         });
+    }
+
+    /// Spoke `i`'s agent as a process of another build of the spoke-agent
+    /// (the previous release's, in the upgrade test), dialling `address`,
+    /// logging to `agent-<cluster>-<n>.log`.
+    pub fn spawn_agent_from(
+        &mut self,
+        binary: &Path,
+        i: usize,
+        address: &str,
+    ) -> tokio::process::Child {
+        let s = &self.spokes[i];
+        self.agent_starts += 1;
+        let log = self
+            .dir
+            .path()
+            .join(format!("agent-{}-{}.log", s.name, self.agent_starts));
+        tokio::process::Command::new(binary)
+            .arg("--kubeconfig")
+            .arg(s.cluster.kubeconfig())
+            .args(["--admin-addr", &net::free_addr().unwrap().to_string()])
+            .args(["--cluster-name", &s.name, "--hub-address", address])
+            .arg("--tls-cert")
+            .arg(&s.certs.cert)
+            .arg("--tls-key")
+            .arg(&s.certs.key)
+            .arg("--hub-ca")
+            .arg(&s.certs.ca)
+            .args(["--argocd-namespace", SPOKE_NS])
+            .args(["--reconnect-min", "100ms", "--reconnect-max", "2s"])
+            .env("ARGOCD_PULL_LOG", "info,kube_client=off")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
     }
 
     pub fn start_agent(&mut self, i: usize, mode: Mode) {

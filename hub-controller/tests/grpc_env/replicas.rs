@@ -2,10 +2,15 @@
 //! election on, every one serving gRPC on an address of its own); their
 //! gRPC Service is [`testenv::balancer::Balancer`].
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use testenv::net;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use testenv::balancer::Balancer;
+use testenv::{net, wait};
 
 use argocd_pull_hub_controller::report::Report;
 
@@ -36,12 +41,18 @@ impl Replica {
         )
     }
 
+    /// Its `/status` page, if it answers.
+    pub async fn report(&self) -> Option<Report> {
+        let Ok((200, body)) = net::http_get(self.process.admin, "/status").await else {
+            return None;
+        };
+        serde_json::from_str(&body).ok()
+    }
+
     /// The clusters whose agents are connected to it (its `/status`).
     pub async fn agents(&self) -> Vec<String> {
-        let Ok((200, body)) = net::http_get(self.process.admin, "/status").await else {
-            return Vec::new();
-        };
-        serde_json::from_str::<Report>(&body)
+        self.report()
+            .await
             .map(|r| r.agents.into_iter().map(|a| a.cluster).collect())
             .unwrap_or_default()
     }
@@ -62,14 +73,118 @@ impl Env {
     /// Starts replica `name` (its `POD_NAME`) with leader election, serving
     /// gRPC with the test's certificates; waits until it is Ready.
     pub async fn start_replica(&mut self, name: &str, extra: &[&str]) -> Replica {
+        let binary = Path::new(env!("CARGO_BIN_EXE_hub-controller"));
+        self.start_replica_from(binary, name, extra).await
+    }
+
+    /// [`Env::start_replica`] with another build of the hub-controller.
+    pub async fn start_replica_from(
+        &mut self,
+        binary: &Path,
+        name: &str,
+        extra: &[&str],
+    ) -> Replica {
         let grpc = net::free_addr().unwrap();
         let mut args = vec!["--leader-election-namespace", "argocd-pull"];
         args.extend_from_slice(extra);
-        let process = self.spawn_hub(grpc, &args, &[("POD_NAME", name)]).await;
+        let process = self
+            .spawn_hub_from(binary, grpc, &args, &[("POD_NAME", name)])
+            .await;
         Replica {
             name: name.into(),
             process,
             grpc,
         }
     }
+}
+
+/// The name of Application `n` on cluster `cluster` (its index).
+pub fn app_name(cluster: usize, n: usize) -> String {
+    format!("app-{cluster}-{n:03}")
+}
+
+/// The cluster index in an [`app_name`].
+pub fn cluster_of(name: &str) -> usize {
+    name[4..5].parse().unwrap()
+}
+
+/// A change to every `step`-th of `per_cluster` Applications on each of
+/// `clusters` clusters: a new target revision.
+pub async fn churn(env: &Env, clusters: usize, per_cluster: usize, round: usize, step: usize) {
+    let hub = env.hub_apps();
+    let mut patches = Vec::new();
+    for c in 0..clusters {
+        for n in (round % step..per_cluster).step_by(step) {
+            let (hub, name) = (hub.clone(), app_name(c, n));
+            patches.push(async move {
+                hub.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": { "source": { "targetRevision": format!("round-{round}") } } })),
+                )
+                .await
+                .unwrap();
+            });
+        }
+    }
+    futures::future::join_all(patches).await;
+}
+
+/// A sync with revision `rev` set on the hub copy of `name`.
+pub async fn request_sync(env: &Env, name: &str, rev: &str) {
+    env.hub_apps()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "operation": { "sync": { "revision": rev }, "initiatedBy": { "username": "alice" } } })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until every Application in `expected` is exact on hub and spoke;
+/// how long that took.
+pub async fn converged(env: &Env, expected: &BTreeMap<String, usize>, what: &str) -> Duration {
+    let start = Instant::now();
+    wait::until(what, Duration::from_secs(120), || env.converged(expected)).await;
+    start.elapsed()
+}
+
+/// The replica each connected cluster is on.
+pub async fn placement(replicas: &[Replica]) -> BTreeMap<String, String> {
+    let mut on = BTreeMap::new();
+    for r in replicas {
+        for c in r.agents().await {
+            on.insert(c, r.name.clone());
+        }
+    }
+    on
+}
+
+/// The index of the replica that leads, if one does.
+pub async fn leader(replicas: &[Replica]) -> Option<usize> {
+    for (i, r) in replicas.iter().enumerate() {
+        if r.leads().await {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Where each agent is, once all `clusters` are connected to a replica.
+pub async fn all_connected(
+    replicas: &[Replica],
+    clusters: usize,
+) -> Result<BTreeMap<String, String>, String> {
+    let on = placement(replicas).await;
+    if on.len() == clusters {
+        Ok(on)
+    } else {
+        Err(format!("connected: {on:?}"))
+    }
+}
+
+/// The Service in front of the replicas sends new connections to these.
+pub fn point_service(service: &Balancer, replicas: &[Replica]) {
+    service.set(&replicas.iter().map(|r| r.grpc).collect::<Vec<_>>());
 }

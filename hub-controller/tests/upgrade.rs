@@ -1,0 +1,179 @@
+//! A rolling upgrade from the previous release, as a platform team runs
+//! one. Three hub-controller replicas and every cluster's spoke-agent start
+//! on the previous release (`PREVIOUS_RELEASE` in `test/tools/versions.env`,
+//! built from this repository's own history by `test/tools/build.sh`). The
+//! hub Deployment is then rolled to this build one replica at a time, so
+//! replicas of both releases serve side by side while the agents stay one
+//! release behind; then the agents are upgraded one by one. Changes and
+//! syncs flow throughout: after every step every hub and spoke copy is
+//! exact, and in the end every sync ran once on its spoke.
+
+mod common;
+mod grpc_env;
+
+use std::collections::BTreeMap;
+
+use argocd_pull_spoke_agent::Mode;
+use grpc_env::replicas::{
+    self, Replica, app_name, cluster_of, converged, point_service, request_sync,
+};
+use grpc_env::{Env, TIMEOUT};
+use kube::api::PostParams;
+use serde_json::json;
+use testenv::balancer::Balancer;
+use testenv::{net, paths, wait};
+
+const CLUSTERS: [&str; 3] = ["cluster1", "cluster2", "cluster3"];
+const APPS_PER_CLUSTER: usize = 30;
+const CURRENT: &str = env!("CARGO_PKG_VERSION");
+
+async fn all_connected(replicas: &[Replica]) -> Result<BTreeMap<String, String>, String> {
+    replicas::all_connected(replicas, CLUSTERS.len()).await
+}
+
+/// The release each replica runs, and the release of each connected
+/// agent, as the replicas' `/status` pages report them.
+async fn releases(replicas: &[Replica]) -> (Vec<String>, BTreeMap<String, String>) {
+    let (mut hubs, mut agents) = (Vec::new(), BTreeMap::new());
+    for r in replicas {
+        let report = r.report().await.expect("every replica answers /status");
+        hubs.push(report.version);
+        for a in report.agents {
+            agents.insert(a.cluster, a.version);
+        }
+    }
+    hubs.sort();
+    (hubs, agents)
+}
+
+/// Every cluster's agent connected and on release `agent`, the replicas on
+/// `hubs` (sorted).
+async fn expect_releases(replicas: &[Replica], hubs: &[&str], agent: &str, what: &str) {
+    let want_agents: BTreeMap<String, String> = CLUSTERS
+        .iter()
+        .map(|c| (c.to_string(), agent.to_string()))
+        .collect();
+    wait::until(what, TIMEOUT, || async {
+        let (h, a) = releases(replicas).await;
+        if h == hubs && a == want_agents {
+            Ok(())
+        } else {
+            Err(format!("replicas on {h:?}, agents on {a:?}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_upgrade_with_agents_one_release_behind() {
+    let previous_hub = paths::previous_binary("hub-controller").unwrap();
+    let previous_agent = paths::previous_binary("spoke-agent").unwrap();
+    let previous = paths::previous_release();
+    assert_ne!(
+        previous, CURRENT,
+        "versions.env's PREVIOUS_RELEASE names the release before this one"
+    );
+
+    let mut env = Env::new(&CLUSTERS).await;
+    env.hub.ensure_namespace("argocd-pull").await.unwrap();
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    let service = Balancer::start().await.unwrap();
+
+    // Everything on the previous release.
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        let name = format!("old-{i}");
+        replicas.push(env.start_replica_from(&previous_hub, &name, &[]).await);
+    }
+    point_service(&service, &replicas);
+    let address = service.address();
+    let mut old_agents: Vec<_> = (0..CLUSTERS.len())
+        .map(|i| env.spawn_agent_from(&previous_agent, i, &address))
+        .collect();
+    let p = previous.as_str();
+    expect_releases(&replicas, &[p, p, p], p, "the previous release everywhere").await;
+
+    let mut expected = BTreeMap::new();
+    let hub = env.hub_apps();
+    let mut creates = Vec::new();
+    for c in 0..CLUSTERS.len() {
+        for n in 0..APPS_PER_CLUSTER {
+            let app = env.app(&app_name(c, n), c, json!({}));
+            expected.insert(app_name(c, n), c);
+            let hub = hub.clone();
+            creates.push(async move { hub.create(&PostParams::default(), &app).await.unwrap() });
+        }
+    }
+    futures::future::join_all(creates).await;
+    converged(&env, &expected, "delivered by the previous release").await;
+
+    let mut syncs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut round = 0;
+    let mut sync_everywhere = async |env: &Env, n: usize, rev: String| {
+        for c in 0..CLUSTERS.len() {
+            let name = app_name(c, n);
+            request_sync(env, &name, &rev).await;
+            syncs.entry(name).or_default().push(rev.clone());
+        }
+    };
+
+    // The hub Deployment rolled: each old replica stopped (SIGTERM) and
+    // replaced by one of this build, with syncs in flight and changes
+    // coming; the agents stay on the previous release.
+    for k in 0..3 {
+        let old = replicas.remove(0);
+        sync_everywhere(&env, 1 + k, format!("upgrade-hub-{k}")).await;
+        point_service(&service, &replicas);
+        let status = old.terminate().await;
+        assert!(status.success(), "an old replica stops cleanly: {status:?}");
+        round += 1;
+        replicas::churn(&env, CLUSTERS.len(), APPS_PER_CLUSTER, round, 4).await;
+        replicas.push(env.start_replica(&format!("new-{k}"), &[]).await);
+        point_service(&service, &replicas);
+        let mut hubs = vec![p; 2 - k];
+        hubs.extend(vec![CURRENT; k + 1]);
+        hubs.sort();
+        expect_releases(&replicas, &hubs, p, "the hub part-way through its upgrade").await;
+        converged(&env, &expected, "exact while the hub is upgraded").await;
+    }
+    wait::until("a replica of this build to lead", TIMEOUT, || async {
+        replicas::leader(&replicas).await.ok_or("no leader yet")
+    })
+    .await;
+
+    // The agents upgraded one by one (each pod replaced: SIGTERM, then the
+    // new release starts).
+    for (i, old) in old_agents.iter_mut().enumerate() {
+        sync_everywhere(&env, 10 + i, format!("upgrade-agent-{i}")).await;
+        let status = net::terminate(old, std::time::Duration::from_secs(30)).await;
+        assert!(status.success(), "an old agent stops cleanly: {status:?}");
+        let config = env.agent_config(i, &address, Mode::Managed);
+        env.start_agent_with(i, config);
+        round += 1;
+        replicas::churn(&env, CLUSTERS.len(), APPS_PER_CLUSTER, round, 4).await;
+        let cluster = CLUSTERS[i];
+        wait::until("the new agent on a replica", TIMEOUT, || async {
+            match releases(&replicas).await.1.get(cluster) {
+                Some(v) if v == CURRENT => Ok(()),
+                other => Err(format!("{cluster}: {other:?}")),
+            }
+        })
+        .await;
+        converged(&env, &expected, "exact while the agents are upgraded").await;
+    }
+    let c = CURRENT;
+    expect_releases(&replicas, &[c, c, c], c, "this build everywhere").await;
+    all_connected(&replicas).await.unwrap();
+
+    // Every sync ran exactly once on its spoke, whichever release carried it.
+    for (n, revs) in &syncs {
+        assert_eq!(
+            &env.spokes[cluster_of(n)].argocd.syncs_of(n),
+            revs,
+            "{n}: every sync ran once"
+        );
+    }
+    for r in replicas {
+        assert!(r.terminate().await.success());
+    }
+}
