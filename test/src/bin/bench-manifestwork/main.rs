@@ -153,16 +153,21 @@ async fn main() -> Result<()> {
         .clone()
         .unwrap_or_else(|| paths::bin_dir().join("argocd-pull-integration"));
 
-    let hub = Cluster::start(ClusterConfig::new("bench-hub", CrdSet::Hub)).await?;
-    let client = hub.client().await?;
-    let clusters = hub::setup_clusters(&hub, &client, args.clusters).await?;
-    // Both controllers keep an Argo CD cluster Secret per ManagedCluster there.
-    hub.ensure_namespace("argocd").await?;
-
     let mut results: BTreeMap<usize, Results> = BTreeMap::new();
+    let mut version = String::new();
     let mut run = 0;
     for &n in &args.apps {
         for round in 0..args.repeat {
+            // A fresh hub for every round: one hub for all of them slowed
+            // down round after round (its write ceiling fell from 696/s to
+            // 431/s over five rounds at 1,000 as etcd's file grew), which
+            // made later runs slower whatever ran in them.
+            let hub = Cluster::start(ClusterConfig::new("bench-hub", CrdSet::Hub)).await?;
+            let client = hub.client().await?;
+            let clusters = hub::setup_clusters(&hub, &client, args.clusters).await?;
+            // Both controllers keep an Argo CD cluster Secret per ManagedCluster there.
+            hub.ensure_namespace("argocd").await?;
+            version = hub.version().to_string();
             if !args.no_ceiling {
                 run += 1;
                 let rate = ceiling::measure(&hub, &client, n, args.concurrency, run).await?;
@@ -206,7 +211,7 @@ async fn main() -> Result<()> {
         }
     }
 
-    let table = render::render(&args, hub.version(), &results);
+    let table = render::render(&args, &version, &results);
     println!("{table}");
     if let Some(path) = &args.output {
         std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
