@@ -88,7 +88,8 @@ pub struct Args {
     /// this many seconds before reading it (late and looping reconciles count).
     #[arg(long, default_value_t = 5)]
     settle: u64,
-    /// Also write the results table (Markdown) to this file.
+    /// Also write the results table (Markdown) to this file, after every
+    /// round (an interrupted run keeps the rounds it finished).
     #[arg(long)]
     output: Option<PathBuf>,
 }
@@ -207,6 +208,12 @@ async fn main() -> Result<()> {
                     .entry(which)
                     .or_default()
                     .push(figures);
+            }
+            // What is done so far survives an interrupted run.
+            if let Some(path) = &args.output {
+                std::fs::write(path, render::render(&args, &version, &results))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("bench: the rounds done so far are in {}", path.display());
             }
         }
     }

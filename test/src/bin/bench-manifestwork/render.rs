@@ -213,7 +213,15 @@ pub fn render(args: &Args, version: &str, results: &BTreeMap<usize, Results>) ->
         "ManifestWork transport, {} managed clusters, {} team namespaces, kube-apiserver {version}, \
          benchmark concurrency {}, {} run(s) of each implementation per size in alternating order; \
          figures are median (min–max)\n",
-        args.clusters, args.namespaces, args.concurrency, args.repeat
+        args.clusters,
+        args.namespaces,
+        args.concurrency,
+        // The rounds done so far (the table is also written after each).
+        results
+            .values()
+            .flat_map(|r| r.runs.values().map(Vec::len))
+            .max()
+            .unwrap_or(0)
     );
     for (n, res) in results {
         let impls: Vec<Impl> = res.runs.keys().copied().collect();
