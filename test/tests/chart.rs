@@ -65,7 +65,11 @@ fn args_of(deployment: &Value) -> Vec<String> {
 }
 
 fn variable(objects: &[Value], name: &str) -> String {
-    let adc = find(objects, "AddOnDeploymentConfig", "argocd-pull");
+    variable_of(objects, "argocd-pull", name)
+}
+
+fn variable_of(objects: &[Value], config: &str, name: &str) -> String {
+    let adc = find(objects, "AddOnDeploymentConfig", config);
     adc["spec"]["customizedVariables"]
         .as_array()
         .unwrap()
@@ -73,6 +77,19 @@ fn variable(objects: &[Value], name: &str) -> String {
         .find(|v| v["name"] == name)
         .map(|v| v["value"].as_str().unwrap().to_string())
         .unwrap_or_default()
+}
+
+/// The example's second AddOnDeploymentConfig repeats the agent's image;
+/// left at the previous release, the agents it redeploys would wait for
+/// an image the release does not ship.
+#[test]
+fn the_autonomous_examples_agent_image_is_this_release() {
+    let path = workspace_dir().join("example/autonomous/addondeploymentconfig.yaml");
+    let example = objects(&std::fs::read_to_string(path).unwrap());
+    assert_eq!(
+        variable_of(&example, "argocd-pull-autonomous", "AGENT_IMAGE"),
+        format!("argocd-pull-spoke-agent:{VERSION}")
+    );
 }
 
 #[test]
