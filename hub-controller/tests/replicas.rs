@@ -17,14 +17,13 @@ use std::time::{Duration, Instant};
 use argocd_pull_hub_controller::transport::grpc::claims::{CLUSTER_ANNOTATION, ROLE_LABEL};
 use argocd_pull_spoke_agent::Mode;
 use grpc_env::replicas::{
-    self, Replica, app_name, cluster_of, converged, leader, point_service, request_sync,
+    self, Replica, app_name, cluster_of, converged, create_apps, leader, point_service,
+    replicas_env, request_sync,
 };
 use grpc_env::{Env, TIMEOUT};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
-use serde_json::json;
-use testenv::balancer::Balancer;
+use kube::api::Api;
 use testenv::wait;
 
 const CLUSTERS: [&str; 3] = ["cluster1", "cluster2", "cluster3"];
@@ -44,11 +43,7 @@ async fn all_connected(replicas: &[Replica]) -> Result<BTreeMap<String, String>,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_serve_and_survive_kills_and_restarts() {
-    let mut env = Env::new(&CLUSTERS).await;
-    env.hub.ensure_namespace("argocd-pull").await.unwrap();
-    // The hub's Argo CD namespace, where the leader keeps the cluster Secrets.
-    env.hub.ensure_namespace("argocd").await.unwrap();
-    let service = Balancer::start().await.unwrap();
+    let (mut env, service) = replicas_env(&CLUSTERS).await;
     let mut replicas = Vec::new();
     for i in 0..3 {
         replicas.push(env.start_replica(&format!("hub-{i}"), &[]).await);
@@ -90,18 +85,7 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
     eprintln!("agents: {on:?}");
 
     // 300 Applications.
-    let mut expected = BTreeMap::new();
-    let hub = env.hub_apps();
-    for c in 0..CLUSTERS.len() {
-        let mut creates = Vec::new();
-        for n in 0..APPS_PER_CLUSTER {
-            let app = env.app(&name(c, n), c, json!({}));
-            expected.insert(name(c, n), c);
-            let hub = hub.clone();
-            creates.push(async move { hub.create(&PostParams::default(), &app).await.unwrap() });
-        }
-        futures::future::join_all(creates).await;
-    }
+    let expected = create_apps(&env, CLUSTERS.len(), APPS_PER_CLUSTER).await;
     let took = converged(
         &env,
         &expected,

@@ -18,18 +18,11 @@ use grpc_env::replicas::{
     self, Replica, app_name, cluster_of, converged, point_service, request_sync,
 };
 use grpc_env::{Env, TIMEOUT};
-use kube::api::PostParams;
-use serde_json::json;
-use testenv::balancer::Balancer;
 use testenv::{net, paths, wait};
 
 const CLUSTERS: [&str; 3] = ["cluster1", "cluster2", "cluster3"];
 const APPS_PER_CLUSTER: usize = 30;
 const CURRENT: &str = env!("CARGO_PKG_VERSION");
-
-async fn all_connected(replicas: &[Replica]) -> Result<BTreeMap<String, String>, String> {
-    replicas::all_connected(replicas, CLUSTERS.len()).await
-}
 
 /// The release each replica runs, and the release of each connected
 /// agent, as the replicas' `/status` pages report them.
@@ -74,10 +67,7 @@ async fn rolling_upgrade_with_agents_one_release_behind() {
         "versions.env's PREVIOUS_RELEASE names the release before this one"
     );
 
-    let mut env = Env::new(&CLUSTERS).await;
-    env.hub.ensure_namespace("argocd-pull").await.unwrap();
-    env.hub.ensure_namespace("argocd").await.unwrap();
-    let service = Balancer::start().await.unwrap();
+    let (mut env, service) = replicas::replicas_env(&CLUSTERS).await;
 
     // Everything on the previous release.
     let mut replicas = Vec::new();
@@ -93,18 +83,7 @@ async fn rolling_upgrade_with_agents_one_release_behind() {
     let p = previous.as_str();
     expect_releases(&replicas, &[p, p, p], p, "the previous release everywhere").await;
 
-    let mut expected = BTreeMap::new();
-    let hub = env.hub_apps();
-    let mut creates = Vec::new();
-    for c in 0..CLUSTERS.len() {
-        for n in 0..APPS_PER_CLUSTER {
-            let app = env.app(&app_name(c, n), c, json!({}));
-            expected.insert(app_name(c, n), c);
-            let hub = hub.clone();
-            creates.push(async move { hub.create(&PostParams::default(), &app).await.unwrap() });
-        }
-    }
-    futures::future::join_all(creates).await;
+    let expected = replicas::create_apps(&env, CLUSTERS.len(), APPS_PER_CLUSTER).await;
     converged(&env, &expected, "delivered by the previous release").await;
 
     let mut syncs: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -163,7 +142,6 @@ async fn rolling_upgrade_with_agents_one_release_behind() {
     }
     let c = CURRENT;
     expect_releases(&replicas, &[c, c, c], c, "this build everywhere").await;
-    all_connected(&replicas).await.unwrap();
 
     // Every sync ran exactly once on its spoke, whichever release carried it.
     for (n, revs) in &syncs {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::balancer::Balancer;
 use testenv::{net, wait};
@@ -96,6 +96,38 @@ impl Env {
             grpc,
         }
     }
+}
+
+/// Hub and managed clusters for several replicas: the hub-controller's
+/// namespace, the hub's Argo CD namespace (where the leader keeps the
+/// cluster Secrets), and the stand-in for the replicas' gRPC Service.
+pub async fn replicas_env(clusters: &[&str]) -> (Env, Balancer) {
+    let env = Env::new(clusters).await;
+    env.hub.ensure_namespace("argocd-pull").await.unwrap();
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    (env, Balancer::start().await.unwrap())
+}
+
+/// Creates `per_cluster` Applications for each of `clusters` clusters on
+/// the hub; what [`Env::converged`] expects of them.
+pub async fn create_apps(
+    env: &Env,
+    clusters: usize,
+    per_cluster: usize,
+) -> BTreeMap<String, usize> {
+    let hub = env.hub_apps();
+    let mut expected = BTreeMap::new();
+    let mut creates = Vec::new();
+    for c in 0..clusters {
+        for n in 0..per_cluster {
+            let app = env.app(&app_name(c, n), c, json!({}));
+            expected.insert(app_name(c, n), c);
+            let hub = hub.clone();
+            creates.push(async move { hub.create(&PostParams::default(), &app).await.unwrap() });
+        }
+    }
+    futures::future::join_all(creates).await;
+    expected
 }
 
 /// The name of Application `n` on cluster `cluster` (its index).
