@@ -377,7 +377,7 @@ build_previous() {
     log "fetch it (git fetch --unshallow, or git fetch origin $c) and run again"
     exit 1
   fi
-  log "building the previous release $PREVIOUS_RELEASE ($c): hub-controller and spoke-agent (about 5 minutes cold on 2 cores)"
+  log "building the previous release $PREVIOUS_RELEASE ($c): hub-controller and spoke-agent (about 2 minutes cold on 2 cores)"
   local t0=$SECONDS
   rm -rf "$out/src" "$out/bin"
   mkdir -p "$out/src" "$out/bin"

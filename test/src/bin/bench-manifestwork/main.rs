@@ -218,11 +218,8 @@ async fn main() -> Result<()> {
         }
     }
 
-    let table = render::render(&args, &version, &results);
-    println!("{table}");
-    if let Some(path) = &args.output {
-        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
-    }
+    // `--output` already holds this table: it was written after the last round.
+    println!("{}", render::render(&args, &version, &results));
     Ok(())
 }
 
