@@ -14,13 +14,16 @@
 //! its last successful renewal, which is before the lease `duration` a
 //! standby waits.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
-use tokio::sync::watch;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{Notify, watch};
 
 use crate::shutdown::Shutdown;
 
@@ -87,7 +90,8 @@ pub fn decide(holder: Option<&str>, me: &str, expired: bool) -> Next {
 /// Remembers when the lease record last changed, on the local clock.
 #[derive(Debug, Default)]
 pub struct Observer {
-    last: Option<(Record, Instant)>,
+    /// The record, when it was first seen, and the duration it carried.
+    last: Option<(Record, Instant, Duration)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,19 +110,25 @@ impl Observer {
             renew: spec.renew_time.as_ref().map(|t| t.0.to_string()),
             transitions: spec.lease_transitions,
         };
-        let since = match &self.last {
-            Some((r, at)) if *r == record => *at,
-            _ => {
-                self.last = Some((record, now));
-                now
-            }
-        };
         let duration = spec
             .lease_duration_seconds
             .and_then(|s| u64::try_from(s).ok())
             .map(Duration::from_secs)
             .unwrap_or(fallback);
+        let since = match &self.last {
+            Some((r, at, _)) if *r == record => *at,
+            _ => now,
+        };
+        self.last = Some((record, since, duration));
         now.duration_since(since) > duration
+    }
+
+    /// The first instant at which [`Self::observe`] would find the record
+    /// last seen expired, if it does not change before; `None` before any.
+    pub fn expires_at(&self) -> Option<Instant> {
+        self.last
+            .as_ref()
+            .map(|(_, since, duration)| *since + *duration + Duration::from_millis(1))
     }
 }
 
@@ -180,18 +190,26 @@ impl Leadership {
 
 /// Waits until this candidate holds the lease; `None` if `shutdown` came
 /// first. The lease is then renewed in the background.
+///
+/// A candidate reads the lease every `retry_period`, and also watches it:
+/// the watch dates each renewal when it happens (a poll would see it up to
+/// a period late, and so take over up to a period late), the candidate
+/// tries again at the very moment the lease it saw expires (not at its
+/// next poll), and a released or deleted lease is tried at once.
 pub async fn acquire(
     client: kube::Client,
     config: LeaseConfig,
     shutdown: Shutdown,
 ) -> Option<Leadership> {
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
-    let mut observer = Observer::default();
+    let observer = Arc::new(Mutex::new(Observer::default()));
+    let freed = Arc::new(Notify::new());
+    let watching = watch_lease(&api, &config, observer.clone(), freed.clone());
     let mut last_holder = String::new();
     let acquired = loop {
         let started = Instant::now();
         let attempt = tokio::select! {
-            a = tokio::time::timeout(config.call_timeout(), try_acquire_or_renew(&api, &config, &mut observer)) => a,
+            a = tokio::time::timeout(config.call_timeout(), try_acquire_or_renew(&api, &config, &observer)) => a,
             _ = shutdown.clone().wait() => return None,
         };
         match attempt {
@@ -218,10 +236,19 @@ pub async fn acquire(
                 "cannot read or write the leader lease; check the namespace exists and the RBAC allows leases")
             }
         }
-        if sleep_or_shutdown(config.retry_period, &shutdown).await {
+        let next_poll = Instant::now() + config.retry_period;
+        let expiry = lock(&observer).expires_at();
+        let wake = expiry.map_or(next_poll, |e| e.min(next_poll));
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = freed.notified() => {}
+            _ = shutdown.clone().wait() => return None,
+        }
+        if shutdown.is_down() {
             return None;
         }
     };
+    drop(watching);
     let (tx, lost) = watch::channel(false);
     let renewer = tokio::spawn(renew(api.clone(), config.clone(), observer, acquired, tx));
     Some(Leadership {
@@ -232,13 +259,61 @@ pub async fn acquire(
     })
 }
 
+/// Watches the lease named in `config` while a candidate waits: every
+/// change is recorded in `observer` as it happens; a lease released (no
+/// holder) or deleted wakes `freed`. Stops when dropped.
+fn watch_lease(
+    api: &Api<Lease>,
+    config: &LeaseConfig,
+    observer: Arc<Mutex<Observer>>,
+    freed: Arc<Notify>,
+) -> AbortOnDrop {
+    let params = watcher::Config::default().fields(&format!("metadata.name={}", config.name));
+    let stream = watcher(api.clone(), params).default_backoff();
+    let fallback = config.duration;
+    let name = config.name.clone();
+    AbortOnDrop(tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => {
+                    let spec = l.spec.unwrap_or_default();
+                    lock(&observer).observe(&spec, Instant::now(), fallback);
+                    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
+                        freed.notify_one();
+                    }
+                }
+                Ok(watcher::Event::Delete(_)) => freed.notify_one(),
+                Ok(_) => {}
+                // The polls go on meanwhile; the watch retries with backoff.
+                Err(e) => {
+                    tracing::debug!(lease = %name, error = %e, "watch of the leader lease failed; retrying")
+                }
+            }
+        }
+    }))
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn lock(observer: &Mutex<Observer>) -> std::sync::MutexGuard<'_, Observer> {
+    observer.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Renews until the lease is taken or cannot be renewed within the renew
 /// deadline, counted from the start of the last successful renewal
 /// (`renewed`); then reports it lost. No call may outlive the deadline.
 async fn renew(
     api: Api<Lease>,
     config: LeaseConfig,
-    mut observer: Observer,
+    observer: Arc<Mutex<Observer>>,
     mut renewed: Instant,
     lost: watch::Sender<bool>,
 ) {
@@ -253,7 +328,7 @@ async fn renew(
         let started = Instant::now();
         let attempt = tokio::time::timeout(
             config.call_timeout().min(remaining),
-            try_acquire_or_renew(&api, &config, &mut observer),
+            try_acquire_or_renew(&api, &config, &observer),
         )
         .await;
         match attempt {
@@ -278,7 +353,7 @@ async fn renew(
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     config: &LeaseConfig,
-    observer: &mut Observer,
+    observer: &Mutex<Observer>,
 ) -> Result<Next, kube::Error> {
     let now = Timestamp::now();
     let seconds = i32::try_from(config.duration.as_secs()).unwrap_or(i32::MAX);
@@ -302,7 +377,7 @@ async fn try_acquire_or_renew(
         return Ok(Next::Create);
     };
     let spec = lease.spec.get_or_insert_with(Default::default);
-    let expired = observer.observe(spec, Instant::now(), config.duration);
+    let expired = lock(observer).observe(spec, Instant::now(), config.duration);
     let next = decide(spec.holder_identity.as_deref(), &config.identity, expired);
     match &next {
         Next::Wait { .. } => return Ok(next),
@@ -319,14 +394,6 @@ async fn try_acquire_or_renew(
     api.replace(&config.name, &PostParams::default(), &lease)
         .await?;
     Ok(next)
-}
-
-/// Sleeps for `d`; returns true when `shutdown` began meanwhile.
-async fn sleep_or_shutdown(d: Duration, shutdown: &Shutdown) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => shutdown.is_down(),
-        _ = shutdown.clone().wait() => true,
-    }
 }
 
 /// A unique identity for this process: [`pod_name`] plus a random suffix

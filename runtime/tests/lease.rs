@@ -1,5 +1,6 @@
 //! Leader election against a real API server: one leader at a time, a
-//! released lease is taken at once, an abandoned one after its duration,
+//! released lease is taken at once, an abandoned one after its duration
+//! (when a standby's watch shows it, not at the standby's next poll),
 //! a leader whose lease is taken notices, and a leader whose connection to
 //! the API server freezes stops before a standby takes over.
 
@@ -97,6 +98,75 @@ async fn one_leader_at_a_time_and_a_released_lease_is_taken_at_once() {
     tokio::time::timeout(Duration::from_secs(10), b.lost())
         .await
         .expect("b sees that it lost the lease");
+}
+
+/// A standby that polls only every two minutes: what it does sooner, it
+/// does from its watch of the lease.
+fn slow_poller(ns: &str, identity: &str) -> LeaseConfig {
+    LeaseConfig {
+        retry_period: Duration::from_secs(120),
+        ..config(ns, identity)
+    }
+}
+
+#[tokio::test]
+async fn a_standby_acts_when_the_lease_it_saw_expires_or_is_released_not_at_its_next_poll() {
+    testenv::init_tracing();
+    let cluster = testenv::shared("lease", CrdSet::None).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let (_stop, down) = shutdown::channel();
+
+    // A lease nobody renews: the standby tries again when the duration it
+    // saw runs out (3 s), not two minutes later.
+    let ns = cluster.namespace("lease").await.unwrap();
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let ghost = Lease {
+        metadata: ObjectMeta {
+            name: Some("leader".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("ghost".into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime("2000-01-01T00:00:00Z".parse().unwrap())),
+            ..Default::default()
+        }),
+    };
+    api.create(&PostParams::default(), &ghost).await.unwrap();
+    let started = Instant::now();
+    let c = tokio::time::timeout(
+        Duration::from_secs(60),
+        acquire(client.clone(), slow_poller(&ns, "c"), down.clone()),
+    )
+    .await
+    .expect("c takes the expired lease at its expiry, not at its next poll")
+    .expect("c leads");
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "took over after {:?}",
+        started.elapsed()
+    );
+    c.release().await;
+
+    // A leader that renews and then hands the lease back: the standby,
+    // which polled once, stands by while renewals go on, and takes the
+    // lease as soon as its watch shows it released.
+    let ns = cluster.namespace("lease").await.unwrap();
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let a = acquire(client.clone(), config(&ns, "a"), down.clone())
+        .await
+        .expect("a leads");
+    let d = tokio::spawn(acquire(client.clone(), slow_poller(&ns, "d"), down.clone()));
+    held_through(&api, "a", 6, Duration::from_secs(4)).await;
+    assert!(!d.is_finished(), "d must not lead while a renews");
+    a.release().await;
+    tokio::time::timeout(Duration::from_secs(30), d)
+        .await
+        .expect("d takes the released lease at once, not at its next poll")
+        .unwrap()
+        .expect("d leads")
+        .release()
+        .await;
 }
 
 #[tokio::test]
