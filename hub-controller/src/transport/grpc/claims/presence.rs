@@ -52,12 +52,37 @@ impl Claims {
                 self.suspended.send_replace(true);
             }
             self.check_dead().await;
-            tokio::select! {
-                _ = &mut shutdown => break,
-                _ = tokio::time::sleep(self.config.renew_every) => {}
+            // Until the next renewal, look again the moment a presence
+            // seen alive would expire: its clusters are taken over then,
+            // not up to a renewal period later.
+            let next_renewal = Instant::now() + self.config.renew_every;
+            loop {
+                let wake = self
+                    .next_death()
+                    .map_or(next_renewal, |d| d.min(next_renewal));
+                tokio::select! {
+                    _ = &mut shutdown => {
+                        watching.abort();
+                        return;
+                    }
+                    _ = tokio::time::sleep_until(wake.into()) => {}
+                }
+                if Instant::now() >= next_renewal {
+                    break;
+                }
+                self.check_dead().await;
             }
         }
-        watching.abort();
+    }
+
+    /// When the first presence now alive would expire if not renewed.
+    fn next_death(&self) -> Option<Instant> {
+        let view = self.view.lock().expect("never poisoned");
+        view.presences
+            .iter()
+            .filter(|(id, _)| **id != self.config.identity && !view.dead.contains_key(*id))
+            .filter_map(|(_, (_, observer))| observer.expires_at())
+            .min()
     }
 
     /// The presence is renewed again after writes were suspended: reads
