@@ -10,6 +10,10 @@
 //! RollingSync start a second sync after the step is Healthy; so every
 //! version of the hub copy is watched, and none may show the operation gone
 //! before the status shows the start.
+//!
+//! A terminate-op on the hub copy (the second test) is carried to the spoke
+//! the same way, and the hub copy never shows the sync `Running` again
+//! after it.
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
@@ -34,6 +38,9 @@ struct Seen {
     operation: Option<Value>,
     started_at: Option<String>,
 }
+
+/// A version of the hub copy and its operation's phase.
+type VersionPhase = (String, Option<String>);
 
 fn stamp(app: &Application) -> Option<String> {
     app.data
@@ -217,4 +224,177 @@ async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
     assert_eq!(stamp(&after), None);
     let ids = after.metadata.annotations.unwrap_or_default()[keys::OPERATION_IDS].clone();
     assert_eq!(ids, first, "one sync set on the spoke, once");
+}
+
+/// `argocd app terminate-op` on the hub copy while its sync runs on the
+/// spoke: the agent stops it there as Argo CD's API server would, the hub
+/// copy shows `Terminating` from the user's write until the spoke's Argo
+/// CD has acted on it (never `Running` again in between), then what it
+/// made of it; the sync and its terminate each ran once on the spoke.
+#[tokio::test]
+async fn a_terminate_op_on_the_hub_copy_stops_the_sync_on_the_spoke() {
+    let mut env = Env::new(&["cluster1"]).await;
+    // The test plays the spoke's Argo CD itself.
+    env.spokes[0].argocd.stop();
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.wait_connected().await;
+    let hub = env.hub_apps();
+    let spoke = env.spoke_apps(0);
+    hub.create(&PostParams::default(), &env.app("beta", 0, json!({})))
+        .await
+        .unwrap();
+    wait::until("beta on the spoke", TIMEOUT, || async {
+        spoke
+            .get_opt("beta")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or("absent".to_string())
+    })
+    .await;
+    let phase = |a: &Application| {
+        a.data
+            .pointer("/status/operationState/phase")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+
+    // A sync asked on the hub reaches the spoke, whose Argo CD starts it.
+    hub.patch(
+        "beta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "operation": {
+            "sync": {}, "initiatedBy": { "username": "admin" } } })),
+    )
+    .await
+    .unwrap();
+    let sync = wait::until("the spoke to carry the sync", TIMEOUT, || async {
+        let a = spoke.get("beta").await.map_err(|e| e.to_string())?;
+        stamp(&a).ok_or("no sync".to_string())
+    })
+    .await;
+    let op = spoke.get("beta").await.unwrap().data["operation"].clone();
+    spoke
+        .patch(
+            "beta",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "operationState": {
+                "operation": op, "phase": "Running", "startedAt": STARTED } } })),
+        )
+        .await
+        .unwrap();
+    wait::until("the hub copy to show the sync running", TIMEOUT, || async {
+        let a = hub.get("beta").await.map_err(|e| e.to_string())?;
+        match phase(&a).as_deref() {
+            Some("Running") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // Every version of the hub copy from here on.
+    let seen: Arc<Mutex<Vec<VersionPhase>>> = Arc::default();
+    let watch = {
+        let seen = seen.clone();
+        let api: Api<Application> =
+            Api::namespaced_with(env.hub_client.clone(), &env.team, &application_resource());
+        tokio::spawn(async move {
+            let events =
+                watcher::watcher(api, watcher::Config::default().fields("metadata.name=beta"))
+                    .default_backoff()
+                    .applied_objects();
+            tokio::pin!(events);
+            while let Some(Ok(app)) = events.next().await {
+                let p = app
+                    .data
+                    .pointer("/status/operationState/phase")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                seen.lock()
+                    .unwrap()
+                    .push((app.metadata.resource_version.clone().unwrap_or_default(), p));
+            }
+        })
+    };
+
+    // terminate-op, as Argo CD's API server does it: the Application
+    // written back with its operation's phase `Terminating`.
+    let mut a = hub.get("beta").await.unwrap();
+    a.data["status"]["operationState"]["phase"] = json!("Terminating");
+    let asked = hub
+        .replace("beta", &PostParams::default(), &a)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    wait::until("the spoke's sync to be terminating", TIMEOUT, || async {
+        let a = spoke.get("beta").await.map_err(|e| e.to_string())?;
+        match phase(&a).as_deref() {
+            Some("Terminating") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // The spoke's Argo CD stops the sync and clears `.operation`, in one write.
+    let terminating = spoke.get("beta").await.unwrap();
+    spoke
+        .patch(
+            "beta",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": { "resourceVersion": terminating.metadata.resource_version },
+                "operation": null,
+                "status": { "operationState": { "operation": op, "phase": "Failed",
+                    "message": "Operation terminated", "startedAt": STARTED, "finishedAt": STARTED } },
+            })),
+        )
+        .await
+        .unwrap();
+    let last = wait::until(
+        "the hub copy to show the sync terminated and drop .operation",
+        TIMEOUT,
+        || async {
+            let a = hub.get("beta").await.map_err(|e| e.to_string())?;
+            match (a.data.get("operation").filter(|o| !o.is_null()), phase(&a)) {
+                (None, Some(p)) if p == "Failed" => Ok(a.metadata.resource_version.unwrap()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    wait::until(
+        "the watch to have seen the last version",
+        TIMEOUT,
+        || async {
+            match seen.lock().unwrap().last() {
+                Some((rv, _)) if *rv == last => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    watch.abort();
+
+    // From the user's write on, `Terminating` until the spoke's answer.
+    let seen = seen.lock().unwrap().clone();
+    let from = seen
+        .iter()
+        .position(|(rv, _)| *rv == asked)
+        .expect("the watch saw the terminate-op");
+    let phases: Vec<&str> = seen[from..]
+        .iter()
+        .map(|(_, p)| p.as_deref().unwrap_or("none"))
+        .collect();
+    let failed = phases.iter().position(|p| *p == "Failed").unwrap();
+    assert!(
+        phases[..failed].iter().all(|p| *p == "Terminating"),
+        "the hub copy showed {phases:?} after the terminate-op"
+    );
+    // The sync and its terminate ran once each on the spoke.
+    let after = spoke.get("beta").await.unwrap();
+    let ids = after.metadata.annotations.unwrap_or_default()[keys::OPERATION_IDS].clone();
+    assert_eq!(ids, format!("{sync},{sync}.terminate"));
 }

@@ -23,6 +23,7 @@ pub fn hub_status(current: &Value, observed: Option<&Value>, condition: Option<S
     };
     if observed.is_some() {
         crate::status::progress::show_progressing_first(current, &mut status);
+        crate::status::terminating::keep_requested(current, &mut status);
     }
     set_condition(&mut status, condition);
     if status.as_object().is_some_and(Map::is_empty) {

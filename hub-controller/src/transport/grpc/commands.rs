@@ -1,6 +1,13 @@
-//! Pure: the commands (sync, refresh) a hub Application or mirror carries
-//! for its agent: stamped with an id so each runs exactly once, sent, and
-//! taken off the hub copy once the agent has it.
+//! Pure: the commands (sync, refresh, terminate) a hub Application or
+//! mirror carries for its agent: stamped with an id so each runs exactly
+//! once, sent, and taken off the hub copy once the agent has it.
+//!
+//! A terminate is what `argocd app terminate-op` leaves on the hub copy:
+//! `status.operationState.phase: Terminating` while the copy carries a
+//! sync. It is sent for that sync (its id is the sync's id and
+//! `.terminate`), and nothing is taken off the hub copy for it: the spoke's
+//! status, once its Argo CD has stopped the sync, replaces the phase (see
+//! `status::terminating`), and the sync's completion ends it.
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
@@ -14,6 +21,12 @@ use serde_json::{Map, Value, json};
 pub enum Command {
     Sync(Value),
     Refresh(RefreshKind),
+    Terminate,
+}
+
+/// The id of the terminate of the sync `sync_id`.
+pub fn terminate_id(sync_id: &str) -> String {
+    format!("{sync_id}.terminate")
 }
 
 pub use argocd_pull_apis::keys::OPERATION_ID_INFO;
@@ -85,6 +98,10 @@ pub fn commands(app: &Application, in_flight: InFlight<'_>) -> CommandPlan {
         match stamp.as_deref().and_then(|s| s.split_once(' ')) {
             Some((id, h)) if h == hash => {
                 plan.ready.push((id.to_string(), Command::Sync(op.clone())));
+                let status = app.data.get("status").unwrap_or(&Value::Null);
+                if crate::status::terminating::requested(status) {
+                    plan.ready.push((terminate_id(id), Command::Terminate));
+                }
             }
             _ => {
                 let mut info: Vec<Value> = bare
@@ -164,6 +181,9 @@ pub fn completion_patch(app: &Application, id: &str, command: &Command) -> Optio
             }
             Some(json!({ "metadata": { "resourceVersion": rv }, "operation": null }))
         }
+        // Nothing on the hub copy is the terminate's own: see the module
+        // documentation.
+        Command::Terminate => None,
         Command::Refresh(_) => {
             annotation(app, keys::REFRESH)?;
             Some(json!({ "metadata": { "resourceVersion": rv,
@@ -279,6 +299,45 @@ mod tests {
             Some(json!({ "metadata": { "resourceVersion": "7",
                 "annotations": { keys::SYNC_REQUEST: null } } }))
         );
+    }
+
+    #[test]
+    fn a_terminate_op_on_the_hub_copy_is_sent_for_the_sync_it_carries() {
+        let op = json!({ "sync": {} });
+        let (bare, _) = split_operation(&op);
+        let mut stamped_op = op.clone();
+        stamped_op["info"] = json!([{ "name": OPERATION_ID_INFO,
+            "value": format!("u-1.sync.7 {}", content::hash(&bare)) }]);
+        let at = |phase: &str| {
+            app(json!({ "operation": stamped_op,
+                "status": { "operationState": { "phase": phase, "startedAt": "T1" } } }))
+        };
+        let plan = commands(&at("Terminating"), InFlight::default());
+        assert_eq!(
+            plan.ready,
+            vec![
+                ("u-1.sync.7".to_string(), Command::Sync(stamped_op.clone())),
+                ("u-1.sync.7.terminate".to_string(), Command::Terminate),
+            ]
+        );
+        // Nothing to take off the hub copy for it.
+        assert_eq!(
+            completion_patch(
+                &at("Terminating"),
+                "u-1.sync.7.terminate",
+                &Command::Terminate
+            ),
+            None
+        );
+        // A running sync, or a terminate-op without a sync: nothing to send.
+        assert_eq!(commands(&at("Running"), InFlight::default()).ready.len(), 1);
+        let bare_app = app(json!({ "status": { "operationState": { "phase": "Terminating" } } }));
+        assert!(commands(&bare_app, InFlight::default()).ready.is_empty());
+        // Not yet stamped: the stamp comes first, the terminate on the next pass.
+        let unstamped = app(json!({ "operation": op,
+            "status": { "operationState": { "phase": "Terminating" } } }));
+        let plan = commands(&unstamped, InFlight::default());
+        assert!(plan.stamp.is_some() && plan.ready.is_empty());
     }
 
     #[test]

@@ -90,6 +90,10 @@ pub struct PendingOp {
     /// `operationState.startedAt` then (empty: none). The hub copy keeps
     /// `.operation` until its status shows a start at least this late.
     pub settled_started_at: Option<String>,
+    /// Its answer was logged (and, when refused, made an Event): for a
+    /// command with nothing to take off the hub copy (a terminate), which
+    /// stays until its sync is completed.
+    reported: bool,
 }
 
 /// Why the hub ends a session from outside its stream.
@@ -211,6 +215,9 @@ pub struct Agent {
     pub certificate_not_after: i64,
     /// Seconds since the Unix epoch when the session began.
     pub since: i64,
+    /// The capabilities both sides offered (its `Hello`, the hub's
+    /// `Welcome`).
+    pub capabilities: Vec<String>,
 }
 
 pub struct ClusterState {

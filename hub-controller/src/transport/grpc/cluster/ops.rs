@@ -24,6 +24,7 @@ impl ClusterState {
                 not_before: None,
                 outcome: None,
                 settled_started_at: None,
+                reported: false,
             },
         );
         drop(inner);
@@ -56,6 +57,42 @@ impl ClusterState {
                 Some(op.owner.clone())
             }
         }
+    }
+
+    /// A command the connected agent cannot run: recorded as refused with
+    /// `message`, never sent (its owner's reconcile reports it).
+    pub fn add_refused_op(&self, request: OperationRequest, owner: Work, message: &str) {
+        let mut inner = self.lock();
+        let id = request.operation_id.clone();
+        inner.ops.entry(id).or_insert(PendingOp {
+            request,
+            owner,
+            sent_in: None,
+            not_before: None,
+            outcome: Some((AckOutcome::Rejected, message.to_string())),
+            settled_started_at: None,
+            reported: false,
+        });
+    }
+
+    /// True the first time it is called for an answered command `id`.
+    pub fn report_once(&self, id: &str) -> bool {
+        let mut inner = self.lock();
+        match inner.ops.get_mut(id) {
+            Some(op) if op.outcome.is_some() && !op.reported => {
+                op.reported = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the connected agent offered `capability`; `true` when none
+    /// is connected (the one that connects is asked, and refuses what it
+    /// cannot run).
+    pub fn agent_offers(&self, capability: &str) -> bool {
+        self.agent()
+            .is_none_or(|(_, a)| a.capabilities.iter().any(|c| c == capability))
     }
 
     /// The command is completed on the hub: forget it.

@@ -10,8 +10,10 @@ use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_proto::content;
 use argocd_pull_proto::v1::{
-    AckOutcome, AgentMode, ObjectKey, OperationRequest, SyncOperation, operation_request,
+    AckOutcome, AgentMode, ObjectKey, OperationRequest, SyncOperation, TerminateOperation,
+    operation_request,
 };
+use argocd_pull_proto::version::CAPABILITY_TERMINATE_OPERATION;
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
@@ -263,13 +265,18 @@ impl Hub {
                 .map(|(id, _)| id.clone())
         };
         let (sync_id, refresh_id) = (in_flight(true), in_flight(false));
-        let plan = commands::commands(
+        let mut plan = commands::commands(
             app,
             commands::InFlight {
                 sync: sync_id.as_deref(),
                 refresh: refresh_id.as_deref(),
             },
         );
+        // A mirror's status is the agent's report, written whole: a
+        // terminate-op on it is not carried (see `status::terminating`).
+        if !matches!(owner, Work::App(_)) {
+            plan.ready.retain(|(_, c)| *c != Command::Terminate);
+        }
         if let Some(patch) = plan.stamp {
             // Our own write brings the Application back here.
             self.writer.patch(app, COMMAND_MANAGER, &patch).await?;
@@ -293,17 +300,37 @@ impl Hub {
                         Command::Refresh(kind) => operation_request::Kind::Refresh(
                             argocd_pull_proto::v1::RefreshRequest { kind: *kind as i32 },
                         ),
+                        Command::Terminate => {
+                            operation_request::Kind::Terminate(TerminateOperation {})
+                        }
                     };
                     let request = OperationRequest {
                         operation_id: id.clone(),
                         key: Some(key.clone()),
                         kind: Some(kind),
                     };
-                    if cs.add_op(request, owner.clone()) {
+                    if command == Command::Terminate
+                        && !cs.agent_offers(CAPABILITY_TERMINATE_OPERATION)
+                    {
+                        let message = format!(
+                            "it does not offer {CAPABILITY_TERMINATE_OPERATION}: upgrade the agent to terminate a sync from the hub"
+                        );
+                        cs.add_refused_op(request, owner.clone(), &message);
+                        self.queue.add(owner.clone());
+                    } else if cs.add_op(request, owner.clone()) {
                         tracing::debug!(cluster = %cs.name, id, "command queued for the agent");
                     }
                 }
                 Some((outcome, message)) => {
+                    if command == Command::Terminate {
+                        // Nothing to take off the hub copy: it stays until
+                        // its sync is completed.
+                        if cs.report_once(&id) {
+                            self.report_answer(app, cs, &id, "terminate", outcome, &message)
+                                .await;
+                        }
+                        continue;
+                    }
                     if let Some(start) = &settled_started_at
                         && !commands::status_shows_start(app, start)
                     {
@@ -328,25 +355,16 @@ impl Hub {
                     {
                         cs.op_done(&id);
                         let what = match command {
-                            Command::Sync(_) => "sync",
+                            Command::Sync(_) => {
+                                // Its terminate, if any, ends with it.
+                                cs.op_done(&commands::terminate_id(&id));
+                                "sync"
+                            }
                             Command::Refresh(_) => "refresh",
+                            Command::Terminate => "terminate",
                         };
-                        if outcome == AckOutcome::Rejected {
-                            tracing::warn!(cluster = %cs.name, id, %message, "the agent refused a {what}");
-                            self.writer
-                                .event(
-                                    app,
-                                    EventType::Warning,
-                                    "CommandRejected",
-                                    &format!(
-                                        "the agent of cluster {} refused the {what}: {message}",
-                                        cs.name
-                                    ),
-                                )
-                                .await;
-                        } else {
-                            tracing::info!(cluster = %cs.name, id, ?outcome, "{what} handed over to the spoke");
-                        }
+                        self.report_answer(app, cs, &id, what, outcome, &message)
+                            .await;
                     }
                     // One write per pass: the next one reads the new version.
                     return Ok(());
@@ -354,5 +372,34 @@ impl Hub {
             }
         }
         Ok(())
+    }
+
+    /// Logs the agent's answer to a command; a refusal is also a Warning
+    /// Event on the Application.
+    async fn report_answer(
+        &self,
+        app: &Application,
+        cs: &ClusterState,
+        id: &str,
+        what: &str,
+        outcome: AckOutcome,
+        message: &str,
+    ) {
+        if outcome == AckOutcome::Rejected {
+            tracing::warn!(cluster = %cs.name, id, %message, "the agent refused a {what}");
+            self.writer
+                .event(
+                    app,
+                    EventType::Warning,
+                    "CommandRejected",
+                    &format!(
+                        "the agent of cluster {} refused the {what}: {message}",
+                        cs.name
+                    ),
+                )
+                .await;
+        } else {
+            tracing::info!(cluster = %cs.name, id, ?outcome, "{what} handed over to the spoke");
+        }
     }
 }

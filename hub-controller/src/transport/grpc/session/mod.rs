@@ -122,6 +122,7 @@ pub async fn run(
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs() as i64,
+        capabilities: negotiated.capabilities.iter().cloned().collect(),
     };
     let stop = match cs.attach_as(id, negotiated.mode, agent) {
         Ok(stop) => stop,
