@@ -3,6 +3,12 @@
 //! takes from `concurrency` writers. A controller's status write rate is
 //! printed as a fraction of it, so a figure says how close to the hardware
 //! a controller gets, on this machine, at this moment.
+//!
+//! It is measured twice: bare, and again with two watches of the written
+//! Applications open. During a run every write is also sent to the
+//! controller's watch and to the benchmark's, and decoded by both on the
+//! same two cores; the second figure says what that costs, so that a
+//! controller's share of the bare ceiling can be read against it.
 
 use std::time::Instant;
 
@@ -10,22 +16,37 @@ use anyhow::Result;
 use argocd_pull_apis::argocd::application_resource;
 use futures::{StreamExt, TryStreamExt, stream};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use testenv::Cluster;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
-use crate::run::{REVISION, STARTED_AT};
+use crate::run::{REVISION, REVISION_2, STARTED_AT};
+
+/// Watches open in the second measurement: the controller's and the
+/// benchmark's.
+const WATCHES: usize = 2;
+
+/// Status writes per second, bare and with [`WATCHES`] watches open.
+#[derive(Clone, Copy, Debug)]
+pub struct Ceiling {
+    pub bare: f64,
+    pub watched: f64,
+}
 
 /// Creates `n` Applications (no pull label, so nothing would deliver them),
 /// then writes a status onto each, as a controller does (merge patch of the
-/// whole object: the Application CRD has no status subresource); returns the
-/// status writes per second. Removes them afterwards.
+/// whole object: the Application CRD has no status subresource), and again
+/// a newer one with two watches of them open; returns both rates. Removes
+/// them afterwards.
 pub async fn measure(
     hub: &Cluster,
     client: &kube::Client,
     n: usize,
     concurrency: usize,
     run: usize,
-) -> Result<f64> {
+) -> Result<Ceiling> {
     let ns = format!("bench-r{run}-ceiling");
     hub.ensure_namespace(&ns).await?;
     let api: Api<DynamicObject> =
@@ -51,6 +72,28 @@ pub async fn measure(
         .try_collect::<()>()
         .await?;
 
+    let bare = write_statuses(&api, n, concurrency, REVISION).await?;
+    let watching = open_watches(&api, WATCHES).await;
+    let watched = write_statuses(&api, n, concurrency, REVISION_2).await?;
+    for w in watching {
+        w.abort();
+    }
+
+    let dp = DeleteParams::background();
+    api.delete_collection(&dp, &ListParams::default()).await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces.delete(&ns, &dp).await?;
+    Ok(Ceiling { bare, watched })
+}
+
+/// Writes a status with `revision` onto each of the `n` Applications;
+/// returns the writes per second.
+async fn write_statuses(
+    api: &Api<DynamicObject>,
+    n: usize,
+    concurrency: usize,
+    revision: &str,
+) -> Result<f64> {
     let pp = PatchParams::default();
     let t0 = Instant::now();
     stream::iter(0..n)
@@ -59,7 +102,7 @@ pub async fn measure(
             async move {
                 let status = json!({ "status": {
                     "health": { "status": "Healthy" },
-                    "sync": { "status": "Synced", "revision": REVISION },
+                    "sync": { "status": "Synced", "revision": revision },
                     "operationState": { "phase": "Succeeded", "startedAt": STARTED_AT, "operation": {} }
                 }});
                 api.patch(&format!("ceiling-{i:05}"), pp, &Patch::Merge(status))
@@ -70,11 +113,30 @@ pub async fn measure(
         .buffer_unordered(concurrency)
         .try_collect::<()>()
         .await?;
-    let rate = n as f64 / t0.elapsed().as_secs_f64();
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
 
-    let dp = DeleteParams::background();
-    api.delete_collection(&dp, &ListParams::default()).await?;
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces.delete(&ns, &dp).await?;
-    Ok(rate)
+/// Opens `count` watches of the Applications `api` reaches, each decoding
+/// every event; returns once each has had its first full list.
+async fn open_watches(api: &Api<DynamicObject>, count: usize) -> Vec<JoinHandle<()>> {
+    let (listed, mut ready) = mpsc::channel(count);
+    let tasks = (0..count)
+        .map(|_| {
+            let (api, listed) = (api.clone(), listed.clone());
+            tokio::spawn(async move {
+                let mut events = watcher::watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .boxed();
+                while let Some(event) = events.next().await {
+                    if let Ok(watcher::Event::InitDone) = event {
+                        let _ = listed.send(()).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..count {
+        ready.recv().await;
+    }
+    tasks
 }

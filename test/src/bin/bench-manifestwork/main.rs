@@ -117,6 +117,8 @@ pub struct Results {
     pub runs: BTreeMap<Impl, Vec<run::Figures>>,
     /// The API server's write ceiling (writes per second), once per round.
     pub ceiling: Vec<f64>,
+    /// The same with two watches of the written Applications open.
+    pub ceiling_watched: Vec<f64>,
 }
 
 /// The order of the implementations in round `round`: as given, then
@@ -171,9 +173,14 @@ async fn main() -> Result<()> {
             version = hub.version().to_string();
             if !args.no_ceiling {
                 run += 1;
-                let rate = ceiling::measure(&hub, &client, n, args.concurrency, run).await?;
-                eprintln!("bench: API server write ceiling at {n} Applications: {rate:.0}/s");
-                results.entry(n).or_default().ceiling.push(rate);
+                let c = ceiling::measure(&hub, &client, n, args.concurrency, run).await?;
+                eprintln!(
+                    "bench: API server write ceiling at {n} Applications: {:.0}/s, {:.0}/s with two watches open",
+                    c.bare, c.watched
+                );
+                let res = results.entry(n).or_default();
+                res.ceiling.push(c.bare);
+                res.ceiling_watched.push(c.watched);
             }
             for which in order(&args.impls, round) {
                 run += 1;

@@ -264,6 +264,18 @@ pub fn render(args: &Args, version: &str, results: &BTreeMap<usize, Results>) ->
             impls.iter().map(|_| (cl.clone(), None)).collect(),
             false,
         );
+        let (cw, _) = cell(
+            Unit::PerSec,
+            &res.ceiling_watched
+                .iter()
+                .map(|c| Some(*c))
+                .collect::<Vec<_>>(),
+        );
+        line(
+            "… with two watches of the written Applications open (as a controller's and the benchmark's are in a run)",
+            impls.iter().map(|_| (cw.clone(), None)).collect(),
+            false,
+        );
         for (title, unit, value, compared) in rows() {
             let cells = impls
                 .iter()
