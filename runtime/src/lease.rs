@@ -236,9 +236,14 @@ pub async fn acquire(
                 "cannot read or write the leader lease; check the namespace exists and the RBAC allows leases")
             }
         }
-        let next_poll = Instant::now() + config.retry_period;
-        let expiry = lock(&observer).expires_at();
-        let wake = expiry.map_or(next_poll, |e| e.min(next_poll));
+        // An expiry already past (the attempt failed, or lost a race)
+        // waits for the next poll: never a tight loop against the server.
+        let now = Instant::now();
+        let next_poll = now + config.retry_period;
+        let wake = match lock(&observer).expires_at() {
+            Some(e) if e > now => e.min(next_poll),
+            _ => next_poll,
+        };
         tokio::select! {
             _ = tokio::time::sleep_until(wake.into()) => {}
             _ = freed.notified() => {}
