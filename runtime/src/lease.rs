@@ -26,6 +26,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 
 use crate::shutdown::Shutdown;
+use crate::task::AbortOnDrop;
 
 /// Which Lease to use and how fast to move.
 #[derive(Clone, Debug)]
@@ -272,7 +273,7 @@ fn watch_lease(
     config: &LeaseConfig,
     observer: Arc<Mutex<Observer>>,
     freed: Arc<Notify>,
-) -> AbortOnDrop {
+) -> AbortOnDrop<()> {
     let params = watcher::Config::default().fields(&format!("metadata.name={}", config.name));
     let stream = watcher(api.clone(), params).default_backoff();
     let fallback = config.duration;
@@ -297,15 +298,6 @@ fn watch_lease(
             }
         }
     }))
-}
-
-/// A task aborted when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn lock(observer: &Mutex<Observer>) -> std::sync::MutexGuard<'_, Observer> {

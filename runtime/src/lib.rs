@@ -9,6 +9,7 @@ pub mod args;
 pub mod client;
 pub mod lease;
 pub mod shutdown;
+pub mod task;
 pub mod telemetry;
 pub mod workqueue;
 

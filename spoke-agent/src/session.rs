@@ -18,6 +18,7 @@ use argocd_pull_proto::v1::{
 use argocd_pull_proto::{validate, version};
 use argocd_pull_runtime::Readiness;
 use argocd_pull_runtime::shutdown::Shutdown;
+use argocd_pull_runtime::task::AbortOnDrop;
 use tokio::sync::mpsc;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
@@ -137,6 +138,9 @@ impl Connection {
             subject = %loaded.subject, "connected to the hub");
         // Compare right away: whatever a broken stream lost is repaired now.
         self.state().control(self.observed_digest());
+        // Aborted if this future is dropped half-way (the agent shutting
+        // down, or its caller giving up): the send loop must not live on,
+        // keeping the stream open and the hub believing we are connected.
         let sender = AbortOnDrop(tokio::spawn(send_loop(
             self.state().clone(),
             self.worker.clone(),
@@ -487,35 +491,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
-}
-
-/// A spawned task that is aborted when this is dropped: when the session's
-/// future is dropped half-way (the agent shutting down, or its caller
-/// giving up), its send loop must not live on, keeping the stream open and
-/// the hub believing the agent is connected.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-#[cfg(test)]
-mod abort_on_drop_tests {
-    use super::AbortOnDrop;
-
-    #[tokio::test]
-    async fn dropping_the_guard_stops_the_task() {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
-        let guard = AbortOnDrop(tokio::spawn(async move {
-            // Holds the sender until aborted.
-            let _tx = tx;
-            std::future::pending::<()>().await;
-        }));
-        drop(guard);
-        // The task's end drops the sender: the channel closes.
-        let closed = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await;
-        assert_eq!(closed, Ok(None), "the task outlived its guard");
-    }
 }
