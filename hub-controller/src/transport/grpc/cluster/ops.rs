@@ -60,7 +60,7 @@ impl ClusterState {
     }
 
     /// A command the connected agent cannot run: recorded as refused with
-    /// `message`, never sent (its owner's reconcile reports it).
+    /// `message` and reported (the caller reports it), never sent.
     pub fn add_refused_op(&self, request: OperationRequest, owner: Work, message: &str) {
         let mut inner = self.lock();
         let id = request.operation_id.clone();
@@ -71,7 +71,7 @@ impl ClusterState {
             not_before: None,
             outcome: Some((AckOutcome::Rejected, message.to_string())),
             settled_started_at: None,
-            reported: false,
+            reported: true,
         });
     }
 

@@ -236,6 +236,41 @@ fn commands_go_once_per_session_until_answered() {
 }
 
 #[test]
+fn a_command_the_agent_cannot_run_is_never_sent_and_each_answer_is_reported_once() {
+    let c = ClusterState::new("c1");
+    // Nobody connected: the agent that connects is asked.
+    assert!(c.agent_offers("terminate-operation"));
+    let old = Agent {
+        capabilities: vec!["owner-check".into()],
+        ..fp("f1")
+    };
+    c.attach_as(1, AgentMode::Managed, old).unwrap();
+    assert!(!c.agent_offers("terminate-operation"));
+    assert!(c.agent_offers("owner-check"));
+    let owner = Work::App(HubRef {
+        namespace: "team".into(),
+        name: "a".into(),
+    });
+    let op = |id: &str| OperationRequest {
+        operation_id: id.into(),
+        key: Some(key("a")),
+        kind: None,
+    };
+    // Refused here, reported by the caller: never sent, never again.
+    c.add_refused_op(op("t-1"), owner.clone(), "upgrade the agent");
+    assert!(c.next_messages(1, 10).is_empty());
+    assert!(!c.report_once("t-1"));
+    // Answered by the agent: reported once, kept until done.
+    assert!(c.add_op(op("t-2"), owner.clone()));
+    assert!(!c.report_once("t-2"), "not answered yet");
+    assert_eq!(kinds(&c.next_messages(1, 10)), ["op t-2"]);
+    c.op_answered("t-2", AckOutcome::Applied, "", None);
+    assert!(c.report_once("t-2"));
+    assert!(!c.report_once("t-2"));
+    assert!(c.next_messages(1, 10).is_empty());
+}
+
+#[test]
 fn a_release_is_forgotten_once_acknowledged() {
     let c = ClusterState::new("c1");
     c.attach(1, AgentMode::Managed);

@@ -316,7 +316,15 @@ impl Hub {
                             "it does not offer {CAPABILITY_TERMINATE_OPERATION}: upgrade the agent to terminate a sync from the hub"
                         );
                         cs.add_refused_op(request, owner.clone(), &message);
-                        self.queue.add(owner.clone());
+                        self.report_answer(
+                            app,
+                            cs,
+                            &id,
+                            "terminate",
+                            AckOutcome::Rejected,
+                            &message,
+                        )
+                        .await;
                     } else if cs.add_op(request, owner.clone()) {
                         tracing::debug!(cluster = %cs.name, id, "command queued for the agent");
                     }
