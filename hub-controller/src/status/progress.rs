@@ -10,7 +10,8 @@
 
 use serde_json::{Value, json};
 
-fn started(status: &Value) -> Option<&str> {
+/// When the sync a status shows started, if it shows one.
+pub(super) fn started(status: &Value) -> Option<&str> {
     status
         .pointer("/operationState/startedAt")
         .and_then(Value::as_str)

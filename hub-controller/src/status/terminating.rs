@@ -13,17 +13,13 @@
 
 use serde_json::{Value, json};
 
+use super::progress::started;
+
 const TERMINATING: &str = "Terminating";
 
 fn phase(status: &Value) -> Option<&str> {
     status
         .pointer("/operationState/phase")
-        .and_then(Value::as_str)
-}
-
-fn started(status: &Value) -> Option<&str> {
-    status
-        .pointer("/operationState/startedAt")
         .and_then(Value::as_str)
 }
 
