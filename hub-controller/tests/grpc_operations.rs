@@ -31,16 +31,101 @@ use grpc_env::{Env, TIMEOUT};
 
 const STARTED: &str = "2026-11-24T01:00:00Z";
 
-/// What one version of the hub copy shows.
+/// What one version of the hub copy shows of its sync.
 #[derive(Clone, Debug)]
 struct Seen {
-    resource_version: String,
     operation: Option<Value>,
     started_at: Option<String>,
 }
 
-/// A version of the hub copy and its operation's phase.
-type VersionPhase = (String, Option<String>);
+/// Every version of one hub Application from the moment it is watched,
+/// by resourceVersion, as `of` reads it.
+struct History<T> {
+    seen: Arc<Mutex<Vec<(String, T)>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl<T: Clone + std::fmt::Debug + Send + 'static> History<T> {
+    /// Starts watching; returns once the watch has listed the current version.
+    async fn watch(env: &Env, name: &str, of: fn(&Application) -> T) -> Self {
+        let seen: Arc<Mutex<Vec<(String, T)>>> = Arc::default();
+        let api: Api<Application> =
+            Api::namespaced_with(env.hub_client.clone(), &env.team, &application_resource());
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let watch = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let events = watcher::watcher(api, config)
+                    .default_backoff()
+                    .applied_objects();
+                tokio::pin!(events);
+                while let Some(Ok(app)) = events.next().await {
+                    let rv = app.metadata.resource_version.clone().unwrap_or_default();
+                    seen.lock().unwrap().push((rv, of(&app)));
+                }
+            })
+        };
+        wait::until("the watch to list the Application", TIMEOUT, || async {
+            if seen.lock().unwrap().is_empty() {
+                Err("nothing yet")
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+        Self { seen, watch }
+    }
+
+    /// Every version seen, once the watch has reached version `last`.
+    async fn until(self, last: &str) -> Vec<(String, T)> {
+        wait::until(
+            "the watch to have seen the last version",
+            TIMEOUT,
+            || async {
+                match self.seen.lock().unwrap().last() {
+                    Some((rv, _)) if rv == last => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+        self.watch.abort();
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// The hub with one managed cluster on gRPC, whose Argo CD the test plays
+/// itself, and Application `name` delivered to it; the hub's and the
+/// spoke's Application APIs.
+async fn delivered(name: &str) -> (Env, Api<Application>, Api<Application>) {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.spokes[0].argocd.stop();
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.wait_connected().await;
+    let hub = env.hub_apps();
+    let spoke = env.spoke_apps(0);
+    hub.create(&PostParams::default(), &env.app(name, 0, json!({})))
+        .await
+        .unwrap();
+    wait::until(&format!("{name} on the spoke"), TIMEOUT, || async {
+        spoke
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or("absent".to_string())
+    })
+    .await;
+    (env, hub, spoke)
+}
+
+fn phase(a: &Application) -> Option<String> {
+    a.data
+        .pointer("/status/operationState/phase")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
 
 fn stamp(app: &Application) -> Option<String> {
     app.data
@@ -51,54 +136,16 @@ fn stamp(app: &Application) -> Option<String> {
 
 #[tokio::test]
 async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
-    let mut env = Env::new(&["cluster1"]).await;
-    // The test plays the spoke's Argo CD itself.
-    env.spokes[0].argocd.stop();
-    env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
-    let hub = env.hub_apps();
-    let spoke = env.spoke_apps(0);
-    hub.create(&PostParams::default(), &env.app("alpha", 0, json!({})))
-        .await
-        .unwrap();
-    wait::until("alpha on the spoke", TIMEOUT, || async {
-        spoke
-            .get_opt("alpha")
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or("absent".to_string())
+    let (env, hub, spoke) = delivered("alpha").await;
+    let history = History::watch(&env, "alpha", |app| Seen {
+        operation: app.data.get("operation").filter(|o| !o.is_null()).cloned(),
+        started_at: app
+            .data
+            .pointer("/status/operationState/startedAt")
+            .and_then(Value::as_str)
+            .map(str::to_string),
     })
     .await;
-
-    // Every version of the hub copy from here on.
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let watch = {
-        let seen = seen.clone();
-        let api: Api<Application> =
-            Api::namespaced_with(env.hub_client.clone(), &env.team, &application_resource());
-        tokio::spawn(async move {
-            let events = watcher::watcher(
-                api,
-                watcher::Config::default().fields("metadata.name=alpha"),
-            )
-            .default_backoff()
-            .applied_objects();
-            tokio::pin!(events);
-            while let Some(Ok(app)) = events.next().await {
-                seen.lock().unwrap().push(Seen {
-                    resource_version: app.metadata.resource_version.clone().unwrap_or_default(),
-                    operation: app.data.get("operation").filter(|o| !o.is_null()).cloned(),
-                    started_at: app
-                        .data
-                        .pointer("/status/operationState/startedAt")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                });
-            }
-        })
-    };
     let appset_operation = json!({
         "sync": {}, "initiatedBy": { "username": "applicationset-controller", "automated": true },
         "info": [{ "name": "Reason", "value": "ApplicationSet RollingSync triggered a sync" }],
@@ -170,7 +217,7 @@ async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
         )
         .await
         .unwrap();
-    wait::until(
+    let last = wait::until(
         "the hub copy to show the sync ran and drop .operation",
         TIMEOUT,
         || async {
@@ -183,39 +230,17 @@ async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
         },
     )
     .await;
-    let last_rv = hub
-        .get("alpha")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    wait::until(
-        "the watch to have seen the last version",
-        TIMEOUT,
-        || async {
-            let seen = seen.lock().unwrap();
-            match seen.last() {
-                Some(s) if s.resource_version == last_rv => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
-    watch.abort();
-
-    let seen = seen.lock().unwrap().clone();
+    let seen = history.until(&last).await;
     let set_at = seen
         .iter()
-        .position(|s| s.operation.is_some())
+        .position(|(_, s)| s.operation.is_some())
         .expect("the watch saw the operation set");
-    for s in &seen[set_at..] {
+    for (rv, s) in &seen[set_at..] {
         if s.operation.is_none() {
             assert_eq!(
                 s.started_at.as_deref(),
                 Some(STARTED),
-                "version {} shows .operation gone before the status shows the sync: {seen:#?}",
-                s.resource_version
+                "version {rv} shows .operation gone before the status shows the sync: {seen:#?}"
             );
         }
     }
@@ -233,32 +258,7 @@ async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
 /// made of it; the sync and its terminate each ran once on the spoke.
 #[tokio::test]
 async fn a_terminate_op_on_the_hub_copy_stops_the_sync_on_the_spoke() {
-    let mut env = Env::new(&["cluster1"]).await;
-    // The test plays the spoke's Argo CD itself.
-    env.spokes[0].argocd.stop();
-    env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
-    let hub = env.hub_apps();
-    let spoke = env.spoke_apps(0);
-    hub.create(&PostParams::default(), &env.app("beta", 0, json!({})))
-        .await
-        .unwrap();
-    wait::until("beta on the spoke", TIMEOUT, || async {
-        spoke
-            .get_opt("beta")
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or("absent".to_string())
-    })
-    .await;
-    let phase = |a: &Application| {
-        a.data
-            .pointer("/status/operationState/phase")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
+    let (env, hub, spoke) = delivered("beta").await;
 
     // A sync asked on the hub reaches the spoke, whose Argo CD starts it.
     hub.patch(
@@ -293,30 +293,7 @@ async fn a_terminate_op_on_the_hub_copy_stops_the_sync_on_the_spoke() {
     })
     .await;
 
-    // Every version of the hub copy from here on.
-    let seen: Arc<Mutex<Vec<VersionPhase>>> = Arc::default();
-    let watch = {
-        let seen = seen.clone();
-        let api: Api<Application> =
-            Api::namespaced_with(env.hub_client.clone(), &env.team, &application_resource());
-        tokio::spawn(async move {
-            let events =
-                watcher::watcher(api, watcher::Config::default().fields("metadata.name=beta"))
-                    .default_backoff()
-                    .applied_objects();
-            tokio::pin!(events);
-            while let Some(Ok(app)) = events.next().await {
-                let p = app
-                    .data
-                    .pointer("/status/operationState/phase")
-                    .and_then(Value::as_str)
-                    .map(str::to_string);
-                seen.lock()
-                    .unwrap()
-                    .push((app.metadata.resource_version.clone().unwrap_or_default(), p));
-            }
-        })
-    };
+    let history = History::watch(&env, "beta", phase).await;
 
     // terminate-op, as Argo CD's API server does it: the Application
     // written back with its operation's phase `Terminating`.
@@ -365,21 +342,9 @@ async fn a_terminate_op_on_the_hub_copy_stops_the_sync_on_the_spoke() {
         },
     )
     .await;
-    wait::until(
-        "the watch to have seen the last version",
-        TIMEOUT,
-        || async {
-            match seen.lock().unwrap().last() {
-                Some((rv, _)) if *rv == last => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
-    watch.abort();
+    let seen = history.until(&last).await;
 
     // From the user's write on, `Terminating` until the spoke's answer.
-    let seen = seen.lock().unwrap().clone();
     let from = seen
         .iter()
         .position(|(rv, _)| *rv == asked)

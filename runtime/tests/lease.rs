@@ -100,6 +100,23 @@ async fn one_leader_at_a_time_and_a_released_lease_is_taken_at_once() {
         .expect("b sees that it lost the lease");
 }
 
+/// The lease of a leader that crashed: held by "ghost" for 3 s, renewed
+/// at `renewed` (on another clock, so it means nothing) and never again.
+fn ghost(renewed: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some("leader".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("ghost".into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(renewed.parse().unwrap())),
+            ..Default::default()
+        }),
+    }
+}
+
 /// A standby that polls only every two minutes: what it does sooner, it
 /// does from its watch of the lease.
 fn slow_poller(ns: &str, identity: &str) -> LeaseConfig {
@@ -120,19 +137,9 @@ async fn a_standby_acts_when_the_lease_it_saw_expires_or_is_released_not_at_its_
     // saw runs out (3 s), not two minutes later.
     let ns = cluster.namespace("lease").await.unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let ghost = Lease {
-        metadata: ObjectMeta {
-            name: Some("leader".into()),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("ghost".into()),
-            lease_duration_seconds: Some(3),
-            renew_time: Some(MicroTime("2000-01-01T00:00:00Z".parse().unwrap())),
-            ..Default::default()
-        }),
-    };
-    api.create(&PostParams::default(), &ghost).await.unwrap();
+    api.create(&PostParams::default(), &ghost("2000-01-01T00:00:00Z"))
+        .await
+        .unwrap();
     let started = Instant::now();
     let c = tokio::time::timeout(
         Duration::from_secs(60),
@@ -178,18 +185,7 @@ async fn an_abandoned_lease_is_taken_over_after_its_duration_not_before() {
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
     // A leader that crashed: its lease is never renewed again. Its
     // renewTime is in the future on purpose: clocks are not compared.
-    let ghost = Lease {
-        metadata: ObjectMeta {
-            name: Some("leader".into()),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("ghost".into()),
-            lease_duration_seconds: Some(3),
-            renew_time: Some(MicroTime("2099-01-01T00:00:00Z".parse().unwrap())),
-            ..Default::default()
-        }),
-    };
+    let ghost = ghost("2099-01-01T00:00:00Z");
     api.create(&PostParams::default(), &ghost).await.unwrap();
     let (stop, down) = shutdown::channel();
     let started = std::time::Instant::now();
