@@ -828,6 +828,15 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
         }
     })
     .await;
+    // The client counts a request once its answer is back, which can be
+    // after the write shows: wait for the count, then check it is one.
+    wait::until("the write counted", TIMEOUT, || async {
+        match secret_writes() - written {
+            0 => Err("not yet"),
+            _ => Ok(()),
+        }
+    })
+    .await;
     assert_eq!(
         secret_writes() - written,
         1,
