@@ -193,7 +193,13 @@ impl Cluster {
                 p("sa.key")
             ))
             .arg("--allow-privileged=true")
-            .arg("--profiling=false")
+            // Off unless asked for: `ARGOCD_PULL_APISERVER_PROFILING=1`
+            // serves /debug/pprof to the admin, to profile a benchmark's
+            // API server (docs/benchmarks.md).
+            .arg(format!(
+                "--profiling={}",
+                std::env::var_os("ARGOCD_PULL_APISERVER_PROFILING").is_some()
+            ))
             .arg("--v=1");
         self.spawn("kube-apiserver", api)?;
 
