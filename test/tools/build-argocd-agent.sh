@@ -5,6 +5,12 @@
 #
 #   $CACHE/bin/argocd-agent      (`principal` and `agent` subcommands)
 #   $CACHE/bin/argocd-agentctl   (its CLI; the benchmark makes its own PKI)
+#   $CACHE/bin/argocd-agent-fleet (argocd-pull's load generator for the
+#                                 fleet side by side: many of argocd-agent's
+#                                 own agents in one process, from
+#                                 test/tools/argocd-agent-fleet/main.go, built
+#                                 inside the temporary copy of the tree
+#                                 because it uses its internal packages)
 #
 # Where the source comes from, first choice first:
 #   1. the Go module github.com/argoproj-labs/argocd-agent@$VERSION from the
@@ -41,9 +47,10 @@ version=$ARGOCD_AGENT_VERSION
 stamp=$cache/stamps/argocd-agent
 src=${ARGOCD_AGENT_SRC:-}
 http1_src=${GRPC_HTTP1_SRC:-}
-want=$({ go version; echo "$module@$version"; cat "$here/build-argocd-agent.sh"; } | sha256sum | cut -c1-16)
+fleet_src=$here/argocd-agent-fleet/main.go
+want=$({ go version; echo "$module@$version"; cat "$here/build-argocd-agent.sh" "$fleet_src"; } | sha256sum | cut -c1-16)
 
-if [ -x "$bin/argocd-agent" ] && [ -x "$bin/argocd-agentctl" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+if [ -x "$bin/argocd-agent" ] && [ -x "$bin/argocd-agentctl" ] && [ -x "$bin/argocd-agent-fleet" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 
@@ -95,5 +102,8 @@ fi
 
 (cd "$dir" && go build -trimpath -ldflags "-s -w -X $module/internal/version.version=$version" -o "$bin/argocd-agent" ./cmd/argocd-agent \
   && go build -trimpath -ldflags '-s -w' -o "$bin/argocd-agentctl" ./cmd/ctl)
+mkdir -p "$dir/cmd/argocd-pull-fleet"
+cp "$fleet_src" "$dir/cmd/argocd-pull-fleet/main.go"
+(cd "$dir" && go build -trimpath -ldflags "-s -w -X $module/internal/version.version=$version" -o "$bin/argocd-agent-fleet" ./cmd/argocd-pull-fleet)
 echo "$want" > "$stamp"
-log "built $bin/argocd-agent and $bin/argocd-agentctl in $((SECONDS - t0))s"
+log "built $bin/argocd-agent, $bin/argocd-agentctl and $bin/argocd-agent-fleet in $((SECONDS - t0))s"

@@ -24,16 +24,23 @@ pub const AGENT_SPOKE_NS: &str = "argocd-agent";
 /// The principal and one agent. In managed mode the hub Applications of an
 /// agent live in the hub namespace named after it.
 pub struct ArgocdAgent {
-    bin: PathBuf,
     pub agent_name: String,
-    grpc: SocketAddr,
-    hub_kubeconfig: PathBuf,
-    tls: (PathBuf, PathBuf, PathBuf),
-    logs: PathBuf,
-    principal: Option<tokio::process::Child>,
+    principal: Principal,
     _agent: tokio::process::Child,
     _redis: Option<tokio::process::Child>,
     pub principal_started: Instant,
+}
+
+/// argocd-agent's principal on the hub API server: mTLS, the agent's name
+/// taken from its certificate's CN, every namespace allowed.
+pub struct Principal {
+    bin: PathBuf,
+    grpc: SocketAddr,
+    hub_kubeconfig: PathBuf,
+    tls: (PathBuf, PathBuf, PathBuf),
+    log: PathBuf,
+    child: Option<tokio::process::Child>,
+    pub started: Instant,
 }
 
 /// The binary `make bench-grpc` builds (`$CACHE/bin/argocd-agent`).
@@ -48,7 +55,7 @@ fn port(addr: SocketAddr) -> String {
 /// A free port on 127.0.0.1 below 32768: argocd-agent refuses metrics and
 /// health ports from 32768 up (`invalid port`), where the kernel hands out
 /// ephemeral ones.
-fn low_port() -> Result<SocketAddr> {
+pub fn low_port() -> Result<SocketAddr> {
     let seed = std::process::id() as u64
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -62,12 +69,37 @@ fn low_port() -> Result<SocketAddr> {
     anyhow::bail!("no free port below 32768 on 127.0.0.1")
 }
 
-fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
+fn log_file(path: &Path) -> Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(dir.join(name))
-        .with_context(|| format!("opening {}/{name}", dir.display()))
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// A redis server on 127.0.0.1, for the agents' cluster caches (they keep
+/// a client of Argo CD's redis); `None` when `redis-server` is not built.
+pub fn start_redis() -> Result<(Option<tokio::process::Child>, SocketAddr)> {
+    let redis_bin = paths::bin_dir().join("redis-server");
+    let redis_addr = net::free_addr()?;
+    if !redis_bin.is_file() {
+        return Ok((None, redis_addr));
+    }
+    let child = tokio::process::Command::new(&redis_bin)
+        .args(["--bind", "127.0.0.1", "--port", &port(redis_addr)])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting redis-server")?;
+    Ok((Some(child), redis_addr))
+}
+
+/// The benchmark's log folder, made if missing.
+pub fn logs_dir() -> Result<PathBuf> {
+    let logs = paths::run_dir().join("bench-logs");
+    std::fs::create_dir_all(&logs)?;
+    Ok(logs)
 }
 
 impl ArgocdAgent {
@@ -79,45 +111,14 @@ impl ArgocdAgent {
         pki: &Pki,
         agent_name: &str,
     ) -> Result<Self> {
-        let logs = paths::run_dir().join("bench-logs");
-        std::fs::create_dir_all(&logs)?;
+        let logs = logs_dir()?;
         hub.ensure_namespace(PRINCIPAL_NS).await?;
         hub.ensure_namespace(agent_name).await?;
         spoke.ensure_namespace(AGENT_SPOKE_NS).await?;
-        let (crt, key) = pki.hub_files();
         let grpc = low_port()?;
-
-        // The agent keeps a cache client for Argo CD's redis; give it one.
-        let redis_bin = paths::bin_dir().join("redis-server");
-        let redis_addr = net::free_addr()?;
-        let redis = if redis_bin.is_file() {
-            Some(
-                tokio::process::Command::new(&redis_bin)
-                    .args(["--bind", "127.0.0.1", "--port", &port(redis_addr)])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .stdout(Stdio::null())
-                    .kill_on_drop(true)
-                    .spawn()
-                    .context("starting redis-server")?,
-            )
-        } else {
-            None
-        };
-
+        let (redis, redis_addr) = start_redis()?;
         let agent_tls = pki.agent_files(&format!("argocd-agent-{agent_name}"), agent_name)?;
-        let mut this = Self {
-            bin: bin.to_path_buf(),
-            agent_name: agent_name.to_string(),
-            grpc,
-            hub_kubeconfig: hub.kubeconfig().to_path_buf(),
-            tls: (crt, key, pki.ca_file()),
-            logs: logs.clone(),
-            principal: None,
-            _agent: tokio::process::Command::new("true").spawn()?,
-            _redis: redis,
-            principal_started: Instant::now(),
-        };
-        this.start_principal()?;
+        let principal = Principal::start(bin, hub, pki, grpc, "argocd-agent-principal.log")?;
         let agent = tokio::process::Command::new(bin)
             .arg("agent")
             .arg("--kubeconfig")
@@ -142,17 +143,65 @@ impl ArgocdAgent {
             .arg("--enable-resource-proxy=false")
             .args(["--log-level", "info"])
             // It logs to stdout.
-            .stdout(log_file(&logs, "argocd-agent-agent.log")?)
-            .stderr(log_file(&logs, "argocd-agent-agent.log")?)
+            .stdout(log_file(&logs.join("argocd-agent-agent.log"))?)
+            .stderr(log_file(&logs.join("argocd-agent-agent.log"))?)
             .kill_on_drop(true)
             .spawn()
             .context("starting argocd-agent's agent")?;
-        this._agent = agent;
+        Ok(Self {
+            agent_name: agent_name.to_string(),
+            principal_started: principal.started,
+            principal,
+            _agent: agent,
+            _redis: redis,
+        })
+    }
+
+    /// Starts the principal again; returns at once.
+    pub fn start_principal(&mut self) -> Result<()> {
+        self.principal.restart()?;
+        self.principal_started = self.principal.started;
+        Ok(())
+    }
+
+    /// Ends the principal the way a crash or an OOM kill would (SIGKILL).
+    pub async fn kill_principal(&mut self) -> Result<()> {
+        self.principal.kill().await
+    }
+}
+
+impl Principal {
+    /// Starts the principal on `hub`, serving gRPC on `grpc` with the hub
+    /// certificate of `pki`, logging to `log` in the benchmark's log
+    /// folder; returns at once.
+    pub fn start(
+        bin: &Path,
+        hub: &Cluster,
+        pki: &Pki,
+        grpc: SocketAddr,
+        log: &str,
+    ) -> Result<Self> {
+        let (crt, key) = pki.hub_files();
+        let mut this = Self {
+            bin: bin.to_path_buf(),
+            grpc,
+            hub_kubeconfig: hub.kubeconfig().to_path_buf(),
+            tls: (crt, key, pki.ca_file()),
+            log: logs_dir()?.join(log),
+            child: None,
+            started: Instant::now(),
+        };
+        this.restart()?;
         Ok(this)
     }
 
-    /// Starts the principal (again); returns at once.
-    pub fn start_principal(&mut self) -> Result<()> {
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref()?.id()
+    }
+
+    /// Starts it (again); returns at once.
+    pub fn restart(&mut self) -> Result<()> {
         let (crt, key, ca) = &self.tls;
         let child = tokio::process::Command::new(&self.bin)
             .arg("principal")
@@ -182,19 +231,19 @@ impl ArgocdAgent {
             .args(["--metrics-port", &port(low_port()?)])
             .args(["--healthz-port", &port(low_port()?)])
             .args(["--log-level", "info"])
-            .stdout(log_file(&self.logs, "argocd-agent-principal.log")?)
-            .stderr(log_file(&self.logs, "argocd-agent-principal.log")?)
+            .stdout(log_file(&self.log)?)
+            .stderr(log_file(&self.log)?)
             .kill_on_drop(true)
             .spawn()
             .context("starting argocd-agent's principal")?;
-        self.principal = Some(child);
-        self.principal_started = Instant::now();
+        self.child = Some(child);
+        self.started = Instant::now();
         Ok(())
     }
 
-    /// Ends the principal the way a crash or an OOM kill would (SIGKILL).
-    pub async fn kill_principal(&mut self) -> Result<()> {
-        if let Some(mut p) = self.principal.take() {
+    /// Ends it the way a crash or an OOM kill would (SIGKILL).
+    pub async fn kill(&mut self) -> Result<()> {
+        if let Some(mut p) = self.child.take() {
             p.start_kill()?;
             p.wait().await?;
         }

@@ -41,21 +41,21 @@ use crate::report::{self, Row, print_runs};
 pub struct FleetArgs {
     /// Simulated agents, one per managed cluster.
     #[arg(long, default_value_t = 1000)]
-    agents: usize,
+    pub agents: usize,
     /// Applications per managed cluster.
     #[arg(long, default_value_t = 10)]
-    apps_per_agent: usize,
+    pub apps_per_agent: usize,
     /// Seconds of steady state before each restart (over 30, so that every
     /// agent's connection counts as healthy and its backoff starts afresh,
     /// as after any long-lived connection).
     #[arg(long, default_value_t = 40)]
-    steady_secs: u64,
+    pub steady_secs: u64,
     /// Creates in flight while setting up the hub.
     #[arg(long, default_value_t = 64)]
-    concurrency: usize,
+    pub concurrency: usize,
     /// Give up on a phase after this many seconds.
     #[arg(long, default_value_t = 1200)]
-    timeout_secs: u64,
+    pub timeout_secs: u64,
     /// Shortest reconnect delay of the agents (the spoke-agent's default).
     #[arg(long, default_value = "500ms", value_parser = argocd_pull_spoke_agent::parse_duration)]
     reconnect_min: Duration,
@@ -78,36 +78,53 @@ pub struct Copies {
     /// Since when every one of them does.
     pub all_since: Option<Instant>,
     /// Writes to hub Applications seen (watch events after the first list).
-    writes: u64,
+    pub writes: u64,
 }
 
 /// Watches the hub Applications and keeps [`Copies`] current.
 pub fn watch_copies(client: kube::Client, total: usize) -> Arc<Mutex<Copies>> {
+    let api: Api<Application> = Api::namespaced_with(client, NS, &application_resource());
+    watch_copies_by(
+        api,
+        watcher::Config::default().labels(keys::PULL_LABEL),
+        total,
+        |app| {
+            let cluster = app
+                .annotations()
+                .get(keys::MANAGED_CLUSTER)
+                .cloned()
+                .unwrap_or_default();
+            app.data.get("status") == Some(&simulated_status(&cluster, &app.name_any()))
+        },
+    )
+}
+
+/// Watches the Applications of `api` selected by `config` and keeps
+/// [`Copies`] current, `ok` telling whether one carries the status its
+/// agent sent (names are unique across namespaces).
+pub fn watch_copies_by(
+    api: Api<Application>,
+    config: watcher::Config,
+    total: usize,
+    ok: impl Fn(&Application) -> bool + Send + 'static,
+) -> Arc<Mutex<Copies>> {
     let copies = Arc::new(Mutex::new(Copies::default()));
     let shared = copies.clone();
-    let api: Api<Application> = Api::namespaced_with(client, NS, &application_resource());
     tokio::spawn(async move {
-        let mut events = watcher::watcher(api, watcher::Config::default().labels(keys::PULL_LABEL))
-            .default_backoff()
-            .boxed();
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
         while let Some(event) = events.next().await {
             let (app, initial) = match event {
                 Ok(watcher::Event::Apply(a)) => (a, false),
                 Ok(watcher::Event::InitApply(a)) => (a, true),
                 _ => continue,
             };
+            let is_ok = ok(&app);
             let name = app.name_any();
-            let cluster = app
-                .annotations()
-                .get(keys::MANAGED_CLUSTER)
-                .cloned()
-                .unwrap_or_default();
-            let ok = app.data.get("status") == Some(&simulated_status(&cluster, &name));
             let mut c = shared.lock().expect("never poisoned");
             if !initial {
                 c.writes += 1;
             }
-            if ok {
+            if is_ok {
                 c.matching.insert(name);
             } else {
                 c.matching.remove(&name);
@@ -123,38 +140,42 @@ pub fn watch_copies(client: kube::Client, total: usize) -> Arc<Mutex<Copies>> {
 }
 
 /// What one phase measured, from the start of the hub process.
-struct Phase {
-    ready: Duration,
-    connected: Duration,
-    in_sync: Duration,
-    copies: Option<Duration>,
+pub struct Phase {
+    pub ready: Duration,
+    pub connected: Duration,
+    pub in_sync: Duration,
+    pub copies: Option<Duration>,
 }
 
 /// What one run measured (the memory figures in KiB).
-struct Figures {
-    joined: Duration,
-    created: Duration,
-    first: Phase,
-    first_writes: f64,
-    steady_rss: Option<u64>,
-    peak1: Option<u64>,
-    steady_connected: f64,
-    killed: Phase,
-    killed_status_writes: f64,
-    killed_app_writes: u64,
-    peak2: Option<u64>,
-    stopped_in: Duration,
-    termed: Phase,
-    termed_status_writes: f64,
-    termed_app_writes: u64,
-    peak3: Option<u64>,
-    matching: usize,
-    connected: f64,
-    pending: f64,
-    failed_attempts: u64,
-    warns: usize,
-    errors: usize,
-    logs: Vec<std::path::PathBuf>,
+pub struct Figures {
+    pub joined: Duration,
+    pub created: Duration,
+    pub first: Phase,
+    pub first_writes: f64,
+    /// Writes to hub Applications seen during the first start.
+    pub first_app_writes: u64,
+    pub steady_rss: Option<u64>,
+    pub peak1: Option<u64>,
+    pub steady_connected: f64,
+    pub killed: Phase,
+    pub killed_status_writes: f64,
+    pub killed_app_writes: u64,
+    /// The same, to the end of the steady state after the restart.
+    pub killed_app_writes_steady: u64,
+    pub peak2: Option<u64>,
+    pub stopped_in: Duration,
+    pub termed: Phase,
+    pub termed_status_writes: f64,
+    pub termed_app_writes: u64,
+    pub peak3: Option<u64>,
+    pub matching: usize,
+    pub connected: f64,
+    pub pending: f64,
+    pub failed_attempts: u64,
+    pub warns: usize,
+    pub errors: usize,
+    pub logs: Vec<std::path::PathBuf>,
 }
 
 /// Runs the fleet `repeat` times, each on a fresh hub API server, and
@@ -449,7 +470,7 @@ pub fn log_lines(paths: &[std::path::PathBuf], level: &str) -> usize {
 }
 
 /// One run on a fresh hub API server (see the module documentation).
-async fn one_run(
+pub async fn one_run(
     args: &FleetArgs,
     hub_bin: &Path,
     round: usize,
@@ -532,6 +553,7 @@ async fn one_run(
     let first_writes = hub1
         .metric("argocd_pull_hub_grpc_status_writes_total")
         .await;
+    let first_app_writes = copies.lock().expect("never poisoned").writes;
     eprintln!("bench-grpc fleet: steady state for {} s", args.steady_secs);
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
     let steady_rss = hub1.memory_kib("VmRSS");
@@ -560,6 +582,7 @@ async fn one_run(
         .await;
     let killed_app_writes = copies.lock().expect("never poisoned").writes - writes_before;
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let killed_app_writes_steady = copies.lock().expect("never poisoned").writes - writes_before;
     let peak2 = hub2.memory_kib("VmHWM");
 
     // -------------------------------------------------------- SIGTERM + start
@@ -601,12 +624,14 @@ async fn one_run(
         created,
         first,
         first_writes,
+        first_app_writes,
         steady_rss,
         peak1,
         steady_connected,
         killed,
         killed_status_writes,
         killed_app_writes,
+        killed_app_writes_steady,
         peak2,
         stopped_in,
         termed,

@@ -41,6 +41,7 @@ mod abuse;
 mod argocd_agent;
 mod compare;
 mod fleet;
+mod fleet_compare;
 mod fleet_ha;
 mod fleet_load_generator;
 mod hub;
@@ -83,6 +84,10 @@ enum Part {
     /// by side on the same API servers: latency, one agent's throughput,
     /// recovery after a hub restart.
     Compare(compare::CompareArgs),
+    /// The fleet side by side: ours and argocd-agent, each with a load
+    /// generator playing its agents (argocd-agent's runs its own agent
+    /// code), on fresh hub API servers in alternating order.
+    FleetCompare(fleet_compare::FleetCompareArgs),
     /// Good agents' latency, quiet and while 10,000 handshakes with bad
     /// certificates and one valid agent that floods and never reads abuse
     /// the hub; the hub's peak memory.
@@ -112,5 +117,6 @@ async fn main() -> Result<()> {
         Part::FleetHa(a) => fleet_ha::run(a, args.repeat, &hub_bin).await,
         Part::Compare(a) => compare::run(a, args.repeat, &hub_bin).await,
         Part::Abuse(a) => abuse::run(a, args.repeat, &hub_bin).await,
+        Part::FleetCompare(a) => fleet_compare::run(a, args.repeat, &hub_bin).await,
     }
 }

@@ -165,7 +165,7 @@ pub fn print_runs(title: &str, rows: &[Row]) {
     legend();
 }
 
-fn legend() {
+pub fn legend() {
     println!();
     println!(
         "spread: max / min over the runs; ⚠: over {SPREAD_LIMIT}×, the runs disagree too much to rest a comparison on"
