@@ -136,6 +136,11 @@ bench-grpc-compare: bench-grpc-build
 bench-grpc-fleet: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
 
+## bench-grpc-fleet-compare: the fleet next to argocd-agent (its own agent code, 1,000 agents in one load generator, against its principal), each on a fresh hub, alternating (docs/benchmarks.md)
+.PHONY: bench-grpc-fleet-compare
+bench-grpc-fleet-compare: bench-grpc-build
+	$(BENCH_GRPC) fleet-compare $(BENCH_GRPC_FLEET_ARGS)
+
 ## bench-grpc-fleet-ha: the fleet (3,000 simulated agents x 10 Applications) on three hub-controller replicas behind one Service; agents and peak RSS per replica, recovery after killing a serving replica and the leader (docs/benchmarks.md)
 .PHONY: bench-grpc-fleet-ha
 BENCH_GRPC_FLEET_HA_ARGS ?= --agents 3000 --apps-per-agent 10 --replicas 3

@@ -39,6 +39,7 @@ pub struct Principal {
     hub_kubeconfig: PathBuf,
     tls: (PathBuf, PathBuf, PathBuf),
     log: PathBuf,
+    log_level: &'static str,
     child: Option<tokio::process::Child>,
     pub started: Instant,
 }
@@ -118,7 +119,8 @@ impl ArgocdAgent {
         let grpc = low_port()?;
         let (redis, redis_addr) = start_redis()?;
         let agent_tls = pki.agent_files(&format!("argocd-agent-{agent_name}"), agent_name)?;
-        let principal = Principal::start(bin, hub, pki, grpc, "argocd-agent-principal.log")?;
+        let principal =
+            Principal::start(bin, hub, pki, grpc, "argocd-agent-principal.log", "info")?;
         let agent = tokio::process::Command::new(bin)
             .arg("agent")
             .arg("--kubeconfig")
@@ -172,14 +174,15 @@ impl ArgocdAgent {
 
 impl Principal {
     /// Starts the principal on `hub`, serving gRPC on `grpc` with the hub
-    /// certificate of `pki`, logging to `log` in the benchmark's log
-    /// folder; returns at once.
+    /// certificate of `pki`, logging at `log_level` to `log` in the
+    /// benchmark's log folder; returns at once.
     pub fn start(
         bin: &Path,
         hub: &Cluster,
         pki: &Pki,
         grpc: SocketAddr,
         log: &str,
+        log_level: &'static str,
     ) -> Result<Self> {
         let (crt, key) = pki.hub_files();
         let mut this = Self {
@@ -188,6 +191,7 @@ impl Principal {
             hub_kubeconfig: hub.kubeconfig().to_path_buf(),
             tls: (crt, key, pki.ca_file()),
             log: logs_dir()?.join(log),
+            log_level,
             child: None,
             started: Instant::now(),
         };
@@ -230,7 +234,7 @@ impl Principal {
             .arg("--disable-redis-proxy")
             .args(["--metrics-port", &port(low_port()?)])
             .args(["--healthz-port", &port(low_port()?)])
-            .args(["--log-level", "info"])
+            .args(["--log-level", self.log_level])
             .stdout(log_file(&self.log)?)
             .stderr(log_file(&self.log)?)
             .kill_on_drop(true)

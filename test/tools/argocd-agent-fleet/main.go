@@ -58,6 +58,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -329,9 +330,10 @@ func answer(r *http.Request, code int, body any) (*http.Response, error) {
 // The resourceVersion given to the last object written, in any cluster.
 var resourceVersion atomic.Int64
 
-// versioned gives every object written a new resourceVersion, as an API
-// server does (client-go's object tracker leaves it empty, and the agent
-// tells its own writes from others' by it).
+// versioned gives every object written a new resourceVersion, and every
+// object created a uid and a creation time, as an API server does
+// (client-go's object tracker leaves them empty; the agent tells its own
+// writes from others' by the resourceVersion, and an object by its uid).
 type versioned struct{ k8stesting.ObjectTracker }
 
 func stamp(obj runtime.Object) {
@@ -342,6 +344,12 @@ func stamp(obj runtime.Object) {
 
 func (v versioned) Create(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.CreateOptions) error {
 	stamp(obj)
+	if m, err := meta.Accessor(obj); err == nil {
+		if m.GetUID() == "" {
+			m.SetUID(uuid.NewUUID())
+		}
+		m.SetCreationTimestamp(metav1.Now())
+	}
 	return v.ObjectTracker.Create(gvr, obj, ns, opts...)
 }
 
