@@ -25,6 +25,7 @@ pub mod ocm;
 pub mod paths;
 pub mod pki;
 mod process;
+pub mod procfs;
 pub mod relay;
 pub mod slow_watch;
 pub mod stack;

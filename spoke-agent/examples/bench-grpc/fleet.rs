@@ -156,6 +156,8 @@ pub struct Figures {
     /// Writes to hub Applications seen during the first start.
     pub first_app_writes: u64,
     pub steady_rss: Option<u64>,
+    /// The hub's CPU time from its start to the end of the steady state.
+    pub steady_cpu: Option<Duration>,
     pub peak1: Option<u64>,
     pub steady_connected: f64,
     pub killed: Phase,
@@ -557,6 +559,7 @@ pub async fn one_run(
     eprintln!("bench-grpc fleet: steady state for {} s", args.steady_secs);
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
     let steady_rss = hub1.memory_kib("VmRSS");
+    let steady_cpu = testenv::procfs::cpu_time(hub1.pid);
     let peak1 = hub1.memory_kib("VmHWM");
     let steady_connected = hub1.metric("argocd_pull_hub_grpc_agent_connected").await;
 
@@ -626,6 +629,7 @@ pub async fn one_run(
         first_writes,
         first_app_writes,
         steady_rss,
+        steady_cpu,
         peak1,
         steady_connected,
         killed,

@@ -45,8 +45,9 @@ use crate::argocd_agent::{
     AGENT_SPOKE_NS, PRINCIPAL_NS, Principal, logs_dir, low_port, start_redis,
 };
 use crate::fleet::{self, Copies, FleetArgs, app_name, watch_copies_by};
-use crate::hub::{self, Pki, proc_kib};
+use crate::hub::{self, Pki};
 use crate::report::{Format, cell, count, legend, mib, secs};
+use testenv::procfs::{cpu_time, memory_kib as proc_kib};
 
 #[derive(clap::Args, Debug)]
 pub struct FleetCompareArgs {
@@ -83,12 +84,14 @@ struct PeerFigures {
     copies: Option<Duration>,
     first_app_writes: u64,
     steady_rss: Option<u64>,
+    steady_cpu: Option<Duration>,
     peak1: Option<u64>,
     killed_connected: Duration,
     killed_app_writes_steady: u64,
     peak2: Option<u64>,
     matching: usize,
     load_generator_peak: Option<u64>,
+    load_generator_cpu: Option<Duration>,
 }
 
 /// The load generator's latest progress line, and when each count of
@@ -185,6 +188,12 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
             mib,
         ),
         (
+            format!("hub side CPU time, from its start to the end of {steady} s steady"),
+            |o| o.steady_cpu.map(|d| d.as_secs_f64()),
+            |p| p.steady_cpu.map(|d| d.as_secs_f64()),
+            secs,
+        ),
+        (
             "after a SIGKILL of the hub side: every agent connected again (from the new start)"
                 .into(),
             |o| Some(o.killed.connected.as_secs_f64()),
@@ -249,9 +258,20 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
             .collect::<Vec<_>>(),
         mib,
     );
+    let loadgen_cpu = cell(
+        &peer
+            .iter()
+            .map(|r| {
+                r.as_ref()
+                    .ok()
+                    .and_then(|p| p.load_generator_cpu.map(|d| d.as_secs_f64()))
+            })
+            .collect::<Vec<_>>(),
+        secs,
+    );
     println!(
-        "\nargocd-agent's load generator (its agents' own code, {n} in one process), peak RSS: {}",
-        loadgen.text
+        "\nargocd-agent's load generator (its agents' own code, {n} in one process): peak RSS {}, CPU time to the end of the first steady state {} (ours' runs in the benchmark's own process and is not measured apart)",
+        loadgen.text, loadgen_cpu.text
     );
     let mut failed = false;
     for (i, r) in ours.iter().enumerate() {
@@ -354,7 +374,7 @@ async fn peer_run(
         &format!("fleet-compare-run{round}-principal.log"),
         // At info it logs every event of every agent: 1 GB in the first
         // six minutes at 1,000 agents, a load of its own on this machine.
-        "warn",
+        "warning",
     )?;
     let epoch = Instant::from_std(principal.started);
     let loadgen_log = logs.join(format!("fleet-compare-run{round}-argocd-agent-fleet.log"));
@@ -419,6 +439,8 @@ async fn peer_run(
     tokio::time::sleep(Duration::from_secs(f.steady_secs)).await;
     let pid = principal.pid().context("the principal exited")?;
     let (steady_rss, peak1) = (proc_kib(pid, "VmRSS"), proc_kib(pid, "VmHWM"));
+    let steady_cpu = cpu_time(pid);
+    let load_generator_cpu = cpu_time(loadgen_pid);
 
     // --------------------------------------------------------- SIGKILL + start
     eprintln!("bench-grpc fleet-compare: killing the principal (SIGKILL) and starting it again");
@@ -482,12 +504,14 @@ async fn peer_run(
         copies: copies_at,
         first_app_writes,
         steady_rss,
+        steady_cpu,
         peak1,
         killed_connected,
         killed_app_writes_steady,
         peak2,
         matching,
         load_generator_peak,
+        load_generator_cpu,
     })
 }
 

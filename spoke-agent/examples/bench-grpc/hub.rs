@@ -279,7 +279,7 @@ impl HubProcess {
     /// A memory figure from `/proc/<pid>/status` in KiB: `VmHWM` is the
     /// peak resident set, `VmRSS` the current one.
     pub fn memory_kib(&self, field: &str) -> Option<u64> {
-        proc_kib(self.pid, field)
+        testenv::procfs::memory_kib(self.pid, field)
     }
 
     /// Whether it has ended on its own (a crash, or an exit with an error).
@@ -304,17 +304,4 @@ impl HubProcess {
         }
         Ok(start.elapsed())
     }
-}
-
-/// A memory figure of process `pid` in KiB from `/proc/<pid>/status`:
-/// `VmHWM` the peak resident set, `VmRSS` the current one.
-pub fn proc_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }

@@ -363,8 +363,63 @@ func (v versioned) Patch(gvr schema.GroupVersionResource, obj runtime.Object, ns
 	return v.ObjectTracker.Patch(gvr, obj, ns, opts...)
 }
 
-// versions makes the clientset `f` write through [versioned] (its watches
-// still come from `t`, which [versioned] writes to).
+// versions makes the clientset `f` write through [versioned], and gives
+// its watches unbounded buffers: the object tracker's own watchers hold
+// 100 events and panic when a slow reader lets them fill, where an API
+// server's watch would just be read later.
 func versions(f *k8stesting.Fake, t k8stesting.ObjectTracker) {
 	f.PrependReactor("*", "*", k8stesting.ObjectReaction(versioned{t}))
+	f.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if w, ok := action.(k8stesting.WatchActionImpl); ok {
+			opts = w.ListOptions
+		}
+		w, err := t.Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err != nil {
+			return false, nil, err
+		}
+		return true, unbounded(w), nil
+	})
 }
+
+// relay passes a watch's events on through a queue without bound, reading
+// its source at once.
+type relay struct {
+	out  chan watch.Event
+	stop chan struct{}
+	once sync.Once
+}
+
+func unbounded(in watch.Interface) watch.Interface {
+	r := &relay{out: make(chan watch.Event), stop: make(chan struct{})}
+	go func() {
+		defer close(r.out)
+		defer in.Stop()
+		source := in.ResultChan()
+		var queue []watch.Event
+		for source != nil || len(queue) > 0 {
+			var out chan watch.Event
+			var next watch.Event
+			if len(queue) > 0 {
+				out, next = r.out, queue[0]
+			}
+			select {
+			case e, ok := <-source:
+				if !ok {
+					source = nil
+					continue
+				}
+				queue = append(queue, e)
+			case out <- next:
+				queue = queue[1:]
+			case <-r.stop:
+				return
+			}
+		}
+	}()
+	return r
+}
+
+func (r *relay) ResultChan() <-chan watch.Event { return r.out }
+
+func (r *relay) Stop() { r.once.Do(func() { close(r.stop) }) }

@@ -192,23 +192,12 @@ impl Controller {
     /// A memory figure of the controller from /proc (`VmHWM:` is the peak
     /// resident set, `VmRSS:` the current one), in KiB.
     pub fn rss_kib(&self, field: &str) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
+        testenv::procfs::memory_kib(self.pid, field)
     }
 
     /// User plus system CPU time the controller used so far.
     pub fn cpu_time(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        // Fields after the command name (which may hold spaces), from field 3 on.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        Some(Duration::from_secs_f64(ticks as f64 / clock_ticks() as f64))
+        testenv::procfs::cpu_time(self.pid)
     }
 
     /// SIGTERM, then SIGKILL after 20 s.
@@ -235,15 +224,6 @@ async fn has_flag(bin: &Path, flag: &str) -> bool {
         .output()
         .await
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
-}
-
-fn clock_ticks() -> u64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100)
 }
 
 /// Lines of a controller's log at error level (ours: plain `tracing` format;
