@@ -94,8 +94,8 @@ struct PeerFigures {
     load_generator_cpu: Option<Duration>,
 }
 
-/// The load generator's latest progress line, and when each count of
-/// connected agents was first reached after a given moment.
+/// The load generator's latest progress line, and the moments its lines
+/// said every agent was connected, or not.
 #[derive(Default)]
 struct Seen {
     last: Progress,
