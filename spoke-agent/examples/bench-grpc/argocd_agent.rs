@@ -28,7 +28,6 @@ pub struct ArgocdAgent {
     principal: Principal,
     _agent: tokio::process::Child,
     _redis: Option<tokio::process::Child>,
-    pub principal_started: Instant,
 }
 
 /// argocd-agent's principal on the hub API server: mTLS, the agent's name
@@ -152,7 +151,6 @@ impl ArgocdAgent {
             .context("starting argocd-agent's agent")?;
         Ok(Self {
             agent_name: agent_name.to_string(),
-            principal_started: principal.started,
             principal,
             _agent: agent,
             _redis: redis,
@@ -161,9 +159,12 @@ impl ArgocdAgent {
 
     /// Starts the principal again; returns at once.
     pub fn start_principal(&mut self) -> Result<()> {
-        self.principal.restart()?;
-        self.principal_started = self.principal.started;
-        Ok(())
+        self.principal.restart()
+    }
+
+    /// When the principal was last started.
+    pub fn principal_started(&self) -> Instant {
+        self.principal.started
     }
 
     /// Ends the principal the way a crash or an OOM kill would (SIGKILL).

@@ -118,7 +118,7 @@ impl Running<'_> {
             Running::Peer(p) => {
                 p.kill_principal().await?;
                 p.start_principal()?;
-                Ok(p.principal_started)
+                Ok(p.principal_started())
             }
         }
     }

@@ -46,7 +46,9 @@ use crate::argocd_agent::{
 };
 use crate::fleet::{self, Copies, FleetArgs, app_name, watch_copies_by};
 use crate::hub::{self, Pki};
-use crate::report::{Format, cell, count, legend, mib, secs};
+use crate::report::{
+    Format, cell, count, legend, mib, secs, side_by_side_header, side_by_side_row,
+};
 use testenv::procfs::{cpu_time, memory_kib as proc_kib};
 
 #[derive(clap::Args, Debug)]
@@ -224,30 +226,19 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
         "gRPC transport, fleet side by side: {n} agents (a load generator each side, one process) x {per} Applications = {total} on one hub (kube-apiserver {version}), each run on a fresh hub API server; {repeat} run(s) per side in the order ours, argocd-agent, argocd-agent, ours, ...; figures are median (min–max) over the runs"
     );
     println!();
-    println!("| figure | ours | spread | argocd-agent | spread | argocd-agent / ours |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    side_by_side_header();
     for (name, o, p, fmt) in &rows {
-        let oc = cell(
+        side_by_side_row(
+            name,
             &ours
                 .iter()
                 .map(|r| r.as_ref().ok().and_then(o))
                 .collect::<Vec<_>>(),
-            *fmt,
-        );
-        let pc = cell(
             &peer
                 .iter()
                 .map(|r| r.as_ref().ok().and_then(p))
                 .collect::<Vec<_>>(),
             *fmt,
-        );
-        let ratio = match (pc.median, oc.median) {
-            (Some(p), Some(o)) if o > 0.0 => format!("{:.2}×", p / o),
-            _ => "–".into(),
-        };
-        println!(
-            "| {name} | {} | {} | {} | {} | {ratio} |",
-            oc.text, oc.spread, pc.text, pc.spread
         );
     }
     legend();

@@ -314,6 +314,26 @@ fn side_rows() -> Vec<SideRow> {
     ]
 }
 
+/// The header of a table of ours next to argocd-agent.
+pub fn side_by_side_header() {
+    println!("| figure | ours | spread | argocd-agent | spread | argocd-agent / ours |");
+    println!("|---|---:|---:|---:|---:|---:|");
+}
+
+/// One row of that table from each side's values over the runs: each
+/// side's median (min–max) and spread, and argocd-agent's median over ours.
+pub fn side_by_side_row(name: &str, ours: &[Option<f64>], peer: &[Option<f64>], fmt: Format) {
+    let (o, p) = (cell(ours, fmt), cell(peer, fmt));
+    let ratio = match (p.median, o.median) {
+        (Some(p), Some(o)) if o > 0.0 => format!("{:.2}×", p / o),
+        _ => "–".into(),
+    };
+    println!(
+        "| {name} | {} | {} | {} | {} | {ratio} |",
+        o.text, o.spread, p.text, p.spread
+    );
+}
+
 /// Ours next to argocd-agent: each side's median (min–max) and spread, and
 /// argocd-agent's median over ours.
 pub fn print_tables(title: &str, figures: &HashMap<Side, Vec<SideFigures>>) {
@@ -323,18 +343,13 @@ pub fn print_tables(title: &str, figures: &HashMap<Side, Vec<SideFigures>>) {
     println!();
     println!("{title}");
     println!();
-    println!("| figure | ours | spread | argocd-agent | spread | argocd-agent / ours |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    side_by_side_header();
     for (name, value, fmt) in side_rows() {
-        let o = cell(&ours.iter().map(value).collect::<Vec<_>>(), fmt);
-        let p = cell(&peer.iter().map(value).collect::<Vec<_>>(), fmt);
-        let ratio = match (p.median, o.median) {
-            (Some(p), Some(o)) if o > 0.0 => format!("{:.2}×", p / o),
-            _ => "–".into(),
-        };
-        println!(
-            "| {name} | {} | {} | {} | {} | {ratio} |",
-            o.text, o.spread, p.text, p.spread
+        side_by_side_row(
+            name,
+            &ours.iter().map(value).collect::<Vec<_>>(),
+            &peer.iter().map(value).collect::<Vec<_>>(),
+            fmt,
         );
     }
     legend();
