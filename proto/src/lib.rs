@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod coalesce;
+pub mod codec;
 pub mod content;
 pub mod digest;
 pub mod kind;

@@ -47,6 +47,8 @@ fn run() -> anyhow::Result<()> {
         // Connecting (TLS, endpoints) is the agent's business; the contract
         // only needs the codec and the service traits.
         .build_transport(false)
+        // Prost's codec with smaller buffers (proto/src/codec.rs).
+        .codec_path("crate::codec::Codec")
         // Keys are used in maps and sorted for digests.
         .type_attribute(".argocd_pull.v1.ObjectKey", "#[derive(PartialOrd, Ord)]")
         .compile_fds(fds)

@@ -618,7 +618,7 @@ pub mod transport_client {
             self.inner.ready().await.map_err(|e| {
                 tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
             })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::Codec::default();
             let path = http::uri::PathAndQuery::from_static("/argocd_pull.v1.Transport/Connect");
             let mut req = request.into_streaming_request();
             req.extensions_mut()
@@ -751,7 +751,7 @@ pub mod transport_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ConnectSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::Codec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

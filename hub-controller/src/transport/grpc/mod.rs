@@ -34,6 +34,7 @@ use argocd_pull_proto::v1::transport_server::{Transport, TransportServer};
 use argocd_pull_proto::v1::{AgentMessage, HubMessage};
 use clap::Args;
 use tokio::sync::watch;
+use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::route::authz::Authorization;
@@ -337,7 +338,7 @@ impl Transport for Service {
             session::run(hub, peer, inbound, tx, shutdown).await;
         });
         Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| *m),
         )))
     }
 }

@@ -47,7 +47,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Messages per batch the sender takes from the cluster state.
 const BATCH: usize = 64;
 
-pub type Out = mpsc::Sender<Result<HubMessage, Status>>;
+/// The stream to the agent. Boxed: the channel allocates its slots in
+/// blocks of 32, and a `Result<HubMessage, Status>` is a few hundred
+/// bytes, so unboxed every connection held about 10 KiB of slots.
+pub type Out = mpsc::Sender<Box<Result<HubMessage, Status>>>;
 
 /// Runs one stream to its end.
 pub async fn run(
@@ -159,9 +162,9 @@ pub async fn run(
         max_message_bytes: MAX_MESSAGE_BYTES as u32,
     };
     if out
-        .send(Ok(HubMessage {
+        .send(Box::new(Ok(HubMessage {
             kind: Some(hub_message::Kind::Welcome(welcome)),
-        }))
+        })))
         .await
         .is_err()
     {
@@ -267,7 +270,7 @@ async fn refuse(hub: &Hub, cluster: &str, reason: &'static str, out: &Out, statu
 /// Ends the stream with `status`, if the agent takes it in time: one that
 /// reads nothing (the stream's buffer full) must not keep the session.
 async fn last_word(out: &Out, status: Status) {
-    let _ = tokio::time::timeout(Duration::from_secs(5), out.send(Err(status))).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), out.send(Box::new(Err(status)))).await;
 }
 
 /// A receive error as the agent should read it: a message over the limit
@@ -330,7 +333,7 @@ async fn send_loop(
                     let hb = HubMessage { kind: Some(hub_message::Kind::Heartbeat(Heartbeat {
                         sent_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as i64,
                     })) };
-                    if out.send(Ok(hb)).await.is_err() {
+                    if out.send(Box::new(Ok(hb))).await.is_err() {
                         return;
                     }
                     last_sent = tokio::time::Instant::now();
@@ -342,7 +345,7 @@ async fn send_loop(
         }
         for m in batch {
             hub.metrics.message(&cs.name, "out", m.kind_name());
-            if out.send(Ok(m)).await.is_err() {
+            if out.send(Box::new(Ok(m))).await.is_err() {
                 return;
             }
         }
