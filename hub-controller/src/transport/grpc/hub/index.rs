@@ -10,7 +10,7 @@
 //! delivery, or after a restart) the oldest hub Application gets it, then
 //! the first by namespace and name.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use argocd_pull_proto::v1::ObjectKey;
@@ -23,7 +23,9 @@ type Slot = (String, ObjectKey);
 #[derive(Default)]
 pub struct Index {
     assign: HashMap<HubRef, Assignment>,
-    by_slot: HashMap<Slot, BTreeSet<HubRef>>,
+    /// Sorted: nearly always one Application per slot, and a B-tree set
+    /// takes a node of about 500 bytes even for one.
+    by_slot: HashMap<Slot, Vec<HubRef>>,
     holder: HashMap<Slot, HubRef>,
 }
 
@@ -93,6 +95,7 @@ impl Index {
     /// Records `a` for `r` (`None`: `r` is gone); returns the slots whose
     /// decision may have changed.
     pub fn set(&mut self, r: &HubRef, a: Option<Assignment>) -> Vec<(String, ObjectKey)> {
+        let a = a.map(|a| self.same_content(r, a));
         let old = match a {
             Some(a) => self.assign.insert(r.clone(), a),
             None => self.assign.remove(r),
@@ -103,13 +106,18 @@ impl Index {
             if let Some(s) = &old_slot
                 && let Some(set) = self.by_slot.get_mut(s)
             {
-                set.remove(r);
+                if let Ok(i) = set.binary_search(r) {
+                    set.remove(i);
+                }
                 if set.is_empty() {
                     self.by_slot.remove(s);
                 }
             }
             if let Some(s) = &new_slot {
-                self.by_slot.entry(s.clone()).or_default().insert(r.clone());
+                let set = self.by_slot.entry(s.clone()).or_default();
+                if let Err(i) = set.binary_search(r) {
+                    set.insert(i, r.clone());
+                }
             }
         }
         let slots: Vec<Slot> = old_slot.into_iter().chain(new_slot).collect();
@@ -119,11 +127,44 @@ impl Index {
         slots
     }
 
+    /// `a`, with the desired copy already held for `r` in place of its
+    /// own when only the hub Application's resourceVersion differs (a
+    /// status write): the per-cluster state keeps the first one it was
+    /// given for an unchanged version, so without this every Application
+    /// had two copies in memory after its first status write.
+    fn same_content(&self, r: &HubRef, a: Assignment) -> Assignment {
+        match (self.assign.get(r), a) {
+            (
+                Some(Assignment::Deliver { desired: old, .. }),
+                Assignment::Deliver {
+                    cluster,
+                    key,
+                    desired,
+                    deleting,
+                },
+            ) if old.version == desired.version
+                && old.hub == desired.hub
+                && old.meta.generation == desired.meta.generation =>
+            {
+                Assignment::Deliver {
+                    cluster,
+                    key,
+                    desired: old.clone(),
+                    deleting,
+                }
+            }
+            (_, a) => a,
+        }
+    }
+
     /// Keeps the holder of `slot` while it still delivers it; otherwise
     /// the oldest Application that delivers it becomes the holder.
     fn elect(&mut self, slot: &Slot) {
         if let Some(h) = self.holder.get(slot)
-            && self.by_slot.get(slot).is_some_and(|s| s.contains(h))
+            && self
+                .by_slot
+                .get(slot)
+                .is_some_and(|s| s.binary_search(h).is_ok())
             && delivers(self.assign.get(h)).is_some()
         {
             return;
@@ -225,7 +266,7 @@ mod tests {
                 hub: r(name),
                 hub_uid: format!("uid-{name}"),
                 version: format!("uid-{name}.h"),
-                json: Arc::new(b"{}".to_vec()),
+                json: crate::compact::CompactJson::new("{}"),
                 meta: ObjectMeta::default(),
                 created,
             }),
@@ -359,5 +400,57 @@ mod tests {
                 hub_uid: "uid-a".into()
             })
         );
+    }
+
+    #[test]
+    fn an_unchanged_content_keeps_the_first_copy() {
+        let desired = |a: &Assignment| match a {
+            Assignment::Deliver { desired, .. } => desired.clone(),
+            _ => unreachable!(),
+        };
+        let mut i = Index::default();
+        let first = deliver("a", 1, false);
+        i.set(&r("a"), Some(first.clone()));
+        // A status write: a new resourceVersion, the same content version.
+        let mut echo = deliver("a", 1, false);
+        if let Assignment::Deliver { desired, .. } = &mut echo {
+            Arc::make_mut(desired).meta.resource_version = "2".into();
+        }
+        i.set(&r("a"), Some(echo));
+        let held = desired(i.assignment(&r("a")).unwrap());
+        assert!(Arc::ptr_eq(&held, &desired(&first)), "one copy, not two");
+        // Being deleted keeps the copy but says so.
+        i.set(&r("a"), Some(deliver("a", 1, true)));
+        assert_eq!(
+            i.decide("c1", &key()).0,
+            Decision::Delete {
+                hub_uid: "uid-a".into()
+            }
+        );
+        // New content: the new copy.
+        let mut changed = deliver("a", 1, false);
+        if let Assignment::Deliver { desired, .. } = &mut changed {
+            Arc::make_mut(desired).version = "uid-a.h2".into();
+        }
+        i.set(&r("a"), Some(changed));
+        assert_eq!(desired(i.assignment(&r("a")).unwrap()).version, "uid-a.h2");
+    }
+
+    #[test]
+    fn several_applications_on_one_slot_stay_sorted() {
+        let mut i = Index::default();
+        for n in ["c", "a", "b"] {
+            i.set(&r(n), Some(deliver(n, 1, false)));
+        }
+        // The first keeps it; the others conflict, by namespace and name.
+        assert_eq!(delivered_for(&i).as_deref(), Some("c"));
+        assert_eq!(i.decide("c1", &key()).1, vec![r("a"), r("b")]);
+        // Gone: among the equally old, the first by name gets it.
+        i.set(&r("c"), None);
+        assert_eq!(delivered_for(&i).as_deref(), Some("a"));
+        assert_eq!(i.decide("c1", &key()).1, vec![r("b")]);
+        i.set(&r("a"), None);
+        i.set(&r("b"), None);
+        assert!(!i.has_slot("c1", &key()), "an empty slot is forgotten");
     }
 }
