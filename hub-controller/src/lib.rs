@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod certs;
+pub mod compact;
 #[cfg(test)]
 mod fixtures;
 pub mod hub;

@@ -1,7 +1,8 @@
 //! An Application as the watch caches keep it: typed metadata (without
 //! `managedFields`) and everything else (spec, status, operation, fields
-//! this code does not know) as compact JSON text, turned back into an
-//! [`Application`] when one is read.
+//! this code does not know) as compact JSON text, compressed
+//! ([`crate::compact`]), turned back into an [`Application`] when one is
+//! read.
 //!
 //! A parsed `serde_json::Value` takes many times the memory of its JSON
 //! (every small object is a B-tree node of its own), and a hub copy carries
@@ -20,12 +21,14 @@ use kube::api::{ApiResource, DynamicObject, ObjectMeta, TypeMeta};
 use kube::core::{DynamicResourceScope, NamespaceResourceScope};
 use serde::{Deserialize, Deserializer};
 
+use crate::compact::CompactJson;
+
 #[derive(Clone, Debug)]
 pub struct CachedApp {
     pub types: Option<TypeMeta>,
     pub metadata: ObjectMeta,
     /// Every field but `apiVersion`, `kind` and `metadata`, as a JSON object.
-    body: Box<str>,
+    body: CompactJson,
 }
 
 impl CachedApp {
@@ -34,7 +37,7 @@ impl CachedApp {
         DynamicObject {
             types: self.types.clone(),
             metadata: self.metadata.clone(),
-            data: serde_json::from_str(&self.body).expect("written by `From<Application>`"),
+            data: self.body.parse().expect("written by `From<Application>`"),
         }
     }
 }
@@ -45,9 +48,9 @@ impl From<Application> for CachedApp {
         Self {
             types: app.types,
             metadata: app.metadata,
-            body: serde_json::to_string(&app.data)
-                .expect("a Value always serializes")
-                .into_boxed_str(),
+            body: CompactJson::new(
+                &serde_json::to_string(&app.data).expect("a Value always serializes"),
+            ),
         }
     }
 }
@@ -100,14 +103,13 @@ impl kube::Resource for CachedApp {
 pub struct CachedWork {
     pub metadata: ObjectMeta,
     /// Every field but `metadata`, as a JSON object.
-    body: Box<str>,
+    body: CompactJson,
 }
 
 impl CachedWork {
     /// The ManifestWork, parsed again.
     pub fn work(&self) -> ManifestWork {
-        let mut v: serde_json::Value =
-            serde_json::from_str(&self.body).expect("written by `From<ManifestWork>`");
+        let mut v: serde_json::Value = self.body.parse().expect("written by `From<ManifestWork>`");
         v["metadata"] = serde_json::to_value(&self.metadata).expect("metadata serializes");
         serde_json::from_value(v).expect("was a ManifestWork")
     }
@@ -125,7 +127,7 @@ impl From<ManifestWork> for CachedWork {
                 managed_fields: None,
                 ..metadata
             },
-            body: v.to_string().into_boxed_str(),
+            body: CompactJson::new(&v.to_string()),
         }
     }
 }

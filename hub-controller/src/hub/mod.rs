@@ -1,7 +1,7 @@
 //! What the hub-controller knows about the hub, shared by both transports:
 //! the one set of watches ([`watches`]) feeding every transport, the caches
 //! they fill and what they trigger ([`caches`]), Applications as the caches
-//! keep them ([`cached`]), which mode each agent must run in ([`mode`]), and the writes they do not show yet ([`written`]).
+//! keep them ([`cached`], compressed by [`crate::compact`]), which mode each agent must run in ([`mode`]), and the writes they do not show yet ([`written`]).
 
 pub mod cached;
 pub mod caches;

@@ -11,6 +11,7 @@ use argocd_pull_proto::limits;
 use argocd_pull_proto::v1::{ObjectKey, ObjectMeta};
 use kube::ResourceExt;
 
+use crate::compact::CompactJson;
 use crate::render::grpc::grpc_copy;
 pub use crate::route::decide::Facts;
 use crate::route::decide::{Route, decide};
@@ -48,7 +49,8 @@ pub struct Desired {
     /// `<hub uid>.<content hash>`: changes with the content, and names the
     /// hub Application, so a delete can be addressed even after a restart.
     pub version: String,
-    pub json: Arc<Vec<u8>>,
+    /// The copy delivered to the agent, compressed.
+    pub json: CompactJson,
     pub meta: ObjectMeta,
     /// The hub Application's creationTimestamp, in seconds: when two hub
     /// Applications name the same spoke Application and neither holds it
@@ -165,7 +167,7 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
             version: version.clone(),
         },
         version,
-        json: Arc::new(json),
+        json: CompactJson::of_bytes(&json),
         created: app
             .metadata
             .creation_timestamp

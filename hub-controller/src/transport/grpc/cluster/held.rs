@@ -24,10 +24,7 @@ impl ClusterState {
         inner.observed.iter().filter(|(k, _)| *k != key).fold(
             (0, 0),
             |(n, bytes), (_, o)| match o {
-                Observation::Observed { report, .. } => (
-                    n + 1,
-                    bytes + report.application_json.len() + report.status_json.len(),
-                ),
+                Observation::Observed { report, .. } => (n + 1, bytes + report.bytes),
                 Observation::Mirrored { .. } => (n + 1, bytes),
                 Observation::Gone => (n, bytes),
             },

@@ -22,6 +22,7 @@ use argocd_pull_proto::v1::{
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, watch};
 
+use crate::compact::CompactJson;
 use crate::route::assign::{Desired, HubRef};
 
 mod control;
@@ -54,12 +55,39 @@ impl PartialEq for Item {
     }
 }
 
+/// A report as the hub keeps it until the next one: its JSON compressed
+/// (a status is most of what the hub holds per Application).
+#[derive(Debug)]
+pub struct Report {
+    /// The hub Application it was delivered for (empty from agents before
+    /// `owner-check`).
+    pub hub_uid: String,
+    pub status: CompactJson,
+    /// Autonomous mode: the whole Application.
+    pub application: Option<CompactJson>,
+    /// Bytes of JSON the agent sent (what the mirror limits count).
+    pub bytes: usize,
+}
+
+impl Report {
+    /// Keeps `o`, whose JSON the caller has checked.
+    pub fn of(o: &ObservedApplication) -> Self {
+        Self {
+            hub_uid: o.hub_uid.clone(),
+            status: CompactJson::of_bytes(&o.status_json),
+            application: (!o.application_json.is_empty())
+                .then(|| CompactJson::of_bytes(&o.application_json)),
+            bytes: o.status_json.len() + o.application_json.len(),
+        }
+    }
+}
+
 /// The latest report of one Application.
 #[derive(Clone, Debug)]
 pub enum Observation {
     Observed {
         version: String,
-        report: Arc<ObservedApplication>,
+        report: Arc<Report>,
     },
     Gone,
     /// Known only from the mirror on the hub (autonomous mode, before the

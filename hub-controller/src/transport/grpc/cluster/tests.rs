@@ -17,7 +17,7 @@ fn desired(name: &str, version: &str) -> Arc<Desired> {
         },
         hub_uid: format!("uid-{name}"),
         version: version.into(),
-        json: Arc::new(b"{}".to_vec()),
+        json: crate::compact::CompactJson::new("{}"),
         meta: ObjectMeta {
             version: version.into(),
             ..Default::default()

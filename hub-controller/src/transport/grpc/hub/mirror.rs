@@ -70,9 +70,12 @@ impl Hub {
         let observation = cs.lock().observed.get(key).cloned();
         match observation {
             Some(Observation::Observed { version, report }) => {
-                let app: Value =
-                    serde_json::from_slice(&report.application_json).unwrap_or_default();
-                let status: Value = serde_json::from_slice(&report.status_json).unwrap_or_default();
+                let app: Value = report
+                    .application
+                    .as_ref()
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or_default();
+                let status: Value = report.status.parse().unwrap_or_default();
                 let wanted = render::mirror(cluster, key, &app, &status, &version);
                 if current.is_none() {
                     // The mirror cache sees only mirrors: a hub Application

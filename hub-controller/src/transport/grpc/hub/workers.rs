@@ -140,7 +140,7 @@ impl Hub {
                     && (report.hub_uid.is_empty()
                         || app.metadata.uid.as_deref() == Some(report.hub_uid.as_str())) =>
             {
-                serde_json::from_slice::<Value>(&report.status_json).ok()
+                report.status.parse::<Value>().ok()
             }
             _ => None,
         };

@@ -14,7 +14,7 @@ use argocd_pull_proto::v1::{
 };
 use tonic::Status;
 
-use super::super::cluster::{ClusterState, Item, Observation, Work, held};
+use super::super::cluster::{ClusterState, Item, Observation, Report, Work, held};
 use super::super::hub::Hub;
 use super::*;
 
@@ -256,7 +256,7 @@ fn on_report(
                         &key,
                         Observation::Observed {
                             version,
-                            report: Arc::new(o),
+                            report: Arc::new(Report::of(&o)),
                         },
                     );
                     hub.queue.add(Work::Mirror {
@@ -269,7 +269,7 @@ fn on_report(
                         &key,
                         Observation::Observed {
                             version,
-                            report: Arc::new(o),
+                            report: Arc::new(Report::of(&o)),
                         },
                     );
                     if let Some(r) = winner {
