@@ -160,6 +160,9 @@ impl Cluster {
             .arg(format!("--initial-cluster={}={peer_url}", self.name))
             // Test data is thrown away; fsync only slows the tests down.
             .arg("--unsafe-no-fsync")
+            // The default 2 GiB fills with the revisions of a 100,000
+            // Application benchmark before the API server compacts them.
+            .arg("--quota-backend-bytes=8589934592")
             .arg("--log-level=warn");
         self.spawn("etcd", etcd)?;
 

@@ -322,6 +322,7 @@ async fn one_run(args: &AbuseArgs, hub_bin: &std::path::Path) -> Result<Figures>
         grpc_addr,
         allowed_targets: &allowed,
         log: Some(logs.join("grpc-abuse-hub.log")),
+        max_connections: None,
     })?;
     hub_process.ready(timeout).await?;
     fleet.new_epoch();

@@ -258,6 +258,7 @@ async fn start<'a>(
                 grpc_addr: testenv::net::free_addr()?,
                 allowed_targets: targets,
                 log: Some(testenv::paths::run_dir().join("bench-logs/compare-ours-hub.log")),
+                max_connections: None,
             };
             std::fs::create_dir_all(testenv::paths::run_dir().join("bench-logs"))?;
             let mut hub_process = HubProcess::start(&options)?;

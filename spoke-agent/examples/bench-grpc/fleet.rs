@@ -71,6 +71,14 @@ pub const AGENT_NAME: &str = "fleet-load-generator";
 const PEAK_RSS_TARGET_MIB: f64 = 512.0;
 const RESYNC_TARGET: Duration = Duration::from_secs(60);
 
+/// `--grpc-max-connections` for a fleet of `agents`: the hub's default
+/// (4096) unless the fleet needs more, then twice the agents, the room
+/// docs/security.md asks for (a closing connection holds its place until
+/// it is gone, so a mass reconnection briefly needs more than one each).
+pub fn fleet_connections(agents: usize) -> Option<usize> {
+    (agents * 2 > 4096).then_some(agents * 2)
+}
+
 /// Which hub Applications carry the status their agent sent, from a watch.
 #[derive(Default)]
 pub struct Copies {
@@ -532,6 +540,7 @@ pub async fn one_run(
         grpc_addr,
         allowed_targets: &allowed,
         log: Some(log.to_path_buf()),
+        max_connections: fleet_connections(args.agents),
     };
 
     // ----------------------------------------------------------- first start

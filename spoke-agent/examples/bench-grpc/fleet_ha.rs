@@ -449,6 +449,7 @@ async fn one_run(
                 grpc_addr: grpc,
                 allowed_targets: &allowed,
                 log: Some(log.clone()),
+                max_connections: None,
             },
             &name,
         )?;

@@ -154,6 +154,9 @@ pub struct HubOptions<'a> {
     /// Its log (stderr) goes here; `None`: to this process's stderr, at the
     /// level `BENCH_HUB_LOG` says (default `warn`).
     pub log: Option<PathBuf>,
+    /// `--grpc-max-connections`; `None`: the hub's default (4096), which a
+    /// fleet of more agents than that needs raised.
+    pub max_connections: Option<usize>,
 }
 
 /// The hub-controller process.
@@ -203,6 +206,9 @@ impl HubProcess {
             .kill_on_drop(true);
         for rule in o.allowed_targets {
             cmd.args(["--allowed-target", rule]);
+        }
+        if let Some(max) = o.max_connections {
+            cmd.args(["--grpc-max-connections", &max.to_string()]);
         }
         match &o.log {
             Some(path) => {

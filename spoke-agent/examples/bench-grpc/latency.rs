@@ -263,6 +263,7 @@ async fn one_run(args: &LatencyArgs, hub_bin: &Path, version: &mut String) -> Re
         grpc_addr,
         allowed_targets: &[format!("{NS}=*")],
         log: None,
+        max_connections: None,
     })?;
     hub_process.ready(Duration::from_secs(60)).await?;
 
