@@ -12,32 +12,19 @@ use serde::de::DeserializeOwned;
 pub struct CompactJson(Box<[u8]>);
 
 impl CompactJson {
-    pub fn new(json: &str) -> Self {
-        Self::of_bytes(json.as_bytes())
+    /// From JSON text (as `str` or bytes already checked to be JSON).
+    pub fn new(json: impl AsRef<[u8]>) -> Self {
+        Self(lz4_flex::compress_prepend_size(json.as_ref()).into_boxed_slice())
     }
 
-    /// From bytes already checked to be JSON (so UTF-8).
-    pub fn of_bytes(json: &[u8]) -> Self {
-        Self(lz4_flex::compress_prepend_size(json).into_boxed_slice())
-    }
-
-    /// The JSON text again.
-    pub fn text(&self) -> String {
-        let bytes =
-            lz4_flex::decompress_size_prepended(&self.0).expect("compressed by `CompactJson::new`");
-        String::from_utf8(bytes).expect("was a str")
+    /// The JSON text again, as bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        lz4_flex::decompress_size_prepended(&self.0).expect("compressed by `CompactJson::new`")
     }
 
     /// The JSON, parsed as a `T`.
     pub fn parse<T: DeserializeOwned>(&self) -> serde_json::Result<T> {
-        let bytes =
-            lz4_flex::decompress_size_prepended(&self.0).expect("compressed by `CompactJson::new`");
-        serde_json::from_slice(&bytes)
-    }
-
-    /// Bytes held.
-    pub fn held(&self) -> usize {
-        self.0.len()
+        serde_json::from_slice(&self.bytes())
     }
 }
 
@@ -66,12 +53,12 @@ mod tests {
         });
         let text = status.to_string();
         let c = CompactJson::new(&text);
-        assert_eq!(c.text(), text);
+        assert_eq!(c.bytes(), text.as_bytes());
         assert_eq!(c.parse::<Value>().unwrap(), status);
         assert!(
-            c.held() * 3 < text.len(),
+            c.0.len() * 3 < text.len(),
             "{} bytes kept for {}",
-            c.held(),
+            c.0.len(),
             text.len()
         );
         assert_eq!(CompactJson::new("{}").parse::<Value>().unwrap(), json!({}));

@@ -49,7 +49,7 @@ impl From<Application> for CachedApp {
             types: app.types,
             metadata: app.metadata,
             body: CompactJson::new(
-                &serde_json::to_string(&app.data).expect("a Value always serializes"),
+                serde_json::to_vec(&app.data).expect("a Value always serializes"),
             ),
         }
     }
@@ -127,7 +127,7 @@ impl From<ManifestWork> for CachedWork {
                 managed_fields: None,
                 ..metadata
             },
-            body: CompactJson::new(&v.to_string()),
+            body: CompactJson::new(v.to_string()),
         }
     }
 }

@@ -167,7 +167,7 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
             version: version.clone(),
         },
         version,
-        json: CompactJson::of_bytes(&json),
+        json: CompactJson::new(&json),
         created: app
             .metadata
             .creation_timestamp

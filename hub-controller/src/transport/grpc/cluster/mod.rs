@@ -74,9 +74,9 @@ impl Report {
     pub fn of(o: &ObservedApplication) -> Self {
         Self {
             hub_uid: o.hub_uid.clone(),
-            status: CompactJson::of_bytes(&o.status_json),
+            status: CompactJson::new(&o.status_json),
             application: (!o.application_json.is_empty())
-                .then(|| CompactJson::of_bytes(&o.application_json)),
+                .then(|| CompactJson::new(&o.application_json)),
             bytes: o.status_json.len() + o.application_json.len(),
         }
     }

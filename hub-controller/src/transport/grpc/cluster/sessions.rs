@@ -255,7 +255,7 @@ fn object_message(key: ObjectKey, seq: u64, item: &Item) -> HubMessage {
             key: Some(key),
             seq,
             meta: Some(d.meta.clone()),
-            application_json: d.json.text().into_bytes(),
+            application_json: d.json.bytes(),
         }),
         Item::Delete { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
             key: Some(key),

@@ -143,7 +143,6 @@ impl Index {
                     deleting,
                 },
             ) if old.version == desired.version
-                && old.hub == desired.hub
                 && old.meta.generation == desired.meta.generation =>
             {
                 Assignment::Deliver {
