@@ -412,14 +412,16 @@ impl SimulatedAgent {
 
     fn handle(&self, id: u64, m: HubMessage) -> Result<(), String> {
         use hub_message::Kind;
-        let mut local = self.local();
+        let mut guard = self.local();
+        // Through a plain reference, so that its fields borrow apart.
+        let local = &mut *guard;
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
             Kind::Heartbeat(_) => {}
             Kind::Upsert(u) => {
                 let key = u.key.clone().expect("validated");
                 let seq = u.seq;
-                let (outcome, message) = self.upsert(&mut local, u);
+                let (outcome, message) = self.upsert(local, u);
                 self.ack(key.clone(), seq, outcome, message);
                 if let Some(held) = local.apps.get(&key) {
                     self.state
@@ -494,17 +496,13 @@ impl SimulatedAgent {
                                 message = %a.message, "fleet load generator: the hub refused a status report");
                         }
                         self.state.acked(&key, a.seq);
-                        let mut applied = None;
                         if let Some(stream) = local.stream.as_mut().filter(|s| s.id == id)
                             && stream.sent.get(&key).is_some_and(|(seq, _)| *seq == a.seq)
                         {
                             let (_, version) = stream.sent.remove(&key).expect("just seen");
                             if outcome == AckOutcome::Applied {
-                                applied = Some(version);
+                                local.acked.insert(key, (version, id));
                             }
-                        }
-                        if let Some(version) = applied {
-                            local.acked.insert(key, (version, id));
                         }
                     }
                 }
@@ -512,7 +510,7 @@ impl SimulatedAgent {
             Kind::Digest(d) => {
                 let (set, theirs) = SetDigest::from_proto(&d).map_err(|e| e.to_string())?;
                 if set == DigestSet::Desired {
-                    let ours = replica(&local);
+                    let ours = replica(local);
                     let buckets = SetDigest::of(&ours).differing_buckets(&theirs);
                     for r in resync_requests(DigestSet::Desired, &ours, &buckets) {
                         self.state.control(AgentMessage {
@@ -526,7 +524,7 @@ impl SimulatedAgent {
             }
             Kind::ResyncRequest(r) => {
                 let repairs =
-                    repairs_for(&observed_entries(&local), &r).map_err(|e| e.to_string())?;
+                    repairs_for(&observed_entries(local), &r).map_err(|e| e.to_string())?;
                 for repair in repairs {
                     match repair {
                         Repair::Send(key) => {
@@ -546,7 +544,7 @@ impl SimulatedAgent {
                 }
             }
         }
-        self.check_in_sync(&mut local, id);
+        self.check_in_sync(local, id);
         Ok(())
     }
 
