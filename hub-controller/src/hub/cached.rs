@@ -15,17 +15,20 @@
 
 use std::borrow::Cow;
 
-use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::argocd::{Application, GROUP, VERSION};
 use argocd_pull_apis::ocm::ManifestWork;
-use kube::api::{ApiResource, DynamicObject, ObjectMeta, TypeMeta};
-use kube::core::{DynamicResourceScope, NamespaceResourceScope};
+use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
+use kube::core::NamespaceResourceScope;
 use serde::{Deserialize, Deserializer};
 
 use crate::compact::CompactJson;
 
+/// Its kind is static (`DynamicType = ()`): every key of the caches and
+/// queues (`ObjectRef<CachedApp>`) would otherwise carry its own copy of
+/// the five strings of an `ApiResource`, and the `apiVersion` and `kind`
+/// are not kept per Application either.
 #[derive(Clone, Debug)]
 pub struct CachedApp {
-    pub types: Option<TypeMeta>,
     pub metadata: ObjectMeta,
     /// Every field but `apiVersion`, `kind` and `metadata`, as a JSON object.
     body: CompactJson,
@@ -35,7 +38,10 @@ impl CachedApp {
     /// The Application, parsed again.
     pub fn application(&self) -> Application {
         DynamicObject {
-            types: self.types.clone(),
+            types: Some(TypeMeta {
+                api_version: Self::API_VERSION.into(),
+                kind: Self::KIND.into(),
+            }),
             metadata: self.metadata.clone(),
             data: self.body.parse().expect("written by `From<Application>`"),
         }
@@ -46,7 +52,6 @@ impl From<Application> for CachedApp {
     fn from(mut app: Application) -> Self {
         app.metadata.managed_fields = None;
         Self {
-            types: app.types,
             metadata: app.metadata,
             body: CompactJson::new(
                 serde_json::to_vec(&app.data).expect("a Value always serializes"),
@@ -61,28 +66,34 @@ impl<'de> Deserialize<'de> for CachedApp {
     }
 }
 
+impl CachedApp {
+    const KIND: &'static str = "Application";
+    const API_VERSION: &'static str = "argoproj.io/v1alpha1";
+    const PLURAL: &'static str = "applications";
+}
+
 impl kube::Resource for CachedApp {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
 
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
+    fn group(_: &()) -> Cow<'_, str> {
+        GROUP.into()
     }
 
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
+    fn version(_: &()) -> Cow<'_, str> {
+        VERSION.into()
     }
 
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
+    fn kind(_: &()) -> Cow<'_, str> {
+        Self::KIND.into()
     }
 
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Self::API_VERSION.into()
     }
 
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
+    fn plural(_: &()) -> Cow<'_, str> {
+        Self::PLURAL.into()
     }
 
     fn meta(&self) -> &ObjectMeta {

@@ -144,9 +144,7 @@ pub enum Lookup {
 pub fn work_owner(work: &impl kube::Resource) -> Option<ObjectRef<CachedApp>> {
     let a = work.annotations();
     match (a.get(keys::HUB_APP_NAMESPACE), a.get(keys::HUB_APP_NAME)) {
-        (Some(ns), Some(name)) => Some(
-            ObjectRef::new_with(name, argocd_pull_apis::argocd::application_resource()).within(ns),
-        ),
+        (Some(ns), Some(name)) => Some(ObjectRef::new(name).within(ns)),
         _ => None,
     }
 }
@@ -163,9 +161,7 @@ pub fn targets(app: &CachedApp, cluster: &str) -> bool {
 pub fn apps_targeting(apps: &Store<CachedApp>, cluster: &str) -> Vec<ObjectRef<CachedApp>> {
     apps.state_filter(|a| targets(a, cluster))
         .iter()
-        .map(|a| {
-            ObjectRef::from_obj_with(a.as_ref(), argocd_pull_apis::argocd::application_resource())
-        })
+        .map(|a| ObjectRef::from_obj(a.as_ref()))
         .collect()
 }
 
@@ -173,9 +169,7 @@ pub fn apps_targeting(apps: &Store<CachedApp>, cluster: &str) -> Vec<ObjectRef<C
 pub fn apps_in(apps: &Store<CachedApp>, ns: &str) -> Vec<ObjectRef<CachedApp>> {
     apps.state_filter(|a| a.namespace().as_deref() == Some(ns))
         .iter()
-        .map(|a| {
-            ObjectRef::from_obj_with(a.as_ref(), argocd_pull_apis::argocd::application_resource())
-        })
+        .map(|a| ObjectRef::from_obj(a.as_ref()))
         .collect()
 }
 
@@ -261,7 +255,7 @@ mod tests {
     }
 
     fn app_store(apps: &[Application]) -> Store<CachedApp> {
-        let mut writer = store::Writer::new(argocd_pull_apis::argocd::application_resource());
+        let mut writer = store::Writer::default();
         let reader = writer.as_reader();
         for a in apps {
             writer.apply_watcher_event(&Event::Apply(CachedApp::from(a.clone())));
@@ -341,8 +335,7 @@ mod tests {
         let q = Queue::new(gauge.clone());
         let apps = app_store(&[application("a", "one", "c1")]);
         let one = apps_in(&apps, "a").remove(0);
-        let gone = ObjectRef::new_with("gone", argocd_pull_apis::argocd::application_resource())
-            .within("a");
+        let gone = ObjectRef::new("gone").within("a");
         q.triggered(one.clone(), "application");
         q.triggered(one.clone(), "work");
         q.triggered(gone, "application");

@@ -12,7 +12,6 @@
 
 use std::sync::Arc;
 
-use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{
     AddOnDeploymentConfig, ManagedCluster, ManagedClusterAddOn, placement_decision_resource,
@@ -120,8 +119,8 @@ pub struct Watches {
 
 impl Watches {
     pub fn new(scope: Scope) -> Self {
-        let apps = reflector::store::Writer::new(application_resource());
-        let mirrors = reflector::store::Writer::new(application_resource());
+        let apps = reflector::store::Writer::default();
+        let mirrors = reflector::store::Writer::default();
         let decisions = reflector::store::Writer::new(placement_decision_resource());
         let clusters = reflector::store::Writer::default();
         let addons = reflector::store::Writer::default();
@@ -164,12 +163,11 @@ impl Watches {
         consumers: Vec<Arc<dyn Consumer>>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let ar = application_resource();
         let pdr = placement_decision_resource();
         let mut streams: Vec<BoxStream<'static, Result<Event, watcher::Error>>> = vec![
             watch(
                 self.apps,
-                Api::<CachedApp>::all_with(client.clone(), &ar),
+                Api::<CachedApp>::all(client.clone()),
                 watcher::Config::default().labels(keys::PULL_LABEL),
                 Event::App,
             ),
@@ -195,7 +193,7 @@ impl Watches {
         if self.scope.grpc {
             streams.push(watch(
                 self.mirrors,
-                Api::<CachedApp>::all_with(client.clone(), &ar),
+                Api::<CachedApp>::all(client.clone()),
                 watcher::Config::default().labels(keys::MIRROR_OF),
                 Event::Mirror,
             ));

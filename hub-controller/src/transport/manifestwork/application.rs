@@ -34,7 +34,7 @@ use crate::status::feedback::{feedback, not_applied, spoke_problem, status_updat
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 
 pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let key = ObjectRef::from_obj_with(app.as_ref(), application_resource());
+    let key = ObjectRef::from_obj(app.as_ref());
     let trigger = ctx.queue.started(&key);
     ctx.metrics.reconciles.inc();
     ctx.metrics

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_pull_apis::argocd::application_resource;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::controller::{Action, Controller};
@@ -32,7 +31,6 @@ pub async fn run(
     ready: impl FnOnce() + Send + 'static,
     shutdown: argocd_pull_runtime::shutdown::Shutdown,
 ) {
-    let ar = application_resource();
     let app_store = ctx.caches.apps.clone();
     let queue = ctx.queue.clone();
 
@@ -41,7 +39,7 @@ pub async fn run(
     let controller = Controller::for_stream_with(
         futures::stream::pending::<Result<CachedApp, watcher::Error>>(),
         app_store.clone(),
-        ar.clone(),
+        (),
     )
     .with_config(
         kube::runtime::controller::Config::default().concurrency(ctx.options.workers as u16),
@@ -67,7 +65,7 @@ pub async fn run(
                     q.prune(&store);
                     // Writes whose echo will never come: the Application is gone.
                     writer.written().retain(|ns, name| {
-                        let r = ObjectRef::new_with(name, application_resource()).within(ns);
+                        let r = ObjectRef::new(name).within(ns);
                         store.get(&r).is_some()
                             || mirrors.get(&r).is_some()
                     });
@@ -94,10 +92,8 @@ pub async fn run(
 }
 
 fn error_policy(app: Arc<CachedApp>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.queue.triggered(
-        ObjectRef::from_obj_with(app.as_ref(), application_resource()),
-        "error-retry",
-    );
+    ctx.queue
+        .triggered(ObjectRef::from_obj(app.as_ref()), "error-retry");
     tracing::warn!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }

@@ -6,7 +6,6 @@
 //! ManagedCluster) reconciles the Applications that wait for it; a
 //! Placement changing its decisions re-checks its namespace's Applications.
 
-use argocd_pull_apis::argocd::application_resource;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event as E;
@@ -19,10 +18,9 @@ use crate::hub::watches::{Consumer, Event};
 impl Consumer for Context {
     fn event(&self, event: &Event) {
         match event {
-            Event::App(E::Apply(a) | E::InitApply(a)) => self.trigger(
-                ObjectRef::from_obj_with(a, application_resource()),
-                "application",
-            ),
+            Event::App(E::Apply(a) | E::InitApply(a)) => {
+                self.trigger(ObjectRef::from_obj(a), "application")
+            }
             // The echo of our own write of the work: the reconcile that wrote
             // it went on from the write's response.
             Event::Work(E::Apply(w)) if self.caches.written.is_echo(&w.metadata) => {}
@@ -71,8 +69,7 @@ impl Context {
         app: &argocd_pull_apis::argocd::Application,
         why: &'static str,
     ) {
-        let r = ObjectRef::new_with(&app.name_any(), application_resource())
-            .within(&app.namespace().unwrap_or_default());
+        let r = ObjectRef::new(&app.name_any()).within(&app.namespace().unwrap_or_default());
         self.queue.triggered(r, why);
     }
 
@@ -111,10 +108,8 @@ impl Gate {
         let triggered = self.ctx.start_term();
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
         for app in self.ctx.caches.apps.state() {
-            self.ctx.trigger(
-                ObjectRef::from_obj_with(app.as_ref(), application_resource()),
-                "leading",
-            );
+            self.ctx
+                .trigger(ObjectRef::from_obj(app.as_ref()), "leading");
         }
         triggered
     }
@@ -130,7 +125,7 @@ impl Gate {
     /// delivered or handed over.
     pub fn transport_switched(&self, app: &crate::route::assign::HubRef) {
         if self.open.load(std::sync::atomic::Ordering::SeqCst) {
-            let r = ObjectRef::new_with(&app.name, application_resource()).within(&app.namespace);
+            let r = ObjectRef::new(&app.name).within(&app.namespace);
             self.ctx.trigger(r, "transport-switch");
         }
     }

@@ -48,7 +48,7 @@ impl Hub {
         let cached = self
             .caches
             .mirrors
-            .get(&ObjectRef::new_with(&key.name, application_resource()).within(cluster));
+            .get(&ObjectRef::new(&key.name).within(cluster));
         let cached_rv = cached
             .as_ref()
             .and_then(|m| m.metadata.resource_version.clone());

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::argocd::Application;
 use argocd_pull_proto::v1::ObjectKey;
 use argocd_pull_runtime::workqueue::WorkQueue;
 use kube::ResourceExt;
@@ -304,7 +304,7 @@ impl Hub {
 }
 
 fn app_ref(r: &HubRef) -> ObjectRef<CachedApp> {
-    ObjectRef::new_with(&r.name, application_resource()).within(&r.namespace)
+    ObjectRef::new(&r.name).within(&r.namespace)
 }
 
 impl Consumer for Hub {

@@ -221,13 +221,7 @@ fn on_report(
                     let taken = hub
                         .caches
                         .mirrors
-                        .get(
-                            &kube::runtime::reflector::ObjectRef::new_with(
-                                &key.name,
-                                argocd_pull_apis::argocd::application_resource(),
-                            )
-                            .within(&cs.name),
-                        )
+                        .get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(&cs.name))
                         .is_some_and(|m| {
                             m.metadata
                                 .annotations
