@@ -252,6 +252,13 @@ impl Cluster {
         Ok(())
     }
 
+    /// Has this cluster's reaper kill `pid`, a process the caller started
+    /// and stops itself, should the caller die first (SIGTERM or SIGKILL
+    /// run no destructor, and a `kill_on_drop` child would outlive it).
+    pub fn adopt(&self, pid: u32) {
+        self.group().adopt(pid);
+    }
+
     /// Kills and forgets the processes called `name`.
     pub(crate) fn stop(&self, name: &str) {
         self.group().stop(name);

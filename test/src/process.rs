@@ -167,6 +167,13 @@ impl Group {
             .unwrap_or_default()
     }
 
+    /// Has the reaper kill `pid` too, a process this group did not start
+    /// (a benchmark's controller, say), should this process die without
+    /// stopping it. Stopping it normally is still the caller's job.
+    pub fn adopt(&mut self, pid: u32) {
+        self.reaper.tell(&pid.to_string());
+    }
+
     /// Kills and forgets the processes named `name` (to restart them).
     pub fn stop(&mut self, name: &str) {
         for p in self.procs.iter_mut().filter(|p| p.name == name) {

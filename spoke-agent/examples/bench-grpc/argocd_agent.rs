@@ -149,6 +149,10 @@ impl ArgocdAgent {
             .kill_on_drop(true)
             .spawn()
             .context("starting argocd-agent's agent")?;
+        if let Some(pid) = agent.id() {
+            // Killed with the spoke's API server if this benchmark is.
+            spoke.adopt(pid);
+        }
         Ok(Self {
             agent_name: agent_name.to_string(),
             principal,

@@ -234,6 +234,8 @@ impl HubProcess {
         let started = Instant::now();
         let child = cmd.spawn().context("starting the hub-controller")?;
         let pid = child.id().context("the hub-controller exited at once")?;
+        // Killed with the hub's API server if this benchmark is.
+        o.hub.adopt(pid);
         Ok(Self {
             child,
             admin,
