@@ -692,7 +692,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     // The change reached the controller and its queue is drained.
     wait::until("a reconcile of the change", TIMEOUT, || async {
         let seen = hub.ctx.caches.apps.state().iter().any(|a| {
-            a.metadata.name.as_deref() == Some("refused")
+            a.identity().name.as_deref() == Some("refused")
                 && a.application().data["spec"]["source"]["path"] == json!("changed")
         });
         match (

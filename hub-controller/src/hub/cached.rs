@@ -22,14 +22,24 @@ use kube::core::NamespaceResourceScope;
 use serde::{Deserialize, Deserializer};
 
 use crate::compact::CompactJson;
+use crate::hub::pairs::Pairs;
 
 /// Its kind is static (`DynamicType = ()`): every key of the caches and
 /// queues (`ObjectRef<CachedApp>`) would otherwise carry its own copy of
 /// the five strings of an `ApiResource`, and the `apiVersion` and `kind`
 /// are not kept per Application either.
+///
+/// Its labels and annotations are kept packed ([`Pairs`]), outside the
+/// metadata that [`kube::Resource::meta`] shows: read them with
+/// [`CachedApp::labels`] and [`CachedApp::annotations`] (these shadow the
+/// `ResourceExt` methods, whose maps here are always empty), or the whole
+/// metadata with [`CachedApp::metadata`].
 #[derive(Clone, Debug)]
 pub struct CachedApp {
-    pub metadata: ObjectMeta,
+    /// Without `labels`, `annotations` and `managedFields`.
+    identity: ObjectMeta,
+    labels: Pairs,
+    annotations: Pairs,
     /// Every field but `apiVersion`, `kind` and `metadata`, as a JSON object.
     body: CompactJson,
 }
@@ -42,9 +52,34 @@ impl CachedApp {
                 api_version: Self::API_VERSION.into(),
                 kind: Self::KIND.into(),
             }),
-            metadata: self.metadata.clone(),
+            metadata: self.metadata(),
             data: self.body.parse().expect("written by `From<Application>`"),
         }
+    }
+
+    /// The whole metadata (but `managedFields`), labels and annotations
+    /// unpacked.
+    pub fn metadata(&self) -> ObjectMeta {
+        ObjectMeta {
+            labels: self.labels.to_map(),
+            annotations: self.annotations.to_map(),
+            ..self.identity.clone()
+        }
+    }
+
+    /// The metadata without labels and annotations (what
+    /// [`kube::Resource::meta`] shows): name, uid, resourceVersion and the
+    /// rest, without unpacking anything.
+    pub fn identity(&self) -> &ObjectMeta {
+        &self.identity
+    }
+
+    pub fn labels(&self) -> &Pairs {
+        &self.labels
+    }
+
+    pub fn annotations(&self) -> &Pairs {
+        &self.annotations
     }
 }
 
@@ -52,7 +87,9 @@ impl From<Application> for CachedApp {
     fn from(mut app: Application) -> Self {
         app.metadata.managed_fields = None;
         Self {
-            metadata: app.metadata,
+            labels: app.metadata.labels.take().unwrap_or_default().into(),
+            annotations: app.metadata.annotations.take().unwrap_or_default().into(),
+            identity: app.metadata,
             body: CompactJson::new(
                 serde_json::to_vec(&app.data).expect("a Value always serializes"),
             ),
@@ -97,11 +134,11 @@ impl kube::Resource for CachedApp {
     }
 
     fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+        &self.identity
     }
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+        &mut self.identity
     }
 }
 
@@ -200,7 +237,11 @@ mod tests {
             "operation": { "sync": {} }
         });
         let cached: CachedApp = serde_json::from_value(wire.clone()).unwrap();
-        assert!(cached.metadata.managed_fields.is_none());
+        assert!(cached.metadata().managed_fields.is_none());
+        // Packed apart from the metadata the reflector and ResourceExt see.
+        assert_eq!(cached.labels().get("l"), Some("1"));
+        assert_eq!(cached.annotations().get("x"), Some("y"));
+        assert!(kube::ResourceExt::labels(&cached).is_empty());
         let mut want: Application = serde_json::from_value(wire).unwrap();
         want.metadata.managed_fields = None;
         let got = cached.application();

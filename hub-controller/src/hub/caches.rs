@@ -151,10 +151,7 @@ pub fn work_owner(work: &impl kube::Resource) -> Option<ObjectRef<CachedApp>> {
 
 /// Whether `app` names `cluster` as its target.
 pub fn targets(app: &CachedApp, cluster: &str) -> bool {
-    app.annotations()
-        .get(keys::MANAGED_CLUSTER)
-        .map(String::as_str)
-        == Some(cluster)
+    app.annotations().get(keys::MANAGED_CLUSTER) == Some(cluster)
 }
 
 /// Applications in `apps` that target `cluster`.

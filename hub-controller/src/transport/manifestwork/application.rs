@@ -54,7 +54,7 @@ pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action,
     if let Some(hub) = &ctx.grpc {
         hub.wait_synced().await;
     }
-    let result = if ctx.writer.behind(&app.metadata) {
+    let result = if ctx.writer.behind(app.identity()) {
         // The cache does not show our last write of this Application yet:
         // deciding now would repeat or undo it. Its echo comes back here.
         ctx.metrics.echo_waits.inc();

@@ -178,10 +178,7 @@ pub async fn sweep_once(
         let Some(owner) = work_owner(work.as_ref()) else {
             continue;
         };
-        let cached = caches
-            .apps
-            .get(&owner)
-            .map(|a| meta_only(a.metadata.clone()));
+        let cached = caches.apps.get(&owner).map(|a| meta_only(a.metadata()));
         if !is_orphan(work.as_ref(), cached.as_ref()) {
             delivering.push(work);
             continue;

@@ -32,7 +32,7 @@ impl Hub {
             .observed
             .entry(key.clone())
             .or_insert_with(|| Observation::Mirrored {
-                version: version.clone(),
+                version: version.to_string(),
             });
     }
 
@@ -51,7 +51,7 @@ impl Hub {
             .get(&ObjectRef::new(&key.name).within(cluster));
         let cached_rv = cached
             .as_ref()
-            .and_then(|m| m.metadata.resource_version.clone());
+            .and_then(|m| m.identity().resource_version.clone());
         if self.writer.written().behind_key(
             &(cluster.to_string(), key.name.clone()),
             cached_rv.as_deref(),
@@ -195,7 +195,7 @@ impl Hub {
 
 /// The mirror work of a mirror seen on the hub.
 pub(super) fn mirror_work(m: &CachedApp) -> Option<Work> {
-    let cluster = m.labels().get(keys::MIRROR_OF)?.clone();
+    let cluster = m.labels().get(keys::MIRROR_OF)?.to_string();
     let (ns, name) = m.annotations().get(keys::MIRROR_SOURCE)?.split_once('/')?;
     Some(Work::Mirror {
         cluster,

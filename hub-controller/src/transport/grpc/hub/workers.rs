@@ -61,7 +61,7 @@ impl Hub {
         let Some(cached) = self.caches.apps.get(&app_ref(r)) else {
             return Ok(());
         };
-        if self.writer.behind(&cached.metadata) {
+        if self.writer.behind(cached.identity()) {
             // Decided again when the echo of our last write arrives.
             return Ok(());
         }
@@ -197,7 +197,7 @@ impl Hub {
                     .apps
                     .state()
                     .iter()
-                    .find(|a| a.metadata.uid.as_deref() == Some(uid.as_str()))
+                    .find(|a| a.identity().uid.as_deref() == Some(uid.as_str()))
                     .map(|a| HubRef::of(a.as_ref()).to_string())
                     .unwrap_or_else(|| {
                         format!("a hub Application that no longer exists (uid {uid})")

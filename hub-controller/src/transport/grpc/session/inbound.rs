@@ -223,11 +223,8 @@ fn on_report(
                         .mirrors
                         .get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(&cs.name))
                         .is_some_and(|m| {
-                            m.metadata
-                                .annotations
-                                .as_ref()
-                                .and_then(|a| a.get(argocd_pull_apis::keys::MIRROR_SOURCE))
-                                != Some(&format!("{}/{}", key.namespace, key.name))
+                            m.annotations().get(argocd_pull_apis::keys::MIRROR_SOURCE)
+                                != Some(format!("{}/{}", key.namespace, key.name).as_str())
                         });
                     let bytes = o.application_json.len() + o.status_json.len();
                     held::check(
