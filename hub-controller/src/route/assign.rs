@@ -45,17 +45,27 @@ impl std::fmt::Display for HubRef {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desired {
     pub hub: HubRef,
-    pub hub_uid: String,
-    /// `<hub uid>.<content hash>`: changes with the content, and names the
-    /// hub Application, so a delete can be addressed even after a restart.
-    pub version: String,
     /// The copy delivered to the agent, compressed.
     pub json: CompactJson,
+    /// Its uid is the hub Application's ([`Desired::hub_uid`]), its
+    /// version the content version ([`Desired::version`]): each kept once.
     pub meta: ObjectMeta,
     /// The hub Application's creationTimestamp, in seconds: when two hub
     /// Applications name the same spoke Application and neither holds it
     /// yet, the older gets it.
     pub created: i64,
+}
+
+impl Desired {
+    pub fn hub_uid(&self) -> &str {
+        &self.meta.uid
+    }
+
+    /// `<hub uid>.<content hash>`: changes with the content, and names the
+    /// hub Application, so a delete can be addressed even after a restart.
+    pub fn version(&self) -> &str {
+        &self.meta.version
+    }
 }
 
 /// The hub uid inside a desired version (see [`Desired::version`]).
@@ -159,14 +169,12 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
     let version = format!("{uid}.{}", content::hash_bytes(&json));
     let desired = Desired {
         hub: HubRef::of(app),
-        hub_uid: uid.clone(),
         meta: ObjectMeta {
             uid,
             resource_version: app.resource_version().unwrap_or_default(),
             generation: app.metadata.generation.unwrap_or_default(),
-            version: version.clone(),
+            version,
         },
-        version,
         json: CompactJson::new(&json),
         created: app
             .metadata
@@ -222,8 +230,8 @@ mod tests {
                     (cluster.as_str(), k, deleting),
                     ("c1", key("team", "guestbook"), false)
                 );
-                assert!(desired.version.starts_with("u-1."));
-                assert_eq!(uid_of_version(&desired.version), Some("u-1"));
+                assert!(desired.version().starts_with("u-1."));
+                assert_eq!(uid_of_version(desired.version()), Some("u-1"));
             }
             other => panic!("{other:?}"),
         }
@@ -275,7 +283,7 @@ mod tests {
     fn the_version_moves_with_the_delivered_content_only() {
         let authz = Authorization::default();
         let v = |a: &Application| match assign(a, &facts(true, &authz, &["c1"])) {
-            Assignment::Deliver { desired, .. } => desired.version.clone(),
+            Assignment::Deliver { desired, .. } => desired.version().to_string(),
             other => panic!("{other:?}"),
         };
         let with_status = app(json!({ "status": { "health": { "status": "Healthy" } },

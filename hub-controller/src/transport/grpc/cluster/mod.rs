@@ -47,7 +47,7 @@ pub enum Item {
 impl PartialEq for Item {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
-            (Item::Upsert(a), Item::Upsert(b)) => a.version == b.version,
+            (Item::Upsert(a), Item::Upsert(b)) => a.version() == b.version(),
             (Item::Delete { hub_uid: a }, Item::Delete { hub_uid: b })
             | (Item::Release { hub_uid: a }, Item::Release { hub_uid: b }) => a == b,
             _ => false,
@@ -207,7 +207,7 @@ impl Inner {
     fn desired_entries(&self) -> Entries {
         self.desired
             .iter()
-            .map(|(k, d)| (k.clone(), d.version.clone()))
+            .map(|(k, d)| (k.clone(), d.version().to_string()))
             .collect()
     }
 
@@ -294,7 +294,7 @@ impl ClusterState {
         if inner
             .desired
             .get(key)
-            .is_none_or(|d| d.version != desired.version)
+            .is_none_or(|d| d.version() != desired.version())
         {
             inner.rejected.remove(key);
         }
@@ -317,7 +317,7 @@ impl ClusterState {
         let mut inner = self.lock();
         if let Some(d) = inner.desired.remove(key) {
             let item = Item::Delete {
-                hub_uid: d.hub_uid.clone(),
+                hub_uid: d.hub_uid().to_string(),
             };
             self.enqueue(&mut inner, key, item);
         }
@@ -328,7 +328,7 @@ impl ClusterState {
         let mut inner = self.lock();
         if let Some(d) = inner.desired.remove(key) {
             let item = Item::Release {
-                hub_uid: d.hub_uid.clone(),
+                hub_uid: d.hub_uid().to_string(),
             };
             self.enqueue(&mut inner, key, item);
         }

@@ -15,10 +15,9 @@ fn desired(name: &str, version: &str) -> Arc<Desired> {
             namespace: "team".into(),
             name: name.into(),
         },
-        hub_uid: format!("uid-{name}"),
-        version: version.into(),
         json: crate::compact::CompactJson::new("{}"),
         meta: ObjectMeta {
+            uid: format!("uid-{name}"),
             version: version.into(),
             ..Default::default()
         },
