@@ -23,10 +23,28 @@ type Slot = (String, ObjectKey);
 #[derive(Default)]
 pub struct Index {
     assign: HashMap<HubRef, Assignment>,
-    /// Sorted: nearly always one Application per slot, and a B-tree set
-    /// takes a node of about 500 bytes even for one.
-    by_slot: HashMap<Slot, Vec<HubRef>>,
-    holder: HashMap<Slot, HubRef>,
+    by_slot: HashMap<Slot, Named>,
+}
+
+/// The Applications that name one slot, sorted, the holder marked: nearly
+/// always one, and a B-tree set takes a node of about 500 bytes even for
+/// one; a second map from slot to holder took another copy of the slot's
+/// strings.
+#[derive(Debug, Default)]
+struct Named(Vec<(HubRef, bool)>);
+
+impl Named {
+    fn find(&self, r: &HubRef) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.cmp(r))
+    }
+
+    fn holder(&self) -> Option<&HubRef> {
+        self.0.iter().find(|(_, holds)| *holds).map(|(r, _)| r)
+    }
+
+    fn refs(&self) -> impl Iterator<Item = &HubRef> {
+        self.0.iter().map(|(r, _)| r)
+    }
 }
 
 /// What the agent of a cluster must have under one key.
@@ -71,8 +89,9 @@ impl Index {
 
     /// The hub Application that delivers (cluster, key).
     pub fn winner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
-        self.holder
+        self.by_slot
             .get(&(cluster.to_string(), key.clone()))
+            .and_then(Named::holder)
             .cloned()
     }
 
@@ -81,7 +100,7 @@ impl Index {
         self.by_slot
             .get(slot)
             .into_iter()
-            .flatten()
+            .flat_map(Named::refs)
             .filter_map(|r| self.assign.get(r).map(|a| (r, a)))
             .collect()
     }
@@ -89,7 +108,7 @@ impl Index {
     pub fn has_slot(&self, cluster: &str, key: &ObjectKey) -> bool {
         self.by_slot
             .get(&(cluster.to_string(), key.clone()))
-            .is_some_and(|s| !s.is_empty())
+            .is_some_and(|s| !s.0.is_empty())
     }
 
     /// Records `a` for `r` (`None`: `r` is gone); returns the slots whose
@@ -104,19 +123,19 @@ impl Index {
         let new_slot = self.assign.get(r).and_then(slot_of);
         if old_slot != new_slot {
             if let Some(s) = &old_slot
-                && let Some(set) = self.by_slot.get_mut(s)
+                && let Some(named) = self.by_slot.get_mut(s)
             {
-                if let Ok(i) = set.binary_search(r) {
-                    set.remove(i);
+                if let Ok(i) = named.find(r) {
+                    named.0.remove(i);
                 }
-                if set.is_empty() {
+                if named.0.is_empty() {
                     self.by_slot.remove(s);
                 }
             }
             if let Some(s) = &new_slot {
-                let set = self.by_slot.entry(s.clone()).or_default();
-                if let Err(i) = set.binary_search(r) {
-                    set.insert(i, r.clone());
+                let named = self.by_slot.entry(s.clone()).or_default();
+                if let Err(i) = named.find(r) {
+                    named.0.insert(i, (r.clone(), false));
                 }
             }
         }
@@ -142,7 +161,7 @@ impl Index {
                     desired,
                     deleting,
                 },
-            ) if old.version == desired.version
+            ) if old.version() == desired.version()
                 && old.meta.generation == desired.meta.generation =>
             {
                 Assignment::Deliver {
@@ -159,27 +178,25 @@ impl Index {
     /// Keeps the holder of `slot` while it still delivers it; otherwise
     /// the oldest Application that delivers it becomes the holder.
     fn elect(&mut self, slot: &Slot) {
-        if let Some(h) = self.holder.get(slot)
-            && self
-                .by_slot
-                .get(slot)
-                .is_some_and(|s| s.binary_search(h).is_ok())
-            && delivers(self.assign.get(h)).is_some()
+        let Some(named) = self.by_slot.get(slot) else {
+            return;
+        };
+        if named
+            .holder()
+            .is_some_and(|h| delivers(self.assign.get(h)).is_some())
         {
             return;
         }
-        let next = self
-            .at(slot)
-            .into_iter()
-            .filter_map(|(r, a)| delivers(Some(a)).map(|d| (d.created, r.clone())))
+        let next = named
+            .0
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (r, _))| delivers(self.assign.get(r)).map(|d| (d.created, r, i)))
             .min()
-            .map(|(_, r)| r);
-        match next {
-            Some(r) => {
-                self.holder.insert(slot.clone(), r);
-            }
-            None => {
-                self.holder.remove(slot);
+            .map(|(_, _, i)| i);
+        if let Some(named) = self.by_slot.get_mut(slot) {
+            for (i, (_, holds)) in named.0.iter_mut().enumerate() {
+                *holds = Some(i) == next;
             }
         }
     }
@@ -189,7 +206,7 @@ impl Index {
     pub fn decide(&self, cluster: &str, key: &ObjectKey) -> (Decision, Vec<HubRef>) {
         let slot = (cluster.to_string(), key.clone());
         let at = self.at(&slot);
-        let holder = self.holder.get(&slot);
+        let holder = self.by_slot.get(&slot).and_then(Named::holder);
         let others: Vec<HubRef> = at
             .iter()
             .map(|(r, _)| (*r).clone())
@@ -201,7 +218,7 @@ impl Index {
                 deleting: true,
                 ..
             }) => Decision::Delete {
-                hub_uid: desired.hub_uid.clone(),
+                hub_uid: desired.hub_uid().to_string(),
             },
             Some(Assignment::Deliver { desired, .. }) => Decision::Deliver(desired.clone()),
             _ if at
@@ -263,10 +280,12 @@ mod tests {
             deleting,
             desired: Arc::new(Desired {
                 hub: r(name),
-                hub_uid: format!("uid-{name}"),
-                version: format!("uid-{name}.h"),
                 json: crate::compact::CompactJson::new("{}"),
-                meta: ObjectMeta::default(),
+                meta: ObjectMeta {
+                    uid: format!("uid-{name}"),
+                    version: format!("uid-{name}.h"),
+                    ..Default::default()
+                },
                 created,
             }),
         }
@@ -429,10 +448,13 @@ mod tests {
         // New content: the new copy.
         let mut changed = deliver("a", 1, false);
         if let Assignment::Deliver { desired, .. } = &mut changed {
-            Arc::make_mut(desired).version = "uid-a.h2".into();
+            Arc::make_mut(desired).meta.version = "uid-a.h2".into();
         }
         i.set(&r("a"), Some(changed));
-        assert_eq!(desired(i.assignment(&r("a")).unwrap()).version, "uid-a.h2");
+        assert_eq!(
+            desired(i.assignment(&r("a")).unwrap()).version(),
+            "uid-a.h2"
+        );
     }
 
     #[test]
