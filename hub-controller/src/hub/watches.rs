@@ -54,6 +54,34 @@ impl Event {
         }
     }
 
+    /// The name of its watch, for the logs.
+    fn watch_name(&self) -> &'static str {
+        [
+            "applications",
+            "mirrors",
+            "placementdecisions",
+            "managedclusters",
+            "managedclusteraddons",
+            "manifestworks",
+            "addondeploymentconfigs",
+        ][self.source()]
+    }
+
+    /// Whether it is one object of a full list.
+    fn is_listed_object(&self) -> bool {
+        use watcher::Event::InitApply;
+        matches!(
+            self,
+            Event::App(InitApply(_))
+                | Event::Mirror(InitApply(_))
+                | Event::Decision(InitApply(_))
+                | Event::Cluster(InitApply(_))
+                | Event::Addon(InitApply(_))
+                | Event::Work(InitApply(_))
+                | Event::Config(InitApply(_))
+        )
+    }
+
     /// Whether it ends a full list of its watch.
     fn ends_list(&self) -> bool {
         use watcher::Event::InitDone;
@@ -217,6 +245,8 @@ impl Watches {
         }
         // Each watch's first full list counts once.
         let mut listed = [false; 7];
+        let mut objects = [0usize; 7];
+        let started = std::time::Instant::now();
         let mut unlisted = streams.len();
         let caches = self.caches;
         let mut events = futures::stream::select_all(streams);
@@ -233,13 +263,24 @@ impl Watches {
                     for c in &consumers {
                         c.event(&event);
                     }
-                    if event.ends_list() && !std::mem::replace(&mut listed[event.source()], true) {
+                    let source = event.source();
+                    if !listed[source] && event.is_listed_object() {
+                        objects[source] += 1;
+                    }
+                    if event.ends_list() && !std::mem::replace(&mut listed[source], true) {
+                        // How long a start takes, and on what (docs/operations.md).
+                        tracing::info!(
+                            watch = event.watch_name(),
+                            objects = objects[source],
+                            after = ?started.elapsed(),
+                            "first list of the hub done"
+                        );
                         unlisted -= 1;
                         if unlisted == 0 {
                             for c in &consumers {
                                 c.synced();
                             }
-                            tracing::info!("hub caches synced");
+                            tracing::info!(after = ?started.elapsed(), "hub caches synced");
                             caches.synced.send_replace(true);
                         }
                     }
