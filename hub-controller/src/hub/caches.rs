@@ -106,6 +106,14 @@ impl Caches {
             .collect()
     }
 
+    /// Whether no work `name` is in `cluster`, as far as the cache knows
+    /// and nothing this process wrote says otherwise.
+    pub fn no_work(&self, cluster: &str, name: &str) -> bool {
+        let cached = self.works.get(&ObjectRef::new(name).within(cluster));
+        let key = (cluster.to_string(), name.to_string());
+        cached.is_none() && !self.written.behind_key(&key, None)
+    }
+
     /// The cached work, unless this process has written a newer one that
     /// the cache does not show yet; `None` in the answer means "read it from
     /// the API server".

@@ -23,6 +23,7 @@ use crate::render::operation::{self, carried_operation};
 use crate::render::work::{
     applied_on_spoke, is_applied, manifest_work, reported_applied, work_name,
 };
+use crate::route::assign::HubRef;
 use crate::route::decide::{Facts, Route, decide};
 use crate::route::target::{Target, target};
 use crate::route::transport::Transport;
@@ -54,7 +55,10 @@ pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action,
     if let Some(hub) = &ctx.grpc {
         hub.wait_synced().await;
     }
-    let result = if ctx.writer.behind(app.identity()) {
+    let result = if ctx.held_by_grpc(&HubRef::of(app.as_ref())) {
+        // Decided by the gRPC transport; a switch away from it comes back.
+        Ok(Action::await_change())
+    } else if ctx.writer.behind(app.identity()) {
         // The cache does not show our last write of this Application yet:
         // deciding now would repeat or undo it. Its echo comes back here.
         ctx.metrics.echo_waits.inc();

@@ -14,10 +14,14 @@ use super::Context;
 use crate::hub::cached::CachedApp;
 use crate::hub::caches;
 use crate::hub::watches::{Consumer, Event};
+use crate::route::assign::HubRef;
 
 impl Consumer for Context {
     fn event(&self, event: &Event) {
         match event {
+            // The gRPC transport's own: its status writes come back here
+            // (a change of transport is told by `Gate::transport_switched`).
+            Event::App(E::Apply(a) | E::InitApply(a)) if self.held_by_grpc(&HubRef::of(a)) => {}
             Event::App(E::Apply(a) | E::InitApply(a)) => {
                 self.trigger(ObjectRef::from_obj(a), "application")
             }
@@ -63,6 +67,22 @@ impl Consumer for Context {
 }
 
 impl Context {
+    /// Whether `app` is the gRPC transport's with no work of ours left to
+    /// hand over: nothing for this side to do. At 100,000 Applications on
+    /// the gRPC transport every start reconciled each of them here (parsed,
+    /// routed, found no work), and every status write came back here too.
+    pub(crate) fn held_by_grpc(&self, r: &HubRef) -> bool {
+        let Some(hub) = &self.grpc else {
+            return false;
+        };
+        hub.grpc_cluster(r).is_some_and(|cluster| {
+            self.caches.no_work(
+                &cluster,
+                &crate::render::work::work_name(&r.namespace, &r.name),
+            )
+        })
+    }
+
     /// Records why the reconcile of `app` that its requeue brings comes.
     pub(crate) fn trigger_later(
         &self,
@@ -122,9 +142,10 @@ impl Gate {
     }
 
     /// `app` moved to or from the gRPC transport: while open, its work is
-    /// delivered or handed over.
-    pub fn transport_switched(&self, app: &crate::route::assign::HubRef) {
-        if self.open.load(std::sync::atomic::Ordering::SeqCst) {
+    /// delivered or handed over (when there is one: every Application
+    /// "moves" to the gRPC transport when its index is first built).
+    pub fn transport_switched(&self, app: &HubRef) {
+        if self.open.load(std::sync::atomic::Ordering::SeqCst) && !self.ctx.held_by_grpc(app) {
             let r = ObjectRef::new(&app.name).within(&app.namespace);
             self.ctx.trigger(r, "transport-switch");
         }

@@ -240,12 +240,13 @@ impl Hub {
         let a = self.assign(&app);
         let ours = |a: Option<&Assignment>| !matches!(a, None | Some(Assignment::NotOurs { .. }));
         let was = ours(self.index.lock().expect("never poisoned").assignment(&r));
-        if was != ours(Some(&a))
-            && let Some(f) = self.on_switch.get()
-        {
+        let switched = was != ours(Some(&a));
+        let slots = self.index.lock().expect("never poisoned").set(&r, Some(a));
+        // Told once the index shows it: the ManifestWork side skips what
+        // the index says is this transport's ([`Hub::grpc_cluster`]).
+        if switched && let Some(f) = self.on_switch.get() {
             f(&r);
         }
-        let slots = self.index.lock().expect("never poisoned").set(&r, Some(a));
         for (cluster, key) in slots {
             self.settle(&cluster, &key);
         }
@@ -281,6 +282,19 @@ impl Hub {
         // The others show the conflict (or its end).
         for r in others {
             self.queue.add(Work::App(r));
+        }
+    }
+
+    /// The cluster the gRPC transport delivers `r` to, or refuses it for;
+    /// `None` when `r` is not this transport's (as far as the index knows:
+    /// a change of transport is told through [`Hub::on_transport_switch`]
+    /// once the index shows it).
+    pub fn grpc_cluster(&self, r: &HubRef) -> Option<String> {
+        match self.index.lock().expect("never poisoned").assignment(r) {
+            Some(Assignment::Deliver { cluster, .. } | Assignment::Refused { cluster, .. }) => {
+                Some(cluster.clone())
+            }
+            Some(Assignment::NotOurs { .. }) | None => None,
         }
     }
 
