@@ -60,9 +60,24 @@ async fn managed_applications_flow_both_ways_and_converge() {
     let mut expected: BTreeMap<String, usize> = [("alpha", 0), ("beta", 1), ("gamma", 0)]
         .map(|(n, i)| (n.to_string(), i))
         .into();
-    wait::until("created on the spokes, status on the hub", TIMEOUT, || {
-        env.converged(&expected)
-    })
+    // Converged alone also holds in the moment before the spokes' Argo CD
+    // gives the new Applications a status (none on either side).
+    wait::until(
+        "created on the spokes, status on the hub",
+        TIMEOUT,
+        || async {
+            env.converged(&expected).await?;
+            for name in expected.keys() {
+                if hub_field(&env, name, "/status/health/status")
+                    .await
+                    .is_none()
+                {
+                    return Err(format!("{name}: no health on the hub yet"));
+                }
+            }
+            Ok(())
+        },
+    )
     .await;
     let delivered = env.spoke_apps(0).get("alpha").await.unwrap();
     assert_eq!(
