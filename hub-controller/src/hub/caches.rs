@@ -109,23 +109,26 @@ impl Caches {
     /// Whether no work `name` is in `cluster`, as far as the cache knows
     /// and nothing this process wrote says otherwise.
     pub fn no_work(&self, cluster: &str, name: &str) -> bool {
-        let cached = self.works.get(&ObjectRef::new(name).within(cluster));
-        let key = (cluster.to_string(), name.to_string());
-        cached.is_none() && !self.written.behind_key(&key, None)
+        matches!(self.cached_work(cluster, name), Some(None))
     }
 
     /// The cached work, unless this process has written a newer one that
     /// the cache does not show yet; `None` in the answer means "read it from
     /// the API server".
     pub fn work(&self, cluster: &str, name: &str) -> Lookup {
+        match self.cached_work(cluster, name) {
+            None => Lookup::Stale,
+            Some(cached) => Lookup::Known(cached.map(|w| Box::new(w.work()))),
+        }
+    }
+
+    /// The cached work, still unparsed; `None` when this process wrote a
+    /// newer one than the cache shows.
+    fn cached_work(&self, cluster: &str, name: &str) -> Option<Option<Arc<CachedWork>>> {
         let cached = self.works.get(&ObjectRef::new(name).within(cluster));
         let cached_rv = cached.as_ref().and_then(|w| w.resource_version());
         let key = (cluster.to_string(), name.to_string());
-        if self.written.behind_key(&key, cached_rv.as_deref()) {
-            Lookup::Stale
-        } else {
-            Lookup::Known(cached.map(|w| Box::new(w.work())))
-        }
+        (!self.written.behind_key(&key, cached_rv.as_deref())).then_some(cached)
     }
 }
 
