@@ -19,9 +19,6 @@ use crate::route::assign::HubRef;
 impl Consumer for Context {
     fn event(&self, event: &Event) {
         match event {
-            // The gRPC transport's own: its status writes come back here
-            // (a change of transport is told by `Gate::transport_switched`).
-            Event::App(E::Apply(a) | E::InitApply(a)) if self.held_by_grpc(&HubRef::of(a)) => {}
             Event::App(E::Apply(a) | E::InitApply(a)) => {
                 self.trigger(ObjectRef::from_obj(a), "application")
             }
@@ -94,8 +91,18 @@ impl Context {
     }
 
     /// Reconciles `app` (soon), recording what asked for it; nothing
-    /// between terms (the next term looks at every Application).
+    /// between terms (the next term looks at every Application), and
+    /// nothing while the gRPC transport holds it (its status writes and
+    /// the index's first build come here too; a switch away from it is
+    /// told by `Gate::transport_switched` once the index shows it).
     pub(crate) fn trigger(&self, app: ObjectRef<CachedApp>, why: &'static str) {
+        let r = HubRef {
+            namespace: app.namespace.clone().unwrap_or_default(),
+            name: app.name.clone(),
+        };
+        if self.held_by_grpc(&r) {
+            return;
+        }
         if let Some(tx) = &*self.triggers.lock().expect("lock") {
             self.queue.triggered(app.clone(), why);
             // Closed only when the term's controller has stopped.
@@ -142,10 +149,9 @@ impl Gate {
     }
 
     /// `app` moved to or from the gRPC transport: while open, its work is
-    /// delivered or handed over (when there is one: every Application
-    /// "moves" to the gRPC transport when its index is first built).
+    /// delivered or handed over.
     pub fn transport_switched(&self, app: &HubRef) {
-        if self.open.load(std::sync::atomic::Ordering::SeqCst) && !self.ctx.held_by_grpc(app) {
+        if self.open.load(std::sync::atomic::Ordering::SeqCst) {
             let r = ObjectRef::new(&app.name).within(&app.namespace);
             self.ctx.trigger(r, "transport-switch");
         }
