@@ -56,46 +56,46 @@ impl Event {
 
     /// The name of its watch, for the logs.
     fn watch_name(&self) -> &'static str {
-        [
-            "applications",
-            "mirrors",
-            "placementdecisions",
-            "managedclusters",
-            "managedclusteraddons",
-            "manifestworks",
-            "addondeploymentconfigs",
-        ][self.source()]
+        WATCH_NAMES[self.source()]
     }
 
-    /// Whether it is one object of a full list.
-    fn is_listed_object(&self) -> bool {
-        use watcher::Event::InitApply;
-        matches!(
-            self,
-            Event::App(InitApply(_))
-                | Event::Mirror(InitApply(_))
-                | Event::Decision(InitApply(_))
-                | Event::Cluster(InitApply(_))
-                | Event::Addon(InitApply(_))
-                | Event::Work(InitApply(_))
-                | Event::Config(InitApply(_))
-        )
+    /// Where it stands in its watch's full list, if in one.
+    fn list_step(&self) -> Option<ListStep> {
+        fn step<K>(e: &watcher::Event<K>) -> Option<ListStep> {
+            match e {
+                watcher::Event::InitApply(_) => Some(ListStep::Object),
+                watcher::Event::InitDone => Some(ListStep::Done),
+                _ => None,
+            }
+        }
+        match self {
+            Event::App(e) | Event::Mirror(e) => step(e),
+            Event::Decision(e) => step(e),
+            Event::Cluster(e) => step(e),
+            Event::Addon(e) => step(e),
+            Event::Work(e) => step(e),
+            Event::Config(e) => step(e),
+        }
     }
+}
 
-    /// Whether it ends a full list of its watch.
-    fn ends_list(&self) -> bool {
-        use watcher::Event::InitDone;
-        matches!(
-            self,
-            Event::App(InitDone)
-                | Event::Mirror(InitDone)
-                | Event::Decision(InitDone)
-                | Event::Cluster(InitDone)
-                | Event::Addon(InitDone)
-                | Event::Work(InitDone)
-                | Event::Config(InitDone)
-        )
-    }
+/// The watches' names, by [`Event::source`].
+const WATCH_NAMES: [&str; 7] = [
+    "applications",
+    "mirrors",
+    "placementdecisions",
+    "managedclusters",
+    "managedclusteraddons",
+    "manifestworks",
+    "addondeploymentconfigs",
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ListStep {
+    /// One object of a full list.
+    Object,
+    /// The end of a full list.
+    Done,
 }
 
 /// A transport fed by the watches. Called on the watches' task, one event
@@ -244,8 +244,8 @@ impl Watches {
             ));
         }
         // Each watch's first full list counts once.
-        let mut listed = [false; 7];
-        let mut objects = [0usize; 7];
+        let mut listed = [false; WATCH_NAMES.len()];
+        let mut objects = [0usize; WATCH_NAMES.len()];
         let started = std::time::Instant::now();
         let mut unlisted = streams.len();
         let caches = self.caches;
@@ -263,11 +263,12 @@ impl Watches {
                     for c in &consumers {
                         c.event(&event);
                     }
-                    let source = event.source();
-                    if !listed[source] && event.is_listed_object() {
+                    let (source, step) = (event.source(), event.list_step());
+                    if !listed[source] && step == Some(ListStep::Object) {
                         objects[source] += 1;
                     }
-                    if event.ends_list() && !std::mem::replace(&mut listed[source], true) {
+                    if step == Some(ListStep::Done) && !std::mem::replace(&mut listed[source], true)
+                    {
                         // How long a start takes, and on what (docs/operations.md).
                         tracing::info!(
                             watch = event.watch_name(),
