@@ -178,12 +178,13 @@ impl Index {
     /// Keeps the holder of `slot` while it still delivers it; otherwise
     /// the oldest Application that delivers it becomes the holder.
     fn elect(&mut self, slot: &Slot) {
-        let Some(named) = self.by_slot.get(slot) else {
+        let assign = &self.assign;
+        let Some(named) = self.by_slot.get_mut(slot) else {
             return;
         };
         if named
             .holder()
-            .is_some_and(|h| delivers(self.assign.get(h)).is_some())
+            .is_some_and(|h| delivers(assign.get(h)).is_some())
         {
             return;
         }
@@ -191,13 +192,11 @@ impl Index {
             .0
             .iter()
             .enumerate()
-            .filter_map(|(i, (r, _))| delivers(self.assign.get(r)).map(|d| (d.created, r, i)))
+            .filter_map(|(i, (r, _))| delivers(assign.get(r)).map(|d| (d.created, r, i)))
             .min()
             .map(|(_, _, i)| i);
-        if let Some(named) = self.by_slot.get_mut(slot) {
-            for (i, (_, holds)) in named.0.iter_mut().enumerate() {
-                *holds = Some(i) == next;
-            }
+        for (i, (_, holds)) in named.0.iter_mut().enumerate() {
+            *holds = Some(i) == next;
         }
     }
 
