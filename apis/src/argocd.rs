@@ -8,14 +8,25 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 
 pub const GROUP: &str = "argoproj.io";
 pub const VERSION: &str = "v1alpha1";
+pub const API_VERSION: &str = "argoproj.io/v1alpha1";
+pub const KIND: &str = "Application";
+pub const PLURAL: &str = "applications";
 
 /// The API resource of `applications.argoproj.io`.
 pub fn application_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(GROUP, VERSION, "Application"),
-        "applications",
-    )
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL)
 }
 
 /// An Application: typed metadata, every other field kept as JSON.
 pub type Application = DynamicObject;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_version_is_the_group_and_version() {
+        assert_eq!(API_VERSION, format!("{GROUP}/{VERSION}"));
+        assert_eq!(application_resource().api_version, API_VERSION);
+    }
+}

@@ -15,7 +15,7 @@
 
 use std::borrow::Cow;
 
-use argocd_pull_apis::argocd::{Application, GROUP, VERSION};
+use argocd_pull_apis::argocd::{API_VERSION, Application, GROUP, KIND, PLURAL, VERSION};
 use argocd_pull_apis::ocm::ManifestWork;
 use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
 use kube::core::NamespaceResourceScope;
@@ -49,8 +49,8 @@ impl CachedApp {
     pub fn application(&self) -> Application {
         DynamicObject {
             types: Some(TypeMeta {
-                api_version: Self::API_VERSION.into(),
-                kind: Self::KIND.into(),
+                api_version: API_VERSION.into(),
+                kind: KIND.into(),
             }),
             metadata: self.metadata(),
             data: self.body.parse().expect("written by `From<Application>`"),
@@ -103,12 +103,6 @@ impl<'de> Deserialize<'de> for CachedApp {
     }
 }
 
-impl CachedApp {
-    const KIND: &'static str = "Application";
-    const API_VERSION: &'static str = "argoproj.io/v1alpha1";
-    const PLURAL: &'static str = "applications";
-}
-
 impl kube::Resource for CachedApp {
     type DynamicType = ();
     type Scope = NamespaceResourceScope;
@@ -122,15 +116,15 @@ impl kube::Resource for CachedApp {
     }
 
     fn kind(_: &()) -> Cow<'_, str> {
-        Self::KIND.into()
+        KIND.into()
     }
 
     fn api_version(_: &()) -> Cow<'_, str> {
-        Self::API_VERSION.into()
+        API_VERSION.into()
     }
 
     fn plural(_: &()) -> Cow<'_, str> {
-        Self::PLURAL.into()
+        PLURAL.into()
     }
 
     fn meta(&self) -> &ObjectMeta {
