@@ -43,7 +43,8 @@ enum Cmd {
         /// Name of the hub cluster (gets the OCM hub and Argo CD CRDs).
         #[arg(long, default_value = "hub")]
         hub: String,
-        /// Names of the managed clusters (get the klusterlet and Argo CD CRDs).
+        /// Names of the managed clusters (get the klusterlet and Argo CD
+        /// CRDs); `--managed=` for none.
         #[arg(
             long = "managed",
             value_delimiter = ',',
@@ -132,6 +133,17 @@ async fn up(
     managed: Vec<String>,
     ocm: Option<JoinOptions>,
 ) -> Result<()> {
+    // `--managed=` gives one empty name: no managed cluster. Every name
+    // becomes a folder under `dir`, so an empty or dotted one would land on
+    // `dir` itself or outside it (and be emptied with it).
+    let managed: Vec<String> = managed.into_iter().filter(|n| !n.is_empty()).collect();
+    for name in std::iter::once(&hub).chain(&managed) {
+        if !is_cluster_name(name) {
+            bail!(
+                "cluster name {name:?}: use lower-case letters, digits and '-', starting and ending with a letter or digit (at most 63)"
+            );
+        }
+    }
     let pid_file = claim(&dir)?;
 
     // One after another: on two cores starting API servers in parallel is
@@ -206,6 +218,18 @@ async fn up(
 }
 
 /// Makes `dir` this process's (its pid file), unless another one runs there.
+/// A DNS-1123 label, as Kubernetes names a cluster.
+fn is_cluster_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-';
+    let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(inner)
+        && b.first().is_some_and(edge)
+        && b.last().is_some_and(edge)
+}
+
 fn claim(dir: &std::path::Path) -> Result<PathBuf> {
     let pid_file = dir.join("testenv.pid");
     if let Ok(pid) = std::fs::read_to_string(&pid_file)
@@ -259,5 +283,20 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_cluster_name;
+
+    #[test]
+    fn cluster_names_are_dns_labels() {
+        for good in ["hub", "cluster1", "a", "c-0", &"x".repeat(63)] {
+            assert!(is_cluster_name(good), "{good}");
+        }
+        for bad in ["", ".", "..", "../x", "Hub", "-a", "a-", "a_b", "a.b", &"x".repeat(64)] {
+            assert!(!is_cluster_name(bad), "{bad}");
+        }
     }
 }
