@@ -30,7 +30,19 @@ use crate::{AgentConfig, Mode};
 
 /// Readiness check that is true while a stream to the hub is open.
 pub const HUB_CONNECTED: &str = "hub-connected";
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the agent waits for its connection (TCP, TLS, HTTP/2). A hub
+/// takes its TLS handshakes at a rate (`--grpc-max-handshake-rate`, 500 a
+/// second): when a whole fleet dials at once, a connection waits up to
+/// about 8 s in the hub's accept queue before its turn.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the agent waits for the hub's Welcome. A hub welcomes agents
+/// only once it has read all of its Applications, which takes a hub with
+/// 100,000 of them 20 to 40 s after a start (docs/benchmarks.md): an agent
+/// that gave up sooner would go back to the end of the queue of TLS
+/// handshakes, and the fleet would spend the hub's start handshaking
+/// again and again. The connection's HTTP/2 keepalive still ends a wait on
+/// a hub that is gone.
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(120);
 /// A connection that lasted this long was healthy: back off from the start.
 const HEALTHY: Duration = Duration::from_secs(30);
 const BATCH: usize = 64;
@@ -361,7 +373,17 @@ pub async fn open(address: &str, tls: ClientTlsConfig, mode: AgentMode) -> Resul
         .http2_keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true);
-    let channel = endpoint.connect().await.map_err(|e| error_chain(&e))?;
+    // `connect_timeout` bounds the TCP connect only; a hub that paces its
+    // TLS handshakes leaves the connection in its accept queue meanwhile.
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+        .await
+        .map_err(|_| {
+            format!(
+                "no TLS handshake with the hub within {}s",
+                CONNECT_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|e| error_chain(&e))?;
     let mut client = TransportClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -377,8 +399,13 @@ pub async fn open(address: &str, tls: ClientTlsConfig, mode: AgentMode) -> Resul
         .await
         .map_err(|status| status_text(&status))?
         .into_inner();
-    let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.message()).await {
-        Err(_) => return Err("no Welcome from the hub within 30s".into()),
+    let welcome = match tokio::time::timeout(WELCOME_TIMEOUT, inbound.message()).await {
+        Err(_) => {
+            return Err(format!(
+                "no Welcome from the hub within {}s",
+                WELCOME_TIMEOUT.as_secs()
+            ));
+        }
         Ok(Err(status)) => return Err(status_text(&status)),
         Ok(Ok(None)) => return Err("the hub closed the stream during the handshake".into()),
         Ok(Ok(Some(HubMessage {
