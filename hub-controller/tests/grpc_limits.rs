@@ -490,3 +490,32 @@ async fn connections_beyond_the_cap_are_closed_and_a_place_freed_is_taken_again(
         "the cap is logged:\n{log}"
     );
 }
+
+/// A fleet that dials at once after a hub restart: connections over
+/// `--grpc-max-handshake-rate` wait their turn in the accept queue instead
+/// of being closed (each closed agent backs off further, up to 30 s).
+#[tokio::test]
+async fn handshakes_over_the_rate_wait_their_turn() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&["--grpc-max-handshake-rate=4"]).await;
+    let (address, ca) = (env.hub_address(), env.ca.pem.cert_pem.clone());
+    let identity = env.ca.client(&agent_subject("cluster1"), None).unwrap();
+    // Three times the burst, all at once.
+    let dials: Vec<_> = (0..12)
+        .map(|_| {
+            let (address, ca, identity) = (address.clone(), ca.clone(), identity.clone());
+            tokio::spawn(async move { grpc_client::channel(&address, &ca, &identity, None).await })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for d in dials {
+        held.push(d.await.unwrap().expect("a connection over the rate is served in its turn"));
+    }
+    let m = env.hub_process.as_ref().unwrap().metrics().await;
+    assert!(
+        value(&m, "argocd_pull_hub_grpc_handshakes_paced_total") >= 6.0,
+        "{m}"
+    );
+    assert_eq!(value(&m, "argocd_pull_hub_grpc_handshakes_dropped_total"), 0.0, "{m}");
+    assert_eq!(value(&m, "argocd_pull_hub_grpc_connections_open"), 12.0, "{m}");
+}

@@ -50,9 +50,10 @@ pub struct GrpcMetrics {
     pub control_queue: Family<ClusterLabel, Gauge>,
     pub handshakes_in_flight: Gauge,
     /// Connections closed before their TLS handshake because
-    /// `--grpc-max-handshakes` were already in flight or
-    /// `--grpc-max-handshake-rate` was reached.
+    /// `--grpc-max-handshakes` were already in flight.
     pub handshakes_dropped: Counter,
+    /// Accepts that waited for `--grpc-max-handshake-rate`.
+    pub handshakes_paced: Counter,
     pub connections_open: Gauge,
     pub connections_dropped: Counter,
     /// Entries of the deny list of client certificates in force.
@@ -115,8 +116,13 @@ impl GrpcMetrics {
         );
         r.register(
             "handshakes_dropped",
-            "Connections closed unanswered because --grpc-max-handshakes were under way or --grpc-max-handshake-rate was reached",
+            "Connections closed unanswered because --grpc-max-handshakes were under way",
             m.handshakes_dropped.clone(),
+        );
+        r.register(
+            "handshakes_paced",
+            "Connections left waiting in the accept queue for their turn under --grpc-max-handshake-rate",
+            m.handshakes_paced.clone(),
         );
         r.register(
             "connections_open",

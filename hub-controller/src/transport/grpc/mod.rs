@@ -371,8 +371,7 @@ pub async fn start(
         config.identities.clone(),
         hub.metrics.clone(),
     )?);
-    let listener = tokio::net::TcpListener::bind(config.addr)
-        .await
+    let listener = listen(config.addr)
         .map_err(|e| anyhow::anyhow!("cannot listen on gRPC address {}: {e}", config.addr))?;
     tracing::info!(addr = %listener.local_addr()?, "gRPC transport listening");
 
@@ -411,6 +410,24 @@ pub async fn start(
         let _ = workers.await;
         tracing::info!("gRPC transport stopped");
     }))
+}
+
+/// Connections that may wait to be accepted (the kernel caps it at
+/// `net.core.somaxconn`, 4096 on current kernels): the handshake rate
+/// leaves the rest of a reconnecting fleet there (see [`tls::incoming`]),
+/// eight seconds of it at the default rate.
+const ACCEPT_QUEUE: u32 = 4096;
+
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind`: a restarted hub takes its port back at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_QUEUE)
 }
 
 async fn wait_for(mut rx: watch::Receiver<bool>) {

@@ -273,9 +273,16 @@ impl Acceptor {
 /// Accepts TCP connections and completes their TLS handshakes in parallel,
 /// at most `limits.max_in_flight` at once, yielding only the streams that
 /// finished one; failures are logged (by the verifier when the certificate
-/// is the problem). A connection beyond the limit is closed at once: it
+/// is the problem). A connection beyond that limit is closed at once: it
 /// costs one accept and no cryptography, and its client backs off and
 /// dials again.
+///
+/// The rate (`limits.max_rate` a second) paces the accepts instead: beyond
+/// it a connection waits in the kernel's accept queue, unanswered and at no
+/// cost to the hub, until its turn. A fleet that lost its hub dials again
+/// all at once; closing what is over the rate made each agent's backoff
+/// grow at every refusal (up to its 30 s cap), and the last agents came
+/// back long after the hub could take them.
 pub fn incoming(
     listener: TcpListener,
     acceptor: Arc<Acceptor>,
@@ -295,6 +302,15 @@ pub fn incoming(
         let mut last_full: Option<Instant> = None;
         let mut last_rate: Option<Instant> = None;
         loop {
+            let wait = rate.take(tokio::time::Instant::now());
+            if !wait.is_zero() {
+                metrics.handshakes_paced.inc();
+                if last_rate.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    last_rate = Some(Instant::now());
+                    tracing::info!(max = limits.max_rate, "more TLS handshakes a second than allowed; new connections wait their turn (--grpc-max-handshake-rate)");
+                }
+                tokio::time::sleep(wait).await;
+            }
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -316,15 +332,6 @@ pub fn incoming(
                 continue;
             };
             let place = Place::new(place, metrics.connections_open.clone());
-            if !rate.try_take(tokio::time::Instant::now()) {
-                metrics.handshakes_dropped.inc();
-                if last_rate.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                    last_rate = Some(Instant::now());
-                    tracing::warn!(%peer, max = limits.max_rate, "more TLS handshakes a second than allowed; closing new connections until the rate drops (--grpc-max-handshake-rate)");
-                }
-                drop(tcp);
-                continue;
-            }
             let Ok(permit) = permits.clone().try_acquire_owned() else {
                 metrics.handshakes_dropped.inc();
                 if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
