@@ -221,10 +221,18 @@ impl Hub {
     }
 
     fn reassign_where(&self, filter: impl Fn(&CachedApp) -> bool) {
-        for app in self.caches.apps.state() {
-            if filter(&app) {
-                self.reassign(&app);
-            }
+        let apps: Vec<Arc<CachedApp>> = self
+            .caches
+            .apps
+            .state()
+            .into_iter()
+            .filter(|a| filter(a))
+            .collect();
+        // Parsing and routing are pure, and most of the index build at a
+        // start (100,000 Applications: several seconds before any agent is
+        // welcomed): on every core. The index takes the results in turn.
+        for (r, a) in parallel_map(&apps, |app| self.route(app)) {
+            self.apply(r, a);
         }
     }
 
@@ -235,9 +243,18 @@ impl Hub {
     }
 
     fn reassign(&self, cached: &CachedApp) {
+        let (r, a) = self.route(cached);
+        self.apply(r, a);
+    }
+
+    /// Where `cached` goes (pure: reads the caches, changes nothing).
+    fn route(&self, cached: &CachedApp) -> (HubRef, Assignment) {
         let app = cached.application();
-        let r = HubRef::of(&app);
-        let a = self.assign(&app);
+        (HubRef::of(&app), self.assign(&app))
+    }
+
+    /// Puts `a` in the index and settles the keys it touches.
+    fn apply(&self, r: HubRef, a: Assignment) {
         let ours = |a: Option<&Assignment>| !matches!(a, None | Some(Assignment::NotOurs { .. }));
         let was = ours(self.index.lock().expect("never poisoned").assignment(&r));
         let switched = was != ours(Some(&a));
@@ -330,5 +347,45 @@ impl Consumer for Hub {
         self.reassign_all();
         tracing::info!("gRPC transport: index built from the hub's caches");
         self.synced.send_replace(true);
+    }
+}
+
+/// `f` over `items` on up to as many threads as there are cores, the
+/// results in the order of `items`. The calling thread takes a share too.
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Below this a thread costs more than it saves.
+    const MIN_PER_THREAD: usize = 512;
+    let threads = threads.min(items.len() / MIN_PER_THREAD).max(1);
+    if threads == 1 {
+        return items.iter().map(&f).collect();
+    }
+    let per = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let mut chunks = items.chunks(per);
+        let first = chunks.next().unwrap_or_default();
+        let others: Vec<_> = chunks
+            .map(|c| scope.spawn(move || c.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        let mut out: Vec<R> = first.iter().map(f).collect();
+        for h in others {
+            out.extend(h.join().expect("routing does not panic"));
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parallel_map;
+
+    #[test]
+    fn parallel_map_keeps_every_item_in_order() {
+        for n in [0, 1, 511, 512, 1024, 5000] {
+            let items: Vec<usize> = (0..n).collect();
+            let out = parallel_map(&items, |i| i * 2);
+            assert_eq!(out, items.iter().map(|i| i * 2).collect::<Vec<_>>(), "n = {n}");
+        }
     }
 }
