@@ -509,13 +509,25 @@ async fn handshakes_over_the_rate_wait_their_turn() {
         .collect();
     let mut held = Vec::new();
     for d in dials {
-        held.push(d.await.unwrap().expect("a connection over the rate is served in its turn"));
+        held.push(
+            d.await
+                .unwrap()
+                .expect("a connection over the rate is served in its turn"),
+        );
     }
     let m = env.hub_process.as_ref().unwrap().metrics().await;
     assert!(
         value(&m, "argocd_pull_hub_grpc_handshakes_paced_total") >= 6.0,
         "{m}"
     );
-    assert_eq!(value(&m, "argocd_pull_hub_grpc_handshakes_dropped_total"), 0.0, "{m}");
-    assert_eq!(value(&m, "argocd_pull_hub_grpc_connections_open"), 12.0, "{m}");
+    assert_eq!(
+        value(&m, "argocd_pull_hub_grpc_handshakes_dropped_total"),
+        0.0,
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, "argocd_pull_hub_grpc_connections_open"),
+        12.0,
+        "{m}"
+    );
 }

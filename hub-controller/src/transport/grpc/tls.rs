@@ -307,7 +307,10 @@ pub fn incoming(
                 metrics.handshakes_paced.inc();
                 if last_rate.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     last_rate = Some(Instant::now());
-                    tracing::info!(max = limits.max_rate, "more TLS handshakes a second than allowed; new connections wait their turn (--grpc-max-handshake-rate)");
+                    tracing::info!(
+                        max = limits.max_rate,
+                        "more TLS handshakes a second than allowed; new connections wait their turn (--grpc-max-handshake-rate)"
+                    );
                 }
                 tokio::time::sleep(wait).await;
             }

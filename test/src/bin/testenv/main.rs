@@ -295,7 +295,18 @@ mod tests {
         for good in ["hub", "cluster1", "a", "c-0", &"x".repeat(63)] {
             assert!(is_cluster_name(good), "{good}");
         }
-        for bad in ["", ".", "..", "../x", "Hub", "-a", "a-", "a_b", "a.b", &"x".repeat(64)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "Hub",
+            "-a",
+            "a-",
+            "a_b",
+            "a.b",
+            &"x".repeat(64),
+        ] {
             assert!(!is_cluster_name(bad), "{bad}");
         }
     }

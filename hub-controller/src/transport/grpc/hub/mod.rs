@@ -385,7 +385,11 @@ mod tests {
         for n in [0, 1, 511, 512, 1024, 5000] {
             let items: Vec<usize> = (0..n).collect();
             let out = parallel_map(&items, |i| i * 2);
-            assert_eq!(out, items.iter().map(|i| i * 2).collect::<Vec<_>>(), "n = {n}");
+            assert_eq!(
+                out,
+                items.iter().map(|i| i * 2).collect::<Vec<_>>(),
+                "n = {n}"
+            );
         }
     }
 }
