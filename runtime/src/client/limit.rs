@@ -77,18 +77,6 @@ impl Bucket {
             Duration::from_secs_f64(-self.tokens / self.qps)
         }
     }
-
-    /// Takes a token if one is there now; takes nothing otherwise (for a
-    /// caller that turns the work away rather than wait).
-    pub fn try_take(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 /// The limits in force for one client.
@@ -238,17 +226,6 @@ mod tests {
             assert_eq!(b.take(later), Duration::ZERO);
         }
         assert!(b.take(later) > Duration::ZERO);
-    }
-
-    #[test]
-    fn try_take_turns_away_without_borrowing_ahead() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(10.0, 2, t0);
-        assert!(b.try_take(t0) && b.try_take(t0));
-        assert!(!b.try_take(t0));
-        assert!(!b.try_take(t0), "a refusal takes nothing, so it never owes");
-        assert!(b.try_take(t0 + Duration::from_millis(100)));
-        assert!(!b.try_take(t0 + Duration::from_millis(100)));
     }
 
     #[test]

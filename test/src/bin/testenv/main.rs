@@ -217,7 +217,6 @@ async fn up(
     Ok(())
 }
 
-/// Makes `dir` this process's (its pid file), unless another one runs there.
 /// A DNS-1123 label, as Kubernetes names a cluster.
 fn is_cluster_name(name: &str) -> bool {
     let b = name.as_bytes();
@@ -230,6 +229,7 @@ fn is_cluster_name(name: &str) -> bool {
         && b.last().is_some_and(edge)
 }
 
+/// Makes `dir` this process's (its pid file), unless another one runs there.
 fn claim(dir: &std::path::Path) -> Result<PathBuf> {
     let pid_file = dir.join("testenv.pid");
     if let Ok(pid) = std::fs::read_to_string(&pid_file)
