@@ -19,6 +19,27 @@ pub fn secret_name(cluster: &str) -> String {
     format!("{cluster}-cluster-secret")
 }
 
+/// Keeps of `cluster` only what [`cluster_secret`] reads: its metadata
+/// (without managedFields, labels and annotations) and its clients' URLs.
+/// The cache of every ManagedCluster held the rest for nothing: OCM's
+/// status (conditions, capacity, claims, version) and each client
+/// config's CA bundle, about 1.5 KiB a cluster, 15 MiB at 10,000.
+pub fn slim(cluster: &mut ManagedCluster) {
+    cluster.status = None;
+    let meta = &mut cluster.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.annotations = None;
+    for c in cluster
+        .spec
+        .managed_cluster_client_configs
+        .iter_mut()
+        .flatten()
+    {
+        c.ca_bundle = None;
+    }
+}
+
 /// The cluster Secret for `cluster`, owned by it so that it goes when the
 /// cluster is removed from OCM.
 pub fn cluster_secret(cluster: &ManagedCluster, argocd_namespace: &str) -> Secret {
@@ -98,5 +119,31 @@ mod tests {
             s.string_data.unwrap()["server"],
             "https://api.c1.example:6443"
         );
+    }
+
+    #[test]
+    fn a_slimmed_cluster_makes_the_same_secret() {
+        let mut full: ManagedCluster = serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+            "metadata": {
+                "name": "cluster1", "uid": "u-1", "generation": 3,
+                "labels": { "env": "prod" }, "annotations": { "a": "b" },
+                "managedFields": [{ "manager": "registration", "operation": "Update" }]
+            },
+            "spec": { "hubAcceptsClient": true, "managedClusterClientConfigs": [
+                { "url": "https://api.c1.example:6443", "caBundle": "LS0tLS1CRUdJTg==" }
+            ] },
+            "status": { "conditions": [], "version": { "kubernetes": "v1.35.0" } }
+        }))
+        .unwrap();
+        let before = cluster_secret(&full, "argocd");
+        slim(&mut full);
+        assert_eq!(cluster_secret(&full, "argocd"), before);
+        assert!(full.status.is_none());
+        assert_eq!(full.metadata.generation, Some(3), "the watch filters on it");
+        assert!(full.metadata.managed_fields.is_none() && full.metadata.annotations.is_none());
+        let configs = full.spec.managed_cluster_client_configs.unwrap();
+        assert_eq!(configs[0].ca_bundle, None);
+        assert_eq!(configs[0].url, "https://api.c1.example:6443");
     }
 }

@@ -24,7 +24,7 @@ use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, ResourceExt};
 
 use super::WORK_MANAGER;
-use crate::render::cluster_secret::cluster_secret;
+use crate::render::cluster_secret::{cluster_secret, slim};
 
 /// How often each cluster's Secret is applied again.
 pub const RESTORE_EVERY: Duration = Duration::from_secs(600);
@@ -93,6 +93,7 @@ pub async fn run(
     let (reader, writer) = reflector::store();
     let changed = watcher(clusters, watcher::Config::default())
         .default_backoff()
+        .modify(slim)
         .reflect(writer)
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
