@@ -170,7 +170,10 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
 
 /// Whether `s` is a namespace name the API server accepts: an RFC 1123
 /// label (lower-case letters, digits and `-`, starting and ending with a
-/// letter or digit, at most 63 characters).
+/// letter or digit, at most 63 characters). The wire contract keeps its
+/// own check, free of the Kubernetes crates; code on the Kubernetes side
+/// uses `argocd_pull_apis::names::dns_label`, which also says what is
+/// wrong.
 pub fn is_namespace(s: &str) -> bool {
     s.len() <= MAX_NAMESPACE_LEN && is_label(s)
 }

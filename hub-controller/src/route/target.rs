@@ -4,6 +4,7 @@
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
+use argocd_pull_apis::names::dns_label;
 
 /// Where an Application goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,26 +79,6 @@ pub fn target(app: &Application) -> Result<Target, TargetError> {
         cluster: cluster.to_string(),
         app_namespace: app_namespace.to_string(),
     })
-}
-
-/// RFC 1123 label, as Kubernetes requires of namespace (and so cluster) names.
-pub fn dns_label(value: &str) -> Result<(), String> {
-    if value.len() > 63 {
-        return Err(format!("{} characters, at most 63 allowed", value.len()));
-    }
-    let ok_chars = value
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    let ok_ends = value.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && value.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok_chars && ok_ends {
-        Ok(())
-    } else {
-        Err(
-            "use lower-case letters, digits and '-', starting and ending with a letter or digit"
-                .into(),
-        )
-    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use argocd_pull_apis::keys;
+use argocd_pull_apis::names::dns_label;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 /// One subject pattern.
@@ -56,7 +57,7 @@ fn matches(parts: &[Part], rest: &str, captured: &mut Option<String>) -> bool {
             let limit = rest.find(':').unwrap_or(rest.len());
             for end in (0..=limit).rev() {
                 let (head, tail) = rest.split_at(end);
-                if matches!(first, Part::Cluster) && !is_dns_label(head) {
+                if matches!(first, Part::Cluster) && dns_label(head).is_err() {
                     continue;
                 }
                 if matches(more, tail, captured) {
@@ -69,10 +70,6 @@ fn matches(parts: &[Part], rest: &str, captured: &mut Option<String>) -> bool {
             false
         }
     }
-}
-
-fn is_dns_label(s: &str) -> bool {
-    crate::route::target::dns_label(s).is_ok() && !s.is_empty()
 }
 
 impl FromStr for Pattern {

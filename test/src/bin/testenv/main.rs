@@ -138,10 +138,8 @@ async fn up(
     // `dir` itself or outside it (and be emptied with it).
     let managed: Vec<String> = managed.into_iter().filter(|n| !n.is_empty()).collect();
     for name in std::iter::once(&hub).chain(&managed) {
-        if !is_cluster_name(name) {
-            bail!(
-                "cluster name {name:?}: use lower-case letters, digits and '-', starting and ending with a letter or digit (at most 63)"
-            );
+        if let Err(why) = argocd_pull_apis::names::dns_label(name) {
+            bail!("cluster name {name:?}: {why}");
         }
     }
     let pid_file = claim(&dir)?;
@@ -217,18 +215,6 @@ async fn up(
     Ok(())
 }
 
-/// A DNS-1123 label, as Kubernetes names a cluster.
-fn is_cluster_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-';
-    let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(inner)
-        && b.first().is_some_and(edge)
-        && b.last().is_some_and(edge)
-}
-
 /// Makes `dir` this process's (its pid file), unless another one runs there.
 fn claim(dir: &std::path::Path) -> Result<PathBuf> {
     let pid_file = dir.join("testenv.pid");
@@ -283,31 +269,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_cluster_name;
-
-    #[test]
-    fn cluster_names_are_dns_labels() {
-        for good in ["hub", "cluster1", "a", "c-0", &"x".repeat(63)] {
-            assert!(is_cluster_name(good), "{good}");
-        }
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../x",
-            "Hub",
-            "-a",
-            "a-",
-            "a_b",
-            "a.b",
-            &"x".repeat(64),
-        ] {
-            assert!(!is_cluster_name(bad), "{bad}");
-        }
     }
 }
