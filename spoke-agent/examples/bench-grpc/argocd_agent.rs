@@ -79,7 +79,8 @@ fn log_file(path: &Path) -> Result<std::fs::File> {
 
 /// A redis server on 127.0.0.1, for the agents' cluster caches (they keep
 /// a client of Argo CD's redis); `None` when `redis-server` is not built.
-pub fn start_redis() -> Result<(Option<tokio::process::Child>, SocketAddr)> {
+/// Killed with `owner`'s API server if this benchmark is.
+pub fn start_redis(owner: &Cluster) -> Result<(Option<tokio::process::Child>, SocketAddr)> {
     let redis_bin = paths::bin_dir().join("redis-server");
     let redis_addr = net::free_addr()?;
     if !redis_bin.is_file() {
@@ -92,6 +93,9 @@ pub fn start_redis() -> Result<(Option<tokio::process::Child>, SocketAddr)> {
         .kill_on_drop(true)
         .spawn()
         .context("starting redis-server")?;
+    if let Some(pid) = child.id() {
+        owner.adopt(pid);
+    }
     Ok((Some(child), redis_addr))
 }
 
@@ -116,7 +120,7 @@ impl ArgocdAgent {
         hub.ensure_namespace(agent_name).await?;
         spoke.ensure_namespace(AGENT_SPOKE_NS).await?;
         let grpc = low_port()?;
-        let (redis, redis_addr) = start_redis()?;
+        let (redis, redis_addr) = start_redis(hub)?;
         let agent_tls = pki.agent_files(&format!("argocd-agent-{agent_name}"), agent_name)?;
         let principal =
             Principal::start(bin, hub, pki, grpc, "argocd-agent-principal.log", "info")?;
@@ -161,9 +165,9 @@ impl ArgocdAgent {
         })
     }
 
-    /// Starts the principal again; returns at once.
-    pub fn start_principal(&mut self) -> Result<()> {
-        self.principal.restart()
+    /// Starts the principal on `hub` again; returns at once.
+    pub fn start_principal(&mut self, hub: &Cluster) -> Result<()> {
+        self.principal.restart(hub)
     }
 
     /// When the principal was last started.
@@ -200,7 +204,7 @@ impl Principal {
             child: None,
             started: Instant::now(),
         };
-        this.restart()?;
+        this.restart(hub)?;
         Ok(this)
     }
 
@@ -209,8 +213,9 @@ impl Principal {
         self.child.as_ref()?.id()
     }
 
-    /// Starts it (again); returns at once.
-    pub fn restart(&mut self) -> Result<()> {
+    /// Starts it (again) on `hub`, whose reaper kills it should this
+    /// benchmark die first; returns at once.
+    pub fn restart(&mut self, hub: &Cluster) -> Result<()> {
         let (crt, key, ca) = &self.tls;
         let child = tokio::process::Command::new(&self.bin)
             .arg("principal")
@@ -245,6 +250,9 @@ impl Principal {
             .kill_on_drop(true)
             .spawn()
             .context("starting argocd-agent's principal")?;
+        if let Some(pid) = child.id() {
+            hub.adopt(pid);
+        }
         self.child = Some(child);
         self.started = Instant::now();
         Ok(())

@@ -108,7 +108,7 @@ impl Running<'_> {
     }
 
     /// SIGKILL, then start again; returns the moment of the new start.
-    async fn restart_hub(&mut self) -> Result<Instant> {
+    async fn restart_hub(&mut self, hub_cluster: &Cluster) -> Result<Instant> {
         match self {
             Running::Ours { hub, options, .. } => {
                 hub.kill().await?;
@@ -117,7 +117,7 @@ impl Running<'_> {
             }
             Running::Peer(p) => {
                 p.kill_principal().await?;
-                p.start_principal()?;
+                p.start_principal(hub_cluster)?;
                 Ok(p.principal_started())
             }
         }
@@ -362,7 +362,7 @@ async fn one_side(
         }
 
         // Recovery after the hub side is killed and started again.
-        let restarted = running.restart_hub().await?;
+        let restarted = running.restart_hub(hub).await?;
         let rev = "after-restart";
         hub_apps
             .patch(

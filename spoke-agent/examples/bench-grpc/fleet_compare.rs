@@ -352,7 +352,7 @@ async fn peer_run(
                     .and_then(|s| s.as_str())
                     == Some(peer_message(&ns, &name).as_str())
         });
-    let (_redis, redis_addr) = start_redis()?;
+    let (_redis, redis_addr) = start_redis(&hub)?;
     let logs = logs_dir()?;
     let grpc = low_port()?;
 
@@ -384,6 +384,8 @@ async fn peer_run(
         .spawn()
         .context("starting argocd-agent-fleet")?;
     let loadgen_pid = loadgen.id().context("argocd-agent-fleet exited at once")?;
+    // Killed with the hub's API server if this benchmark is.
+    hub.adopt(loadgen_pid);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let lines = tokio::io::BufReader::new(loadgen.stdout.take().context("its stdout")?).lines();
     tokio::spawn(read_progress(lines, seen.clone(), n));
@@ -454,7 +456,7 @@ async fn peer_run(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let writes_before = copies.lock().expect("never poisoned").writes;
-    principal.restart()?;
+    principal.restart(&hub)?;
     let epoch = Instant::from_std(principal.started);
     if !watch
         .until(
