@@ -133,7 +133,12 @@ impl Index {
                 }
             }
             if let Some(s) = &new_slot {
-                let named = self.by_slot.entry(s.clone()).or_default();
+                // Room for one: nearly every slot has one Application, and
+                // a first push makes room for four (168 bytes more each).
+                let named = self
+                    .by_slot
+                    .entry(s.clone())
+                    .or_insert_with(|| Named(Vec::with_capacity(1)));
                 if let Err(i) = named.find(r) {
                     named.0.insert(i, (r.clone(), false));
                 }
