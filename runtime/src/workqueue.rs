@@ -6,6 +6,11 @@
 //! it is processed again afterwards); different keys are processed in
 //! parallel by as many workers as the caller runs. Memory is bounded by the
 //! number of distinct keys: nothing is ever dropped.
+//!
+//! A key added with [`WorkQueue::add_first`] waits in a second lane, served
+//! in turn with the first: work that finishes something under way (the
+//! second step of a two-step status write) does not wait behind every new
+//! key, and cannot starve them either.
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::Hash;
@@ -16,9 +21,17 @@ use tokio::sync::Notify;
 
 struct State<K> {
     queue: VecDeque<K>,
-    /// Keys waiting in `queue`, or added again while being processed.
+    /// The second lane ([`WorkQueue::add_first`]).
+    first: VecDeque<K>,
+    /// Whether the next key comes from `first` when both lanes wait.
+    first_turn: bool,
+    /// Keys waiting in `queue` or `first`, or added again while being
+    /// processed.
     dirty: HashSet<K>,
     processing: HashSet<K>,
+    /// Keys added with `add_first` while being processed: `done` puts them
+    /// in `first`.
+    first_after_done: HashSet<K>,
     closed: bool,
 }
 
@@ -48,8 +61,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         Self {
             state: Arc::new(Mutex::new(State {
                 queue: VecDeque::new(),
+                first: VecDeque::new(),
+                first_turn: true,
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
+                first_after_done: HashSet::new(),
                 closed: false,
             })),
             notify: Arc::new(Notify::new()),
@@ -73,6 +89,26 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             return;
         }
         s.queue.push_back(key);
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    /// Marks `key` as needing work, in the second lane, served in turn with
+    /// the first. A key already waiting stays where it waits.
+    pub fn add_first(&self, key: K) {
+        let mut s = self.lock();
+        if s.closed {
+            return;
+        }
+        if s.processing.contains(&key) {
+            s.dirty.insert(key.clone());
+            s.first_after_done.insert(key);
+            return;
+        }
+        if !s.dirty.insert(key.clone()) {
+            return;
+        }
+        s.first.push_back(key);
         drop(s);
         self.notify.notify_one();
     }
@@ -101,10 +137,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                     self.notify.notify_waiters();
                     return None;
                 }
-                if let Some(key) = s.queue.pop_front() {
+                let from_first = !s.first.is_empty() && (s.first_turn || s.queue.is_empty());
+                let key = if from_first {
+                    s.first.pop_front()
+                } else {
+                    s.queue.pop_front()
+                };
+                if let Some(key) = key {
+                    s.first_turn = !from_first;
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
-                    let more = !s.queue.is_empty();
+                    let more = !s.queue.is_empty() || !s.first.is_empty();
                     drop(s);
                     if more {
                         self.notify.notify_one();
@@ -120,8 +163,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
+        let first = s.first_after_done.remove(key);
         if s.dirty.contains(key) && !s.closed {
-            s.queue.push_back(key.clone());
+            if first {
+                s.first.push_back(key.clone());
+            } else {
+                s.queue.push_back(key.clone());
+            }
             drop(s);
             self.notify.notify_one();
         }
@@ -129,7 +177,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Keys waiting for a worker (not counting those being processed).
     pub fn len(&self) -> usize {
-        self.lock().queue.len()
+        let s = self.lock();
+        s.queue.len() + s.first.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -174,6 +223,46 @@ mod tests {
         let again = q.next().await.unwrap();
         q.done(&again);
         assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_second_lane_is_served_in_turn_with_the_first() {
+        let q = WorkQueue::new();
+        for k in [1, 2, 3, 4] {
+            q.add(k);
+        }
+        q.add_first(10);
+        q.add_first(11);
+        q.add_first(3);
+        let mut order = Vec::new();
+        while !q.is_empty() {
+            let k = q.next().await.unwrap();
+            q.done(&k);
+            order.push(k);
+        }
+        assert_eq!(
+            order,
+            [10, 1, 11, 2, 3, 4],
+            "in turn; 3 waited already and keeps its place"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_added_first_while_processing_comes_back_in_the_second_lane() {
+        let q = WorkQueue::new();
+        q.add("a");
+        let a = q.next().await.unwrap();
+        for k in ["b", "c", "d"] {
+            q.add(k);
+        }
+        q.add_first("a");
+        assert_eq!(q.len(), 3, "never handed out twice at once");
+        q.done(&a);
+        // The first lane served last ("a"): the second lane's turn.
+        let again = q.next().await.unwrap();
+        assert_eq!(again, "a", "ahead of b, c and d");
+        q.done(&again);
+        assert_eq!(q.next().await, Some("b"));
     }
 
     #[tokio::test]

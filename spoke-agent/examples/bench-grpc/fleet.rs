@@ -85,6 +85,8 @@ pub struct Copies {
     pub matching: HashSet<String>,
     /// Since when every one of them does.
     pub all_since: Option<Instant>,
+    /// When half of them first did.
+    pub half_since: Option<Instant>,
     /// Writes to hub Applications seen (watch events after the first list).
     pub writes: u64,
 }
@@ -137,6 +139,9 @@ pub fn watch_copies_by(
             } else {
                 c.matching.remove(&name);
             }
+            if c.matching.len() * 2 >= total {
+                c.half_since.get_or_insert_with(Instant::now);
+            }
             if c.matching.len() == total {
                 c.all_since.get_or_insert_with(Instant::now);
             } else {
@@ -153,6 +158,8 @@ pub struct Phase {
     pub connected: Duration,
     pub in_sync: Duration,
     pub copies: Option<Duration>,
+    /// Until half of the hub copies first carried their status.
+    pub half_copies: Option<Duration>,
 }
 
 /// What one run measured (the memory figures in KiB).
@@ -281,6 +288,14 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
                 report::secs,
             )
         });
+        let half = of(&|f| p(f).half_copies.map(|d| d.as_secs_f64()));
+        if !restart && half.iter().any(Option::is_some) {
+            rows.push(Row::new(
+                format!("{what}: half of the hub copies carry the status their agent sent"),
+                half,
+                report::secs,
+            ));
+        }
         let copies = of(&|f| p(f).copies.map(|d| d.as_secs_f64()));
         if copies.iter().any(Option::is_some) {
             rows.push(Row::new(
@@ -685,12 +700,12 @@ async fn phase(
         let connected = progress.iter().filter(|p| p.welcomed_at.is_some()).count();
         let full = progress.iter().filter(|p| p.apps == per).count();
         let in_sync = progress.iter().filter(|p| p.in_sync_at.is_some()).count();
-        let (matching, all_since) = match copies {
+        let (matching, all_since, half_since) = match copies {
             Some(c) => {
                 let c = c.lock().expect("never poisoned");
-                (Some(c.matching.len()), c.all_since)
+                (Some(c.matching.len()), c.all_since, c.half_since)
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         let copies_done = copies.is_none() || all_since.is_some();
         if in_sync == n && full == n && copies_done {
@@ -707,6 +722,7 @@ async fn phase(
                 connected: latest(|p| p.welcomed_at),
                 in_sync: latest(|p| p.in_sync_at),
                 copies: all_since.map(|t| t.saturating_duration_since(epoch)),
+                half_copies: half_since.map(|t| t.saturating_duration_since(epoch)),
             });
         }
         if last_print.elapsed() > Duration::from_secs(5) {

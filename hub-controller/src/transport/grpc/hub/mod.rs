@@ -8,7 +8,7 @@
 //! soon as the caches are synced; everything that writes goes through a
 //! keyed work queue whose workers run in parallel across objects.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -52,6 +52,10 @@ pub struct Hub {
     /// The hub's one set of caches, shared with the ManifestWork transport.
     pub caches: Caches,
     pub queue: WorkQueue<Work>,
+    /// Applications whose last status write was the first of two steps
+    /// (`Progressing` before the reported health): the echo of that write
+    /// goes in the queue's second lane ([`WorkQueue::add_first`]).
+    follow_ups: Mutex<HashSet<HubRef>>,
     synced: watch::Sender<bool>,
     /// The one writer of hub Applications, shared with the ManifestWork
     /// transport.
@@ -87,6 +91,7 @@ impl Hub {
             index: Mutex::default(),
             clusters: Mutex::default(),
             queue: WorkQueue::new(),
+            follow_ups: Mutex::default(),
             synced: watch::channel(false).0,
             next_session: AtomicU64::new(1),
             claims: std::sync::OnceLock::new(),
@@ -153,6 +158,7 @@ impl Hub {
             Event::App(E::Delete(a)) => {
                 let r = HubRef::of(a);
                 self.writer.written().forget(&r.namespace, &r.name);
+                self.follow_ups.lock().expect("never poisoned").remove(&r);
                 self.unassign(&r);
             }
             Event::App(E::InitDone) => {
@@ -201,7 +207,19 @@ impl Hub {
             }
             // Until then the index is not built at all.
             _ if !synced => {}
-            Event::App(E::Apply(a) | E::InitApply(a)) => self.reassign(a),
+            Event::App(E::Apply(a) | E::InitApply(a)) => {
+                // The echo of the first step of a two-step status write
+                // (`Progressing`, then what was reported) brings the second
+                // step: in the queue's second lane, in turn with new work,
+                // instead of behind every Application waiting for its first
+                // write (at a fleet's first start every copy showed
+                // `Progressing` before any showed more). Any event of the
+                // Application ends the wait for that echo.
+                let (r, assignment) = self.route(a);
+                let follow_up = self.follow_ups.lock().expect("never poisoned").remove(&r);
+                let first = follow_up && self.writer.written().is_echo(a.identity());
+                self.apply(r, assignment, first);
+            }
             Event::Decision(E::Apply(d) | E::InitApply(d) | E::Delete(d)) => {
                 let ns = d.namespace();
                 self.reassign_where(|app| app.namespace() == ns);
@@ -232,7 +250,7 @@ impl Hub {
         // start (100,000 Applications: several seconds before any agent is
         // welcomed): on every core. The index takes the results in turn.
         for (r, a) in parallel_map(&apps, |app| self.route(app)) {
-            self.apply(r, a);
+            self.apply(r, a, false);
         }
     }
 
@@ -242,19 +260,15 @@ impl Hub {
         let _ = self.on_switch.set(Box::new(f));
     }
 
-    fn reassign(&self, cached: &CachedApp) {
-        let (r, a) = self.route(cached);
-        self.apply(r, a);
-    }
-
     /// Where `cached` goes (pure: reads the caches, changes nothing).
     fn route(&self, cached: &CachedApp) -> (HubRef, Assignment) {
         let app = cached.application();
         (HubRef::of(&app), self.assign(&app))
     }
 
-    /// Puts `a` in the index and settles the keys it touches.
-    fn apply(&self, r: HubRef, a: Assignment) {
+    /// Puts `a` in the index, settles the keys it touches and queues `r`
+    /// (in the second lane when `first`).
+    fn apply(&self, r: HubRef, a: Assignment, first: bool) {
         let ours = |a: Option<&Assignment>| !matches!(a, None | Some(Assignment::NotOurs { .. }));
         let was = ours(self.index.lock().expect("never poisoned").assignment(&r));
         let switched = was != ours(Some(&a));
@@ -267,7 +281,11 @@ impl Hub {
         for (cluster, key) in slots {
             self.settle(&cluster, &key);
         }
-        self.queue.add(Work::App(r));
+        if first {
+            self.queue.add_first(Work::App(r));
+        } else {
+            self.queue.add(Work::App(r));
+        }
     }
 
     fn unassign(&self, r: &HubRef) {

@@ -172,6 +172,13 @@ impl Hub {
             return Ok(());
         }
         self.metrics.status_writes.inc();
+        if hub_status(&status, observed.as_ref(), condition.clone()) != status {
+            // A first step: its echo brings the second ([`Hub::follow_ups`]).
+            self.follow_ups
+                .lock()
+                .expect("never poisoned")
+                .insert(r.clone());
+        }
         if let (true, Some(reason)) = (newly_refused, reason) {
             tracing::warn!(%cluster, namespace = %r.namespace, name = %r.name, %reason, %message, "not delivered");
             self.metrics.refuse(&cluster, reason.as_str());
