@@ -7,7 +7,7 @@
 //! parallel by as many workers as the caller runs. Memory is bounded by the
 //! number of distinct keys: nothing is ever dropped.
 //!
-//! A key added with [`WorkQueue::add_first`] waits in a second lane, served
+//! A key added with [`WorkQueue::add_urgent`] waits in a second lane, served
 //! in turn with the first: work that finishes something under way (the
 //! second step of a two-step status write) does not wait behind every new
 //! key, and cannot starve them either.
@@ -21,17 +21,17 @@ use tokio::sync::Notify;
 
 struct State<K> {
     queue: VecDeque<K>,
-    /// The second lane ([`WorkQueue::add_first`]).
-    first: VecDeque<K>,
-    /// Whether the next key comes from `first` when both lanes wait.
-    first_turn: bool,
-    /// Keys waiting in `queue` or `first`, or added again while being
+    /// The second lane ([`WorkQueue::add_urgent`]).
+    urgent: VecDeque<K>,
+    /// Whether the next key comes from `urgent` when both lanes wait.
+    urgent_turn: bool,
+    /// Keys waiting in `queue` or `urgent`, or added again while being
     /// processed.
     dirty: HashSet<K>,
     processing: HashSet<K>,
-    /// Keys added with `add_first` while being processed: `done` puts them
-    /// in `first`.
-    first_after_done: HashSet<K>,
+    /// Keys added with `add_urgent` while being processed: `done` puts them
+    /// in `urgent`.
+    urgent_after_done: HashSet<K>,
     closed: bool,
 }
 
@@ -61,11 +61,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         Self {
             state: Arc::new(Mutex::new(State {
                 queue: VecDeque::new(),
-                first: VecDeque::new(),
-                first_turn: true,
+                urgent: VecDeque::new(),
+                urgent_turn: true,
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
-                first_after_done: HashSet::new(),
+                urgent_after_done: HashSet::new(),
                 closed: false,
             })),
             notify: Arc::new(Notify::new()),
@@ -95,20 +95,20 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Marks `key` as needing work, in the second lane, served in turn with
     /// the first. A key already waiting stays where it waits.
-    pub fn add_first(&self, key: K) {
+    pub fn add_urgent(&self, key: K) {
         let mut s = self.lock();
         if s.closed {
             return;
         }
         if s.processing.contains(&key) {
             s.dirty.insert(key.clone());
-            s.first_after_done.insert(key);
+            s.urgent_after_done.insert(key);
             return;
         }
         if !s.dirty.insert(key.clone()) {
             return;
         }
-        s.first.push_back(key);
+        s.urgent.push_back(key);
         drop(s);
         self.notify.notify_one();
     }
@@ -137,17 +137,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                     self.notify.notify_waiters();
                     return None;
                 }
-                let from_first = !s.first.is_empty() && (s.first_turn || s.queue.is_empty());
-                let key = if from_first {
-                    s.first.pop_front()
+                let urgent = !s.urgent.is_empty() && (s.urgent_turn || s.queue.is_empty());
+                let key = if urgent {
+                    s.urgent.pop_front()
                 } else {
                     s.queue.pop_front()
                 };
                 if let Some(key) = key {
-                    s.first_turn = !from_first;
+                    s.urgent_turn = !urgent;
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
-                    let more = !s.queue.is_empty() || !s.first.is_empty();
+                    let more = !s.queue.is_empty() || !s.urgent.is_empty();
                     drop(s);
                     if more {
                         self.notify.notify_one();
@@ -163,10 +163,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
-        let first = s.first_after_done.remove(key);
+        let urgent = s.urgent_after_done.remove(key);
         if s.dirty.contains(key) && !s.closed {
-            if first {
-                s.first.push_back(key.clone());
+            if urgent {
+                s.urgent.push_back(key.clone());
             } else {
                 s.queue.push_back(key.clone());
             }
@@ -178,7 +178,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// Keys waiting for a worker (not counting those being processed).
     pub fn len(&self) -> usize {
         let s = self.lock();
-        s.queue.len() + s.first.len()
+        s.queue.len() + s.urgent.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -231,9 +231,9 @@ mod tests {
         for k in [1, 2, 3, 4] {
             q.add(k);
         }
-        q.add_first(10);
-        q.add_first(11);
-        q.add_first(3);
+        q.add_urgent(10);
+        q.add_urgent(11);
+        q.add_urgent(3);
         let mut order = Vec::new();
         while !q.is_empty() {
             let k = q.next().await.unwrap();
@@ -248,14 +248,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_key_added_first_while_processing_comes_back_in_the_second_lane() {
+    async fn a_key_added_urgent_while_processing_comes_back_in_the_second_lane() {
         let q = WorkQueue::new();
         q.add("a");
         let a = q.next().await.unwrap();
         for k in ["b", "c", "d"] {
             q.add(k);
         }
-        q.add_first("a");
+        q.add_urgent("a");
         assert_eq!(q.len(), 3, "never handed out twice at once");
         q.done(&a);
         // The first lane served last ("a"): the second lane's turn.

@@ -54,7 +54,7 @@ pub struct Hub {
     pub queue: WorkQueue<Work>,
     /// Applications whose last status write was the first of two steps
     /// (`Progressing` before the reported health): the echo of that write
-    /// goes in the queue's second lane ([`WorkQueue::add_first`]).
+    /// goes in the queue's second lane ([`WorkQueue::add_urgent`]).
     follow_ups: Mutex<HashSet<HubRef>>,
     synced: watch::Sender<bool>,
     /// The one writer of hub Applications, shared with the ManifestWork
@@ -217,8 +217,8 @@ impl Hub {
                 // Application ends the wait for that echo.
                 let (r, assignment) = self.route(a);
                 let follow_up = self.follow_ups.lock().expect("never poisoned").remove(&r);
-                let first = follow_up && self.writer.written().is_echo(a.identity());
-                self.apply(r, assignment, first);
+                let urgent = follow_up && self.writer.written().is_echo(a.identity());
+                self.apply(r, assignment, urgent);
             }
             Event::Decision(E::Apply(d) | E::InitApply(d) | E::Delete(d)) => {
                 let ns = d.namespace();
@@ -267,8 +267,8 @@ impl Hub {
     }
 
     /// Puts `a` in the index, settles the keys it touches and queues `r`
-    /// (in the second lane when `first`).
-    fn apply(&self, r: HubRef, a: Assignment, first: bool) {
+    /// (in the urgent lane when `urgent`).
+    fn apply(&self, r: HubRef, a: Assignment, urgent: bool) {
         let ours = |a: Option<&Assignment>| !matches!(a, None | Some(Assignment::NotOurs { .. }));
         let was = ours(self.index.lock().expect("never poisoned").assignment(&r));
         let switched = was != ours(Some(&a));
@@ -281,8 +281,8 @@ impl Hub {
         for (cluster, key) in slots {
             self.settle(&cluster, &key);
         }
-        if first {
-            self.queue.add_first(Work::App(r));
+        if urgent {
+            self.queue.add_urgent(Work::App(r));
         } else {
             self.queue.add(Work::App(r));
         }
