@@ -80,35 +80,36 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Marks `key` as needing work.
     pub fn add(&self, key: K) {
-        let mut s = self.lock();
-        if s.closed || !s.dirty.insert(key.clone()) {
-            return;
-        }
-        if s.processing.contains(&key) {
-            // Queued again by `done`.
-            return;
-        }
-        s.queue.push_back(key);
-        drop(s);
-        self.notify.notify_one();
+        self.push(key, false);
     }
 
     /// Marks `key` as needing work, in the second lane, served in turn with
     /// the first. A key already waiting stays where it waits.
     pub fn add_urgent(&self, key: K) {
+        self.push(key, true);
+    }
+
+    fn push(&self, key: K, urgent: bool) {
         let mut s = self.lock();
         if s.closed {
             return;
         }
+        let new = s.dirty.insert(key.clone());
         if s.processing.contains(&key) {
-            s.dirty.insert(key.clone());
-            s.urgent_after_done.insert(key);
+            // Queued again by `done`.
+            if urgent {
+                s.urgent_after_done.insert(key);
+            }
             return;
         }
-        if !s.dirty.insert(key.clone()) {
+        if !new {
             return;
         }
-        s.urgent.push_back(key);
+        if urgent {
+            s.urgent.push_back(key);
+        } else {
+            s.queue.push_back(key);
+        }
         drop(s);
         self.notify.notify_one();
     }

@@ -158,7 +158,6 @@ impl Hub {
             Event::App(E::Delete(a)) => {
                 let r = HubRef::of(a);
                 self.writer.written().forget(&r.namespace, &r.name);
-                self.follow_ups.lock().expect("never poisoned").remove(&r);
                 self.unassign(&r);
             }
             Event::App(E::InitDone) => {
@@ -213,11 +212,11 @@ impl Hub {
                 // step: in the queue's second lane, in turn with new work,
                 // instead of behind every Application waiting for its first
                 // write (at a fleet's first start every copy showed
-                // `Progressing` before any showed more). Any event of the
-                // Application ends the wait for that echo.
+                // `Progressing` before any showed more). The next event of
+                // the Application after that write is its echo, or a newer
+                // change that needs a decision as much.
                 let (r, assignment) = self.route(a);
-                let follow_up = self.follow_ups.lock().expect("never poisoned").remove(&r);
-                let urgent = follow_up && self.writer.written().is_echo(a.identity());
+                let urgent = self.follow_ups.lock().expect("never poisoned").remove(&r);
                 self.apply(r, assignment, urgent);
             }
             Event::Decision(E::Apply(d) | E::InitApply(d) | E::Delete(d)) => {
@@ -289,6 +288,7 @@ impl Hub {
     }
 
     fn unassign(&self, r: &HubRef) {
+        self.follow_ups.lock().expect("never poisoned").remove(r);
         let slots = self.index.lock().expect("never poisoned").set(r, None);
         for (cluster, key) in slots {
             self.settle(&cluster, &key);
