@@ -110,7 +110,7 @@ BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream --repeat 3
 bench-manifestwork: tools
 	@bash test/tools/build-upstream.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-manifestwork: upstream's controller is not available (set UPSTREAM_SRC, docs/benchmarks.md); the table will say so"; }
-	$(CARGO) build --release --locked -p argocd-pull-hub-controller -p argocd-pull-test \
+	$(CARGO) build --release --locked -p argocd-pull-hub-controller -p argocd-pull-bench \
 	  --bin hub-controller --bin bench-manifestwork
 	$(CURDIR)/target/release/bench-manifestwork $(BENCH_ARGS)
 
@@ -119,7 +119,7 @@ bench-manifestwork: tools
 BENCH_GRPC_ARGS ?= --changes 1000 --apps 100 --updates 20000
 BENCH_GRPC_FLEET_ARGS ?= --agents 1000 --apps-per-agent 10
 BENCH_GRPC_REPEAT ?= 3
-BENCH_GRPC = $(CURDIR)/target/release/examples/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller --repeat $(BENCH_GRPC_REPEAT)
+BENCH_GRPC = $(CURDIR)/target/release/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller --repeat $(BENCH_GRPC_REPEAT)
 BENCH_GRPC_COMPARE_ARGS ?= --changes 1000 --apps 100 --updates 5000
 bench-grpc: bench-grpc-build
 	$(BENCH_GRPC) latency $(BENCH_GRPC_ARGS)
@@ -157,7 +157,7 @@ bench-grpc-build: tools
 	@bash test/tools/build-argocd-agent.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-grpc: argocd-agent is not available (set ARGOCD_AGENT_SRC, docs/benchmarks.md); its column will say so"; }
 	$(CARGO) build --release --locked -p argocd-pull-hub-controller --bin hub-controller
-	$(CARGO) build --release --locked -p argocd-pull-spoke-agent --example bench-grpc
+	$(CARGO) build --release --locked -p argocd-pull-bench --bin bench-grpc
 
 clean:
 	$(CARGO) clean

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use argocd_pull_bench::stats::percentiles;
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_runtime::Readiness;
 use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
@@ -342,9 +343,7 @@ async fn one_side(
                 Err(_) => f.down_missed += 1,
             }
         }
-        if !down.is_empty() {
-            f.down = Some(crate::latency::percentiles(down));
-        }
+        f.down = percentiles(down);
         let mut up = Vec::with_capacity(args.changes);
         for i in 1..=args.changes {
             let m = format!("m{i}");
@@ -357,9 +356,7 @@ async fn one_side(
                 Err(_) => f.up_missed += 1,
             }
         }
-        if !up.is_empty() {
-            f.up = Some(crate::latency::percentiles(up));
-        }
+        f.up = percentiles(up);
 
         // Recovery after the hub side is killed and started again.
         let restarted = running.restart_hub(hub).await?;

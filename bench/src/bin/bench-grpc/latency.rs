@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use argocd_pull_bench::stats::{Percentiles, percentiles};
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_proto::content;
 use argocd_pull_proto::v1::transport_client::TransportClient;
@@ -44,23 +45,6 @@ const NS: &str = "bench";
 
 pub fn app(name: &str, cluster: &str) -> Application {
     serde_json::from_value(hub::application(NS, name, cluster)).expect("a valid Application")
-}
-
-pub struct Percentiles {
-    pub p50: Duration,
-    pub p99: Duration,
-    pub max: Duration,
-}
-
-pub fn percentiles(mut samples: Vec<Duration>) -> Percentiles {
-    samples.sort();
-    let at =
-        |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
-    Percentiles {
-        p50: at(0.50),
-        p99: at(0.99),
-        max: *samples.last().expect("samples"),
-    }
 }
 
 /// Watches one Application and sends `extract` of every version seen, with
@@ -395,7 +379,9 @@ async fn one_run(args: &LatencyArgs, hub_bin: &Path, version: &mut String) -> Re
         .await
         - writes_before;
     hub_process.kill().await?;
-    let (down, up) = (percentiles(down), percentiles(up));
+    let (Some(down), Some(up)) = (percentiles(down), percentiles(up)) else {
+        bail!("no change was timed (--changes 0)");
+    };
     eprintln!(
         "bench-grpc: p50/p99 down {:?}/{:?}, up {:?}/{:?}; {} reports in {:.2} s, {writes:.0} hub writes, {wrong} wrong",
         down.p50,

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use argocd_pull_bench::stats::{Percentiles, percentiles};
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_proto::v1::transport_client::TransportClient;
@@ -42,7 +43,6 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::fleet_load_generator::{LoadGenerator, simulated_status};
 use crate::hub::{self, HubOptions, HubProcess, Pki, agent_subject};
-use crate::latency::percentiles;
 use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
@@ -427,8 +427,9 @@ pub async fn run(args: AbuseArgs, repeat: usize, hub_bin: &std::path::Path) -> R
     }
     let of =
         |f: &dyn Fn(&Figures) -> f64| runs.iter().map(|r| r.as_ref().map(f)).collect::<Vec<_>>();
-    let p = |v: &[Duration], q: fn(&crate::latency::Percentiles) -> Duration| {
-        q(&percentiles(v.to_vec())).as_secs_f64()
+    // Runs always time at least one Application each phase.
+    let p = |v: &[Duration], q: fn(&Percentiles) -> Duration| {
+        percentiles(v.to_vec()).map_or(f64::NAN, |p| q(&p).as_secs_f64())
     };
     let rows = vec![
         Row::new(

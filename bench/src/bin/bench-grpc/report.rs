@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::latency::Percentiles;
+use argocd_pull_bench::stats::Percentiles;
 
 pub use testenv::stats::summary;
 
