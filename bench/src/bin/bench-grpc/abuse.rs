@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use argocd_pull_bench::stats::{Percentiles, percentiles};
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
+use argocd_pull_bench::stats::{Percentiles, percentiles};
 use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
     AgentMessage, AgentMode, ObjectKey, ObjectMeta, ObservedApplication, StatusReport,

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use argocd_pull_bench::stats::percentiles;
 use argocd_pull_apis::argocd::application_resource;
+use argocd_pull_bench::stats::percentiles;
 use argocd_pull_runtime::Readiness;
 use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
 use futures::StreamExt;

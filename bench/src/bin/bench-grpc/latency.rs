@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use argocd_pull_bench::stats::{Percentiles, percentiles};
 use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_bench::stats::{Percentiles, percentiles};
 use argocd_pull_proto::content;
 use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
