@@ -98,6 +98,7 @@ impl Share {
                 self.sweep_interval,
                 down.clone().wait(),
             )),
+            tokio::spawn(manifestwork::projects::run(self.ctx.clone(), down.clone())),
             tokio::spawn(manifestwork::controller::run(
                 self.ctx.clone(),
                 triggered,

@@ -77,10 +77,29 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub allowed_targets: Vec<route::authz::AllowRule>,
+    /// Whether Applications are checked against their AppProject (in
+    /// `--argocd-namespace`) before delivery, as Argo CD checks them:
+    /// `enforce`, or `ignore` (nothing on the hub checks projects; only
+    /// for a migration, see docs/migration.md).
+    #[arg(long, env = "ARGOCD_PULL_APP_PROJECTS", value_enum, default_value_t = AppProjectsMode::Enforce)]
+    pub app_projects: AppProjectsMode,
+    /// Deliver each project's project-scoped `repository` and `repo-creds`
+    /// Secrets (those with a `project` key) with the AppProject, to the
+    /// clusters that have an Application of that project (ManifestWork
+    /// transport). Needs read access to Secrets in `--argocd-namespace`
+    /// (docs/security.md says what that costs).
+    #[arg(long, env = "ARGOCD_PULL_PROJECT_CREDENTIALS")]
+    pub project_credentials: bool,
     #[command(flatten)]
     pub grpc: grpc::GrpcArgs,
     #[command(flatten)]
     pub certs: certs::CertArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AppProjectsMode {
+    Enforce,
+    Ignore,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -210,6 +229,8 @@ async fn run_controllers(
     let authorization = route::authz::Authorization {
         require_placement: args.authorization == AuthorizationMode::Placement,
         allow: args.allowed_targets.clone(),
+        projects: (args.app_projects == AppProjectsMode::Enforce)
+            .then(|| args.argocd_namespace.clone()),
     };
     let grpc_config = args.grpc.config(authorization.clone());
     page.set_authorization(&authorization);
@@ -219,6 +240,8 @@ async fn run_controllers(
             namespace: args.certs.addon_namespace.clone(),
             name: args.certs.addon_deployment_config.clone(),
         },
+        projects: authorization.projects.clone(),
+        credentials: args.project_credentials,
     });
     let grpc = grpc_config
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));

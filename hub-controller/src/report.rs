@@ -52,6 +52,10 @@ pub struct AuthorizationReport {
     pub require_placement: bool,
     /// `NAMESPACE=CLUSTER` rules.
     pub allowed_targets: Vec<String>,
+    /// `--argocd-namespace` when AppProjects are enforced (`--app-projects`);
+    /// absent from a hub that does not check them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_projects: Option<String>,
 }
 
 impl From<&Authorization> for AuthorizationReport {
@@ -63,6 +67,7 @@ impl From<&Authorization> for AuthorizationReport {
                 .iter()
                 .map(|r| format!("{}={}", r.namespace, r.cluster))
                 .collect(),
+            app_projects: a.projects.clone(),
         }
     }
 }
@@ -77,6 +82,7 @@ impl AuthorizationReport {
                 .iter()
                 .filter_map(|r| r.parse().ok())
                 .collect(),
+            projects: self.app_projects.clone(),
         }
     }
 }
@@ -254,12 +260,14 @@ mod tests {
         let auth = Authorization {
             require_placement: true,
             allow: vec!["team-a=c1".parse().unwrap()],
+            projects: Some("argocd".into()),
         };
         page.set_authorization(&auth);
         let report = page.report();
         let json = serde_json::to_string(&report).unwrap();
         assert_eq!(report.authorization.as_ref().unwrap().authorization(), auth);
         assert!(json.contains("\"servingCertificate\":null"), "{json}");
+        assert!(json.contains("\"appProjects\":\"argocd\""), "{json}");
         assert_eq!(serde_json::from_str::<Report>(&json).unwrap(), report);
     }
 }

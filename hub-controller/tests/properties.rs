@@ -199,6 +199,9 @@ impl World for Stub {
     fn decided_in(&self, _: &str) -> Vec<String> {
         self.2.clone()
     }
+    fn project(&self, _: &str) -> Option<argocd_pull_apis::argocd::ProjectSpec> {
+        None
+    }
 }
 
 #[test]
@@ -220,6 +223,8 @@ fn routing_and_rendering_never_panic_nor_produce_what_the_api_server_refuses() {
         let authorization = Authorization {
             require_placement: r.chance(2),
             allow: vec![],
+            // Projects are the subject of route::project's own tests.
+            projects: None,
         };
         let facts = Facts {
             grpc_served: r.chance(2),

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use argocd_pull_apis::argocd::ProjectSpec;
 use argocd_pull_hub_controller::report::Report;
 use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::route::decide::World;
@@ -38,6 +39,9 @@ pub struct Snapshot {
     pub reports: Vec<Report>,
     /// Replicas whose report could not be read, with the error.
     pub unreachable: Vec<(String, String)>,
+    /// The AppProjects in the hub's Argo CD namespace, by name (read when
+    /// the hub enforces them).
+    pub projects: BTreeMap<String, ProjectSpec>,
 }
 
 impl World for Snapshot {
@@ -52,6 +56,9 @@ impl World for Snapshot {
             .get(ns)
             .map(|c| c.iter().cloned().collect())
             .unwrap_or_default()
+    }
+    fn project(&self, name: &str) -> Option<ProjectSpec> {
+        self.projects.get(name).cloned()
     }
 }
 
@@ -107,6 +114,7 @@ mod tests {
             authorization: Some(AuthorizationReport {
                 require_placement: false,
                 allowed_targets: vec!["a=b".into()],
+                app_projects: Some("argocd".into()),
             }),
             ..Report::default()
         });
@@ -114,6 +122,7 @@ mod tests {
         let auth = s.authorization().unwrap();
         assert!(!auth.require_placement);
         assert_eq!(auth.allow.len(), 1);
+        assert_eq!(auth.projects.as_deref(), Some("argocd"));
         assert!(s.grpc_served());
     }
 }

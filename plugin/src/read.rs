@@ -4,7 +4,9 @@
 //! the API server's pod proxy, or at the `--admin` URLs given).
 
 use anyhow::Context as _;
-use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_apis::argocd::{
+    Application, ProjectSpec, application_resource, appproject_resource,
+};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{
     ManagedCluster, ManagedClusterAddOn, ManifestWork, decided_clusters,
@@ -91,6 +93,25 @@ impl Hub {
         let (reports, unreachable) = self.reports().await;
         s.reports = reports;
         s.unreachable = unreachable;
+        if let Some(ns) = s.authorization().and_then(|a| a.projects) {
+            // The hub checks AppProjects: `explain` checks them the same way.
+            let projects: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), &ns, &appproject_resource());
+            match projects.list(&ListParams::default()).await {
+                Ok(list) => {
+                    for p in list {
+                        s.projects.insert(
+                            p.metadata.name.clone().unwrap_or_default(),
+                            ProjectSpec::of(&p),
+                        );
+                    }
+                }
+                Err(e) => s.unreachable.push((
+                    format!("appprojects in {ns}"),
+                    format!("cannot list AppProjects, so projects show as missing: {e}"),
+                )),
+            }
+        }
         Ok(s)
     }
 

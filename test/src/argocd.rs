@@ -280,6 +280,18 @@ async fn install(cluster: &Cluster) -> Result<()> {
     Api::<Secret>::namespaced(client.clone(), NAMESPACE)
         .patch("argocd-secret", &pp, &Patch::Apply(&secret))
         .await?;
+    default_project(cluster).await
+}
+
+/// Namespace [`NAMESPACE`] and the `default` AppProject in it, as Argo CD's
+/// API server creates it, but opened to Applications in every namespace
+/// (`sourceNamespaces: ["*"]`): tests about other things put Applications
+/// in namespaces of their own. Every hub cluster gets it at its start (the
+/// hub-controller enforces AppProjects); tests about projects narrow it.
+pub async fn default_project(cluster: &Cluster) -> Result<()> {
+    cluster.ensure_namespace(NAMESPACE).await?;
+    let client = cluster.client().await?;
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
     let ar = appproject_resource();
     let project: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",

@@ -127,6 +127,9 @@ impl Cluster {
         }
         let client = cluster.client().await?;
         crds::install(&client, config.crds).await?;
+        if config.crds == CrdSet::Hub {
+            crate::argocd::default_project(&cluster).await?;
+        }
         // Straight to stderr, past the test runner's output capture, so that
         // every test log names the real server it ran against.
         let _ = writeln!(

@@ -38,6 +38,14 @@ pub struct Caches {
     /// The AddOnDeploymentConfigs in the addon's namespace (only with the
     /// gRPC transport): which mode each cluster's agent runs in.
     pub configs: Store<AddOnDeploymentConfig>,
+    /// The AppProjects in the hub's Argo CD namespace (only when projects
+    /// are enforced: [`super::watches::Scope::projects`]).
+    pub projects: Store<DynamicObject>,
+    /// That namespace.
+    pub projects_namespace: Arc<Option<String>>,
+    /// The `repository` and `repo-creds` Secrets there (only with
+    /// `--project-credentials`).
+    pub credentials: Store<k8s_openapi::api::core::v1::Secret>,
     /// The addon's default AddOnDeploymentConfig (`--addon-namespace`,
     /// `--addon-deployment-config`).
     pub default_config: Arc<super::mode::ConfigRef>,
@@ -59,6 +67,25 @@ impl Caches {
 
     pub fn is_synced(&self) -> bool {
         *self.synced.borrow()
+    }
+
+    /// AppProject `name`, if it exists.
+    pub fn project_object(&self, name: &str) -> Option<Arc<DynamicObject>> {
+        let ns = self.projects_namespace.as_deref()?;
+        self.projects.get(
+            &ObjectRef::new_with(name, argocd_pull_apis::argocd::appproject_resource()).within(ns),
+        )
+    }
+
+    /// The spec of AppProject `name`, if it exists.
+    pub fn project(&self, name: &str) -> Option<argocd_pull_apis::argocd::ProjectSpec> {
+        let ns = self.projects_namespace.as_deref()?;
+        self.projects
+            .get(
+                &ObjectRef::new_with(name, argocd_pull_apis::argocd::appproject_resource())
+                    .within(ns),
+            )
+            .map(|p| argocd_pull_apis::argocd::ProjectSpec::of(&p))
     }
 
     pub fn cluster_exists(&self, name: &str) -> bool {
@@ -142,6 +169,9 @@ impl crate::route::decide::World for Caches {
     fn decided_in(&self, ns: &str) -> Vec<String> {
         Caches::decided_in(self, ns)
     }
+    fn project(&self, name: &str) -> Option<argocd_pull_apis::argocd::ProjectSpec> {
+        Caches::project(self, name)
+    }
 }
 
 pub enum Lookup {
@@ -171,6 +201,19 @@ pub fn apps_targeting(apps: &Store<CachedApp>, cluster: &str) -> Vec<ObjectRef<C
         .iter()
         .map(|a| ObjectRef::from_obj(a.as_ref()))
         .collect()
+}
+
+/// Applications in `apps` that use AppProject `project` (parses each).
+pub fn apps_of_project(apps: &Store<CachedApp>, project: &str) -> Vec<ObjectRef<CachedApp>> {
+    apps.state_filter(|a| uses_project(a, project))
+        .iter()
+        .map(|a| ObjectRef::from_obj(a.as_ref()))
+        .collect()
+}
+
+/// Whether `app` uses AppProject `project`.
+pub fn uses_project(app: &CachedApp, project: &str) -> bool {
+    argocd_pull_apis::argocd::project_of(&app.application()) == project
 }
 
 /// Applications in `apps` that live in namespace `ns`.

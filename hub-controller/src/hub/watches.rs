@@ -1,7 +1,8 @@
 //! The hub-controller's one set of watches: pull-model Applications,
 //! autonomous mirrors, PlacementDecisions, ManagedClusters (metadata only),
 //! argocd-pull's ManagedClusterAddOns, the AddOnDeploymentConfigs in the
-//! addon's namespace and argocd-pull's ManifestWorks. Each
+//! addon's namespace, argocd-pull's ManifestWorks and the AppProjects in
+//! the hub's Argo CD namespace. Each
 //! is watched once, kept in one cache ([`Caches`]) and its events go, in
 //! the order they came, to every transport ([`Consumer`]): the ManifestWork
 //! controller turns them into reconciles, the gRPC transport into its index
@@ -12,12 +13,14 @@
 
 use std::sync::Arc;
 
+use argocd_pull_apis::argocd::appproject_resource;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{
     AddOnDeploymentConfig, ManagedCluster, ManagedClusterAddOn, placement_decision_resource,
 };
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{self, reflector};
@@ -38,6 +41,11 @@ pub enum Event {
     Addon(watcher::Event<ManagedClusterAddOn>),
     Work(watcher::Event<CachedWork>),
     Config(watcher::Event<AddOnDeploymentConfig>),
+    /// An AppProject; an update that leaves its spec as it was is not
+    /// passed on (nothing a decision reads changed).
+    Project(watcher::Event<DynamicObject>),
+    /// A `repository` or `repo-creds` Secret in the Argo CD namespace.
+    Credential(watcher::Event<Secret>),
 }
 
 impl Event {
@@ -51,6 +59,8 @@ impl Event {
             Event::Addon(_) => 4,
             Event::Work(_) => 5,
             Event::Config(_) => 6,
+            Event::Project(_) => 7,
+            Event::Credential(_) => 8,
         }
     }
 
@@ -70,17 +80,18 @@ impl Event {
         }
         match self {
             Event::App(e) | Event::Mirror(e) => step(e),
-            Event::Decision(e) => step(e),
+            Event::Decision(e) | Event::Project(e) => step(e),
             Event::Cluster(e) => step(e),
             Event::Addon(e) => step(e),
             Event::Work(e) => step(e),
             Event::Config(e) => step(e),
+            Event::Credential(e) => step(e),
         }
     }
 }
 
 /// The watches' names, by [`Event::source`].
-const WATCH_NAMES: [&str; 7] = [
+const WATCH_NAMES: [&str; 9] = [
     "applications",
     "mirrors",
     "placementdecisions",
@@ -88,6 +99,8 @@ const WATCH_NAMES: [&str; 7] = [
     "managedclusteraddons",
     "manifestworks",
     "addondeploymentconfigs",
+    "appprojects",
+    "repository-credentials",
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -118,6 +131,12 @@ pub struct Scope {
     /// The addon's default AddOnDeploymentConfig; per-cluster configs are
     /// read only in its namespace.
     pub default_config: ConfigRef,
+    /// AppProjects are enforced: watch them in this namespace (the hub's
+    /// Argo CD's).
+    pub projects: Option<String>,
+    /// Deliver the project-scoped repository credentials with the projects:
+    /// watch the `repository` and `repo-creds` Secrets of that namespace.
+    pub credentials: bool,
 }
 
 impl Default for Scope {
@@ -128,6 +147,8 @@ impl Default for Scope {
                 namespace: argocd_pull_addon::HUB_NAMESPACE.into(),
                 name: argocd_pull_addon::DEPLOYMENT_CONFIG.into(),
             },
+            projects: Some(crate::route::authz::DEFAULT_ARGOCD_NAMESPACE.into()),
+            credentials: false,
         }
     }
 }
@@ -142,6 +163,8 @@ pub struct Watches {
     addons: reflector::store::Writer<ManagedClusterAddOn>,
     works: reflector::store::Writer<CachedWork>,
     configs: reflector::store::Writer<AddOnDeploymentConfig>,
+    projects: reflector::store::Writer<DynamicObject>,
+    credentials: reflector::store::Writer<Secret>,
     caches: Caches,
 }
 
@@ -154,6 +177,8 @@ impl Watches {
         let addons = reflector::store::Writer::default();
         let works = reflector::store::Writer::default();
         let configs = reflector::store::Writer::default();
+        let projects = reflector::store::Writer::new(appproject_resource());
+        let credentials = reflector::store::Writer::default();
         let caches = Caches {
             apps: apps.as_reader(),
             mirrors: mirrors.as_reader(),
@@ -162,6 +187,9 @@ impl Watches {
             addons: addons.as_reader(),
             works: works.as_reader(),
             configs: configs.as_reader(),
+            projects: projects.as_reader(),
+            projects_namespace: Arc::new(scope.projects.clone()),
+            credentials: credentials.as_reader(),
             default_config: Arc::new(scope.default_config.clone()),
             written: Default::default(),
             synced: Default::default(),
@@ -175,6 +203,8 @@ impl Watches {
             addons,
             works,
             configs,
+            projects,
+            credentials,
             caches,
         }
     }
@@ -243,6 +273,30 @@ impl Watches {
                 Event::Config,
             ));
         }
+        if let Some(ns) = &self.scope.projects {
+            // Only the Argo CD namespace: Argo CD reads projects nowhere else.
+            streams.push(watch(
+                self.projects,
+                Api::<DynamicObject>::namespaced_with(client.clone(), ns, &appproject_resource()),
+                watcher::Config::default(),
+                Event::Project,
+            ));
+        }
+        if let (Some(ns), true) = (&self.scope.projects, self.scope.credentials) {
+            // Only the credential types, and only there (docs/security.md).
+            streams.push(watch(
+                self.credentials,
+                Api::<Secret>::namespaced(client.clone(), ns),
+                watcher::Config::default().labels(&format!(
+                    "{} in (repository,repo-creds)",
+                    keys::ARGOCD_SECRET_TYPE
+                )),
+                Event::Credential,
+            ));
+        }
+        // What each AppProject's spec was when last passed on.
+        let mut project_specs: std::collections::HashMap<String, serde_json::Value> =
+            Default::default();
         // Each watch's first full list counts once.
         let mut listed = [false; WATCH_NAMES.len()];
         let mut objects = [0usize; WATCH_NAMES.len()];
@@ -260,6 +314,11 @@ impl Watches {
                 None => return,
                 Some(Err(e)) => tracing::warn!(error = %e, "watch of the hub failed; retrying"),
                 Some(Ok(event)) => {
+                    if let Event::Project(e) = &event
+                        && !project_spec_changed(&mut project_specs, e)
+                    {
+                        continue;
+                    }
                     for c in &consumers {
                         c.event(&event);
                     }
@@ -288,6 +347,26 @@ impl Watches {
                 }
             }
         }
+    }
+}
+
+/// Records the spec an AppProject event shows; whether it differs from
+/// the one last recorded (a status or metadata change does not).
+fn project_spec_changed(
+    seen: &mut std::collections::HashMap<String, serde_json::Value>,
+    e: &watcher::Event<DynamicObject>,
+) -> bool {
+    use kube::ResourceExt;
+    match e {
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+            let spec = p.data.get("spec").cloned().unwrap_or_default();
+            seen.insert(p.name_any(), spec.clone()) != Some(spec)
+        }
+        watcher::Event::Delete(p) => {
+            seen.remove(&p.name_any());
+            true
+        }
+        watcher::Event::Init | watcher::Event::InitDone => true,
     }
 }
 

@@ -46,13 +46,21 @@ pub struct Authorization {
     /// Require a PlacementDecision (unless an allow rule matches).
     pub require_placement: bool,
     pub allow: Vec<AllowRule>,
+    /// AppProjects are enforced ([`super::project`]), with this namespace
+    /// (the hub's Argo CD's) as the control-plane namespace; `None` with
+    /// `--app-projects=ignore`.
+    pub projects: Option<String>,
 }
+
+/// The hub's Argo CD namespace by default.
+pub const DEFAULT_ARGOCD_NAMESPACE: &str = "argocd";
 
 impl Default for Authorization {
     fn default() -> Self {
         Self {
             require_placement: true,
             allow: Vec::new(),
+            projects: Some(DEFAULT_ARGOCD_NAMESPACE.into()),
         }
     }
 }
@@ -114,6 +122,7 @@ mod tests {
         let off = Authorization {
             require_placement: false,
             allow: vec![],
+            projects: None,
         };
         assert!(off.allowed_without_placement("x", "y"));
     }

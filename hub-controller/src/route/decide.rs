@@ -1,10 +1,11 @@
 //! Pure: the one routing decision of a hub Application, made the same way
 //! for both transports: is it pulled, where does it go ([`super::target`]),
 //! by which transport ([`super::transport`]), does the cluster exist, may
-//! its namespace deploy there ([`super::authz`]). Each transport acts on the
+//! its namespace deploy there ([`super::authz`]), does its AppProject allow
+//! it ([`super::project`]). Each transport acts on the
 //! [`Route`] it gets: the one named in it delivers, or reports the refusal.
 
-use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::argocd::{Application, ProjectSpec, project_of};
 use kube::ResourceExt;
 
 use super::authz::{Authorization, selected_by_placement};
@@ -20,6 +21,9 @@ pub trait World {
     fn cluster_exists(&self, cluster: &str) -> bool;
     /// Clusters the PlacementDecisions of namespace `ns` select.
     fn decided_in(&self, ns: &str) -> Vec<String>;
+    /// The spec of AppProject `name` in the hub's Argo CD namespace, if it
+    /// exists.
+    fn project(&self, name: &str) -> Option<ProjectSpec>;
 }
 
 /// The facts a decision rests on.
@@ -131,6 +135,20 @@ pub fn decide(app: &Application, facts: &Facts) -> Route {
         let message = Authorization::refusal(&ns, &target.cluster);
         return refused(transport, Some(target), Reason::NotAuthorized, message);
     }
+    if let Some(control_plane) = &facts.authorization.projects {
+        let name = project_of(app);
+        let project = facts.world.project(name);
+        if let Err(refusal) =
+            super::project::check(app, &target, name, project.as_ref(), control_plane)
+        {
+            return refused(
+                transport,
+                Some(target),
+                Reason::ProjectNotPermitted,
+                refusal.to_string(),
+            );
+        }
+    }
     Route::Deliver { transport, target }
 }
 
@@ -157,6 +175,18 @@ pub(crate) mod tests {
         }
         fn decided_in(&self, _: &str) -> Vec<String> {
             self.decided.iter().map(|s| s.to_string()).collect()
+        }
+        fn project(&self, name: &str) -> Option<ProjectSpec> {
+            // Any project but `missing` exists, open to everything.
+            (name != "missing").then(|| ProjectSpec {
+                source_namespaces: vec!["*".into()],
+                destinations: vec![argocd_pull_apis::argocd::ProjectDestination {
+                    server: "*".into(),
+                    name: "*".into(),
+                    namespace: "*".into(),
+                }],
+                source_repos: vec!["*".into()],
+            })
         }
     }
 
@@ -254,6 +284,40 @@ pub(crate) mod tests {
         for (i, (a, served, world, want)) in cases.into_iter().enumerate() {
             assert_eq!(reason(&route(a, served, world)), Some(want), "case {i}");
         }
+    }
+
+    #[test]
+    fn the_project_is_checked_for_both_transports_once_the_target_is_authorized() {
+        let other = app(json!({ "spec": { "project": "missing" } }));
+        for (addon, by) in [(false, Transport::ManifestWork), (true, Transport::Grpc)] {
+            let world = Fixed {
+                addon,
+                ..ok_world()
+            };
+            let r = route(&other, true, world);
+            assert_eq!(reason(&r), Some((by, Reason::ProjectNotPermitted)));
+            let Route::Refused { message, .. } = r else {
+                unreachable!()
+            };
+            assert!(
+                message.contains("project missing which does not exist"),
+                "{message}"
+            );
+        }
+        // Not enforced: delivered.
+        let off = Authorization {
+            projects: None,
+            ..Default::default()
+        };
+        let r = decide(
+            &other,
+            &Facts {
+                grpc_served: true,
+                authorization: &off,
+                world: &ok_world(),
+            },
+        );
+        assert!(matches!(r, Route::Deliver { .. }), "{r:?}");
     }
 
     #[test]

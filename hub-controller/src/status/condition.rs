@@ -20,6 +20,8 @@ pub enum Reason {
     UnknownCluster,
     /// The Application's namespace may not deploy to the cluster.
     NotAuthorized,
+    /// Its AppProject does not exist or does not allow it.
+    ProjectNotPermitted,
     /// The delivered copy is over the transport's size limit.
     TooLarge,
     /// A ManifestWork of the same name belongs to another Application.
@@ -41,6 +43,7 @@ impl Reason {
             Reason::TransportUnavailable => "TransportUnavailable",
             Reason::UnknownCluster => "UnknownCluster",
             Reason::NotAuthorized => "NotAuthorized",
+            Reason::ProjectNotPermitted => "ProjectNotPermitted",
             Reason::TooLarge => "TooLarge",
             Reason::WorkConflict => "WorkConflict",
             Reason::SpokeConflict => "SpokeConflict",

@@ -211,7 +211,12 @@ pub async fn run_controller_with(
     use argocd_pull_hub_controller::transport::manifestwork::{
         Context, controller, triggers::Gate,
     };
-    let watches = Watches::new(Scope::default());
+    // Project-scoped credentials travel too (the binary's
+    // `--project-credentials`).
+    let watches = Watches::new(Scope {
+        credentials: true,
+        ..Scope::default()
+    });
     let ctx = Context::new(
         client.clone(),
         options,
@@ -226,6 +231,13 @@ pub async fn run_controller_with(
     let triggered = gate.open();
     tokio::spawn(watches.run(client, vec![gate], shutdown.clone().wait()));
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    // The leader's AppProject works, as `leading` runs them.
+    tokio::spawn(
+        argocd_pull_hub_controller::transport::manifestwork::projects::run(
+            ctx.clone(),
+            shutdown.clone(),
+        ),
+    );
     tokio::spawn(controller::run(
         ctx.clone(),
         triggered,

@@ -6,6 +6,7 @@
 pub mod application;
 pub mod cluster_secrets;
 pub mod controller;
+pub mod projects;
 pub mod sweep;
 pub mod triggers;
 
@@ -53,6 +54,8 @@ pub struct Context {
     /// yet, with when this process first saw them so (see
     /// [`crate::status::feedback::not_applied`]).
     pub(crate) unapplied: Mutex<HashMap<(String, String), std::time::Instant>>,
+    /// What the AppProject works' passes must look at ([`projects`]).
+    pub projects: projects::Changes,
 }
 
 impl Context {
@@ -83,6 +86,7 @@ impl Context {
             triggers: Mutex::default(),
             cluster_generations: Mutex::default(),
             unapplied: Mutex::default(),
+            projects: projects::Changes::default(),
         })
     }
 

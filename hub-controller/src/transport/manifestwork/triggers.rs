@@ -4,7 +4,8 @@
 //! the work's Application (the echo of our own write of the work does
 //! not); a cluster joining (a new generation of its
 //! ManagedCluster) reconciles the Applications that wait for it; a
-//! Placement changing its decisions re-checks its namespace's Applications.
+//! Placement changing its decisions re-checks its namespace's Applications;
+//! an AppProject changing re-checks the Applications that use it.
 
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -18,6 +19,25 @@ use crate::route::assign::HubRef;
 
 impl Consumer for Context {
     fn event(&self, event: &Event) {
+        // The AppProject works: an Application changing may change its own
+        // cluster's projects; anything else that decides routes, any.
+        match event {
+            Event::App(E::Apply(_) | E::InitApply(_) | E::Delete(_)) => self.projects.app_changed(),
+            Event::Work(E::Apply(w) | E::Delete(w))
+                if w.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(crate::render::project::PROJECT_LABEL))
+                    && !self.caches.written.is_echo(&w.metadata) =>
+            {
+                self.projects.app_changed()
+            }
+            Event::Project(_) | Event::Credential(_) | Event::Decision(_) | Event::Addon(_) => {
+                self.projects.everything_changed()
+            }
+            Event::Cluster(E::Delete(_) | E::InitDone) => self.projects.everything_changed(),
+            _ => {}
+        }
         match event {
             Event::App(E::Apply(a) | E::InitApply(a)) => {
                 self.trigger(ObjectRef::from_obj(a), "application")
@@ -50,6 +70,23 @@ impl Consumer for Context {
                     .lock()
                     .expect("lock")
                     .remove(&mc.name_any());
+            }
+            // A project changed (its spec: see `Event::Project`): its
+            // Applications are decided again. Before the caches are synced
+            // every Application is reconciled anyway.
+            Event::Project(E::Apply(p) | E::InitApply(p) | E::Delete(p))
+                if self.caches.is_synced() =>
+            {
+                for r in caches::apps_of_project(&self.caches.apps, &p.name_any()) {
+                    self.trigger(r, "project");
+                }
+            }
+            // Listed again after the watch was down: a project deleted
+            // meanwhile shows no event of its own.
+            Event::Project(E::InitDone) if self.caches.is_synced() => {
+                for app in self.caches.apps.state() {
+                    self.trigger(ObjectRef::from_obj(app.as_ref()), "project");
+                }
             }
             Event::Decision(E::Apply(pd) | E::InitApply(pd) | E::Delete(pd)) => {
                 for r in caches::apps_in(&self.caches.apps, &pd.namespace().unwrap_or_default()) {

@@ -223,8 +223,16 @@ impl Hub {
                 let ns = d.namespace();
                 self.reassign_where(|app| app.namespace() == ns);
             }
+            // A project changed: each of its Applications is decided again
+            // (one no longer allowed keeps its copy on the cluster as it was).
+            Event::Project(E::Apply(p) | E::InitApply(p) | E::Delete(p)) => {
+                let name = p.name_any();
+                self.reassign_where(|app| caches::uses_project(app, &name));
+            }
             // A list again after the watch was down: anything may have changed.
-            Event::Addon(E::InitDone) | Event::Decision(E::InitDone) => self.reassign_all(),
+            Event::Addon(E::InitDone)
+            | Event::Decision(E::InitDone)
+            | Event::Project(E::InitDone) => self.reassign_all(),
             _ => {}
         }
     }

@@ -1,0 +1,222 @@
+//! The AppProjects (and their project-scoped repository credentials) that
+//! travel to each cluster over the ManifestWork transport: one work per
+//! project per cluster ([`crate::render::project`]), for exactly the
+//! projects of the Applications this transport delivers there. A project
+//! whose last Application leaves a cluster has its work deleted, which
+//! removes the project and its credentials from the cluster; a credential
+//! never reaches a cluster with no Application of its project.
+//!
+//! The leader keeps them, in passes: one after any change the watches
+//! report (Applications, projects, credentials, Placements, clusters, the
+//! works themselves), at most one every [`SETTLE`], and one a minute
+//! regardless. A pass parses only the Applications that changed since the
+//! last one, unless something else changed (a project, a Placement), which
+//! can change any decision.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::project_of;
+use argocd_pull_apis::ocm::ManifestWork;
+use argocd_pull_runtime::shutdown::Shutdown;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+
+use super::{Context, WORK_MANAGER};
+use crate::hub::caches::Lookup;
+use crate::render::project::{
+    PROJECT_LABEL, delivered_project, delivered_secret, project_work, scoped_project,
+};
+use crate::route::decide::{Facts, Route, decide};
+use crate::route::target::DEFAULT_APP_NAMESPACE;
+use crate::route::transport::Transport;
+
+/// The least time between two passes.
+const SETTLE: Duration = Duration::from_millis(300);
+/// A pass even when nothing was reported.
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// What the passes remember between them.
+#[derive(Default)]
+pub struct Memory {
+    /// Per Application (namespace, name): the resourceVersion last looked
+    /// at, and the (cluster, project) it was delivered to then.
+    apps: HashMap<(String, String), (Option<String>, Option<(String, String)>)>,
+}
+
+/// Keeps the project works until `down`.
+pub async fn run(ctx: Arc<Context>, down: Shutdown) {
+    tokio::select! {
+        _ = ctx.caches.wait_synced() => {}
+        _ = down.clone().wait() => return,
+    }
+    let mut memory = Memory::default();
+    // The first pass of a term looks at everything.
+    ctx.projects.everything_changed();
+    loop {
+        if let Err(e) = pass(&ctx, &mut memory).await {
+            tracing::warn!(error = %e, "keeping the AppProjects of the clusters failed; retrying");
+        }
+        tokio::select! {
+            _ = ctx.projects.changed.notified() => {}
+            _ = tokio::time::sleep(RESYNC) => ctx.projects.everything_changed(),
+            _ = down.clone().wait() => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SETTLE) => {}
+            _ = down.clone().wait() => return,
+        }
+    }
+}
+
+/// What the watches report to the passes.
+#[derive(Default)]
+pub struct Changes {
+    pub changed: tokio::sync::Notify,
+    /// Something other than an Application changed: decide every one again.
+    everything: std::sync::atomic::AtomicBool,
+}
+
+impl Changes {
+    /// An Application changed (the pass finds which).
+    pub fn app_changed(&self) {
+        self.changed.notify_one();
+    }
+
+    pub fn everything_changed(&self) {
+        self.everything
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.changed.notify_one();
+    }
+
+    fn take_everything(&self) -> bool {
+        self.everything
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// One pass: the project works every cluster should have, written where
+/// they differ, deleted where no longer wanted.
+async fn pass(ctx: &Context, memory: &mut Memory) -> Result<(), kube::Error> {
+    let everything = ctx.projects.take_everything();
+    decide_all(ctx, memory, everything);
+    apply(ctx, memory).await
+}
+
+/// Which (cluster, project) each Application is delivered to by this
+/// transport, for those changed since the last pass (all when
+/// `everything`).
+fn decide_all(ctx: &Context, memory: &mut Memory, everything: bool) {
+    let facts = Facts {
+        grpc_served: ctx.grpc.is_some(),
+        authorization: &ctx.authorization,
+        world: &ctx.caches,
+    };
+    let mut seen = BTreeSet::new();
+    for cached in ctx.caches.apps.state() {
+        let key = (cached.namespace().unwrap_or_default(), cached.name_any());
+        let rv = cached.identity().resource_version.clone();
+        seen.insert(key.clone());
+        if !everything && memory.apps.get(&key).is_some_and(|(v, _)| *v == rv) {
+            continue;
+        }
+        let app = cached.application();
+        let delivered = match decide(&app, &facts) {
+            Route::Deliver {
+                transport: Transport::ManifestWork,
+                target,
+            } if app.metadata.deletion_timestamp.is_none() => {
+                Some((target.cluster, project_of(&app).to_string()))
+            }
+            _ => None,
+        };
+        memory.apps.insert(key, (rv, delivered));
+    }
+    memory.apps.retain(|k, _| seen.contains(k));
+}
+
+/// Writes the works `memory` wants, deletes the others.
+async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
+    let wanted: BTreeSet<&(String, String)> = memory
+        .apps
+        .values()
+        .filter_map(|(_, d)| d.as_ref())
+        .collect();
+    // The credentials of each project.
+    let mut credentials: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+    for s in ctx.caches.credentials.state() {
+        if let Some(p) = scoped_project(&s) {
+            credentials
+                .entry(p)
+                .or_default()
+                .push(delivered_secret(&s, DEFAULT_APP_NAMESPACE));
+        }
+    }
+    let mut keep: BTreeSet<(String, String)> = BTreeSet::new();
+    for (cluster, project) in wanted {
+        let Some(object) = ctx.caches.project_object(project) else {
+            // Its Applications are refused: nothing to deliver.
+            continue;
+        };
+        let mut manifests = vec![delivered_project(&object, cluster, DEFAULT_APP_NAMESPACE)];
+        manifests.extend(credentials.get(project).cloned().unwrap_or_default());
+        let work = match project_work(cluster, project, manifests) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(cluster, project, error = %e, "AppProject not delivered");
+                continue;
+            }
+        };
+        let name = work.name_any();
+        keep.insert((cluster.clone(), name.clone()));
+        let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), cluster);
+        let existing = match ctx.caches.work(cluster, &name) {
+            Lookup::Known(w) => w.map(|w| *w),
+            Lookup::Stale => works.get_opt(&name).await?,
+        };
+        if existing.as_ref().is_some_and(|e| {
+            e.metadata.deletion_timestamp.is_none()
+                && e.spec.workload == work.spec.workload
+                && e.spec.manifest_configs == work.spec.manifest_configs
+                && e.labels().get(PROJECT_LABEL) == work.labels().get(PROJECT_LABEL)
+        }) {
+            continue;
+        }
+        let applied = works
+            .patch(
+                &name,
+                &PatchParams::apply(WORK_MANAGER).force(),
+                &Patch::Apply(&work),
+            )
+            .await?;
+        ctx.caches.written.record(&applied.metadata);
+        tracing::info!(cluster, project, work = %name, "AppProject delivered");
+    }
+    // Project works no longer wanted: their last Application has left.
+    for w in ctx.caches.works.state() {
+        if !w
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(PROJECT_LABEL))
+            || w.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let cluster = w.namespace().unwrap_or_default();
+        let name = w.name_any();
+        if keep.contains(&(cluster.clone(), name.clone())) {
+            continue;
+        }
+        let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &cluster);
+        match works.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        ctx.caches.written.forget(&cluster, &name);
+        tracing::info!(cluster, work = %name, "AppProject removed: no Application of it is delivered there");
+    }
+    Ok(())
+}

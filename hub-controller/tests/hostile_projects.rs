@@ -1,0 +1,592 @@
+//! Hostile tenants against the hub's AppProjects (issue 34, hole 2), on a
+//! real API server: an Application the hub's Argo CD would refuse for its
+//! project is refused before delivery, on both transports, with Argo CD's
+//! words in the condition and a Warning Event; a project change decides its
+//! Applications again within seconds; an Application its project stops
+//! allowing is no longer updated on the cluster and is not deleted there.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::keys;
+use argocd_pull_apis::ocm::ManifestWork;
+use argocd_pull_hub_controller::status::CONDITION;
+use argocd_pull_spoke_agent::Mode;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testenv::argocd::appproject_resource;
+use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+
+mod common;
+mod grpc_env;
+use common::{app, apps_api, managed_cluster, placement_selects, run_controller};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const ARGOCD: &str = "argocd";
+
+/// Writes AppProject `name` in the Argo CD namespace with `spec`, as a
+/// hub admin would (replacing the whole object).
+async fn project(client: &kube::Client, name: &str, spec: Value) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ARGOCD, &appproject_resource());
+    let p: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": { "name": name, "namespace": ARGOCD },
+        "spec": spec,
+    }))
+    .unwrap();
+    // Replaced whole (not applied: fields another manager set would stay).
+    match api.get_opt(name).await.unwrap() {
+        Some(current) => {
+            let mut p = p;
+            p.metadata.resource_version = current.metadata.resource_version;
+            api.replace(name, &PostParams::default(), &p).await.unwrap();
+        }
+        None => {
+            api.create(&PostParams::default(), &p).await.unwrap();
+        }
+    }
+}
+
+/// Argo CD's own `default` project as its API server creates it: any
+/// repository, any destination, Applications of the control-plane
+/// namespace only.
+async fn argo_cds_default(client: &kube::Client) {
+    project(
+        client,
+        "default",
+        json!({ "sourceRepos": ["*"], "destinations": [{ "server": "*", "namespace": "*" }],
+                "clusterResourceWhitelist": [{ "group": "*", "kind": "*" }] }),
+    )
+    .await;
+}
+
+/// The tenant project of the issue: Applications of `aaa-*` namespaces,
+/// deploying to `aaa-*` namespaces, from `https://git.example/*`.
+fn aaa_spec(extra_namespaces: &[&str]) -> Value {
+    let mut destinations = vec![json!({ "server": "*", "namespace": "aaa-*" })];
+    destinations.extend(
+        extra_namespaces
+            .iter()
+            .map(|n| json!({ "server": "*", "namespace": n })),
+    );
+    json!({ "sourceNamespaces": ["aaa-*"], "sourceRepos": ["https://git.example/*"],
+            "destinations": destinations })
+}
+
+/// argocd-pull's condition on `name`, once it shows one containing `want`.
+async fn refused_with(apps: &Api<Application>, name: &str, want: &str) -> String {
+    wait::until(
+        &format!("{name} refused with {want:?}"),
+        TIMEOUT,
+        || async {
+            let a = apps.get(name).await.map_err(|e| e.to_string())?;
+            let message = a
+                .data
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
+                .and_then(|c| c["message"].as_str().map(String::from))
+                .ok_or_else(|| "no condition yet".to_string())?;
+            if message.contains(want) {
+                Ok(message)
+            } else {
+                Err(message)
+            }
+        },
+    )
+    .await
+}
+
+/// A Warning Event on `name` whose message contains `want`.
+async fn warned(client: &kube::Client, ns: &str, name: &str, want: &str) {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    wait::until(&format!("event on {name}"), TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("ProjectNotPermitted")
+                    && e.message.as_deref().is_some_and(|m| m.contains(want))
+            })
+            .map(|_| ())
+            .ok_or_else(|| {
+                format!(
+                    "{} events: {:?}",
+                    list.items.len(),
+                    list.items.iter().map(|e| &e.message).collect::<Vec<_>>()
+                )
+            })
+    })
+    .await;
+}
+
+fn no_condition(a: &Application) -> bool {
+    a.data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_none_or(|cs| cs.iter().all(|c| c["type"] != CONDITION))
+}
+
+/// A hub with the ManifestWork controller, cluster1 joined, Argo CD's own
+/// `default` project, project `aaa`, and tenant namespaces `aaa-team-*` and
+/// `bbb-team-*` whose Placements select cluster1 (so that only the
+/// projects refuse).
+struct Hub {
+    _cluster: Cluster,
+    client: kube::Client,
+    _stop: argocd_pull_runtime::shutdown::Trigger,
+    aaa: String,
+    bbb: String,
+}
+
+async fn hub() -> Hub {
+    testenv::init_tracing();
+    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
+        .await
+        .unwrap();
+    let client = cluster.client().await.unwrap();
+    cluster.ensure_namespace(ARGOCD).await.unwrap();
+    argo_cds_default(&client).await;
+    project(&client, "aaa", aaa_spec(&[])).await;
+    managed_cluster(&cluster, "cluster1").await;
+    managed_cluster(&cluster, "cluster2").await;
+    let aaa = cluster.namespace("aaa-team").await.unwrap();
+    let bbb = cluster.namespace("bbb-team").await.unwrap();
+    for ns in [&aaa, &bbb] {
+        placement_selects(&client, ns, &["cluster1"]).await;
+    }
+    let (_ctx, stop) = run_controller(client.clone()).await;
+    Hub {
+        _cluster: cluster,
+        client,
+        _stop: stop,
+        aaa,
+        bbb,
+    }
+}
+
+/// An Application of project `project` in `ns` for cluster1, deploying to
+/// namespace `dest` from `repo`.
+fn tenant_app(name: &str, ns: &str, project: &str, dest: &str, repo: &str) -> Application {
+    let mut a = app(
+        name,
+        ns,
+        json!({ keys::MANAGED_CLUSTER: "cluster1" }),
+        json!({}),
+    );
+    a.data["spec"]["project"] = json!(project);
+    a.data["spec"]["destination"]["namespace"] = json!(dest);
+    a.data["spec"]["source"]["repoURL"] = json!(repo);
+    a
+}
+
+const REPO: &str = "https://git.example/team.git";
+
+#[tokio::test]
+async fn manifestwork_refuses_what_the_project_does_not_allow() {
+    let hub = hub().await;
+    let works: Api<ManifestWork> = Api::namespaced(hub.client.clone(), "cluster1");
+    let (aaa, bbb) = (
+        apps_api(&hub.client, &hub.aaa),
+        apps_api(&hub.client, &hub.bbb),
+    );
+
+    // A delivered one first: the controller works, and what follows is not
+    // refused for anything else.
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("good", &hub.aaa, "aaa", "aaa-web", REPO),
+    )
+    .await
+    .unwrap();
+    wait::exists(&works, &format!("{}.good", hub.aaa), TIMEOUT).await;
+
+    // 1. `default` from a tenant namespace (its sourceNamespaces is empty).
+    bbb.create(
+        &PostParams::default(),
+        &tenant_app("sneaky", &hub.bbb, "default", "bbb-web", REPO),
+    )
+    .await
+    .unwrap();
+    let want = format!(
+        "application 'sneaky' in namespace '{}' is not allowed to use project default",
+        hub.bbb
+    );
+    let m = refused_with(&bbb, "sneaky", &want).await;
+    assert!(m.starts_with("ProjectNotPermitted: "), "{m}");
+    warned(&hub.client, &hub.bbb, "sneaky", &want).await;
+
+    // 2. A destination namespace outside `aaa-*`.
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("escape", &hub.aaa, "aaa", "kube-system", REPO),
+    )
+    .await
+    .unwrap();
+    let want = "application destination server 'https://kubernetes.default.svc' and namespace 'kube-system' do not match any of the allowed destinations in project 'aaa'";
+    refused_with(&aaa, "escape", want).await;
+    warned(&hub.client, &hub.aaa, "escape", want).await;
+
+    // 3. A repository outside sourceRepos (one of several sources).
+    let mut multi = tenant_app("foreign", &hub.aaa, "aaa", "aaa-web", REPO);
+    multi.data["spec"]["sources"] = json!([
+        { "repoURL": REPO, "path": "a" },
+        { "repoURL": "https://evil.example/x.git", "path": "b" }]);
+    aaa.create(&PostParams::default(), &multi).await.unwrap();
+    let want = "application repo https://evil.example/x.git is not permitted in project 'aaa'";
+    refused_with(&aaa, "foreign", want).await;
+    warned(&hub.client, &hub.aaa, "foreign", want).await;
+
+    // 4. A project that does not exist.
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("orphan", &hub.aaa, "nope", "aaa-web", REPO),
+    )
+    .await
+    .unwrap();
+    refused_with(
+        &aaa,
+        "orphan",
+        "Application referencing project nope which does not exist",
+    )
+    .await;
+
+    // None of them was delivered.
+    for name in ["sneaky", "escape", "foreign", "orphan"] {
+        let ns = if name == "sneaky" { &hub.bbb } else { &hub.aaa };
+        assert!(
+            works
+                .get_opt(&format!("{ns}.{name}"))
+                .await
+                .unwrap()
+                .is_none(),
+            "{name} was delivered"
+        );
+    }
+
+    // The project now allows kube-system: delivered within seconds, and
+    // its condition goes.
+    project(&hub.client, "aaa", aaa_spec(&["kube-system"])).await;
+    wait::exists(&works, &format!("{}.escape", hub.aaa), TIMEOUT).await;
+    wait::until("escape's condition gone", TIMEOUT, || async {
+        let a = aaa.get("escape").await.map_err(|e| e.to_string())?;
+        no_condition(&a)
+            .then_some(())
+            .ok_or("still refused".to_string())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_application_its_project_stops_allowing_stays_on_the_cluster_unchanged() {
+    let hub = hub().await;
+    let works: Api<ManifestWork> = Api::namespaced(hub.client.clone(), "cluster1");
+    let aaa = apps_api(&hub.client, &hub.aaa);
+    project(&hub.client, "aaa", aaa_spec(&["shared-*"])).await;
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("web", &hub.aaa, "aaa", "shared-web", REPO),
+    )
+    .await
+    .unwrap();
+    let work_name = format!("{}.web", hub.aaa);
+    wait::exists(&works, &work_name, TIMEOUT).await;
+    let before = works.get(&work_name).await.unwrap();
+
+    // The project stops allowing shared-*: the refusal is recorded ...
+    project(&hub.client, "aaa", aaa_spec(&[])).await;
+    refused_with(
+        &aaa,
+        "web",
+        "namespace 'shared-web' do not match any of the allowed destinations in project 'aaa'",
+    )
+    .await;
+    // ... and a later change of the hub copy is decided (its refusal names
+    // the new namespace) but not delivered.
+    aaa.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "destination": { "namespace": "shared-other" } } })),
+    )
+    .await
+    .unwrap();
+    refused_with(&aaa, "web", "namespace 'shared-other' do not match").await;
+    let after = works
+        .get_opt(&work_name)
+        .await
+        .unwrap()
+        .expect("the work is not deleted");
+    assert_eq!(
+        (
+            after.metadata.resource_version,
+            after.metadata.generation,
+            after.metadata.deletion_timestamp
+        ),
+        (
+            before.metadata.resource_version,
+            before.metadata.generation,
+            None
+        ),
+        "the work changed after its Application stopped being allowed"
+    );
+}
+
+#[tokio::test]
+async fn grpc_refuses_what_the_project_does_not_allow_and_delivers_it_once_allowed() {
+    let mut env = grpc_env::Env::new(&["cluster1"]).await;
+    // The harness's default project admits every namespace; make it Argo
+    // CD's own.
+    env.hub.ensure_namespace(ARGOCD).await.unwrap();
+    argo_cds_default(&env.hub_client).await;
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.wait_connected().await;
+    let apps = env.hub_apps();
+    // Allowed (the control-plane namespace is not the team's, so this one
+    // uses a project admitting the team namespace).
+    project(
+        &env.hub_client,
+        "team",
+        json!({ "sourceNamespaces": [env.team], "sourceRepos": ["*"],
+                "destinations": [{ "name": "cluster1", "namespace": "*" }] }),
+    )
+    .await;
+    let mut ok = env.app("alpha", 0, json!({}));
+    ok.data["spec"]["project"] = json!("team");
+    apps.create(&PostParams::default(), &ok).await.unwrap();
+    let expected: BTreeMap<String, usize> = [("alpha".to_string(), 0)].into();
+    wait::until("alpha delivered", grpc_env::TIMEOUT, || {
+        env.converged(&expected)
+    })
+    .await;
+
+    // `default` from the team namespace: refused, nothing on the spoke.
+    apps.create(&PostParams::default(), &env.app("sneaky", 0, json!({})))
+        .await
+        .unwrap();
+    let want = format!(
+        "application 'sneaky' in namespace '{}' is not allowed to use project default",
+        env.team
+    );
+    refused_with(&apps, "sneaky", &want).await;
+    warned(&env.hub_client, &env.team, "sneaky", &want).await;
+    assert!(
+        env.spoke_apps(0).get_opt("sneaky").await.unwrap().is_none(),
+        "sneaky reached the cluster"
+    );
+
+    // The project admits the namespace: delivered within seconds.
+    project(
+        &env.hub_client,
+        "default",
+        json!({ "sourceNamespaces": [env.team], "sourceRepos": ["*"],
+                "destinations": [{ "server": "*", "namespace": "*" }] }),
+    )
+    .await;
+    wait::until("sneaky delivered once allowed", TIMEOUT, || async {
+        env.spoke_apps(0)
+            .get_opt("sneaky")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or_else(|| "not on the cluster".to_string())
+    })
+    .await;
+}
+
+/// The ManifestWork `name` in `cluster` once `check` holds for it.
+async fn work_where(
+    works: &Api<ManifestWork>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&ManifestWork) -> Result<(), String>,
+) -> ManifestWork {
+    wait::until(what, TIMEOUT, || async {
+        let w = works
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no work {name}"))?;
+        check(&w).map(|_| w)
+    })
+    .await
+}
+
+/// The manifests of a work, by kind/name.
+fn manifests(w: &ManifestWork) -> BTreeMap<String, Value> {
+    w.spec
+        .workload
+        .as_ref()
+        .and_then(|wl| wl.manifests.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let v = serde_json::to_value(m).unwrap();
+            (
+                format!(
+                    "{}/{}",
+                    v["kind"].as_str().unwrap_or_default(),
+                    v["metadata"]["name"].as_str().unwrap_or_default()
+                ),
+                v,
+            )
+        })
+        .collect()
+}
+
+async fn repo_secret(client: &kube::Client, name: &str, project: Option<&str>, password: &str) {
+    let mut data = json!({ "url": "https://git.example/team.git", "password": password });
+    if let Some(p) = project {
+        data["project"] = json!(p);
+    }
+    let s: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": name, "namespace": ARGOCD,
+                      "labels": { keys::ARGOCD_SECRET_TYPE: "repository" } },
+        "stringData": data,
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ARGOCD)
+        .patch(
+            name,
+            &PatchParams::apply("hub-admin").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_project_and_its_credentials_reach_only_the_clusters_of_its_applications() {
+    let hub = hub().await;
+    let c1: Api<ManifestWork> = Api::namespaced(hub.client.clone(), "cluster1");
+    let c2: Api<ManifestWork> = Api::namespaced(hub.client.clone(), "cluster2");
+    repo_secret(&hub.client, "aaa-repo", Some("aaa"), "s3cret").await;
+    repo_secret(&hub.client, "global-repo", None, "global").await;
+    repo_secret(&hub.client, "other-repo", Some("other"), "other").await;
+    // cluster2 gets an Application of `default` from the Argo CD namespace:
+    // its project work is the sign that cluster2's were decided.
+    placement_selects(&hub.client, ARGOCD, &["cluster2"]).await;
+    apps_api(&hub.client, ARGOCD)
+        .create(
+            &PostParams::default(),
+            &app(
+                "ops",
+                ARGOCD,
+                json!({ keys::MANAGED_CLUSTER: "cluster2" }),
+                json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+    let aaa = apps_api(&hub.client, &hub.aaa);
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("web", &hub.aaa, "aaa", "aaa-web", REPO),
+    )
+    .await
+    .unwrap();
+
+    let has = |want: &'static [&'static str]| {
+        move |w: &ManifestWork| {
+            let got: Vec<String> = manifests(w).into_keys().collect();
+            (got == want).then_some(()).ok_or(format!("{got:?}"))
+        }
+    };
+    let w = work_where(
+        &c1,
+        "argocd-pull-project-aaa",
+        "project aaa on cluster1 with its credential",
+        has(&["AppProject/aaa", "Secret/aaa-repo"]),
+    )
+    .await;
+    let m = manifests(&w);
+    assert_eq!(m["AppProject/aaa"]["metadata"]["namespace"], "argocd");
+    assert_eq!(
+        m["AppProject/aaa"]["spec"]["destinations"],
+        json!([{ "name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "aaa-*" }])
+    );
+    work_where(
+        &c2,
+        "argocd-pull-project-default",
+        "project default on cluster2",
+        has(&["AppProject/default"]),
+    )
+    .await;
+    // Nothing of aaa on cluster2, nothing of default on cluster1, and the
+    // unscoped and other project's credentials nowhere.
+    assert!(
+        c2.get_opt("argocd-pull-project-aaa")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        c1.get_opt("argocd-pull-project-default")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for w in c1
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .chain(c2.list(&Default::default()).await.unwrap().items.iter())
+    {
+        for k in manifests(w).keys() {
+            assert!(
+                k != "Secret/global-repo" && k != "Secret/other-repo",
+                "{k} delivered"
+            );
+        }
+    }
+
+    // An update follows within seconds ...
+    repo_secret(&hub.client, "aaa-repo", Some("aaa"), "rotated").await;
+    work_where(
+        &c1,
+        "argocd-pull-project-aaa",
+        "the rotated password delivered",
+        |w| {
+            let pw = manifests(w)["Secret/aaa-repo"]["data"]["password"].clone();
+            (pw == json!("cm90YXRlZA=="))
+                .then_some(())
+                .ok_or(format!("{pw}"))
+        },
+    )
+    .await;
+    // ... and so does a deletion.
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.client.clone(), ARGOCD)
+        .delete("aaa-repo", &Default::default())
+        .await
+        .unwrap();
+    work_where(
+        &c1,
+        "argocd-pull-project-aaa",
+        "the credential removed",
+        has(&["AppProject/aaa"]),
+    )
+    .await;
+
+    // The last Application of aaa leaves cluster1: its project goes too.
+    aaa.delete("web", &Default::default()).await.unwrap();
+    wait::until("project aaa removed from cluster1", TIMEOUT, || async {
+        match c1.get_opt("argocd-pull-project-aaa").await {
+            Ok(None) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|w| w.map(|w| w.metadata.deletion_timestamp))
+            )),
+        }
+    })
+    .await;
+}
