@@ -7,7 +7,7 @@
 //! few fields the hub reads are parsed into small typed views
 //! ([`ProjectSpec`], [`project_of`], [`source_repos`]).
 
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde::Deserialize;
 
 pub const GROUP: &str = "argoproj.io";

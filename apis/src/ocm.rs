@@ -33,7 +33,7 @@ pub use generated::placementdecision::*;
 /// `cluster.open-cluster-management.io/placement` label names that same
 /// Placement. `None` for a decision written by anyone else (by hand, by a
 /// tool), which must not authorize anything.
-pub fn placement_of(decision: &kube::api::DynamicObject) -> Option<&str> {
+pub fn placement_of(decision: &kube::core::DynamicObject) -> Option<&str> {
     let label = decision
         .metadata
         .labels
@@ -56,9 +56,9 @@ pub fn placement_of(decision: &kube::api::DynamicObject) -> Option<&str> {
 /// PlacementDecision has no spec, so kopium emits only its status type; the
 /// kind is used through this API resource as a `DynamicObject`, with
 /// [`PlacementDecisionStatus`] parsed from its `status`.
-pub fn placement_decision_resource() -> kube::api::ApiResource {
-    kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk(
+pub fn placement_decision_resource() -> kube::core::ApiResource {
+    kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
             "cluster.open-cluster-management.io",
             "v1beta1",
             "PlacementDecision",
@@ -68,7 +68,7 @@ pub fn placement_decision_resource() -> kube::api::ApiResource {
 }
 
 /// The cluster names a PlacementDecision (as a `DynamicObject`) selects.
-pub fn decided_clusters(decision: &kube::api::DynamicObject) -> Vec<String> {
+pub fn decided_clusters(decision: &kube::core::DynamicObject) -> Vec<String> {
     decision
         .data
         .get("status")
@@ -82,7 +82,7 @@ mod placement_tests {
     use super::*;
     use serde_json::json;
 
-    fn decision(labels: serde_json::Value, owners: serde_json::Value) -> kube::api::DynamicObject {
+    fn decision(labels: serde_json::Value, owners: serde_json::Value) -> kube::core::DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
             "metadata": { "name": "p-decision-1", "namespace": "team", "labels": labels,

@@ -11,11 +11,12 @@ mod fixtures;
 pub mod hub;
 mod leading;
 pub mod metrics;
-pub mod render;
 pub mod report;
-pub mod route;
 pub mod status;
 pub mod transport;
+
+/// The pure core's routing and rendering, at the paths they had here.
+pub use argocd_pull_core::{render, route};
 
 use transport::{grpc, manifestwork};
 

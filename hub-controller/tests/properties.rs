@@ -19,7 +19,8 @@
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_hub_controller::render::operation::carried_operation;
-use argocd_pull_hub_controller::render::{delivered_copy, grpc, work};
+use argocd_pull_hub_controller::render::{delivered_copy, work};
+use argocd_pull_hub_controller::transport::grpc::render as grpc;
 use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::route::decide::{Facts, Route, World, decide};
 use argocd_pull_hub_controller::status::condition::condition_of;

@@ -3,8 +3,9 @@
 //! certificate only.
 //!
 //! - [`identity`]: certificate subject -> cluster (pure);
-//! - [`plan`]: hub Application -> what the agent gets, commands, status,
-//!   mirrors (pure);
+//! - [`assign`]: hub Application -> what the agent gets (pure, from the
+//!   core's one routing decision), with [`render`]: the copy it carries and
+//!   the read-only mirror of an autonomous cluster's Application (pure);
 //! - [`cluster`]: what the hub holds per cluster across connections;
 //! - [`hub`]: watches -> index -> desired sets, and the writers;
 //! - [`session`]: one stream;
@@ -13,12 +14,14 @@
 //! - [`claims`]: with several replicas, which one writes for a cluster (the
 //!   one its agent is connected to; the leader for the rest).
 
+pub mod assign;
 pub mod claims;
 pub mod cluster;
 pub mod commands;
 pub mod hub;
 pub mod identity;
 pub mod metrics;
+pub mod render;
 pub mod revoke;
 pub mod session;
 pub mod tls;

@@ -23,7 +23,7 @@ use crate::render::operation::{self, carried_operation};
 use crate::render::work::{
     applied_on_spoke, is_applied, manifest_work, reported_applied, work_name,
 };
-use crate::route::assign::HubRef;
+use crate::route::HubRef;
 use crate::route::decide::{Facts, Route, decide};
 use crate::route::target::{Target, target};
 use crate::route::transport::Transport;

@@ -15,7 +15,7 @@ use super::Context;
 use crate::hub::cached::CachedApp;
 use crate::hub::caches;
 use crate::hub::watches::{Consumer, Event};
-use crate::route::assign::HubRef;
+use crate::route::HubRef;
 
 impl Consumer for Context {
     fn event(&self, event: &Event) {

@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, watch};
 
 use crate::compact::CompactJson;
-use crate::route::assign::{Desired, HubRef};
+use crate::transport::grpc::assign::{Desired, HubRef};
 
 mod control;
 pub mod held;

@@ -9,7 +9,7 @@ use super::super::claims::Claims;
 use super::super::cluster::{ClusterState, Work};
 use super::Hub;
 use super::mirror::mirror_work;
-use crate::route::assign::HubRef;
+use crate::transport::grpc::assign::HubRef;
 
 impl Hub {
     /// From now on this replica writes for a cluster only while

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use argocd_pull_proto::v1::ObjectKey;
 
 use super::super::cluster::Item;
-use crate::route::assign::{Assignment, Desired, HubRef, uid_of_version};
+use crate::transport::grpc::assign::{Assignment, Desired, HubRef, uid_of_version};
 
 type Slot = (String, ObjectKey);
 

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::super::cluster::{Observation, Work};
 use super::{Hub, MIRROR_MANAGER};
 use crate::hub::cached::CachedApp;
-use crate::render::grpc as render;
+use crate::transport::grpc::render;
 
 impl Hub {
     /// A mirror seen on the hub is part of the hub's replica of the

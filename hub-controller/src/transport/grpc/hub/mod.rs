@@ -34,7 +34,7 @@ use super::metrics::GrpcMetrics;
 use crate::hub::cached::CachedApp;
 use crate::hub::caches::{self, Caches};
 use crate::hub::watches::{Consumer, Event};
-use crate::route::assign::{self, Assignment, Facts, HubRef};
+use crate::transport::grpc::assign::{self, Assignment, Facts, HubRef};
 use crate::status::AppWriter;
 
 /// Field manager of the read-only mirrors.

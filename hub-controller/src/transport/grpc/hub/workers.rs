@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::super::cluster::{ClusterState, Observation, Work};
 use super::super::commands::{self, Command};
 use super::{Hub, app_ref};
-use crate::route::assign::{Assignment, HubRef};
+use crate::transport::grpc::assign::{Assignment, HubRef};
 use crate::status::Reason;
 use crate::status::condition::condition_of;
 use crate::status::observed::hub_status;

@@ -23,7 +23,7 @@ use argocd_pull_apis::ocm::{
     ManifestWorkManifestConfigsUpdateStrategyType, ManifestWorkSpec, ManifestWorkWorkload,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::ObjectMeta;
+use kube::core::ObjectMeta;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 

@@ -15,7 +15,7 @@ use argocd_pull_apis::ocm::{
     ManifestWorkManifestConfigsUpdateStrategyType, ManifestWorkSpec, ManifestWorkWorkload,
 };
 use kube::ResourceExt;
-use kube::api::ObjectMeta;
+use kube::core::ObjectMeta;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManagedCluster;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::ObjectMeta;
+use kube::core::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 /// Label naming the ManagedCluster a cluster Secret stands for.

@@ -7,7 +7,6 @@
 
 pub mod cluster_secret;
 pub mod delivered;
-pub mod grpc;
 pub mod operation;
 pub mod project;
 pub mod work;

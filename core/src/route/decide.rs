@@ -153,42 +153,11 @@ pub fn decide(app: &Application, facts: &Facts) -> Route {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::fixtures::*;
     use argocd_pull_apis::keys;
     use serde_json::json;
-
-    /// A world of fixed facts.
-    pub struct Fixed {
-        pub addon: bool,
-        pub clusters: &'static [&'static str],
-        pub decided: &'static [&'static str],
-    }
-
-    impl World for Fixed {
-        fn addon_enabled(&self, _: &str) -> bool {
-            self.addon
-        }
-        fn cluster_exists(&self, c: &str) -> bool {
-            self.clusters.contains(&c)
-        }
-        fn decided_in(&self, _: &str) -> Vec<String> {
-            self.decided.iter().map(|s| s.to_string()).collect()
-        }
-        fn project(&self, name: &str) -> Option<ProjectSpec> {
-            // Any project but `missing` exists, open to everything.
-            (name != "missing").then(|| ProjectSpec {
-                source_namespaces: vec!["*".into()],
-                destinations: vec![argocd_pull_apis::argocd::ProjectDestination {
-                    server: "*".into(),
-                    name: "*".into(),
-                    namespace: "*".into(),
-                }],
-                source_repos: vec!["*".into()],
-            })
-        }
-    }
 
     fn route(app: &Application, grpc_served: bool, world: Fixed) -> Route {
         decide(

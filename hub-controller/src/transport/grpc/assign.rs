@@ -11,35 +11,14 @@ use argocd_pull_proto::limits;
 use argocd_pull_proto::v1::{ObjectKey, ObjectMeta};
 use kube::ResourceExt;
 
+use super::render::grpc_copy;
 use crate::compact::CompactJson;
-use crate::render::grpc::grpc_copy;
+pub use crate::route::HubRef;
 pub use crate::route::decide::Facts;
 use crate::route::decide::{Route, decide};
 use crate::route::target::Target;
 use crate::route::transport::Transport;
 use crate::status::Reason;
-
-/// A hub Application, by namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HubRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl HubRef {
-    pub fn of<K: kube::Resource>(app: &K) -> Self {
-        Self {
-            namespace: app.namespace().unwrap_or_default(),
-            name: app.name_any(),
-        }
-    }
-}
-
-impl std::fmt::Display for HubRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
 
 /// What the hub wants on a cluster for one key (managed mode).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,7 +174,6 @@ mod tests {
     use super::*;
     use crate::fixtures::*;
     use crate::route::authz::Authorization;
-    use crate::route::decide::tests::Fixed;
     use argocd_pull_apis::keys;
     use serde_json::json;
 
