@@ -20,7 +20,6 @@ use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_hub_controller::render::operation::carried_operation;
 use argocd_pull_hub_controller::render::{delivered_copy, work};
-use argocd_pull_hub_controller::transport::grpc::render as grpc;
 use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::route::decide::{Facts, Route, World, decide};
 use argocd_pull_hub_controller::status::condition::condition_of;
@@ -30,6 +29,7 @@ use argocd_pull_hub_controller::status::patch::status_patch;
 use argocd_pull_hub_controller::transport::grpc::commands::{
     self, Command, InFlight, OPERATION_ID_INFO, completion_patch,
 };
+use argocd_pull_hub_controller::transport::grpc::render as grpc;
 use argocd_pull_proto::v1::ObjectKey;
 use serde_json::{Map, Value, json};
 

@@ -34,8 +34,8 @@ use super::metrics::GrpcMetrics;
 use crate::hub::cached::CachedApp;
 use crate::hub::caches::{self, Caches};
 use crate::hub::watches::{Consumer, Event};
-use crate::transport::grpc::assign::{self, Assignment, Facts, HubRef};
 use crate::status::AppWriter;
+use crate::transport::grpc::assign::{self, Assignment, Facts, HubRef};
 
 /// Field manager of the read-only mirrors.
 pub const MIRROR_MANAGER: &str = "argocd-pull-mirror";

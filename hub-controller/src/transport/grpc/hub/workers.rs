@@ -20,11 +20,11 @@ use serde_json::Value;
 use super::super::cluster::{ClusterState, Observation, Work};
 use super::super::commands::{self, Command};
 use super::{Hub, app_ref};
-use crate::transport::grpc::assign::{Assignment, HubRef};
 use crate::status::Reason;
 use crate::status::condition::condition_of;
 use crate::status::observed::hub_status;
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
+use crate::transport::grpc::assign::{Assignment, HubRef};
 use argocd_pull_proto::owner::{Holder, parse_conflict};
 
 impl Hub {
