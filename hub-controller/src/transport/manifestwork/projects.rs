@@ -42,8 +42,12 @@ const RESYNC: Duration = Duration::from_secs(60);
 pub struct Memory {
     /// Per Application (namespace, name): the resourceVersion last looked
     /// at, and the (cluster, project) it was delivered to then.
-    apps: HashMap<(String, String), (Option<String>, Option<(String, String)>)>,
+    apps: HashMap<(String, String), Seen>,
 }
+
+/// An Application's resourceVersion last looked at, and the (cluster,
+/// project) it was delivered to then.
+type Seen = (Option<String>, Option<(String, String)>);
 
 /// Keeps the project works until `down`.
 pub async fn run(ctx: Arc<Context>, down: Shutdown) {
