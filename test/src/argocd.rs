@@ -240,6 +240,227 @@ impl Hub {
     }
 }
 
+/// How the hub's argocd-server runs.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The local `admin` account's password.
+    pub admin_password: String,
+    /// Namespaces besides [`NAMESPACE`] whose Applications it shows
+    /// (`--application-namespaces`, globs).
+    pub application_namespaces: Vec<String>,
+    /// The port of its API and UI on 127.0.0.1 (`None`: a free one).
+    pub port: Option<u16>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            admin_password: "argocd-pull-admin".into(),
+            application_namespaces: vec!["*".into()],
+            port: None,
+        }
+    }
+}
+
+/// The hub's Argo CD API server with its UI (and its own Redis), as a user
+/// runs it next to the pull model: it shows the hub copies of the pulled
+/// Applications, whose status the clusters report. Plain HTTP on loopback
+/// (`--insecure`); the `admin` account logs in with
+/// [`ServerOptions::admin_password`].
+pub struct Server {
+    procs: Processes,
+    addr: SocketAddr,
+    admin_password: String,
+}
+
+impl Server {
+    /// Installs Argo CD's settings (as [`Hub::start`] does), sets the admin
+    /// password in `argocd-secret`, and starts Redis and
+    /// argocd-server on `cluster`, serving the UI built by
+    /// `test/tools/build.sh` (`$CACHE/argocd-ui`). Returns once the API
+    /// answers.
+    pub async fn start(cluster: &Cluster, options: ServerOptions) -> Result<Self> {
+        let server = require(&paths::bin_dir().join("argocd-server"))?;
+        let redis_bin = require(&paths::bin_dir().join("redis-server"))?;
+        let ui = paths::cache_dir().join("argocd-ui");
+        require(&ui.join("index.html"))?;
+        // Idempotent; the Hub may have done it already.
+        install(cluster).await?;
+        set_admin_password(cluster, &options.admin_password).await?;
+        let procs = Processes::new(cluster.dir().join("argocd-server"))?;
+        let dir = procs.dir.clone();
+        let redis = procs
+            .start("redis", 1, |ports| {
+                let mut cmd = Command::new(&redis_bin);
+                cmd.args(["--bind", "127.0.0.1", "--port", &ports[0].to_string()])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir);
+                cmd
+            })
+            .await?[0];
+        let kubeconfig = cluster.kubeconfig().to_path_buf();
+        let ports = procs
+            .start_on("argocd-server", 2, options.port, |ports| {
+                let mut cmd = Command::new(&server);
+                cmd.arg("--logformat=text")
+                    .arg("--loglevel=info")
+                    .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                    .arg(format!("--namespace={NAMESPACE}"))
+                    .arg("--address=127.0.0.1")
+                    .arg(format!("--port={}", ports[0]))
+                    .arg("--metrics-address=127.0.0.1")
+                    .arg(format!("--metrics-port={}", ports[1]))
+                    .arg("--insecure")
+                    .arg(format!("--redis=127.0.0.1:{redis}"))
+                    .arg(format!("--staticassets={}", ui.display()))
+                    // The hub runs no repo-server (nothing renders there);
+                    // what would ask one (a diff, a new Application's
+                    // details) fails fast instead of waiting for a Service.
+                    .arg("--repo-server=127.0.0.1:1")
+                    .arg("--repo-server-plaintext")
+                    .arg("--dex-server=")
+                    .arg("--repo-server-timeout-seconds=5")
+                    .env("KUBECONFIG", &kubeconfig)
+                    .env("ARGOCD_BINARY_NAME", "argocd-server");
+                if !options.application_namespaces.is_empty() {
+                    cmd.arg(format!(
+                        "--application-namespaces={}",
+                        options.application_namespaces.join(",")
+                    ));
+                }
+                cmd
+            })
+            .await?;
+        Ok(Self {
+            procs,
+            addr: SocketAddr::from(([127, 0, 0, 1], ports[0])),
+            admin_password: options.admin_password,
+        })
+    }
+
+    /// Where its API and UI listen (plain HTTP).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The `admin` account's password.
+    pub fn admin_password(&self) -> &str {
+        &self.admin_password
+    }
+
+    /// Logs in through the API as the UI and CLI do (`POST
+    /// /api/v1/session`); the session token.
+    pub async fn login(&self, username: &str, password: &str) -> Result<String> {
+        let body = json!({ "username": username, "password": password });
+        let (code, reply) = self
+            .api(http::Method::POST, "/api/v1/session", None, Some(&body))
+            .await?;
+        match reply["token"].as_str() {
+            Some(token) if code == 200 => Ok(token.to_string()),
+            _ => Err(Error::Command {
+                command: format!("POST {}/api/v1/session as {username}", self.url()),
+                output: format!("{code}: {reply}"),
+            }),
+        }
+    }
+
+    /// One call of Argo CD's REST API with bearer `token`: its status code
+    /// and JSON body (`null` when the body is empty or not JSON).
+    pub async fn api(
+        &self,
+        method: http::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(u16, serde_json::Value)> {
+        use http_body_util::{BodyExt, Full};
+        let failed = |e: &dyn std::fmt::Display| Error::Command {
+            command: format!("{method} {}{path}", self.url()),
+            output: e.to_string(),
+        };
+        let stream = tokio::net::TcpStream::connect(self.addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| failed(&e))?;
+        let conn = tokio::spawn(conn);
+        let mut request = http::Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(http::header::HOST, self.addr.to_string())
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(token) = token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let payload = body.map(|b| b.to_string()).unwrap_or_default();
+        let request = request
+            .body(Full::new(bytes::Bytes::from(payload)))
+            .map_err(|e| failed(&e))?;
+        let response = tokio::time::timeout(START_TIMEOUT, sender.send_request(request))
+            .await
+            .map_err(|e| failed(&e))?
+            .map_err(|e| failed(&e))?;
+        let code = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| failed(&e))?
+            .to_bytes();
+        conn.abort();
+        Ok((
+            code,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        ))
+    }
+
+    /// The last lines `component` (`argocd-server`, `redis`) logged.
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        self.procs.log_tail(component, lines)
+    }
+
+    /// Where it keeps its logs.
+    pub fn dir(&self) -> &Path {
+        &self.procs.dir
+    }
+}
+
+/// Argo CD's CLI (`$CACHE/bin/argocd-cli/argocd`).
+pub fn cli() -> Result<PathBuf> {
+    require(&paths::bin_dir().join("argocd-cli").join("argocd"))
+}
+
+/// Sets the local admin's password as Argo CD's own `argocd account
+/// update-password` would store it: a bcrypt hash in `argocd-secret`'s
+/// `admin.password`, with `admin.passwordMtime` (which invalidates older
+/// sessions). The hash comes from the CLI's `argocd account bcrypt`.
+async fn set_admin_password(cluster: &Cluster, password: &str) -> Result<()> {
+    let hash = run(Command::new(cli()?).args(["account", "bcrypt", "--password", password]))?;
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "argocd-secret", "namespace": NAMESPACE },
+        "stringData": { "admin.password": hash, "admin.passwordMtime": now },
+    }))
+    .expect("a valid Secret");
+    Api::<Secret>::namespaced(cluster.client().await?, NAMESPACE)
+        .patch(
+            "argocd-secret",
+            &PatchParams::apply(&format!("{FIELD_MANAGER}-admin")).force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(())
+}
+
 /// The API resource of `appprojects.argoproj.io`.
 pub fn appproject_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(

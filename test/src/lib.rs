@@ -14,6 +14,7 @@
 
 pub mod argocd;
 pub mod balancer;
+pub mod browser;
 mod cluster;
 mod crds;
 pub mod freeze;

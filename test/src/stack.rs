@@ -81,6 +81,9 @@ pub struct Stack {
     pub spokes: Vec<argocd::Spoke>,
     /// The hub's applicationset-controller.
     pub argocd: argocd::Hub,
+    /// The hub's Argo CD API server and UI (with its own Redis), showing
+    /// the hub copies of the pulled Applications.
+    pub argocd_server: argocd::Server,
     /// The Git server and the example's repository on it.
     pub repo: Repo,
     pub git: GitServer,
@@ -165,6 +168,10 @@ impl Stack {
             },
         )
         .await?;
+        progress(
+            "starting the hub's Argo CD API server and UI (argocd-server with its own Redis, on 127.0.0.1), logged in as the local admin",
+        );
+        let argocd_server = argocd::Server::start(hub, argocd::ServerOptions::default()).await?;
         let mut spokes = Vec::new();
         for c in &shared.clusters {
             spokes.push(argocd::Spoke::start(c, argocd::SpokeOptions::default()).await?);
@@ -200,6 +207,7 @@ impl Stack {
         let stack = Self {
             spokes,
             argocd,
+            argocd_server,
             repo,
             git,
             grpc,

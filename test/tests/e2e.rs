@@ -20,6 +20,8 @@ use testenv::stack::{Stack, StackOptions};
 mod autonomous;
 #[path = "e2e/churn.rs"]
 mod churn;
+#[path = "e2e/hub_ui.rs"]
+mod hub_ui;
 #[path = "e2e/plugin.rs"]
 mod plugin;
 #[path = "e2e/support.rs"]
@@ -72,6 +74,13 @@ async fn the_pull_model_end_to_end() {
             "{cluster}'s Argo CD deployed the guestbook"
         );
     }
+
+    phase("the hub's Argo CD");
+    hub_ui::shows_the_pulled_applications(
+        &stack,
+        &["guestbook-cluster1".into(), "guestbook-cluster2".into()],
+    )
+    .await;
 
     phase("unknown cluster");
     // An Application for a cluster OCM does not know: a condition and an

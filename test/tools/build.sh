@@ -7,6 +7,10 @@
 #   $CACHE/bin/clusteradm
 #   $CACHE/bin/argocd        (Argo CD's application-controller, repo-server
 #                             and applicationset-controller in one binary)
+#   $CACHE/bin/argocd-server (the hub's Argo CD API server; $CACHE/bin/argocd-cli/argocd,
+#                             Argo CD's CLI, is the same binary)
+#   $CACHE/argocd-ui/        (Argo CD's web UI, built from the module's ui/ sources)
+#   chromium                 (Debian's, installed as a system package when missing)
 #   $CACHE/bin/redis-server  (Debian's redis, unpacked into $CACHE/redis)
 #   $CACHE/bin/runc          (Debian's runc, unpacked into $CACHE/runc)
 #   $CACHE/bin/iptables{,-restore,-save} (Debian's, unpacked into $CACHE/iptables)
@@ -389,6 +393,136 @@ build_previous() {
   log "previous release built in $((SECONDS - t0))s"
 }
 
+# The hub's Argo CD API server and the `argocd` CLI (test/tools/argocd-server,
+# one multi-call binary): $bin/argocd-server, and $bin/argocd-cli/argocd
+# linked to it (a folder of its own: $bin/argocd is the controllers' binary,
+# which the repo-server finds on PATH as its askpass helper).
+build_argocd_server() {
+  local m=$here/argocd-server
+  local v
+  v=$(awk '$1 == "github.com/argoproj/argo-cd/v3" { print $2 }' "$m/go.mod")
+  if [ "$v" != "$ARGOCD_VERSION" ]; then
+    log "test/tools/argocd-server/go.mod uses github.com/argoproj/argo-cd/v3 $v but versions.env installs the CRDs of $ARGOCD_VERSION: make them agree"
+    exit 1
+  fi
+  if ! diff <(cd "$here/argocd" && go mod edit -json | jq -c .Replace) <(cd "$m" && go mod edit -json | jq -c .Replace) >/dev/null; then
+    log "test/tools/argocd-server/go.mod's replace lines differ from test/tools/argocd/go.mod's: make them agree"
+    exit 1
+  fi
+  if fresh argocd-server "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_argocd_server) \
+    && [ -x "$bin/argocd-server" ] && [ -L "$bin/argocd-cli/argocd" ]; then
+    return
+  fi
+  log "building Argo CD $v: argocd-server and the argocd CLI (about 4 minutes on 2 cores after the controllers)"
+  local t0=$SECONDS
+  (cd "$m" && go build -trimpath \
+    -ldflags "-s -w -X github.com/argoproj/argo-cd/v3/common.version=${v#v}" \
+    -o "$bin/argocd-server" .)
+  mkdir -p "$bin/argocd-cli"
+  ln -sfn ../argocd-server "$bin/argocd-cli/argocd"
+  mark argocd-server "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_argocd_server)
+  log "argocd-server built in $((SECONDS - t0))s"
+}
+
+# Argo CD's web UI, which argocd-server serves from --staticassets: built
+# from the ui/ folder of the pinned argo-cd module (its module download
+# ships the sources with an empty dist/app) into $cache/argocd-ui, with its
+# locked npm dependencies from the npm registry (pnpm, the release its
+# package.json names, run by npx) and upstream's webpack configuration.
+#
+# One dependency is no npm package: the lock takes argo-ui as a tarball of a
+# GitHub commit. That commit comes from a git repository holding it: the
+# first of $ARGOCD_PULL_GIT_MIRRORS (folders, `:`-separated, each holding
+# <owner>+<repo>/repo or <owner>/<repo>) that has it, else the lock's own
+# URL. It is installed as a local tarball of that commit (`git archive`);
+# every other package keeps its locked version and integrity.
+build_argocd_ui() {
+  local out=$cache/argocd-ui
+  if fresh argocd-ui <(echo "$ARGOCD_VERSION") <(declare -f build_argocd_ui) && [ -f "$out/index.html" ]; then
+    return
+  fi
+  command -v node >/dev/null && command -v npx >/dev/null \
+    || { log "argocd-ui: node and npx are needed (Debian: apt-get install nodejs npm)"; exit 1; }
+  local src work=$cache/argocd-ui-build t0=$SECONDS
+  src=$(module_dir "github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION")/ui
+  [ -f "$src/pnpm-lock.yaml" ] || { log "argocd-ui: $src has no pnpm-lock.yaml"; exit 1; }
+  local pnpm
+  pnpm=$(jq -r '.packageManager // empty' "$src/package.json")
+  case $pnpm in pnpm@*) ;; *) log "argocd-ui: $src/package.json names no pnpm release ($pnpm)"; exit 1 ;; esac
+  log "building Argo CD $ARGOCD_VERSION's UI with $pnpm and webpack (about 6 minutes on 2 cores when cold)"
+  rm -rf "$work" && mkdir -p "$work/deps"
+  cp -r "$src/." "$work/ui" && chmod -R u+w "$work/ui"
+  local url owner repo commit tgz dir found
+  for url in $(sed -n 's|.*resolution: {tarball: \(https://codeload\.github\.com/[^}]*\)}.*|\1|p' "$src/pnpm-lock.yaml" | sort -u); do
+    IFS=/ read -r owner repo commit <<<"${url#https://codeload.github.com/}"
+    commit=${commit#tar.gz/}
+    tgz=$work/deps/$repo-$commit.tgz
+    found=
+    local mirrors
+    IFS=: read -ra mirrors <<<"${ARGOCD_PULL_GIT_MIRRORS:-/work/.mirror}"
+    for dir in "${mirrors[@]}"; do
+      for dir in "$dir/$owner+$repo/repo" "$dir/$owner/$repo"; do
+        if git -C "$dir" cat-file -e "$commit^{commit}" 2>/dev/null; then
+          git -C "$dir" archive --format=tar --prefix=package/ "$commit" | gzip -n >"$tgz"
+          found=$dir
+          break 2
+        fi
+      done
+    done
+    if [ -z "$found" ]; then
+      curl -fsSL --retry 2 --max-time 120 -o "$tgz" "$url" 2>/dev/null || {
+        log "argocd-ui: the lock takes $owner/$repo at $commit from $url, which cannot be fetched here,"
+        log "and no folder of ARGOCD_PULL_GIT_MIRRORS=${ARGOCD_PULL_GIT_MIRRORS:-/work/.mirror} holds a clone with that commit:"
+        log "clone it (git clone https://github.com/$owner/$repo) and set ARGOCD_PULL_GIT_MIRRORS to the folder above it"
+        exit 1
+      }
+      found=$url
+    fi
+    log "argocd-ui: $owner/$repo $commit from $found"
+    local spec="git+https://github.com/$owner/$repo.git#$commit"
+    grep -q "\"$spec\"" "$work/ui/package.json" \
+      || { log "argocd-ui: package.json does not take $spec as the lock does"; exit 1; }
+    sed -i "s|\"$spec\"|\"file:../deps/$repo-$commit.tgz\"|" "$work/ui/package.json"
+  done
+  # Not --frozen-lockfile: the specifiers changed above are re-resolved to
+  # the local tarballs; pnpm keeps every other locked resolution.
+  (cd "$work/ui" && npx -y "$pnpm" install --no-frozen-lockfile --reporter=append-only \
+    --store-dir "$work/store" >"$work/install.log" 2>&1) \
+    || { tail -30 "$work/install.log" >&2; log "argocd-ui: pnpm install failed; its log: $work/install.log"; exit 1; }
+  log "argocd-ui: dependencies installed after $((SECONDS - t0))s"
+  # As upstream's image builds it (its Dockerfile's `pnpm run build`).
+  (cd "$work/ui" && NODE_ENV=production NODE_ONLINE_ENV=online ARGO_VERSION="$ARGOCD_VERSION" \
+    NODE_OPTIONS=--max-old-space-size=8192 \
+    node_modules/.bin/webpack --config ./src/app/webpack.config.js --mode production >"$work/build.log" 2>&1) \
+    || { tail -30 "$work/build.log" >&2; log "argocd-ui: webpack failed; its log: $work/build.log"; exit 1; }
+  [ -f "$work/ui/dist/app/index.html" ] || { log "argocd-ui: webpack wrote no dist/app/index.html"; exit 1; }
+  rm -rf "$out" && mv "$work/ui/dist/app" "$out"
+  # The source maps are a third of the size and of no use to a test.
+  find "$out" -name '*.map' -delete
+  rm -rf "$work"
+  mark argocd-ui <(echo "$ARGOCD_VERSION") <(declare -f build_argocd_ui)
+  log "Argo CD's UI built in $((SECONDS - t0))s into $out"
+}
+
+# Debian's chromium, for the test that drives Argo CD's UI in a headless
+# browser (test/src/browser.rs). A system package: Chromium needs too many
+# libraries to unpack beside it as build_redis does. Installed only as root;
+# anyone else is told the command.
+build_chromium() {
+  if command -v chromium >/dev/null; then return; fi
+  if [ "$(id -u)" != 0 ]; then
+    log "chromium: run 'sudo apt-get install -y chromium' (the browser test needs it)"
+    exit 1
+  fi
+  log "installing Debian's chromium (apt-get install -y chromium)"
+  local t0=$SECONDS
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; then
+    apt-get -q update >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+  fi
+  log "$(chromium --version) installed in $((SECONDS - t0))s"
+}
+
 # `build.sh PART...` builds only those parts (e.g. `build.sh helm runc`).
 if [ $# -gt 0 ]; then
   for part in "$@"; do "build_$part"; done
@@ -407,4 +541,7 @@ build_iptables
 build_helm
 build_node
 build_previous
+build_argocd_server
+build_argocd_ui
+build_chromium
 log "ready: $bin"

@@ -111,6 +111,45 @@ pub async fn run(dir: PathBuf, git_port: u16, timeout: Duration) -> Result<()> {
             String::from_utf8_lossy(&out.stderr).trim_end()
         );
     }
+    // The hub's Argo CD shows the pulled Applications: its CLI, logged in
+    // as the local admin with a configuration of its own in the demo folder.
+    let cli = testenv::argocd::cli()?;
+    let cli_config = dir.join("argocd-cli.config");
+    let server = &stack.argocd_server;
+    let login = std::process::Command::new(&cli)
+        .args([
+            "login",
+            &server.addr().to_string(),
+            "--plaintext",
+            "--username",
+            "admin",
+        ])
+        .args(["--password", server.admin_password()])
+        .arg("--config")
+        .arg(&cli_config)
+        .output()?;
+    if !login.status.success() {
+        bail!(
+            "argocd login against the hub's argocd-server failed: {}",
+            String::from_utf8_lossy(&login.stderr)
+        );
+    }
+    for args in [
+        &["app", "list"][..],
+        &["app", "get", &format!("{NAMESPACE}/guestbook-cluster1")],
+    ] {
+        let out = std::process::Command::new(&cli)
+            .args(args)
+            .arg("--config")
+            .arg(&cli_config)
+            .output()?;
+        println!(
+            "\n$ argocd {}\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        );
+    }
     let hints = hints(&dir, &kubeconfigs, &stack);
     println!("\n{hints}");
     std::fs::write(dir.join("ready"), &hints)?;
@@ -164,6 +203,15 @@ fn hints(dir: &Path, kubeconfigs: &[(String, PathBuf)], stack: &Stack) -> String
         .map(|(_, p)| p.display().to_string())
         .unwrap_or_default();
     let admin = stack.admin;
+    let ui = stack.argocd_server.url();
+    let password = stack.argocd_server.admin_password();
+    let argocd = format!(
+        "{} --config {}",
+        testenv::argocd::cli()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "argocd".into()),
+        dir.join("argocd-cli.config").display()
+    );
     let logs: Vec<String> = stack
         .logs()
         .iter()
@@ -191,6 +239,13 @@ Break something on purpose (an Application for a cluster OCM does not know):
   {hub} -n argocd get application guestbook-nowhere -o jsonpath='{{.status.conditions}}{{\"\\n\"}}'
   {hub} -n argocd get events --field-selector involvedObject.name=guestbook-nowhere
   (the other Applications carry on; delete it with: {hub} delete -f example/mistakes/unknown-cluster.yaml)
+
+The hub's Argo CD UI:  {ui}  (user admin, password {password})
+  open {ui}/applications/argocd/guestbook-{c1} for {c1}'s Application: its sync and health as {c1} reported them
+  (the resource tree, live manifests and logs of a pulled Application are not there yet: see docs/ui.md)
+Its CLI, logged in as admin:
+  {argocd} app list
+  {argocd} app get argocd/guestbook-{c1}
 
 The fleet as the hub sees it (`make install-plugin` puts it on the PATH as `kubectl argocd-pull`):
   {plugin} --kubeconfig {hub_kubeconfig} --admin http://{admin} status
