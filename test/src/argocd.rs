@@ -276,14 +276,11 @@ pub struct Server {
 impl Server {
     /// Installs Argo CD's settings (as [`Hub::start`] does), sets the admin
     /// password in `argocd-secret`, and starts Redis and
-    /// argocd-server on `cluster`, serving the UI built by
-    /// `test/tools/build.sh` (`$CACHE/argocd-ui`). Returns once the API
-    /// answers.
+    /// argocd-server on `cluster`, with the UI `test/tools/build.sh` built
+    /// into it. Returns once the API answers.
     pub async fn start(cluster: &Cluster, options: ServerOptions) -> Result<Self> {
         let server = require(&paths::bin_dir().join("argocd-server"))?;
         let redis_bin = require(&paths::bin_dir().join("redis-server"))?;
-        let ui = paths::cache_dir().join("argocd-ui");
-        require(&ui.join("index.html"))?;
         // Idempotent; the Hub may have done it already.
         install(cluster).await?;
         set_admin_password(cluster, &options.admin_password).await?;
@@ -313,7 +310,6 @@ impl Server {
                     .arg(format!("--metrics-port={}", ports[1]))
                     .arg("--insecure")
                     .arg(format!("--redis=127.0.0.1:{redis}"))
-                    .arg(format!("--staticassets={}", ui.display()))
                     // The hub runs no repo-server (nothing renders there);
                     // what would ask one (a diff, a new Application's
                     // details) fails fast instead of waiting for a Service.

@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::process::Group;
-use crate::{Error, Result, net, paths};
+use crate::{Error, Result, paths};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// One DevTools call (a navigation returns before the page has loaded).
@@ -102,7 +102,7 @@ impl Browser {
 
     /// The page Chromium opened at start.
     pub async fn page(&self) -> Result<Page> {
-        let (code, body) = net::http_get(self.devtools, "/json/list").await?;
+        let (code, body) = devtools_get(self.devtools, "/json/list").await?;
         let targets: Value = serde_json::from_str(&body).map_err(|e| Error::Command {
             command: format!("GET http://{}/json/list", self.devtools),
             output: format!("{code} {e}: {body}"),
@@ -305,4 +305,48 @@ fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(program))
         .find(|p| p.is_file())
+}
+
+/// A GET of Chromium's DevTools HTTP endpoint. It keeps the connection open
+/// whatever the request says, so the body is read by its Content-Length.
+async fn devtools_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let failed = |output: String| Error::Command {
+        command: format!("GET http://{addr}{path}"),
+        output,
+    };
+    let read = async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    let code = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+                    return Ok::<_, std::io::Error>((code, body.to_string()));
+                }
+            }
+        }
+        Ok((0, String::from_utf8_lossy(&buf).into_owned()))
+    };
+    tokio::time::timeout(CALL_TIMEOUT, read)
+        .await
+        .map_err(|_| failed(format!("no answer within {CALL_TIMEOUT:?}")))?
+        .map_err(|e| failed(e.to_string()))
 }

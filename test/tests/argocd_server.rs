@@ -49,6 +49,8 @@ async fn pulled_application(client: &kube::Client) {
     apps.create(&PostParams::default(), &app)
         .await
         .expect("the hub copy is created");
+    // Argo CD's Application has no status subresource: the status is part
+    // of the object, as the hub-controller writes it.
     let status = json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
         "status": {
@@ -63,7 +65,7 @@ async fn pulled_application(client: &kube::Client) {
             "sourceType": "Directory",
         },
     });
-    apps.patch_status(
+    apps.patch(
         APP,
         &PatchParams::apply("argocd-pull-hub-controller").force(),
         &Patch::Apply(&status),
@@ -175,6 +177,16 @@ async fn the_hub_ui_shows_a_pulled_application() {
         .unwrap_or_else(|e| panic!("{e}\nargocd-server: {}", server.log_tail("argocd-server", 20)));
     let text = text.as_str().unwrap_or_default();
     assert!(text.contains(APP), "the page does not name {APP}:\n{text}");
+    // The tree's nodes: the managed resources from the status the cluster
+    // reported (argocd-server has no live tree for it; the UI draws these).
+    page.wait_for(
+        "the tree's nodes: the guestbook's Service and Deployment",
+        "(() => { const t = document.body.innerText; \
+           return t.includes('guestbook-ui') && t.includes('svc') && t.includes('deploy'); })()",
+        UI_TIMEOUT,
+    )
+    .await
+    .unwrap();
     // Let the page settle (fonts, icons) before the picture.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let shot = browser.dir().join("hub-ui-app.png");

@@ -9,7 +9,8 @@
 #                             and applicationset-controller in one binary)
 #   $CACHE/bin/argocd-server (the hub's Argo CD API server; $CACHE/bin/argocd-cli/argocd,
 #                             Argo CD's CLI, is the same binary)
-#   $CACHE/argocd-ui/        (Argo CD's web UI, built from the module's ui/ sources)
+#   $CACHE/argocd-ui/        (Argo CD's web UI, built from the module's ui/ sources;
+#                             argocd-server embeds it)
 #   chromium                 (Debian's, installed as a system package when missing)
 #   $CACHE/bin/redis-server  (Debian's redis, unpacked into $CACHE/redis)
 #   $CACHE/bin/runc          (Debian's runc, unpacked into $CACHE/runc)
@@ -409,22 +410,26 @@ build_argocd_server() {
     log "test/tools/argocd-server/go.mod's replace lines differ from test/tools/argocd/go.mod's: make them agree"
     exit 1
   fi
-  if fresh argocd-server "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_argocd_server) \
+  # The UI is embedded (main.go says why): built first, part of the stamp.
+  build_argocd_ui
+  if fresh argocd-server "$m/go.mod" "$m/go.sum" "$m/main.go" "$cache/stamps/argocd-ui" <(declare -f build_argocd_server) \
     && [ -x "$bin/argocd-server" ] && [ -L "$bin/argocd-cli/argocd" ]; then
     return
   fi
-  log "building Argo CD $v: argocd-server and the argocd CLI (about 4 minutes on 2 cores after the controllers)"
+  log "building Argo CD $v: argocd-server with the UI, and the argocd CLI (about 4 minutes on 2 cores after the controllers)"
   local t0=$SECONDS
+  rm -rf "$m/dist" && mkdir -p "$m/dist" && cp -r "$cache/argocd-ui" "$m/dist/app"
   (cd "$m" && go build -trimpath \
     -ldflags "-s -w -X github.com/argoproj/argo-cd/v3/common.version=${v#v}" \
     -o "$bin/argocd-server" .)
   mkdir -p "$bin/argocd-cli"
   ln -sfn ../argocd-server "$bin/argocd-cli/argocd"
-  mark argocd-server "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_argocd_server)
+  rm -rf "$m/dist"
+  mark argocd-server "$m/go.mod" "$m/go.sum" "$m/main.go" "$cache/stamps/argocd-ui" <(declare -f build_argocd_server)
   log "argocd-server built in $((SECONDS - t0))s"
 }
 
-# Argo CD's web UI, which argocd-server serves from --staticassets: built
+# Argo CD's web UI, which the argocd-server binary embeds: built
 # from the ui/ folder of the pinned argo-cd module (its module download
 # ships the sources with an empty dist/app) into $cache/argocd-ui, with its
 # locked npm dependencies from the npm registry (pnpm, the release its
@@ -542,6 +547,5 @@ build_helm
 build_node
 build_previous
 build_argocd_server
-build_argocd_ui
 build_chromium
 log "ready: $bin"

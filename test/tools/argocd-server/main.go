@@ -8,9 +8,17 @@
 // It answers as the server when it runs as `argocd-server` (or
 // $ARGOCD_BINARY_NAME says so) and as the CLI under any other name, as
 // upstream's cmd/main.go does; build.sh links it as $CACHE/bin/argocd-cli/argocd.
+//
+// The web UI: argocd-server serves index.html only from the embedded file
+// system of the module's ui package (ui.Embedded, `dist/app`), which the
+// module download leaves empty; --staticassets adds files but never the
+// index. So build.sh copies the UI it built from the module's ui/ sources
+// into dist/app here (git-ignored), this binary embeds it, and init puts it
+// in ui.Embedded's place before the server reads it.
 package main
 
 import (
+	"embed"
 	"errors"
 	"os"
 	"os/exec"
@@ -21,10 +29,15 @@ import (
 	apiserver "github.com/argoproj/argo-cd/v3/cmd/argocd-server/commands"
 	cli "github.com/argoproj/argo-cd/v3/cmd/argocd/commands"
 	"github.com/argoproj/argo-cd/v3/common"
+	"github.com/argoproj/argo-cd/v3/ui"
 	"github.com/argoproj/argo-cd/v3/util/log"
 )
 
+//go:embed dist/app
+var builtUI embed.FS
+
 func init() {
+	ui.Embedded = builtUI
 	// As upstream's main: klog through the configured logrus logger.
 	klog.SetLogger(log.NewLogrusLogger(log.NewWithCurrentConfig()))
 }
