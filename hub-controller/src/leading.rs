@@ -85,6 +85,13 @@ impl Share {
             hub.requeue_all();
         }
         let triggered = self.gate.open();
+        let recording = self.grpc.as_ref().map(|hub| {
+            tokio::spawn(grpc::issued::lead(
+                hub.config.issued.clone(),
+                self.client.clone(),
+                down.clone().wait(),
+            ))
+        });
         let tasks = [
             tokio::spawn(manifestwork::cluster_secrets::run(
                 self.client.clone(),
@@ -114,7 +121,7 @@ impl Share {
         }
         self.page.set_leader(false);
         self.metrics.leader.set(0);
-        for t in tasks {
+        for t in tasks.into_iter().chain(recording) {
             if let Err(e) = t.await {
                 tracing::error!(error = %e, "a task of the leader's share failed");
             }

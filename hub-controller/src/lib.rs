@@ -233,7 +233,9 @@ async fn run_controllers(
         projects: (args.app_projects == AppProjectsMode::Enforce)
             .then(|| args.argocd_namespace.clone()),
     };
-    let grpc_config = args.grpc.config(authorization.clone());
+    let grpc_config = args
+        .grpc
+        .config_managed(authorization.clone(), args.certs.manage);
     page.set_authorization(&authorization);
     let watches = hub::watches::Watches::new(hub::watches::Scope {
         grpc: grpc_config.is_some(),

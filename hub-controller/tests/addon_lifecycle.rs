@@ -387,17 +387,23 @@ async fn placements_install_certificate_refusals_and_uninstall() {
         )),
         "no expired refusal counted"
     );
-    // The same CA's certificate, valid, is accepted: it was the expiry.
+    // The same CA's certificate, valid, but signed outside OCM's CSR flow:
+    // the CA's signature alone is not enough, the hub never saw it issued
+    // on cluster1's own request (`hostile_identity.rs` for the forged CSR).
     let valid = signed_by(
         &signing_ca,
         &agent_subject("cluster1"),
-        now - Duration::from_secs(60),
+        now - Duration::from_secs(150),
         now + day,
     );
-    let (_, _, welcome) = open(&address, &hub_ca, &valid, hello(1, 1))
-        .await
-        .expect("a valid certificate of the signing CA is accepted");
-    assert!(matches!(welcome.kind, Some(hub_message::Kind::Welcome(_))));
+    let status = refused(open(&address, &hub_ca, &valid, hello(1, 1)).await);
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("not issued on a request by cluster cluster1's own OCM identity"),
+        "{status:?}"
+    );
     // cluster1's agent, as deployed, holding the expired certificate:
     // it does not dial with it, and says why.
     let dir = tempfile::tempdir().unwrap();

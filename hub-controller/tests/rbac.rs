@@ -9,6 +9,7 @@ use std::time::Duration;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
 use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use testenv::{Cluster, ClusterConfig, CrdSet, wait};
@@ -81,10 +82,47 @@ async fn the_deployed_rbac_is_enough_and_no_more() {
             "-n",
             "argocd-pull",
         ],
+        &[
+            "patch",
+            "configmaps/argocd-pull-denied-certificates",
+            "-n",
+            "argocd-pull",
+        ],
+        // CSRs: read only; OCM approves and signs them.
+        &["update", "certificatesigningrequests.certificates.k8s.io"],
+        &["delete", "certificatesigningrequests.certificates.k8s.io"],
+        &[
+            "update",
+            "certificatesigningrequests.certificates.k8s.io",
+            "--subresource=approval",
+        ],
+        &[
+            "update",
+            "certificatesigningrequests.certificates.k8s.io",
+            "--subresource=status",
+        ],
     ] {
         assert!(!can_i(&sa, denied), "the service account may {denied:?}");
     }
     assert!(can_i(&sa, &["patch", "secrets", "-n", "argocd"]));
+    assert!(can_i(
+        &sa,
+        &["watch", "certificatesigningrequests.certificates.k8s.io"]
+    ));
+    for verb in ["get", "list", "watch", "patch"] {
+        assert!(
+            can_i(
+                &sa,
+                &[
+                    verb,
+                    "configmaps/argocd-pull-issued-certificates-15",
+                    "-n",
+                    "argocd-pull"
+                ]
+            ),
+            "{verb} of the record of issued certificates"
+        );
+    }
     for verb in ["get", "list", "watch"] {
         assert!(
             can_i(
@@ -202,9 +240,102 @@ async fn the_deployed_rbac_is_enough_and_no_more() {
     assert!(works.get_opt(&work).await.unwrap().is_none());
 
     drop(controller);
+    issued_certificates_record(&hub, &sa).await;
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(
         !log.to_lowercase().contains("forbidden"),
         "the controller hit a permission it does not have:\n{log}"
     );
+}
+
+/// The record of issued certificates (`transport::grpc::issued`) with the
+/// service account's rights: the CSRs of the signer listed and watched by
+/// field selector, the sixteen record ConfigMaps created, watched by name
+/// and patched, an Event on a CSR whose certificate is refused.
+async fn issued_certificates_record(hub: &Cluster, sa: &Path) {
+    use argocd_pull_hub_controller::transport::grpc::identity::IdentityMap;
+    use argocd_pull_hub_controller::transport::grpc::issued::{self, Issued, record};
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+
+    let admin = hub.client().await.unwrap();
+    let as_sa = testenv::client_for(sa).await.unwrap();
+    // A CSR of the signer, approved and signed by hand as an admin (who is
+    // not a klusterlet: its certificate is refused).
+    let ca = testenv::pki::Ca::new("signing").unwrap();
+    let subject = "system:open-cluster-management:cluster:cluster1:addon:argocd-pull:agent:a";
+    let pair = ca.client(subject, None).unwrap();
+    let key = rcgen::KeyPair::from_pem(&pair.key_pem).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, subject);
+    let request = params.serialize_request(&key).unwrap().pem().unwrap();
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "metadata": { "name": "by-an-admin", "labels": {
+            "open-cluster-management.io/cluster-name": "cluster1" } },
+        "spec": { "signerName": argocd_pull_addon::SIGNER_NAME,
+                  "request": k8s_openapi::ByteString(request.into_bytes()),
+                  "usages": ["client auth"] },
+    }))
+    .unwrap();
+    csrs.create(&PostParams::default(), &csr).await.unwrap();
+    csrs.patch_approval(
+        "by-an-admin",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "conditions": [{
+            "type": "Approved", "status": "True", "reason": "Test", "message": "test" }] } })),
+    )
+    .await
+    .unwrap();
+    csrs.patch_status(
+        "by-an-admin",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": {
+            "certificate": k8s_openapi::ByteString(pair.cert_pem.clone().into_bytes()) } })),
+    )
+    .await
+    .unwrap();
+
+    let issued = Issued::new(true, "argocd-pull", IdentityMap::default());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let reading = tokio::spawn(issued::run(
+        issued.clone(),
+        as_sa.clone(),
+        until(stopped.clone()),
+    ));
+    let leading = tokio::spawn(issued::lead(issued.clone(), as_sa, until(stopped)));
+    tokio::time::timeout(TIMEOUT, issued.wait_loaded())
+        .await
+        .expect("the record loads with the service account's rights");
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "argocd-pull");
+    for i in 0..record::SHARDS {
+        let cm = cms.get(&record::shard_name(i)).await.unwrap();
+        assert!(
+            cm.annotations().contains_key(record::SINCE_ANNOTATION),
+            "{cm:?}"
+        );
+    }
+    let events: Api<Event> = Api::namespaced(admin, "default");
+    wait::until("the Warning Event on the CSR", TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=by-an-admin"))
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("CertificateNotRequestedByCluster"))
+            .map(|_| ())
+            .ok_or_else(|| format!("{} events", list.items.len()))
+    })
+    .await;
+    let _ = stop.send(true);
+    let _ = reading.await;
+    let _ = leading.await;
 }

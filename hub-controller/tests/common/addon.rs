@@ -351,6 +351,8 @@ pub struct AddonHub {
     pub grpc: SocketAddr,
     /// cluster1's and cluster2's nodes.
     pub nodes: Vec<Node>,
+    /// The hub-controller's command line (for [`AddonHub::restart`]).
+    args: Vec<String>,
     _files: tempfile::TempDir,
 }
 
@@ -445,22 +447,7 @@ impl AddonHub {
         args.extend(super::kept_certificates(grpc, files.path()));
         args.push(format!("--grpc-san={}", HUB_GRPC.ip()));
         args.push("--certificate-check-interval=2s".into());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let controller = Binary::start_as(
-            hub.kubeconfig(),
-            &args,
-            Stdio::from(std::fs::File::create(&log).unwrap()),
-        );
-        wait::until("the hub-controller to be ready", TIMEOUT, || async {
-            match net::http_get(controller.admin, "/readyz").await {
-                Ok((200, _)) => Ok(()),
-                other => Err(format!(
-                    "{other:?}\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                )),
-            }
-        })
-        .await;
+        let controller = start_controller(hub.kubeconfig(), &args, &log).await;
         let secrets: Api<Secret> =
             Api::namespaced(client.clone(), argocd_pull_addon::HUB_NAMESPACE);
         let signing = wait::exists(&secrets, argocd_pull_addon::SIGNING_CA_SECRET, TIMEOUT).await;
@@ -498,8 +485,18 @@ impl AddonHub {
             log,
             grpc,
             nodes,
+            args,
             _files: files,
         }
+    }
+
+    /// Stops the hub-controller (as a crash would: killed) and starts it
+    /// again with the same command line and files; its log starts anew.
+    pub async fn restart(&mut self) {
+        let _ = self.controller.child.kill().await;
+        let _ = self.controller.child.wait().await;
+        self.controller =
+            start_controller(self.fleet.hub.cluster().kubeconfig(), &self.args, &self.log).await;
     }
 
     pub fn hub_log(&self) -> String {
@@ -848,6 +845,28 @@ impl AddonHub {
             "{cluster}'s Application is being deleted after the hand-over"
         );
     }
+}
+
+/// Starts the hub-controller binary with `args` against `kubeconfig`,
+/// logging to `log`, and waits until it is ready.
+async fn start_controller(kubeconfig: &Path, args: &[String], log: &Path) -> Binary {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let controller = Binary::start_as(
+        kubeconfig,
+        &args,
+        Stdio::from(std::fs::File::create(log).unwrap()),
+    );
+    wait::until("the hub-controller to be ready", TIMEOUT, || async {
+        match net::http_get(controller.admin, "/readyz").await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!(
+                "{other:?}\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )),
+        }
+    })
+    .await;
+    controller
 }
 
 /// Waits until the hub copy `name` reports health `health`.

@@ -157,6 +157,8 @@ impl IdentityMap {
 pub struct CertInfo {
     /// Subject common name (the Kubernetes user).
     pub subject: String,
+    /// Seconds since the Unix epoch from which it is valid.
+    pub not_before: i64,
     /// Seconds since the Unix epoch after which it is no longer valid.
     pub not_after: i64,
 }
@@ -183,6 +185,8 @@ pub enum IdentityError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
     pub cluster: String,
+    /// Seconds since the Unix epoch from which the certificate is valid.
+    pub not_before: i64,
     /// Seconds since the Unix epoch after which the certificate is no
     /// longer valid.
     pub not_after: i64,
@@ -213,6 +217,7 @@ pub fn cert_info(der: &[u8]) -> Result<CertInfo, IdentityError> {
         .to_string();
     Ok(CertInfo {
         subject,
+        not_before: cert.validity().not_before.timestamp(),
         not_after: cert.validity().not_after.timestamp(),
     })
 }

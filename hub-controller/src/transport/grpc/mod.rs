@@ -11,6 +11,8 @@
 //! - [`session`]: one stream;
 //! - [`tls`]: certificates, refused handshakes logged with the cluster;
 //! - [`revoke`]: validity on every stream, the deny list, revoked clusters;
+//! - [`issued`]: a certificate speaks for a cluster only if it was issued
+//!   on that cluster's own request (its CSR's requester);
 //! - [`claims`]: with several replicas, which one writes for a cluster (the
 //!   one its agent is connected to; the leader for the rest).
 
@@ -20,6 +22,7 @@ pub mod cluster;
 pub mod commands;
 pub mod hub;
 pub mod identity;
+pub mod issued;
 pub mod metrics;
 pub mod render;
 pub mod revoke;
@@ -122,6 +125,19 @@ pub struct GrpcArgs {
         default_value = argocd_pull_addon::HUB_NAMESPACE
     )]
     pub grpc_denied_certificates_namespace: String,
+    /// Which client certificates may speak for a cluster: `csr` (only one
+    /// the hub saw OCM issue on a CSR filed by that cluster's own OCM
+    /// identity; certificates issued before the hub first recorded any are
+    /// accepted until they expire), `off` (any the client CA signed: for
+    /// certificates issued outside OCM), `auto` (`csr` with
+    /// --grpc-manage-certificates, `off` without). See docs/security.md.
+    #[arg(
+        long = "grpc-certificate-binding",
+        env = "ARGOCD_PULL_GRPC_CERTIFICATE_BINDING",
+        value_enum,
+        default_value_t = issued::Binding::Auto
+    )]
+    pub grpc_certificate_binding: issued::Binding,
 }
 
 /// What one client may cost the hub (docs/security.md, "Limits").
@@ -254,8 +270,30 @@ impl LimitArgs {
 }
 
 impl GrpcArgs {
-    /// The configuration, when gRPC is enabled.
+    /// The configuration, when gRPC is enabled (certificates not kept by
+    /// the hub: see [`GrpcArgs::config_managed`]).
     pub fn config(&self, authorization: Authorization) -> Option<GrpcConfig> {
+        self.config_managed(authorization, false)
+    }
+
+    /// The configuration, when gRPC is enabled; `manage_certificates`:
+    /// the hub keeps OCM's signing CA (`--grpc-manage-certificates`).
+    pub fn config_managed(
+        &self,
+        authorization: Authorization,
+        manage_certificates: bool,
+    ) -> Option<GrpcConfig> {
+        let identities = if self.grpc_identities.is_empty() {
+            IdentityMap::default()
+        } else {
+            IdentityMap(self.grpc_identities.clone())
+        };
+        let binding = match self.grpc_certificate_binding {
+            issued::Binding::Auto if manage_certificates => true,
+            issued::Binding::Auto => false,
+            issued::Binding::Csr => true,
+            issued::Binding::Off => false,
+        };
         Some(GrpcConfig {
             addr: self.grpc_addr?,
             tls: tls::TlsFiles {
@@ -263,11 +301,12 @@ impl GrpcArgs {
                 key: self.grpc_tls_key.clone(),
                 client_ca: self.grpc_client_ca.clone(),
             },
-            identities: if self.grpc_identities.is_empty() {
-                IdentityMap::default()
-            } else {
-                IdentityMap(self.grpc_identities.clone())
-            },
+            issued: issued::Issued::new(
+                binding,
+                &self.grpc_denied_certificates_namespace,
+                identities.clone(),
+            ),
+            identities,
             heartbeat: self.grpc_heartbeat,
             digest_interval: self.grpc_digest_interval,
             workers: self.grpc_workers,
@@ -294,6 +333,9 @@ pub struct GrpcConfig {
     /// Shared by every holder of the configuration: the deny list in force,
     /// kept by [`revoke::run_deny_list`].
     pub deny_list: Arc<DenyList>,
+    /// Shared likewise: the certificates issued on each cluster's own
+    /// request, kept by [`issued::run`] and [`issued::lead`].
+    pub issued: Arc<issued::Issued>,
 }
 
 struct Service {
@@ -325,6 +367,15 @@ impl Transport for Service {
                 return Err(Status::permission_denied(e.to_string()));
             }
         };
+        // Issued on the cluster's own request? Counted without the name:
+        // nothing vouches for it (anyone with a klusterlet's credentials
+        // can have any name signed).
+        if let Err(d) = self.bound(&peer).await {
+            let r = d.refusal;
+            tracing::warn!(cluster = %peer.cluster, certificate = %peer.fingerprint, requester = %d.requester, csr = %d.csr, reason = r.reason, message = %r.status.message(), "refused an agent: its certificate was not issued on the cluster's own request");
+            self.hub.metrics.refuse(UNVERIFIED, r.reason);
+            return Err(r.status);
+        }
         // Every stream, not only the first of its connection: the
         // certificate may have expired, been denied, or its cluster
         // revoked since the handshake.
@@ -347,6 +398,15 @@ impl Transport for Service {
 }
 
 impl Service {
+    /// [`issued::Issued::check`], once the record was read (briefly
+    /// waited for at start-up, so that a fleet reconnecting to a restarted
+    /// hub is not refused for it).
+    async fn bound(&self, peer: &Peer) -> Result<(), issued::record::Denied> {
+        let issued = &self.hub.config.issued;
+        let _ = tokio::time::timeout(ISSUED_LOAD_WAIT, issued.wait_loaded()).await;
+        issued.check(peer).map(|_| ())
+    }
+
     fn identify<T>(&self, request: &Request<T>) -> Result<Peer, IdentityError> {
         let certs = request.peer_certs().ok_or(IdentityError::NoCertificate)?;
         let leaf = certs.first().ok_or(IdentityError::NoCertificate)?;
@@ -354,11 +414,16 @@ impl Service {
         let cluster = self.hub.config.identities.cluster(&info.subject)?;
         Ok(Peer {
             cluster,
+            not_before: info.not_before,
             not_after: info.not_after,
             fingerprint: fingerprint(leaf),
         })
     }
 }
+
+/// How long a new stream waits for the record of issued certificates at
+/// start-up before it is refused as retriable.
+const ISSUED_LOAD_WAIT: Duration = Duration::from_secs(10);
 
 /// Starts the gRPC transport (the writers and the server; its index is fed
 /// by the hub's watches, see [`crate::hub::watches`]) and
@@ -381,6 +446,11 @@ pub async fn start(
     let (stop, stopped) = watch::channel(false);
     let deny_list = tokio::spawn(revoke::run_deny_list(
         hub.clone(),
+        wait_for(stopped.clone()),
+    ));
+    let issued = tokio::spawn(issued::run(
+        config.issued.clone(),
+        hub.client.clone(),
         wait_for(stopped.clone()),
     ));
     let workers = tokio::spawn(hub.clone().run_workers(config.workers));
@@ -410,6 +480,7 @@ pub async fn start(
         // Streams end on their own once told; do not wait for slow peers.
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         let _ = deny_list.await;
+        let _ = issued.await;
         let _ = workers.await;
         tracing::info!("gRPC transport stopped");
     }))
