@@ -135,8 +135,9 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
         serde_json::json!({
             "apiVersion": "certificates.k8s.io/v1",
             "kind": "CertificateSigningRequest",
+            // OCM's addon-manager looks only at CSRs named `addon*`.
             "metadata": {
-                "name": "forged-cluster1-identity",
+                "name": "addon-cluster2-argocd-pull-forged",
                 "labels": {
                     "open-cluster-management.io/cluster-name": "cluster2",
                     "open-cluster-management.io/addon-name": keys::ADDON_NAME,
@@ -166,7 +167,7 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
     let csrs: Api<CertificateSigningRequest> = Api::all(hub.client.clone());
     let signed = wait::until("OCM to sign the forged CSR", TIMEOUT, || async {
         let csr = csrs
-            .get("forged-cluster1-identity")
+            .get("addon-cluster2-argocd-pull-forged")
             .await
             .map_err(|e| e.to_string())?;
         csr.status
@@ -230,7 +231,7 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
     let events: Api<Event> = Api::namespaced(hub.client.clone(), "default");
     let note = wait::until("the Warning Event on the forged CSR", TIMEOUT, || async {
         let list = events
-            .list(&ListParams::default().fields("involvedObject.name=forged-cluster1-identity"))
+            .list(&ListParams::default().fields("involvedObject.name=addon-cluster2-argocd-pull-forged"))
             .await
             .map_err(|e| e.to_string())?;
         list.items
