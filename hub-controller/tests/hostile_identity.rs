@@ -231,7 +231,10 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
     let events: Api<Event> = Api::namespaced(hub.client.clone(), "default");
     let note = wait::until("the Warning Event on the forged CSR", TIMEOUT, || async {
         let list = events
-            .list(&ListParams::default().fields("involvedObject.name=addon-cluster2-argocd-pull-forged"))
+            .list(
+                &ListParams::default()
+                    .fields("involvedObject.name=addon-cluster2-argocd-pull-forged"),
+            )
             .await
             .map_err(|e| e.to_string())?;
         list.items
