@@ -354,3 +354,206 @@ async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and
         "the agent reconnected while its replica was cut off"
     );
 }
+
+/// Requests that wrote ManifestWorks, as `replica` counts them.
+async fn work_writes(replica: &grpc_env::replicas::Replica) -> f64 {
+    replica
+        .process
+        .metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("argocd_pull_hub_api_requests_total{"))
+        .filter(|l| l.contains(r#"resource="manifestworks""#))
+        .filter(|l| {
+            ["create", "patch", "update"]
+                .iter()
+                .any(|v| l.contains(&format!(r#"verb="{v}""#)))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The target revision of Application `app` in its ManifestWork.
+async fn revision_in_work(env: &Env, app: &str) -> Option<String> {
+    let w = work(env, app).await?;
+    let v = serde_json::to_value(&w).ok()?;
+    v.pointer("/spec/workload/manifests/0/spec/source/targetRevision")?
+        .as_str()
+        .map(str::to_string)
+}
+
+async fn set_revision(env: &Env, app: &str, revision: &str) {
+    env.hub_apps()
+        .patch(
+            app,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({ "spec": { "source": { "targetRevision": revision } } }),
+            ),
+        )
+        .await
+        .unwrap();
+}
+
+/// The leader's API server stops answering (the 3,000-agent run's stall):
+/// it steps down instead of exiting, the other replica leads and writes the
+/// ManifestWorks, the one that stepped down writes none (even once it can
+/// again) and keeps its agent on the same stream, and it leads again once
+/// the other goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_manifestworks() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.hub.ensure_namespace(NS).await.unwrap();
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    // hub-0 reaches the API server through a proxy that can freeze; hub-1
+    // directly.
+    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
+        .await
+        .unwrap();
+    let path = env.dir.path().join("through-proxy.kubeconfig");
+    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    let mut hub0 = env.start_replica("hub-0", &[]).await;
+    env.hub_kubeconfig = None;
+    wait::until("hub-0 to lead", TIMEOUT, || async {
+        hub0.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+    let hub1 = env.start_replica("hub-1", &[]).await;
+    let config = env.agent_config(0, &format!("https://{}", hub0.grpc), Mode::Managed);
+    env.start_agent_with(0, config);
+    env.wait_connected().await;
+    assert!(!hub1.leads().await, "two leaders");
+
+    let forced = || json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } });
+    let hub = env.hub_apps();
+    hub.create(&PostParams::default(), &env.app("by-work", 0, forced()))
+        .await
+        .unwrap();
+    wait::until("by-work's ManifestWork, from hub-0", TIMEOUT, || async {
+        work(&env, "by-work").await.ok_or("none")
+    })
+    .await;
+    assert!(work_writes(&hub0).await >= 1.0);
+    assert_eq!(
+        work_writes(&hub1).await,
+        0.0,
+        "a standby wrote a ManifestWork"
+    );
+    let reconnects = || {
+        env.spokes[0]
+            .agent
+            .as_ref()
+            .unwrap()
+            .metrics
+            .reconnects
+            .get()
+    };
+    let reconnects_before = reconnects();
+
+    // The API server stops answering hub-0: it cannot renew the Lease
+    // (10 s), steps down, and hub-1 takes the Lease once it expires (15 s).
+    proxy.freeze();
+    hub0.process
+        .wait_logged(
+            "hub-0 to step down",
+            "lost the leader Lease: stepped down",
+            TIMEOUT,
+        )
+        .await;
+    wait::until("hub-1 to lead", TIMEOUT, || async {
+        hub1.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+    assert!(
+        hub0.process.child.try_wait().unwrap().is_none(),
+        "hub-0 exited on losing the Lease:\n{}",
+        hub0.process.log_text()
+    );
+    // The positive signal: hub-1 now writes the ManifestWorks.
+    set_revision(&env, "by-work", "while-frozen").await;
+    wait::until(
+        "by-work's change in its work, by hub-1",
+        TIMEOUT,
+        || async {
+            match revision_in_work(&env, "by-work").await.as_deref() {
+                Some("while-frozen") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(work_writes(&hub1).await >= 1.0);
+
+    // hub-0 reaches the API server again: it stands by, writes no
+    // ManifestWork while hub-1 writes the next change, and its agent is
+    // still on its first stream.
+    proxy.thaw();
+    let hub0_writes = work_writes(&hub0).await;
+    let hub1_writes = work_writes(&hub1).await;
+    hub.create(&PostParams::default(), &env.app("by-grpc", 0, json!({})))
+        .await
+        .unwrap();
+    wait::until("by-grpc on cluster1 through hub-0", TIMEOUT, || async {
+        env.spoke_apps(0)
+            .get_opt("by-grpc")
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    set_revision(&env, "by-work", "after-thaw").await;
+    wait::until("by-work's second change in its work", TIMEOUT, || async {
+        match revision_in_work(&env, "by-work").await.as_deref() {
+            Some("after-thaw") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(work_writes(&hub1).await > hub1_writes, "hub-1 wrote it");
+    assert_eq!(
+        work_writes(&hub0).await,
+        hub0_writes,
+        "hub-0 wrote a ManifestWork after stepping down"
+    );
+    assert!(!hub0.leads().await, "hub-0 leads next to hub-1");
+    assert_eq!(hub0.agents().await, ["cluster1"]);
+    assert_eq!(
+        reconnects(),
+        reconnects_before,
+        "the agent reconnected while its replica stepped down"
+    );
+    assert_eq!(
+        hub0.metric("argocd_pull_hub_leader_terms_lost_total").await,
+        Some(1.0)
+    );
+
+    // hub-1 goes (SIGTERM hands the Lease back): hub-0 leads again and
+    // writes the ManifestWorks.
+    assert!(hub1.terminate().await.success());
+    wait::until("hub-0 to lead again", TIMEOUT, || async {
+        hub0.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+    set_revision(&env, "by-work", "hub-0-again").await;
+    wait::until(
+        "by-work's third change in its work, by hub-0",
+        TIMEOUT,
+        || async {
+            match revision_in_work(&env, "by-work").await.as_deref() {
+                Some("hub-0-again") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(work_writes(&hub0).await > hub0_writes, "hub-0 wrote it");
+    assert!(hub0.process.child.try_wait().unwrap().is_none());
+    let log = hub0.process.log_text();
+    for line in log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("lease") || l.contains("leading:"))
+    {
+        println!("hub-0: {line}");
+    }
+}

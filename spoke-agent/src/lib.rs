@@ -155,13 +155,25 @@ pub enum Mode {
     Autonomous,
 }
 
+/// What `/metrics` serves: the agent's own metrics and its API client's
+/// (docs/operations.md lists them; hub-controller/tests/metrics.rs checks
+/// that list against this).
+pub fn registry() -> (
+    Registry,
+    metrics::AgentMetrics,
+    argocd_pull_runtime::client::ApiMetrics,
+) {
+    let mut registry = Registry::with_prefix("argocd_pull_agent");
+    let metrics = metrics::AgentMetrics::register(&mut registry);
+    let api_metrics = argocd_pull_runtime::client::ApiMetrics::register(&mut registry);
+    (registry, metrics, api_metrics)
+}
+
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signals()?;
     let readiness = Readiness::default();
-    let mut registry = Registry::with_prefix("argocd_pull_agent");
-    let metrics = metrics::AgentMetrics::register(&mut registry);
-    let api_metrics = argocd_pull_runtime::client::ApiMetrics::register(&mut registry);
+    let (registry, metrics, api_metrics) = registry();
     let admin = Admin::new(readiness.clone(), registry);
     let server = tokio::spawn(admin.serve(args.admin.addr, shutdown.clone()));
 

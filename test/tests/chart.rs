@@ -287,3 +287,203 @@ async fn helm_install_onto_a_hub_creates_the_hub_side() {
         format!("argocd-pull-hub-controller:{VERSION}")
     );
 }
+
+fn template(sets: &[&str]) -> Vec<Value> {
+    let mut args = vec!["template", "argocd-pull"];
+    let chart = chart();
+    args.push(&chart);
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    objects(&run("helm", &args))
+}
+
+fn none_of(objects: &[Value], kind: &str) {
+    let names: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == kind)
+        .map(|o| o["metadata"]["name"].clone())
+        .collect();
+    assert!(names.is_empty(), "{kind} {names:?} rendered");
+}
+
+/// What a chart user expects of the monitoring and disruption objects: the
+/// PodDisruptionBudget and the metrics Service by default; the
+/// ServiceMonitor, the PrometheusRule (their CRDs may be absent), the
+/// dashboard and the NetworkPolicy when asked, each wired to the others.
+#[test]
+fn monitoring_disruption_and_network_objects_follow_their_values() {
+    let defaults = template(&[]);
+    let pdb = find(
+        &defaults,
+        "PodDisruptionBudget",
+        "argocd-pull-hub-controller",
+    );
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let deployment = find(&defaults, "Deployment", "argocd-pull-hub-controller");
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &pod_labels[k], v,
+            "the budget selects the hub-controller's pods"
+        );
+    }
+    let service = find(&defaults, "Service", "argocd-pull-metrics");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "admin");
+    for kind in [
+        "ServiceMonitor",
+        "PrometheusRule",
+        "NetworkPolicy",
+        "ConfigMap",
+    ] {
+        none_of(&defaults, kind);
+    }
+    assert!(
+        !args_of(deployment)
+            .iter()
+            .any(|a| a == "--metrics-per-cluster")
+    );
+
+    let on = template(&[
+        "metrics.perCluster=true",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prometheus",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.labels.release=prometheus",
+        "metrics.dashboard.enabled=true",
+        "networkPolicy.enabled=true",
+        "networkPolicy.grpcFrom[0].ipBlock.cidr=10.0.0.0/8",
+        "podDisruptionBudget.enabled=false",
+    ]);
+    none_of(&on, "PodDisruptionBudget");
+    let deployment = find(&on, "Deployment", "argocd-pull-hub-controller");
+    assert!(
+        args_of(deployment)
+            .iter()
+            .any(|a| a == "--metrics-per-cluster")
+    );
+    let service = find(&on, "Service", "argocd-pull-metrics");
+    let monitor = find(&on, "ServiceMonitor", "argocd-pull-hub-controller");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][k], v,
+            "the monitor selects the metrics Service"
+        );
+    }
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["port"],
+        service["spec"]["ports"][0]["name"]
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    let rule = find(&on, "PrometheusRule", "argocd-pull-hub-controller");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let alerts: Vec<&str> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        alerts,
+        [
+            "ArgoCDPullAgentDisconnected",
+            "ArgoCDPullDeliveryLagging",
+            "ArgoCDPullStatusWriteErrors",
+            "ArgoCDPullCertificateExpiring",
+            "ArgoCDPullAgentCertificateExpiring",
+            "ArgoCDPullRefusalsSpiking",
+            "ArgoCDPullQueueBacklog",
+            "ArgoCDPullNoLeader",
+        ]
+    );
+    let dashboard = find(&on, "ConfigMap", "argocd-pull-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value =
+        serde_json::from_str(dashboard["data"]["argocd-pull.json"].as_str().unwrap()).unwrap();
+    assert_eq!(json["uid"], "argocd-pull");
+    assert!(json["panels"].as_array().unwrap().len() > 10);
+    // Only the two ports, each from its own peers.
+    let policy = find(&on, "NetworkPolicy", "argocd-pull-hub-controller");
+    for (k, v) in policy["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(&deployment["spec"]["template"]["metadata"]["labels"][k], v);
+    }
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    let ingress = policy["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(ingress.len(), 2);
+    assert_eq!(
+        ingress[0]["ports"],
+        serde_json::json!([{ "port": "grpc", "protocol": "TCP" }])
+    );
+    assert_eq!(
+        ingress[0]["from"],
+        serde_json::json!([{ "ipBlock": { "cidr": "10.0.0.0/8" } }])
+    );
+    assert_eq!(
+        ingress[1]["ports"],
+        serde_json::json!([{ "port": "admin", "protocol": "TCP" }])
+    );
+    assert_eq!(
+        ingress[1]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    let ports: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ports,
+        ["admin", "grpc"],
+        "the policy names the container's ports"
+    );
+}
+
+/// The PrometheusRule's alerts, as the chart renders them, pass the cases
+/// of test/promtool/alerts.test.yaml (`promtool test rules`): each fires
+/// when it should, with its labels and annotations, and not otherwise.
+#[test]
+fn the_alert_rules_pass_promtool_test_rules() {
+    let rendered = template(&["metrics.prometheusRule.enabled=true"]);
+    let rule = find(&rendered, "PrometheusRule", "argocd-pull-hub-controller");
+    let dir = tempfile::tempdir().unwrap();
+    let groups = serde_json::json!({ "groups": rule["spec"]["groups"] });
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        serde_yaml::to_string(&groups).unwrap(),
+    )
+    .unwrap();
+    std::fs::copy(
+        workspace_dir().join("test/promtool/alerts.test.yaml"),
+        dir.path().join("alerts.test.yaml"),
+    )
+    .unwrap();
+    for args in [
+        &["check", "rules", "rules.yaml"][..],
+        &["test", "rules", "alerts.test.yaml"][..],
+    ] {
+        let out = Command::new(bin_dir().join("promtool"))
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("promtool: {e} (run make tools)"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("$ promtool {}\n{text}", args.join(" "));
+        assert!(out.status.success(), "promtool {args:?}:\n{text}");
+    }
+}

@@ -16,6 +16,7 @@
 #   $CACHE/bin/runc          (Debian's runc, unpacked into $CACHE/runc)
 #   $CACHE/bin/iptables{,-restore,-save} (Debian's, unpacked into $CACHE/iptables)
 #   $CACHE/bin/helm
+#   $CACHE/bin/promtool
 #   $CACHE/bin/{kubelet,kube-scheduler}, $CACHE/bin/node/{containerd,containerd-shim-runc-v2,ctr,cni/*}
 #   $CACHE/previous/bin/{hub-controller,spoke-agent} (the previous release of
 #                             our own, from this repository's history)
@@ -528,6 +529,24 @@ build_chromium() {
   log "$(chromium --version) installed in $((SECONDS - t0))s"
 }
 
+# promtool, to unit-test the chart's alert rules (`promtool test rules` on
+# the PrometheusRule that deploy/helm/argocd-pull renders).
+build_promtool() {
+  local m=$here/promtool
+  if fresh promtool "$m/go.mod" "$m/go.sum" <(declare -f build_promtool) && [ -x "$bin/promtool" ]; then
+    return
+  fi
+  local v
+  v=$(awk '$1 == "github.com/prometheus/prometheus" { print $2 }' "$m/go.mod")
+  log "building promtool from github.com/prometheus/prometheus $v (about 4 minutes on 2 cores when cold)"
+  local t0=$SECONDS
+  (cd "$m" && go build -trimpath \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$v" \
+    -o "$bin/promtool" github.com/prometheus/prometheus/cmd/promtool)
+  mark promtool "$m/go.mod" "$m/go.sum" <(declare -f build_promtool)
+  log "promtool built in $((SECONDS - t0))s"
+}
+
 # `build.sh PART...` builds only those parts (e.g. `build.sh helm runc`).
 if [ $# -gt 0 ]; then
   for part in "$@"; do "build_$part"; done
@@ -548,4 +567,5 @@ build_node
 build_previous
 build_argocd_server
 build_chromium
+build_promtool
 log "ready: $bin"

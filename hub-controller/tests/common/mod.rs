@@ -172,6 +172,8 @@ impl Binary {
             .arg("--admin-addr")
             .arg(admin.to_string())
             .args(args)
+            // The tests read per-cluster series.
+            .env("ARGOCD_PULL_METRICS_PER_CLUSTER", "true")
             .stderr(stderr)
             .kill_on_drop(true)
             .spawn()

@@ -292,6 +292,9 @@ impl Env {
             .arg(d.join("ca.crt"))
             .args(["--grpc-heartbeat", "2s", "--grpc-digest-interval", "5s"])
             .args(args)
+            // The tests read per-cluster series; a test of the default
+            // passes `false` in `envs`.
+            .env("ARGOCD_PULL_METRICS_PER_CLUSTER", "true")
             .envs(envs.iter().copied())
             .env("ARGOCD_PULL_LOG", "info,kube_client=off")
             .stderr(std::fs::File::create(&log).unwrap())

@@ -585,7 +585,7 @@ pub async fn one_run(
     let steady_rss = hub1.memory_kib("VmRSS");
     let steady_cpu = testenv::procfs::cpu_time(hub1.pid);
     let peak1 = hub1.memory_kib("VmHWM");
-    let steady_connected = hub1.metric("argocd_pull_hub_grpc_agent_connected").await;
+    let steady_connected = hub1.metric("argocd_pull_hub_grpc_agents_connected").await;
 
     // --------------------------------------------------------- SIGKILL + start
     eprintln!("bench-grpc fleet: killing the hub-controller (SIGKILL) and starting it again");
@@ -636,10 +636,8 @@ pub async fn one_run(
     let peak3 = hub3.memory_kib("VmHWM");
 
     // ------------------------------------------------------------------ check
-    let connected = hub3.metric("argocd_pull_hub_grpc_agent_connected").await;
-    let pending = hub3
-        .metric("argocd_pull_hub_grpc_agent_pending_objects")
-        .await;
+    let connected = hub3.metric("argocd_pull_hub_grpc_agents_connected").await;
+    let pending = hub3.metric("argocd_pull_hub_grpc_pending_objects").await;
     let matching = copies.lock().expect("never poisoned").matching.len();
     let failed_attempts = fleet.failed_attempts();
     fleet.stop();

@@ -580,11 +580,11 @@ async fn one_run(
         terms_lost += rep.process.metric(TERMS_LOST).await;
         connected += rep
             .process
-            .metric("argocd_pull_hub_grpc_agent_connected")
+            .metric("argocd_pull_hub_grpc_agents_connected")
             .await;
         pending += rep
             .process
-            .metric("argocd_pull_hub_grpc_agent_pending_objects")
+            .metric("argocd_pull_hub_grpc_pending_objects")
             .await;
         peak_any = peak_any.max(rep.process.memory_kib("VmHWM"));
     }

@@ -1,12 +1,30 @@
-//! Per-agent metrics of the gRPC transport (prefix `argocd_pull_hub_grpc_`).
+//! Metrics of the gRPC transport (prefix `argocd_pull_hub_grpc_`).
+//!
+//! Fleet-level by default: how many agents are connected, how far behind
+//! the slowest is, messages by kind, refusals by reason; the number of
+//! series does not grow with the number of clusters. With
+//! `--metrics-per-cluster` the counters also carry a `cluster` label and
+//! five gauges per cluster are exported (docs/operations.md, Metrics).
+//!
+//! The per-cluster gauges are kept either way: the status page
+//! ([`crate::report`]) reads them, and the fleet figures are summed from
+//! the clusters' state at each scrape ([`Fleet`]).
 
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock, Weak};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric,
+};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use super::hub::Hub;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabel {
@@ -22,10 +40,22 @@ pub struct MessageLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `in` (agent to hub) or `out`.
+    pub direction: &'static str,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabel {
     /// The cluster of a verified certificate, or [`UNVERIFIED`]: a name
     /// nobody vouched for never becomes a series of its own.
     pub cluster: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
@@ -35,19 +65,28 @@ pub const UNVERIFIED: &str = "unverified";
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct GrpcMetrics {
+    /// Whether the per-cluster series are exported.
+    per_cluster: bool,
     pub connected: Family<ClusterLabel, Gauge>,
     pub last_seen: Family<ClusterLabel, FloatGauge>,
     pub lag: Family<ClusterLabel, FloatGauge>,
     pub pending: Family<ClusterLabel, Gauge>,
-    pub messages: Family<MessageLabel, Counter>,
-    pub resyncs: Family<ClusterLabel, Counter>,
-    pub refused: Family<RefusalLabel, Counter>,
-    pub status_writes: Counter,
     /// Acknowledgements waiting to be sent, per cluster (bounded by
     /// `--grpc-control-queue`).
     pub control_queue: Family<ClusterLabel, Gauge>,
+    messages: Family<KindLabel, Counter>,
+    cluster_messages: Family<MessageLabel, Counter>,
+    refused: Family<ReasonLabel, Counter>,
+    cluster_refused: Family<RefusalLabel, Counter>,
+    resyncs: Counter,
+    cluster_resyncs: Family<ClusterLabel, Counter>,
+    /// From an object message sent to its acknowledgement.
+    pub delivery: Histogram,
+    pub status_writes: Counter,
+    /// Status and mirror writes that failed (retried).
+    pub write_errors: Counter,
     pub handshakes_in_flight: Gauge,
     /// Connections closed before their TLS handshake because
     /// `--grpc-max-handshakes` were already in flight.
@@ -58,46 +97,111 @@ pub struct GrpcMetrics {
     pub connections_dropped: Counter,
     /// Entries of the deny list of client certificates in force.
     pub denied_certificates: Gauge,
+    /// The transport whose clusters the fleet figures are taken from.
+    hub: Arc<OnceLock<Weak<Hub>>>,
+}
+
+impl Default for GrpcMetrics {
+    fn default() -> Self {
+        Self {
+            per_cluster: false,
+            connected: Family::default(),
+            last_seen: Family::default(),
+            lag: Family::default(),
+            pending: Family::default(),
+            control_queue: Family::default(),
+            messages: Family::default(),
+            cluster_messages: Family::default(),
+            refused: Family::default(),
+            cluster_refused: Family::default(),
+            resyncs: Counter::default(),
+            cluster_resyncs: Family::default(),
+            // 10 ms to about 160 s.
+            delivery: Histogram::new(exponential_buckets(0.01, 2.0, 15)),
+            status_writes: Counter::default(),
+            write_errors: Counter::default(),
+            handshakes_in_flight: Gauge::default(),
+            handshakes_dropped: Counter::default(),
+            handshakes_paced: Counter::default(),
+            connections_open: Gauge::default(),
+            connections_dropped: Counter::default(),
+            denied_certificates: Gauge::default(),
+            hub: Arc::default(),
+        }
+    }
 }
 
 impl GrpcMetrics {
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
+    /// Registers the fleet-level series, and the per-cluster ones when
+    /// `per_cluster` (`--metrics-per-cluster`).
+    pub fn register(registry: &mut Registry, per_cluster: bool) -> Self {
+        let m = Self {
+            per_cluster,
+            ..Self::default()
+        };
         let r = registry.sub_registry_with_prefix("grpc");
+        if per_cluster {
+            r.register(
+                "agent_connected",
+                "1 while the cluster's agent has a stream open",
+                m.connected.clone(),
+            );
+            r.register(
+                "agent_last_seen_seconds",
+                "Unix time of the last message from the cluster's agent",
+                m.last_seen.clone(),
+            );
+            r.register(
+                "agent_lag_seconds",
+                "Age of the oldest message to the agent not yet acknowledged",
+                m.lag.clone(),
+            );
+            r.register(
+                "agent_pending_objects",
+                "Applications with a change for the agent not yet acknowledged",
+                m.pending.clone(),
+            );
+            r.register(
+                "agent_control_queue",
+                "Acknowledgements waiting to be sent to the cluster's agent",
+                m.control_queue.clone(),
+            );
+            r.register(
+                "messages",
+                "Messages exchanged with agents, by cluster, direction and kind",
+                m.cluster_messages.clone(),
+            );
+            r.register(
+                "resyncs",
+                "Digest mismatches that started a repair, by cluster",
+                m.cluster_resyncs.clone(),
+            );
+            r.register(
+                "refused",
+                "Streams, messages and objects refused, by cluster and reason",
+                m.cluster_refused.clone(),
+            );
+        } else {
+            r.register(
+                "messages",
+                "Messages exchanged with agents, by direction and kind",
+                m.messages.clone(),
+            );
+            r.register(
+                "resyncs",
+                "Digest mismatches that started a repair",
+                m.resyncs.clone(),
+            );
+            r.register(
+                "refused",
+                "Streams, messages and objects refused, by reason",
+                m.refused.clone(),
+            );
+        }
         r.register(
-            "agent_connected",
-            "1 while the cluster's agent has a stream open",
-            m.connected.clone(),
-        );
-        r.register(
-            "agent_last_seen_seconds",
-            "Unix time of the last message from the cluster's agent",
-            m.last_seen.clone(),
-        );
-        r.register(
-            "agent_lag_seconds",
-            "Age of the oldest message to the agent not yet acknowledged",
-            m.lag.clone(),
-        );
-        r.register(
-            "agent_pending_objects",
-            "Applications with a change for the agent not yet acknowledged",
-            m.pending.clone(),
-        );
-        r.register(
-            "messages",
-            "Messages exchanged with agents, by direction and kind",
-            m.messages.clone(),
-        );
-        r.register(
-            "resyncs",
-            "Digest mismatches that started a repair, by cluster",
-            m.resyncs.clone(),
-        );
-        r.register(
-            "refused",
-            "Streams, messages and objects refused, by reason",
-            m.refused.clone(),
+            "delivery_seconds",
+            "Time from an object message sent to an agent until the agent acknowledged it",
+            m.delivery.clone(),
         );
         r.register(
             "status_writes",
@@ -105,9 +209,9 @@ impl GrpcMetrics {
             m.status_writes.clone(),
         );
         r.register(
-            "agent_control_queue",
-            "Acknowledgements waiting to be sent to the cluster's agent",
-            m.control_queue.clone(),
+            "write_errors",
+            "Writes of status and mirrors to the hub API server that failed and are retried",
+            m.write_errors.clone(),
         );
         r.register(
             "handshakes_in_flight",
@@ -139,33 +243,162 @@ impl GrpcMetrics {
             "Client certificate fingerprints on the deny list",
             m.denied_certificates.clone(),
         );
+        r.register_collector(Box::new(Fleet { hub: m.hub.clone() }));
         m
     }
 
+    /// The fleet figures come from `hub`'s clusters from now on.
+    pub(crate) fn bind(&self, hub: Weak<Hub>) {
+        let _ = self.hub.set(hub);
+    }
+
     pub fn message(&self, cluster: &str, direction: &'static str, kind: &'static str) {
-        self.messages
-            .get_or_create(&MessageLabel {
-                cluster: cluster.into(),
-                direction,
-                kind,
-            })
-            .inc();
+        if self.per_cluster {
+            self.cluster_messages
+                .get_or_create(&MessageLabel {
+                    cluster: cluster.into(),
+                    direction,
+                    kind,
+                })
+                .inc();
+        } else {
+            self.messages
+                .get_or_create(&KindLabel { direction, kind })
+                .inc();
+        }
     }
 
     /// Counts a refusal; `cluster` must come from a verified certificate
     /// (else pass [`UNVERIFIED`]).
     pub fn refuse(&self, cluster: &str, reason: &'static str) {
-        self.refused
-            .get_or_create(&RefusalLabel {
-                cluster: cluster.into(),
-                reason,
-            })
-            .inc();
+        if self.per_cluster {
+            self.cluster_refused
+                .get_or_create(&RefusalLabel {
+                    cluster: cluster.into(),
+                    reason,
+                })
+                .inc();
+        } else {
+            self.refused.get_or_create(&ReasonLabel { reason }).inc();
+        }
+    }
+
+    /// Counts a repair started for `cluster`.
+    pub fn resync(&self, cluster: &str) {
+        if self.per_cluster {
+            self.cluster_resyncs
+                .get_or_create(&self.cluster(cluster))
+                .inc();
+        } else {
+            self.resyncs.inc();
+        }
     }
 
     pub fn cluster(&self, cluster: &str) -> ClusterLabel {
         ClusterLabel {
             cluster: cluster.into(),
         }
+    }
+}
+
+/// What the fleet-level gauges say, summed over one replica's clusters
+/// when scraped ([`Hub::fleet`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FleetFigures {
+    pub connected: i64,
+    pub disconnected: i64,
+    pub disconnected_longest: f64,
+    pub lag_longest: f64,
+    pub pending: i64,
+    pub control_queue: i64,
+    pub queue_depth: i64,
+    /// Unix times; `None` when there is nothing to say.
+    pub serving_not_after: Option<i64>,
+    pub agent_not_after: Option<i64>,
+}
+
+/// The fleet-level gauges, computed at each scrape.
+#[derive(Debug)]
+struct Fleet {
+    hub: Arc<OnceLock<Weak<Hub>>>,
+}
+
+/// A gauge of one value, or with no sample when `v` is `None`.
+fn gauge<N: EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: Option<N>,
+) -> Result<(), std::fmt::Error> {
+    let m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    match v {
+        Some(v) => ConstGauge::new(v).encode(m),
+        None => Ok(()),
+    }
+}
+
+impl Collector for Fleet {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let f = self
+            .hub
+            .get()
+            .and_then(Weak::upgrade)
+            .map(|hub| hub.fleet())
+            .unwrap_or_default();
+        let e = &mut encoder;
+        gauge(
+            e,
+            "agents_connected",
+            "Agents with a stream open to this replica",
+            Some(f.connected),
+        )?;
+        gauge(
+            e,
+            "agents_disconnected",
+            "Clusters this replica writes for, with gRPC Applications or an agent seen here, and no agent connected",
+            Some(f.disconnected),
+        )?;
+        gauge(
+            e,
+            "agent_disconnected_longest_seconds",
+            "Of the clusters without their agent, the longest time since it was last heard from here",
+            Some(f.disconnected_longest),
+        )?;
+        gauge(
+            e,
+            "agent_lag_longest_seconds",
+            "Age of the oldest object message to an agent not yet acknowledged",
+            Some(f.lag_longest),
+        )?;
+        gauge(
+            e,
+            "pending_objects",
+            "Applications with a change for an agent not yet acknowledged, all agents together",
+            Some(f.pending),
+        )?;
+        gauge(
+            e,
+            "control_queue",
+            "Acknowledgements waiting to be sent to the agents, all agents together",
+            Some(f.control_queue),
+        )?;
+        gauge(
+            e,
+            "queue_depth",
+            "Status and mirror writes waiting for a gRPC worker",
+            Some(f.queue_depth),
+        )?;
+        gauge(
+            e,
+            "serving_certificate_expiry_timestamp_seconds",
+            "Unix time at which the gRPC serving certificate expires",
+            f.serving_not_after,
+        )?;
+        gauge(
+            e,
+            "agent_certificate_expiry_earliest_timestamp_seconds",
+            "Unix time at which the first client certificate of a connected agent expires",
+            f.agent_not_after,
+        )
     }
 }

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::digest::{Entries, Repair, SetDigest, resync_requests};
@@ -20,6 +20,7 @@ use argocd_pull_proto::v1::{
     AckOutcome, AgentMode, DigestSet, HubMessage, ObjectKey, ObservedApplication, OperationRequest,
 };
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, watch};
 
 use crate::compact::CompactJson;
@@ -257,16 +258,62 @@ pub struct ClusterState {
     pub room: Notify,
     /// Status reports refused so far (their log is thinned out).
     pub refused_reports: AtomicU64,
+    /// When this replica first had anything for the cluster.
+    pub created: SystemTime,
+    /// Where the time from sending an object message to its
+    /// acknowledgement is counted (the hub's, or one of its own).
+    delivery: Histogram,
+}
+
+/// One cluster as the fleet-level metrics see it ([`ClusterState::sample`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// The certificate expiry of the agent connected, if one is.
+    pub agent_not_after: Option<i64>,
+    /// Seconds the oldest object message in flight has waited.
+    pub lag: f64,
+    pub pending: usize,
+    pub control: usize,
+    /// The hub wants Applications on the cluster (managed mode).
+    pub wanted: bool,
+    pub created: SystemTime,
 }
 
 impl ClusterState {
     pub fn new(name: &str) -> Self {
+        Self::counting_delivery(name, Histogram::new(std::iter::empty()))
+    }
+
+    /// A cluster whose deliveries are counted in `delivery`.
+    pub fn counting_delivery(name: &str, delivery: Histogram) -> Self {
         Self {
             name: name.into(),
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
             room: Notify::new(),
             refused_reports: AtomicU64::new(0),
+            created: SystemTime::now(),
+            delivery,
+        }
+    }
+
+    /// What the fleet-level metrics need, under one lock.
+    pub fn sample(&self) -> Sample {
+        let mut inner = self.lock();
+        Sample {
+            agent_not_after: inner
+                .session
+                .as_ref()
+                .map(|s| s.agent.certificate_not_after),
+            lag: inner
+                .in_flight
+                .values()
+                .map(|(_, _, t)| t.elapsed().as_secs_f64())
+                .fold(0.0, f64::max),
+            pending: inner.outbox().len(),
+            control: inner.control.len(),
+            wanted: !inner.desired.is_empty(),
+            created: self.created,
         }
     }
 
@@ -431,7 +478,7 @@ impl ClusterState {
         message: &str,
     ) -> Option<Item> {
         let mut inner = self.lock();
-        let (s, item, _) = inner.in_flight.get(key).cloned()?;
+        let (s, item, sent) = inner.in_flight.get(key).cloned()?;
         if s != seq {
             return None;
         }
@@ -451,6 +498,7 @@ impl ClusterState {
         }
         inner.in_flight.remove(key);
         inner.outbox().ack(key, seq);
+        self.delivery.observe(sent.elapsed().as_secs_f64());
         match &item {
             Item::Delete { hub_uid } if outcome == AckOutcome::Applied => {
                 inner.delete_acked.insert(key.clone(), hub_uid.clone());

@@ -21,6 +21,7 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 
 mod claimed;
+mod fleet;
 mod index;
 mod mirror;
 mod workers;
@@ -81,21 +82,24 @@ impl Hub {
         metrics: GrpcMetrics,
         caches: Caches,
     ) -> Arc<Self> {
-        Arc::new_cyclic(|me| Self {
-            me: me.clone(),
-            writer: AppWriter::new(client.clone()),
-            caches,
-            config,
-            client,
-            metrics,
-            index: Mutex::default(),
-            clusters: Mutex::default(),
-            queue: WorkQueue::new(),
-            follow_ups: Mutex::default(),
-            synced: watch::channel(false).0,
-            next_session: AtomicU64::new(1),
-            claims: std::sync::OnceLock::new(),
-            on_switch: std::sync::OnceLock::new(),
+        Arc::new_cyclic(|me| {
+            metrics.bind(me.clone());
+            Self {
+                me: me.clone(),
+                writer: AppWriter::new(client.clone()),
+                caches,
+                config,
+                client,
+                metrics,
+                index: Mutex::default(),
+                clusters: Mutex::default(),
+                queue: WorkQueue::new(),
+                follow_ups: Mutex::default(),
+                synced: watch::channel(false).0,
+                next_session: AtomicU64::new(1),
+                claims: std::sync::OnceLock::new(),
+                on_switch: std::sync::OnceLock::new(),
+            }
         })
     }
 
@@ -109,7 +113,12 @@ impl Hub {
             .lock()
             .expect("never poisoned")
             .entry(cluster.to_string())
-            .or_insert_with(|| Arc::new(ClusterState::new(cluster)))
+            .or_insert_with(|| {
+                Arc::new(ClusterState::counting_delivery(
+                    cluster,
+                    self.metrics.delivery.clone(),
+                ))
+            })
             .clone()
     }
 

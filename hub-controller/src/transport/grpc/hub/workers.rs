@@ -37,6 +37,7 @@ impl Hub {
                     while let Some(work) = hub.queue.next().await {
                         if let Err(e) = hub.reconcile(&work).await {
                             tracing::warn!(?work, error = %e, "gRPC transport: write failed; retrying");
+                            hub.metrics.write_errors.inc();
                             hub.queue.add_after(work.clone(), Duration::from_secs(2));
                         }
                         hub.queue.done(&work);

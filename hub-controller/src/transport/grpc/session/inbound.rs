@@ -98,10 +98,7 @@ pub(super) fn handle(
             let buckets = SetDigest::of(&ours).differing_buckets(&theirs);
             if !buckets.is_empty() {
                 tracing::info!(cluster = %cs.name, buckets = buckets.len(), "observed set differs; asking the agent to repair");
-                hub.metrics
-                    .resyncs
-                    .get_or_create(&hub.metrics.cluster(&cs.name))
-                    .inc();
+                hub.metrics.resync(&cs.name);
                 // Sent with the replica as it is then; a digest arriving
                 // before they are sent adds nothing.
                 cs.request_resyncs(&buckets);
@@ -114,10 +111,7 @@ pub(super) fn handle(
             let repairs = repairs_for(&cs.desired_entries(), &r).map_err(Status::from)?;
             if !repairs.is_empty() {
                 tracing::info!(cluster = %cs.name, repairs = repairs.len(), "the agent's copy differs; repairing");
-                hub.metrics
-                    .resyncs
-                    .get_or_create(&hub.metrics.cluster(&cs.name))
-                    .inc();
+                hub.metrics.resync(&cs.name);
             }
             let versions: std::collections::HashMap<ObjectKey, String> = r
                 .entries

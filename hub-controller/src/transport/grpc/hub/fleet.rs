@@ -1,0 +1,285 @@
+//! The fleet-level figures of one replica's gRPC transport, summed over
+//! its clusters when `/metrics` is scraped ([`super::super::metrics`]):
+//! a scrape costs one short lock per cluster, and the series do not grow
+//! with the fleet.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::super::metrics::FleetFigures;
+use super::Hub;
+use crate::certs::pki;
+
+impl Hub {
+    /// The figures as they stand.
+    pub(crate) fn fleet(&self) -> FleetFigures {
+        let now = unix(SystemTime::now());
+        let mut f = FleetFigures {
+            queue_depth: self.queue.len() as i64,
+            serving_not_after: std::fs::read_to_string(&self.config.tls.cert)
+                .ok()
+                .and_then(|pem| pki::validity(&pem))
+                .map(|v| unix(v.not_after) as i64),
+            ..FleetFigures::default()
+        };
+        for cs in self.clusters() {
+            let s = cs.sample();
+            f.pending += s.pending as i64;
+            f.control_queue += s.control as i64;
+            f.lag_longest = f.lag_longest.max(s.lag);
+            if let Some(not_after) = s.agent_not_after {
+                f.connected += 1;
+                f.agent_not_after = Some(f.agent_not_after.map_or(not_after, |t| t.min(not_after)));
+                continue;
+            }
+            let last_seen = self
+                .metrics
+                .last_seen
+                .get(&self.metrics.cluster(&cs.name))
+                .map(|g| g.get());
+            // A cluster whose agent is elsewhere is that replica's to count.
+            if (s.wanted || last_seen.is_some()) && self.acts_for(&cs.name) {
+                f.disconnected += 1;
+                let since = last_seen.unwrap_or(unix(s.created));
+                f.disconnected_longest = f.disconnected_longest.max(now - since);
+            }
+        }
+        f
+    }
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant, SystemTime};
+
+    use argocd_pull_proto::v1::AgentMode;
+    use argocd_pull_runtime::Readiness;
+    use argocd_pull_runtime::admin::Admin;
+    use argocd_pull_runtime::client::{ApiMetrics, RequestLabels};
+    use clap::Parser;
+    use prometheus_client::registry::Registry;
+
+    use super::super::super::cluster::Agent;
+    use super::super::super::metrics::GrpcMetrics;
+    use super::*;
+    use crate::hub::watches::{Scope, Watches};
+
+    const CLUSTERS: usize = 10_000;
+
+    /// A transport nobody connects to, its metrics in `registry`, its
+    /// serving certificate `cert`.
+    fn hub(registry: &mut Registry, per_cluster: bool, cert: &Path) -> Arc<Hub> {
+        let args = crate::Args::parse_from([
+            "hub-controller".to_string(),
+            "--grpc-addr=127.0.0.1:0".to_string(),
+            format!("--grpc-tls-cert={}", cert.display()),
+        ]);
+        let config = args.grpc.config(Default::default()).unwrap();
+        let metrics = GrpcMetrics::register(registry, per_cluster);
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let watches = Watches::new(Scope {
+            grpc: true,
+            ..Scope::default()
+        });
+        Hub::new(config, client, metrics, watches.caches())
+    }
+
+    fn now() -> f64 {
+        unix(SystemTime::now())
+    }
+
+    /// What a session does to the metrics of its cluster over a while:
+    /// connected, messages of eight kinds both ways, a resync, a
+    /// delivery, and for one cluster in a hundred a refusal.
+    fn connect(hub: &Hub, i: usize) {
+        let name = format!("cluster-{i:05}");
+        let cs = hub.cluster(&name);
+        let agent = Agent {
+            certificate_not_after: 1_900_000_000 + i as i64,
+            ..Agent::default()
+        };
+        cs.attach_as(i as u64, AgentMode::Managed, agent).unwrap();
+        let m = &hub.metrics;
+        let l = m.cluster(&name);
+        m.connected.get_or_create(&l).set(1);
+        m.last_seen.get_or_create(&l).set(now());
+        m.lag.get_or_create(&l).set(0.25);
+        m.pending.get_or_create(&l).set(2);
+        m.control_queue.get_or_create(&l).set(0);
+        m.resync(&name);
+        for k in ["upsert", "delete", "object_ack", "digest"] {
+            m.message(&name, "out", k);
+        }
+        for k in ["status", "object_ack", "heartbeat", "digest"] {
+            m.message(&name, "in", k);
+        }
+        m.delivery.observe(0.05 + (i % 100) as f64 / 100.0);
+        if i.is_multiple_of(100) {
+            m.refuse(&name, "stalled");
+        }
+    }
+
+    /// The whole `/metrics` of a hub-controller with `CLUSTERS` agents
+    /// connected: its size, and the time an HTTP scrape of it takes (best
+    /// and median of 7).
+    async fn scrape_at_scale(per_cluster: bool) -> (usize, Duration, Duration, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("tls.crt");
+        std::fs::write(
+            &cert,
+            rcgen::generate_simple_self_signed(vec!["hub".into()])
+                .unwrap()
+                .cert
+                .pem(),
+        )
+        .unwrap();
+        let mut registry = Registry::with_prefix("argocd_pull_hub");
+        let hub_metrics = crate::metrics::Metrics::register(&mut registry);
+        let hub = hub(&mut registry, per_cluster, &cert);
+        let api = ApiMetrics::register(&mut registry);
+        for verb in [
+            "get", "list", "watch", "create", "patch", "update", "delete",
+        ] {
+            for resource in [
+                "applications",
+                "manifestworks",
+                "leases",
+                "secrets",
+                "events",
+            ] {
+                api.requests
+                    .get_or_create(&RequestLabels {
+                        verb: verb.into(),
+                        resource: resource.into(),
+                        code: "200".into(),
+                    })
+                    .inc();
+            }
+        }
+        hub_metrics.reconcile_seconds.observe(0.01);
+        for i in 0..CLUSTERS {
+            connect(&hub, i);
+        }
+        let mut encode = Duration::MAX;
+        for _ in 0..5 {
+            let mut text = String::new();
+            let started = Instant::now();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            encode = encode.min(started.elapsed());
+        }
+        println!("encode alone: best of 5 {encode:?} (per_cluster={per_cluster})");
+        let addr = testenv::net::free_addr().unwrap();
+        let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+        let server = tokio::spawn(Admin::new(Readiness::default(), registry).serve(addr, shutdown));
+        let mut times = Vec::new();
+        let mut body = String::new();
+        for _ in 0..7 {
+            let started = Instant::now();
+            let (code, b) = loop {
+                match testenv::net::http_get(addr, "/metrics").await {
+                    Ok(r) => break r,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            };
+            times.push(started.elapsed());
+            assert_eq!(code, 200);
+            body = b;
+        }
+        stop.fire();
+        server.await.unwrap().unwrap();
+        times.sort();
+        (body.len(), times[0], times[times.len() / 2], body)
+    }
+
+    /// The figure of docs/operations.md (Metrics): a hub-controller with
+    /// 10,000 agents, scraped by default and with --metrics-per-cluster.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metrics_at_10000_clusters_stay_small_by_default() {
+        let (size, best, median, body) = scrape_at_scale(false).await;
+        let series = body.lines().filter(|l| !l.starts_with('#')).count();
+        println!(
+            "default: /metrics {size} bytes, {series} series, scrape best {best:?}, median {median:?} ({CLUSTERS} clusters)"
+        );
+        assert!(
+            body.contains(&format!("argocd_pull_hub_grpc_agents_connected {CLUSTERS}")),
+            "{body}"
+        );
+        assert!(
+            body.contains(&format!(
+                "argocd_pull_hub_grpc_messages_total{{direction=\"in\",kind=\"status\"}} {CLUSTERS}"
+            )),
+            "{body}"
+        );
+        assert!(
+            !body.contains("cluster=\""),
+            "a per-cluster series by default"
+        );
+        assert!(size < 200 * 1024, "{size} bytes");
+
+        let (size, best, median, body) = scrape_at_scale(true).await;
+        let series = body.lines().filter(|l| !l.starts_with('#')).count();
+        println!(
+            "--metrics-per-cluster: /metrics {size} bytes, {series} series, scrape best {best:?}, median {median:?} ({CLUSTERS} clusters)"
+        );
+        assert!(body.contains("argocd_pull_hub_grpc_agent_connected{cluster=\"cluster-09999\"} 1"));
+    }
+
+    #[tokio::test]
+    async fn the_fleet_figures_count_this_replicas_clusters() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("tls.crt");
+        let mut registry = Registry::default();
+        let hub = hub(&mut registry, false, &cert);
+        // No serving certificate yet, no cluster.
+        assert_eq!(hub.fleet(), FleetFigures::default());
+
+        connect(&hub, 1);
+        connect(&hub, 2);
+        // cluster 3's agent was here and left 100 s ago.
+        connect(&hub, 3);
+        let gone = hub.cluster("cluster-00003");
+        gone.detach(3);
+        hub.metrics
+            .last_seen
+            .get_or_create(&hub.metrics.cluster("cluster-00003"))
+            .set(now() - 100.0);
+        // A cluster this replica only heard of (no Applications, no agent).
+        hub.cluster("bystander");
+        std::fs::write(
+            &cert,
+            rcgen::generate_simple_self_signed(vec!["hub".into()])
+                .unwrap()
+                .cert
+                .pem(),
+        )
+        .unwrap();
+        let f = hub.fleet();
+        assert_eq!(f.connected, 2);
+        assert_eq!(f.disconnected, 1);
+        assert!(
+            (100.0..110.0).contains(&f.disconnected_longest),
+            "{}",
+            f.disconnected_longest
+        );
+        assert_eq!(f.agent_not_after, Some(1_900_000_001));
+        assert!(f.serving_not_after.is_some_and(|t| t as f64 > now()));
+        // The gauges, as scraped.
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("grpc_agents_connected 2\n"), "{text}");
+        assert!(text.contains("grpc_agents_disconnected 1\n"), "{text}");
+        assert!(
+            text.contains("grpc_agent_certificate_expiry_earliest_timestamp_seconds 1900000001"),
+            "{text}"
+        );
+    }
+}
