@@ -106,7 +106,7 @@ demo-down:
 
 ## bench-manifestwork: our hub-controller next to upstream's Go controller on one real hub (docs/benchmarks.md)
 .PHONY: bench-manifestwork
-BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream --repeat 3
+BENCH_ARGS ?= --apps 1000,5000 --clusters 50 --impl ours,upstream --repeat 4
 bench-manifestwork: tools
 	@bash test/tools/build-upstream.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-manifestwork: upstream's controller is not available (set UPSTREAM_SRC, docs/benchmarks.md); the table will say so"; }
@@ -118,7 +118,7 @@ bench-manifestwork: tools
 .PHONY: bench-grpc bench-grpc-fleet bench-grpc-build
 BENCH_GRPC_ARGS ?= --changes 1000 --apps 100 --updates 20000
 BENCH_GRPC_FLEET_ARGS ?= --agents 1000 --apps-per-agent 10
-BENCH_GRPC_REPEAT ?= 3
+BENCH_GRPC_REPEAT ?= 4
 BENCH_GRPC = $(CURDIR)/target/release/bench-grpc --hub-controller $(CURDIR)/target/release/hub-controller --repeat $(BENCH_GRPC_REPEAT)
 BENCH_GRPC_COMPARE_ARGS ?= --changes 1000 --apps 100 --updates 5000
 bench-grpc: bench-grpc-build
@@ -156,8 +156,8 @@ bench-abuse: bench-grpc-build
 bench-grpc-build: tools
 	@bash test/tools/build-argocd-agent.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-grpc: argocd-agent is not available (set ARGOCD_AGENT_SRC, docs/benchmarks.md); its column will say so"; }
-	$(CARGO) build --release --locked -p argocd-pull-hub-controller --bin hub-controller
-	$(CARGO) build --release --locked -p argocd-pull-bench --bin bench-grpc
+	$(CARGO) build --release --locked -p argocd-pull-hub-controller -p argocd-pull-spoke-agent -p argocd-pull-bench \
+	  --bin hub-controller --bin spoke-agent --bin bench-grpc
 
 clean:
 	$(CARGO) clean

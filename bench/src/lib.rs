@@ -1,7 +1,10 @@
 //! What the benchmarks (`bench-grpc`, `bench-manifestwork`) share and what
-//! can be checked without a cluster: percentiles of latency samples, and
-//! how figures over repeated runs are summarised and printed.
+//! can be checked without a cluster: percentiles of latency samples, the
+//! order two sides run in, and how figures over repeated runs are
+//! summarised, compared and printed.
 
 #![forbid(unsafe_code)]
 
+pub mod order;
 pub mod stats;
+pub mod table;

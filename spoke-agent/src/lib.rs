@@ -284,22 +284,90 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
-    #[test]
-    fn flags_parse_with_their_defaults() {
-        Args::command().debug_assert();
-        let args = Args::parse_from([
+    fn parse(flags: &[&str]) -> AgentConfig {
+        let required = [
             "spoke-agent",
             "--cluster-name",
             "c1",
             "--hub-address",
             "https://hub:8443",
+        ];
+        Args::try_parse_from(required.iter().chain(flags))
+            .expect("the flags parse")
+            .config()
+    }
+
+    #[test]
+    fn flags_have_the_documented_defaults() {
+        Args::command().debug_assert();
+        let config = parse(&[]);
+        assert_eq!(config.backoff_min, Duration::from_millis(500));
+        assert_eq!(config.backoff_max, Duration::from_secs(30));
+        assert_eq!(config.tls_reload_interval, Duration::from_secs(10));
+        assert_eq!(config.workers, 16);
+        assert_eq!(config.mode, Mode::Managed);
+        assert_eq!(config.argocd_namespace, "argocd");
+        assert_eq!(
+            config.tls.cert,
+            PathBuf::from("/managed/argocd-pull/tls.crt")
+        );
+        assert_eq!(
+            config.tls.key,
+            PathBuf::from("/managed/argocd-pull/tls.key")
+        );
+        assert_eq!(config.tls.ca, PathBuf::from("/managed/argocd-pull/ca.crt"));
+        assert_eq!(
+            (config.cluster_name.as_str(), config.hub_address.as_str()),
+            ("c1", "https://hub:8443")
+        );
+    }
+
+    #[test]
+    fn flags_override_every_default() {
+        let config = parse(&[
             "--reconnect-min",
             "250ms",
+            "--reconnect-max",
+            "2m",
+            "--tls-reload-interval",
+            "1h",
+            "--workers",
+            "4",
+            "--mode",
+            "autonomous",
+            "--argocd-namespace",
+            "gitops",
+            "--tls-cert",
+            "/c",
+            "--tls-key",
+            "/k",
+            "--hub-ca",
+            "/ca",
         ]);
-        let config = args.config();
         assert_eq!(config.backoff_min, Duration::from_millis(250));
-        assert_eq!(config.backoff_max, Duration::from_secs(30));
-        assert_eq!(config.mode, Mode::Managed);
-        assert!(parse_duration("0s").is_err() && parse_duration("1d").is_err());
+        assert_eq!(config.backoff_max, Duration::from_secs(120));
+        assert_eq!(config.tls_reload_interval, Duration::from_secs(3600));
+        assert_eq!(config.workers, 4);
+        assert_eq!(config.mode, Mode::Autonomous);
+        assert_eq!(config.argocd_namespace, "gitops");
+        assert_eq!(
+            (config.tls.cert, config.tls.key, config.tls.ca),
+            (
+                PathBuf::from("/c"),
+                PathBuf::from("/k"),
+                PathBuf::from("/ca")
+            )
+        );
+    }
+
+    #[test]
+    fn durations_must_be_positive_and_known() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        for bad in ["0s", "1d", "ms", "-1s", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert!(Args::try_parse_from(["spoke-agent", "--cluster-name", "c1"]).is_err());
     }
 }

@@ -414,19 +414,8 @@ async fn one_run(args: &AbuseArgs, hub_bin: &std::path::Path) -> Result<Figures>
 }
 
 pub async fn run(args: AbuseArgs, repeat: usize, hub_bin: &std::path::Path) -> Result<()> {
-    let mut runs = Vec::new();
-    for round in 1..=repeat {
-        eprintln!("bench-grpc abuse: run {round}/{repeat}");
-        match one_run(&args, hub_bin).await {
-            Ok(f) => runs.push(Some(f)),
-            Err(e) => {
-                eprintln!("bench-grpc abuse: run {round} failed: {e:#}");
-                runs.push(None);
-            }
-        }
-    }
-    let of =
-        |f: &dyn Fn(&Figures) -> f64| runs.iter().map(|r| r.as_ref().map(f)).collect::<Vec<_>>();
+    let runs = report::each_round("abuse", repeat, async |_| one_run(&args, hub_bin).await).await;
+    let of = |f: &dyn Fn(&Figures) -> f64| report::per_run(&runs, |r| Some(f(r)));
     // Runs always time at least one Application each phase.
     let p = |v: &[Duration], q: fn(&Percentiles) -> Duration| {
         percentiles(v.to_vec()).map_or(f64::NAN, |p| q(&p).as_secs_f64())
@@ -482,7 +471,7 @@ pub async fn run(args: AbuseArgs, repeat: usize, hub_bin: &std::path::Path) -> R
         ),
         &rows,
     );
-    if runs.iter().any(Option::is_none) {
+    if runs.iter().any(Result::is_err) {
         bail!("a run failed (see above)");
     }
     Ok(())

@@ -38,10 +38,13 @@ pub struct Principal {
     hub_kubeconfig: PathBuf,
     tls: (PathBuf, PathBuf, PathBuf),
     log: PathBuf,
-    log_level: &'static str,
     child: Option<tokio::process::Child>,
     pub started: Instant,
 }
+
+/// The level every process of both sides logs at in the comparisons: the
+/// default of argocd-agent's `--log-level` and of our binaries.
+pub const LOG_LEVEL: &str = "info";
 
 /// The binary `make bench-grpc` builds (`$CACHE/bin/argocd-agent`).
 pub fn default_bin() -> PathBuf {
@@ -69,7 +72,7 @@ pub fn low_port() -> Result<SocketAddr> {
     anyhow::bail!("no free port below 32768 on 127.0.0.1")
 }
 
-fn log_file(path: &Path) -> Result<std::fs::File> {
+pub fn log_file(path: &Path) -> Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -122,8 +125,7 @@ impl ArgocdAgent {
         let grpc = low_port()?;
         let (redis, redis_addr) = start_redis(hub)?;
         let agent_tls = pki.agent_files(&format!("argocd-agent-{agent_name}"), agent_name)?;
-        let principal =
-            Principal::start(bin, hub, pki, grpc, "argocd-agent-principal.log", "info")?;
+        let principal = Principal::start(bin, hub, pki, grpc, "argocd-agent-principal.log")?;
         let agent = tokio::process::Command::new(bin)
             .arg("agent")
             .arg("--kubeconfig")
@@ -146,7 +148,7 @@ impl ArgocdAgent {
             .args(["--metrics-port", &port(low_port()?)])
             .args(["--healthz-port", &port(low_port()?)])
             .arg("--enable-resource-proxy=false")
-            .args(["--log-level", "info"])
+            .args(["--log-level", LOG_LEVEL])
             // It logs to stdout.
             .stdout(log_file(&logs.join("argocd-agent-agent.log"))?)
             .stderr(log_file(&logs.join("argocd-agent-agent.log"))?)
@@ -183,7 +185,7 @@ impl ArgocdAgent {
 
 impl Principal {
     /// Starts the principal on `hub`, serving gRPC on `grpc` with the hub
-    /// certificate of `pki`, logging at `log_level` to `log` in the
+    /// certificate of `pki`, logging at [`LOG_LEVEL`] to `log` in the
     /// benchmark's log folder; returns at once.
     pub fn start(
         bin: &Path,
@@ -191,7 +193,6 @@ impl Principal {
         pki: &Pki,
         grpc: SocketAddr,
         log: &str,
-        log_level: &'static str,
     ) -> Result<Self> {
         let (crt, key) = pki.hub_files();
         let mut this = Self {
@@ -200,7 +201,6 @@ impl Principal {
             hub_kubeconfig: hub.kubeconfig().to_path_buf(),
             tls: (crt, key, pki.ca_file()),
             log: logs_dir()?.join(log),
-            log_level,
             child: None,
             started: Instant::now(),
         };
@@ -244,7 +244,7 @@ impl Principal {
             .arg("--disable-redis-proxy")
             .args(["--metrics-port", &port(low_port()?)])
             .args(["--healthz-port", &port(low_port()?)])
-            .args(["--log-level", self.log_level])
+            .args(["--log-level", LOG_LEVEL])
             .stdout(log_file(&self.log)?)
             .stderr(log_file(&self.log)?)
             .kill_on_drop(true)

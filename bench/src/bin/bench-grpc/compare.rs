@@ -13,13 +13,16 @@
 //!   from the restart until a hub change is applied on the managed cluster,
 //!   and until a managed cluster's status change is on the hub copy.
 //!
-//! Both run their real agent against the real managed API server: ours in
-//! this process (the spoke-agent library), argocd-agent's as its binary.
-//! With `--repeat N` each side runs N times, in the order ours,
-//! argocd-agent, argocd-agent, ours, ours, ... (ABBA: each side goes first
-//! as often as second, so a machine that slows down or warms up over the
-//! invocation favours neither), on the same API servers; every figure is
-//! printed as median (min–max) over the runs with its spread.
+//! Both run their real agent as its own binary against the real managed
+//! API server, each at its own defaults: no flag but those that say where
+//! the hub, the cluster and the certificates are (and, for argocd-agent,
+//! the mTLS and managed mode this comparison is about), every process
+//! logging at `info` to its file in the benchmark's log folder. The
+//! settings are printed above the table.
+//! With `--repeat N` (N even) each side runs N times, in ABBA order (ours
+//! first in half of the rounds, `argocd_pull_bench::order`), on the same
+//! API servers; every figure is printed as median (min–max) over the runs
+//! with its spread, and where ours stands (`argocd_pull_bench::table`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,16 +30,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use argocd_pull_apis::argocd::application_resource;
+use argocd_pull_bench::order::{abba, describe};
 use argocd_pull_bench::stats::percentiles;
-use argocd_pull_runtime::Readiness;
-use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
+use clap::Parser;
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::sync::mpsc;
 
-use crate::argocd_agent::{AGENT_SPOKE_NS, ArgocdAgent};
+use crate::argocd_agent::{AGENT_SPOKE_NS, ArgocdAgent, LOG_LEVEL, log_file, logs_dir};
 use crate::hub::{self, HubOptions, HubProcess, Pki, SPOKE_NS, agent_subject};
 use crate::latency::watch_one;
 use crate::report::{Side, SideFigures, print_tables};
@@ -56,6 +59,10 @@ pub struct CompareArgs {
     /// test/tools/build-argocd-agent.sh).
     #[arg(long)]
     argocd_agent: Option<PathBuf>,
+    /// Our spoke-agent's binary (default: the hub-controller's folder's
+    /// `spoke-agent`, e.g. target/release/spoke-agent).
+    #[arg(long)]
+    spoke_agent: Option<PathBuf>,
 }
 
 const OURS_NS: &str = "bench";
@@ -71,8 +78,7 @@ enum Running<'a> {
     Ours {
         hub: HubProcess,
         options: HubOptions<'a>,
-        stop: argocd_pull_runtime::shutdown::Trigger,
-        agent: tokio::task::JoinHandle<()>,
+        agent: tokio::process::Child,
     },
     Peer(ArgocdAgent),
 }
@@ -127,13 +133,9 @@ impl Running<'_> {
     async fn stop(self) {
         match self {
             Running::Ours {
-                mut hub,
-                stop,
-                agent,
-                ..
+                mut hub, mut agent, ..
             } => {
-                stop.fire();
-                let _ = agent.await;
+                let _ = agent.kill().await;
                 let _ = hub.kill().await;
             }
             Running::Peer(mut p) => {
@@ -182,10 +184,26 @@ fn status_patch(message: &str) -> Patch<Value> {
 }
 
 pub async fn run(args: CompareArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
+    let rounds = abba(Side::Ours, Side::ArgocdAgent, repeat)?;
     let peer_bin = args
         .argocd_agent
         .clone()
         .unwrap_or_else(crate::argocd_agent::default_bin);
+    let agent_bin = args
+        .spoke_agent
+        .clone()
+        .unwrap_or_else(|| hub_bin.with_file_name("spoke-agent"));
+    if !agent_bin.is_file() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p argocd-pull-spoke-agent`",
+            agent_bin.display()
+        );
+    }
+    let bins = Bins {
+        hub: hub_bin,
+        agent: &agent_bin,
+        peer: &peer_bin,
+    };
     eprintln!("bench-grpc compare: starting a hub and a managed cluster");
     let (hub, spoke) = tokio::join!(
         Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)),
@@ -200,9 +218,8 @@ pub async fn run(args: CompareArgs, repeat: usize, hub_bin: &Path) -> Result<()>
     let targets = vec![format!("{OURS_NS}=*")];
 
     let mut figures: HashMap<Side, Vec<SideFigures>> = HashMap::new();
-    for round in 0..repeat {
-        let sides = order(round);
-        for side in sides {
+    for (round, sides) in rounds.iter().enumerate() {
+        for &side in sides {
             let f = if side == Side::ArgocdAgent && !peer_bin.is_file() {
                 SideFigures::not_run(format!("{} is missing", peer_bin.display()))
             } else {
@@ -212,91 +229,114 @@ pub async fn run(args: CompareArgs, repeat: usize, hub_bin: &Path) -> Result<()>
                     repeat,
                     side.label()
                 );
-                let running = start(side, &targets, hub_bin, &peer_bin, &hub, &spoke, &pki).await?;
+                let running = start(side, &targets, &bins, &hub, &spoke, &pki).await?;
                 one_side(&args, running, &hub, &spoke, round).await
             };
             eprintln!("bench-grpc compare: {}: {f:?}", side.label());
             figures.entry(side).or_default().push(f);
         }
     }
-    print_tables(&args_line(&args, repeat, hub.version()), &figures);
+    let title = format!(
+        "gRPC transport side by side, real API servers (kube-apiserver {}), {} changes each way, \
+         {} status writes over {} Applications, {repeat} run(s) per side in ABBA order ({})",
+        hub.version(),
+        args.changes,
+        args.updates,
+        args.apps,
+        describe(&rounds, Side::label)
+    );
+    print_tables(&title, &settings()?, &figures);
     Ok(())
 }
 
-/// The sides of round `round` (from 0), in order: ABBA ABBA ...
-fn order(round: usize) -> [Side; 2] {
-    if round.is_multiple_of(2) {
-        [Side::Ours, Side::ArgocdAgent]
-    } else {
-        [Side::ArgocdAgent, Side::Ours]
-    }
+/// The binaries of both sides.
+struct Bins<'a> {
+    hub: &'a Path,
+    agent: &'a Path,
+    peer: &'a Path,
 }
 
-fn args_line(args: &CompareArgs, repeat: usize, version: &str) -> String {
-    format!(
-        "gRPC transport side by side, real API servers (kube-apiserver {version}), {} changes each way, \
-         {} status writes over {} Applications, {repeat} run(s) per side in the order \
-         ours, argocd-agent, argocd-agent, ours, ...; figures are median (min–max) over the runs",
-        args.changes, args.updates, args.apps
-    )
+/// What each side runs with, as printed above the table. Our agent's
+/// defaults are read from its own flags, so that this cannot drift from
+/// what the binary does.
+fn settings() -> Result<String> {
+    let defaults = argocd_pull_spoke_agent::Args::try_parse_from([
+        "spoke-agent",
+        "--cluster-name",
+        "spoke1",
+        "--hub-address",
+        "https://hub",
+    ])?;
+    Ok(format!(
+        "settings: each side at its own defaults. ours: spoke-agent with only --cluster-name, --hub-address, \
+         --tls-cert/--tls-key/--hub-ca, --kubeconfig and --admin-addr (so reconnect backoff {:?} to {:?}, \
+         {} workers, API client {}/s burst {}), hub-controller with the gRPC flags; argocd-agent: agent \
+         (managed mode, mTLS) and principal with only the flags that connect them; log levels: both agents \
+         and the principal `{LOG_LEVEL}`, the hub-controller `{}` (BENCH_HUB_LOG); every log to its file in {}.",
+        defaults.reconnect_min,
+        defaults.reconnect_max,
+        defaults.workers,
+        defaults.client.qps,
+        defaults.client.burst,
+        hub::file_log_level(),
+        logs_dir()?.display()
+    ))
 }
 
 async fn start<'a>(
     side: Side,
     targets: &'a [String],
-    hub_bin: &'a Path,
-    peer_bin: &Path,
+    bins: &Bins<'a>,
     hub: &'a Cluster,
     spoke: &Cluster,
     pki: &'a Pki,
 ) -> Result<Running<'a>> {
     Ok(match side {
         Side::Ours => {
+            let logs = logs_dir()?;
             let options = HubOptions {
-                bin: hub_bin,
+                bin: bins.hub,
                 hub,
                 pki,
                 grpc_addr: testenv::net::free_addr()?,
                 allowed_targets: targets,
-                log: Some(testenv::paths::run_dir().join("bench-logs/compare-ours-hub.log")),
+                log: Some(logs.join("compare-ours-hub.log")),
                 max_connections: None,
             };
-            std::fs::create_dir_all(testenv::paths::run_dir().join("bench-logs"))?;
             let mut hub_process = HubProcess::start(&options)?;
             hub_process.ready(Duration::from_secs(60)).await?;
-            let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
             let tls = pki.agent_files("spoke1", &agent_subject("spoke1", "bench"))?;
-            let spoke_client = spoke.client().await?;
-            let config = AgentConfig {
-                cluster_name: "spoke1".into(),
-                hub_address: format!("https://{}", options.grpc_addr),
-                tls,
-                argocd_namespace: SPOKE_NS.into(),
-                mode: Mode::Managed,
-                backoff_min: Duration::from_millis(100),
-                backoff_max: Duration::from_secs(2),
-                tls_reload_interval: Duration::from_secs(10),
-                workers: 16,
-            };
-            let agent = tokio::spawn(async move {
-                let _ = argocd_pull_spoke_agent::run_agent(
-                    config,
-                    spoke_client,
-                    AgentMetrics::default(),
-                    Readiness::default(),
-                    shutdown,
-                )
-                .await;
-            });
+            let log = logs.join("compare-ours-agent.log");
+            let agent = tokio::process::Command::new(bins.agent)
+                .args(["--cluster-name", "spoke1"])
+                .args(["--hub-address", &format!("https://{}", options.grpc_addr)])
+                .arg("--tls-cert")
+                .arg(&tls.cert)
+                .arg("--tls-key")
+                .arg(&tls.key)
+                .arg("--hub-ca")
+                .arg(&tls.ca)
+                .arg("--kubeconfig")
+                .arg(spoke.kubeconfig())
+                .args(["--admin-addr", &testenv::net::free_addr()?.to_string()])
+                .env("ARGOCD_PULL_LOG", LOG_LEVEL)
+                .stdout(log_file(&log)?)
+                .stderr(log_file(&log)?)
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting the spoke-agent")?;
+            if let Some(pid) = agent.id() {
+                // Killed with the spoke's API server if this benchmark is.
+                spoke.adopt(pid);
+            }
             Running::Ours {
                 hub: hub_process,
                 options,
-                stop,
                 agent,
             }
         }
         Side::ArgocdAgent => {
-            Running::Peer(ArgocdAgent::start(peer_bin, hub, spoke, pki, AGENT_NAME).await?)
+            Running::Peer(ArgocdAgent::start(bins.peer, hub, spoke, pki, AGENT_NAME).await?)
         }
     })
 }
@@ -485,16 +525,4 @@ async fn one_side(
     }
     running.stop().await;
     f
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_side_goes_first_as_often_as_second() {
-        let runs: Vec<Side> = (0..3).flat_map(order).collect();
-        use Side::{ArgocdAgent as B, Ours as A};
-        assert_eq!(runs, [A, B, B, A, A, B]);
-    }
 }

@@ -200,19 +200,12 @@ pub struct Figures {
 pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
     let (n, per) = (args.agents, args.apps_per_agent);
     let total = n * per;
-    let mut runs: Vec<Result<Figures>> = Vec::with_capacity(repeat);
     let mut version = String::new();
-    for round in 1..=repeat {
-        eprintln!("bench-grpc fleet: run {round}/{repeat}");
-        let run = one_run(&args, hub_bin, round, &mut version).await;
-        if let Err(e) = &run {
-            eprintln!("bench-grpc fleet: run {round} failed: {e:#}");
-        }
-        runs.push(run);
-    }
-    let ok: Vec<Option<&Figures>> = runs.iter().map(|r| r.as_ref().ok()).collect();
-    let of =
-        |f: &dyn Fn(&Figures) -> Option<f64>| ok.iter().map(|r| r.and_then(f)).collect::<Vec<_>>();
+    let runs = report::each_round("fleet", repeat, async |round| {
+        one_run(&args, hub_bin, round, &mut version).await
+    })
+    .await;
+    let of = |f: &dyn Fn(&Figures) -> Option<f64>| report::per_run(&runs, f);
     let time = |f: fn(&Figures) -> Duration| of(&|r| Some(f(r).as_secs_f64()));
     let kib = |f: fn(&Figures) -> Option<u64>| of(&|r| f(r).map(|k| k as f64));
     let num = |f: fn(&Figures) -> f64| of(&|r| Some(f(r)));

@@ -42,13 +42,13 @@ use tokio::io::AsyncBufReadExt;
 use tokio::time::Instant;
 
 use crate::argocd_agent::{
-    AGENT_SPOKE_NS, PRINCIPAL_NS, Principal, logs_dir, low_port, start_redis,
+    AGENT_SPOKE_NS, LOG_LEVEL, PRINCIPAL_NS, Principal, logs_dir, low_port, start_redis,
 };
 use crate::fleet::{self, Copies, FleetArgs, app_name, watch_copies_by};
 use crate::hub::{self, Pki};
-use crate::report::{
-    Format, cell, count, legend, mib, secs, side_by_side_header, side_by_side_row,
-};
+use crate::report::{self, Format, count, mib, secs};
+use argocd_pull_bench::order::{abba, describe};
+use argocd_pull_bench::table::{Better, Compared, cells, side_by_side};
 use testenv::procfs::{cpu_time, memory_kib as proc_kib};
 
 #[derive(clap::Args, Debug)]
@@ -126,143 +126,67 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
     }
     let f = &args.fleet;
     let (n, per) = (f.agents, f.apps_per_agent);
+    let label = |ours: bool| if ours { "ours" } else { "argocd-agent" };
+    // One side alone (`--only`) has no order to balance.
+    let rounds = match args.only {
+        Some(_) => vec![[true, false]; repeat],
+        None => abba(true, false, repeat)?,
+    };
     let mut ours: Vec<Result<fleet::Figures>> = Vec::new();
     let mut peer: Vec<Result<PeerFigures>> = Vec::new();
     let mut version = String::new();
-    for round in 1..=repeat {
-        // ABBA: ours first in odd rounds.
-        for ours_now in [round % 2 == 1, round % 2 == 0] {
-            let side = if ours_now { "ours" } else { "argocd-agent" };
+    for (round, sides) in (1..).zip(&rounds) {
+        for &ours_now in sides {
+            let side = label(ours_now);
             if args.only.as_deref().is_some_and(|o| o != side) {
                 continue;
             }
             if ours_now {
                 eprintln!("bench-grpc fleet-compare: run {round}/{repeat}: ours");
                 let r = fleet::one_run(f, hub_bin, round, &mut version).await;
-                if let Err(e) = &r {
-                    eprintln!("bench-grpc fleet-compare: ours, run {round} failed: {e:#}");
-                }
-                ours.push(r);
+                ours.push(report::kept("fleet-compare, ours", round, r));
             } else {
                 eprintln!("bench-grpc fleet-compare: run {round}/{repeat}: argocd-agent");
                 let r = peer_run(f, &peer_bin, &loadgen_bin, round, &mut version).await;
-                if let Err(e) = &r {
-                    eprintln!("bench-grpc fleet-compare: argocd-agent, run {round} failed: {e:#}");
-                }
-                peer.push(r);
+                peer.push(report::kept("fleet-compare, argocd-agent", round, r));
             }
         }
     }
-    let total = (n * per) as f64;
+    let total = n * per;
     let steady = f.steady_secs;
-    type O = fn(&fleet::Figures) -> Option<f64>;
-    type P = fn(&PeerFigures) -> Option<f64>;
-    let kib = |v: Option<u64>| v.map(|k| k as f64);
-    let rows: Vec<(String, O, P, Format)> = vec![
-        (
-            "first start: every agent connected (from the start of the hub side)".into(),
-            |o| Some(o.first.connected.as_secs_f64()),
-            |p| Some(p.connected.as_secs_f64()),
-            secs,
-        ),
-        (
-            "first start: every hub copy carries the status its agent sent".into(),
-            |o| o.first.copies.map(|d| d.as_secs_f64()),
-            |p| p.copies.map(|d| d.as_secs_f64()),
-            secs,
-        ),
-        (
-            "first start: writes to hub Applications seen".into(),
-            |o| Some(o.first_app_writes as f64),
-            |p| Some(p.first_app_writes as f64),
-            count,
-        ),
-        (
-            format!("hub side peak RSS (VmHWM): first start, delivery, {steady} s steady"),
-            |o| o.peak1.map(|k| k as f64),
-            |p| p.peak1.map(|k| k as f64),
-            mib,
-        ),
-        (
-            "hub side RSS in steady state (VmRSS)".into(),
-            |o| o.steady_rss.map(|k| k as f64),
-            |p| p.steady_rss.map(|k| k as f64),
-            mib,
-        ),
-        (
-            format!("hub side CPU time, from its start to the end of {steady} s steady"),
-            |o| o.steady_cpu.map(|d| d.as_secs_f64()),
-            |p| p.steady_cpu.map(|d| d.as_secs_f64()),
-            secs,
-        ),
-        (
-            "after a SIGKILL of the hub side: every agent connected again (from the new start)"
-                .into(),
-            |o| Some(o.killed.connected.as_secs_f64()),
-            |p| Some(p.killed_connected.as_secs_f64()),
-            secs,
-        ),
-        (
-            format!("after the SIGKILL: writes to hub Applications seen, to {steady} s after"),
-            |o| Some(o.killed_app_writes_steady as f64),
-            |p| Some(p.killed_app_writes_steady as f64),
-            count,
-        ),
-        (
-            "hub side peak RSS after the SIGKILL restart".into(),
-            |o| o.peak2.map(|k| k as f64),
-            |p| p.peak2.map(|k| k as f64),
-            mib,
-        ),
-        (
-            "at the end: hub copies carrying their agent's status".into(),
-            |o| Some(o.matching as f64),
-            |p| Some(p.matching as f64),
-            count,
-        ),
-    ];
-    println!();
+    let rows: Vec<Compared> = rows(steady)
+        .into_iter()
+        .map(|(name, o, p, fmt, better)| {
+            Compared::new(
+                name,
+                report::per_run(&ours, o),
+                report::per_run(&peer, p),
+                fmt,
+                Some(better),
+            )
+        })
+        .collect();
     println!(
-        "gRPC transport, fleet side by side: {n} agents (a load generator each side, one process) x {per} Applications = {total} on one hub (kube-apiserver {version}), each run on a fresh hub API server; {repeat} run(s) per side in the order ours, argocd-agent, argocd-agent, ours, ...; figures are median (min–max) over the runs"
+        "\ngRPC transport, fleet side by side: {n} agents (a load generator each side, one process) x {per} \
+         Applications = {total} on one hub (kube-apiserver {version}), each run on a fresh hub API server; \
+         {repeat} run(s) per side in ABBA order ({})\n",
+        describe(&rounds, label)
     );
-    println!();
-    side_by_side_header();
-    for (name, o, p, fmt) in &rows {
-        side_by_side_row(
-            name,
-            &ours
-                .iter()
-                .map(|r| r.as_ref().ok().and_then(o))
-                .collect::<Vec<_>>(),
-            &peer
-                .iter()
-                .map(|r| r.as_ref().ok().and_then(p))
-                .collect::<Vec<_>>(),
-            *fmt,
-        );
-    }
-    legend();
-    let loadgen = cell(
-        &peer
-            .iter()
-            .map(|r| r.as_ref().ok().and_then(|p| kib(p.load_generator_peak)))
-            .collect::<Vec<_>>(),
-        mib,
+    println!(
+        "settings: the hub-controller at its defaults but for the gRPC flags, logging at `{}` (BENCH_HUB_LOG); \
+         argocd-agent's principal with only the flags that connect its agents (mTLS, the agent named by \
+         its certificate's CN), logging at `{LOG_LEVEL}`; both load generators log their agents' warnings \
+         only; every log to its file in {}.\n",
+        hub::file_log_level(),
+        logs_dir()?.display()
     );
-    let loadgen_cpu = cell(
-        &peer
-            .iter()
-            .map(|r| {
-                r.as_ref()
-                    .ok()
-                    .and_then(|p| p.load_generator_cpu.map(|d| d.as_secs_f64()))
-            })
-            .collect::<Vec<_>>(),
-        secs,
-    );
+    print!("{}", side_by_side("argocd-agent", &rows));
+    let peer_figure =
+        |v: fn(&PeerFigures) -> Option<f64>, fmt| cells(&report::per_run(&peer, v), fmt).0;
     println!(
         "\nargocd-agent's load generator (its agents' own code, {n} in one process): peak RSS {}, CPU time to the end of the first steady state {} (ours' runs in the benchmark's own process and is not measured apart)",
-        loadgen.text, loadgen_cpu.text
+        peer_figure(|p| p.load_generator_peak.map(|k| k as f64), mib),
+        peer_figure(|p| p.load_generator_cpu.map(|d| d.as_secs_f64()), secs),
     );
     let mut failed = false;
     for (i, r) in ours.iter().enumerate() {
@@ -281,6 +205,96 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
         bail!("a fleet-compare run failed");
     }
     Ok(())
+}
+
+/// A figure of both sides: its name, its value in a run of ours and in one
+/// of argocd-agent's, how it is written and which way is better.
+type Row = (
+    String,
+    fn(&fleet::Figures) -> Option<f64>,
+    fn(&PeerFigures) -> Option<f64>,
+    Format,
+    Better,
+);
+
+fn rows(steady: u64) -> Vec<Row> {
+    use Better::{Higher, Lower};
+    fn s(d: Duration) -> Option<f64> {
+        Some(d.as_secs_f64())
+    }
+    vec![
+        (
+            "first start: every agent connected (from the start of the hub side)".into(),
+            |o| s(o.first.connected),
+            |p| s(p.connected),
+            secs,
+            Lower,
+        ),
+        (
+            "first start: every hub copy carries the status its agent sent".into(),
+            |o| o.first.copies.and_then(s),
+            |p| p.copies.and_then(s),
+            secs,
+            Lower,
+        ),
+        (
+            "first start: writes to hub Applications seen".into(),
+            |o| Some(o.first_app_writes as f64),
+            |p| Some(p.first_app_writes as f64),
+            count,
+            Lower,
+        ),
+        (
+            format!("hub side peak RSS (VmHWM): first start, delivery, {steady} s steady"),
+            |o| o.peak1.map(|k| k as f64),
+            |p| p.peak1.map(|k| k as f64),
+            mib,
+            Lower,
+        ),
+        (
+            "hub side RSS in steady state (VmRSS)".into(),
+            |o| o.steady_rss.map(|k| k as f64),
+            |p| p.steady_rss.map(|k| k as f64),
+            mib,
+            Lower,
+        ),
+        (
+            format!("hub side CPU time, from its start to the end of {steady} s steady"),
+            |o| o.steady_cpu.and_then(s),
+            |p| p.steady_cpu.and_then(s),
+            secs,
+            Lower,
+        ),
+        (
+            "after a SIGKILL of the hub side: every agent connected again (from the new start)"
+                .into(),
+            |o| s(o.killed.connected),
+            |p| s(p.killed_connected),
+            secs,
+            Lower,
+        ),
+        (
+            format!("after the SIGKILL: writes to hub Applications seen, to {steady} s after"),
+            |o| Some(o.killed_app_writes_steady as f64),
+            |p| Some(p.killed_app_writes_steady as f64),
+            count,
+            Lower,
+        ),
+        (
+            "hub side peak RSS after the SIGKILL restart".into(),
+            |o| o.peak2.map(|k| k as f64),
+            |p| p.peak2.map(|k| k as f64),
+            mib,
+            Lower,
+        ),
+        (
+            "at the end: hub copies carrying their agent's status".into(),
+            |o| Some(o.matching as f64),
+            |p| Some(p.matching as f64),
+            count,
+            Higher,
+        ),
+    ]
 }
 
 /// One run of argocd-agent's principal and load generator on a fresh hub.
@@ -362,10 +376,10 @@ async fn peer_run(
         &hub,
         &pki,
         grpc,
+        // At info, its default, it logs every event of every agent: 1 GB
+        // in the first six minutes at 1,000 agents, a load of its own on
+        // this machine, as it would be on a hub.
         &format!("fleet-compare-run{round}-principal.log"),
-        // At info it logs every event of every agent: 1 GB in the first
-        // six minutes at 1,000 agents, a load of its own on this machine.
-        "warning",
     )?;
     let epoch = Instant::from_std(principal.started);
     let loadgen_log = logs.join(format!("fleet-compare-run{round}-argocd-agent-fleet.log"));

@@ -136,19 +136,12 @@ pub async fn run(args: FleetHaArgs, repeat: usize, hub_bin: &Path) -> Result<()>
         bail!("--replicas must be at least 2 (one is killed)");
     }
     let total = n * per;
-    let mut runs = Vec::with_capacity(repeat);
     let mut version = String::new();
-    for round in 1..=repeat {
-        eprintln!("bench-grpc fleet-ha: run {round}/{repeat}");
-        let run = one_run(&args, hub_bin, round, &mut version).await;
-        if let Err(e) = &run {
-            eprintln!("bench-grpc fleet-ha: run {round} failed: {e:#}");
-        }
-        runs.push(run);
-    }
-    let ok: Vec<Option<&Figures>> = runs.iter().map(|r| r.as_ref().ok()).collect();
-    let of =
-        |f: &dyn Fn(&Figures) -> Option<f64>| ok.iter().map(|x| x.and_then(f)).collect::<Vec<_>>();
+    let runs = report::each_round("fleet-ha", repeat, async |round| {
+        one_run(&args, hub_bin, round, &mut version).await
+    })
+    .await;
+    let of = |f: &dyn Fn(&Figures) -> Option<f64>| report::per_run(&runs, f);
     let secs = |f: fn(&Figures) -> Duration| of(&|x| Some(f(x).as_secs_f64()));
     let mut rows = vec![
         Row::new(

@@ -143,6 +143,13 @@ pub fn application(namespace: &str, name: &str, cluster: &str) -> Value {
     })
 }
 
+/// The hub-controller's log level when it logs to a file: `BENCH_HUB_LOG`,
+/// or `info` (its default, and the level of argocd-agent's processes in
+/// the comparisons).
+pub fn file_log_level() -> String {
+    std::env::var("BENCH_HUB_LOG").unwrap_or_else(|_| "info".into())
+}
+
 /// How the hub-controller binary is run.
 pub struct HubOptions<'a> {
     pub bin: &'a Path,
@@ -217,12 +224,9 @@ impl HubProcess {
                     .append(true)
                     .open(path)
                     .with_context(|| format!("opening {}", path.display()))?;
-                cmd.env(
-                    "ARGOCD_PULL_LOG",
-                    std::env::var("BENCH_HUB_LOG").unwrap_or_else(|_| "info".into()),
-                )
-                .stdout(Stdio::null())
-                .stderr(file);
+                cmd.env("ARGOCD_PULL_LOG", file_log_level())
+                    .stdout(Stdio::null())
+                    .stderr(file);
             }
             None => {
                 cmd.env(

@@ -114,18 +114,12 @@ struct Figures {
 /// Runs the latency and throughput parts `repeat` times, each on fresh API
 /// servers and a fresh hub-controller, and prints every figure over the runs.
 pub async fn run(args: LatencyArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
-    let mut runs: Vec<Result<Figures>> = Vec::with_capacity(repeat);
     let mut version = String::new();
-    for round in 1..=repeat {
-        eprintln!("bench-grpc latency: run {round}/{repeat}");
-        let run = one_run(&args, hub_bin, &mut version).await;
-        if let Err(e) = &run {
-            eprintln!("bench-grpc latency: run {round} failed: {e:#}");
-        }
-        runs.push(run);
-    }
-    let ok: Vec<Option<&Figures>> = runs.iter().map(|r| r.as_ref().ok()).collect();
-    let of = |f: fn(&Figures) -> f64| ok.iter().map(|r| r.map(f)).collect::<Vec<_>>();
+    let runs = report::each_round("latency", repeat, async |_| {
+        one_run(&args, hub_bin, &mut version).await
+    })
+    .await;
+    let of = |f: fn(&Figures) -> f64| report::per_run(&runs, |r| Some(f(r)));
     let rows = vec![
         Row::new(
             "hub change -> applied on the spoke, p50",
@@ -177,12 +171,9 @@ pub async fn run(args: LatencyArgs, repeat: usize, hub_bin: &Path) -> Result<()>
         ),
         Row::new(
             "one agent: status updates per second, final state correct",
-            ok.iter()
-                .map(|r| {
-                    r.filter(|f| f.wrong == 0)
-                        .map(|f| f.updates as f64 / (f.intake + f.converged).as_secs_f64())
-                })
-                .collect(),
+            report::per_run(&runs, |f| {
+                (f.wrong == 0).then(|| f.updates as f64 / (f.intake + f.converged).as_secs_f64())
+            }),
             report::rate,
         ),
         Row::new(

@@ -30,7 +30,9 @@
 //!
 //! `--repeat N` (any part) runs it N times and prints every figure as its
 //! median (min–max) over the runs and its spread (max / min), flagged over
-//! 1.5× (`report.rs`).
+//! 1.5×; side by side, also where ours stands (ahead, equal, behind) on
+//! each figure (the library's `table`, `report.rs`). The comparisons run
+//! the two sides in ABBA order and so need an even N.
 //!
 //! `make bench-grpc` builds everything and runs every part;
 //! `make bench-grpc-fleet` only the fleet. See docs/grpc.md.
@@ -59,9 +61,10 @@ struct Args {
     /// The hub-controller binary (default: target/release/hub-controller).
     #[arg(long, global = true)]
     hub_controller: Option<PathBuf>,
-    /// Runs of each part (of each side in `compare`, alternating ABBA);
-    /// every figure is printed as median (min–max) over the runs with its
-    /// spread (max / min), flagged over 1.5×.
+    /// Runs of each part (of each side in `compare` and `fleet-compare`,
+    /// in ABBA order: there it must be even); every figure is printed as
+    /// median (min–max) over the runs with its spread (max / min), flagged
+    /// over 1.5×.
     #[arg(long, global = true, default_value_t = 1)]
     repeat: usize,
     #[command(subcommand)]

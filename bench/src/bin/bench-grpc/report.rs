@@ -1,99 +1,50 @@
-//! How `bench-grpc` prints figures over `--repeat N` runs: every figure as
-//! its median (min–max) over the runs and its spread (max / min), flagged
-//! when over 1.5×; side by side (`compare`) with argocd-agent / ours.
+//! How `bench-grpc` prints figures over `--repeat N` runs (the library's
+//! `table`: median (min–max), spread flagged over 1.5×): our transport
+//! alone with its targets, and `compare`'s figures side by side with
+//! argocd-agent, with where ours stands on each.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use anyhow::Result;
+
 use argocd_pull_bench::stats::Percentiles;
-
-pub use testenv::stats::summary;
-
-/// A spread (max / min over the runs) above this is flagged: the runs
-/// disagree by more than the difference a comparison should rest on.
-pub const SPREAD_LIMIT: f64 = 1.5;
-
-/// How a figure's value is written.
-pub type Format = fn(f64) -> String;
-
-/// Seconds, written in milliseconds.
-pub fn ms(v: f64) -> String {
-    format!("{:.1} ms", v * 1000.0)
-}
-
-pub fn secs(v: f64) -> String {
-    format!("{v:.2} s")
-}
-
-pub fn rate(v: f64) -> String {
-    format!("{v:.0}/s")
-}
-
-pub fn count(v: f64) -> String {
-    format!("{v:.0}")
-}
-
-/// KiB, written in MiB.
-pub fn mib(v: f64) -> String {
-    format!("{:.0} MiB", v / 1024.0)
-}
+use argocd_pull_bench::table::{Better, Compared, cells, legend, side_by_side};
+pub use argocd_pull_bench::table::{Format, count, mib, ms, rate, secs};
 
 pub fn seconds(d: Option<Duration>) -> Option<f64> {
     d.map(|d| d.as_secs_f64())
 }
 
-/// One figure over the runs, as printed.
-#[derive(Debug, PartialEq)]
-pub struct Cell {
-    /// Median (min–max), and how many runs lack it.
-    pub text: String,
-    /// max / min, flagged over [`SPREAD_LIMIT`]; `–` for fewer than two runs.
-    pub spread: String,
-    pub median: Option<f64>,
+/// A run as kept: its figures, or why it failed (said on stderr at once).
+pub fn kept<T>(part: &str, round: usize, run: Result<T>) -> Result<T> {
+    if let Err(e) = &run {
+        eprintln!("bench-grpc {part}: run {round} failed: {e:#}");
+    }
+    run
 }
 
-pub fn cell(values: &[Option<f64>], fmt: Format) -> Cell {
-    let got: Vec<f64> = values.iter().flatten().copied().collect();
-    let missing = values.len() - got.len();
-    let Some((median, min, max)) = summary(&got) else {
-        return Cell {
-            text: "–".into(),
-            spread: "–".into(),
-            median: None,
-        };
-    };
-    let mut text = fmt(median);
-    if got.len() > 1 {
-        text.push_str(&format!(" ({}–{})", fmt(min), fmt(max)));
+/// Runs `one` for rounds 1..=`repeat`, saying which on stderr; a failed
+/// run is kept as its error (said at once) and the others go on.
+pub async fn each_round<T>(
+    part: &str,
+    repeat: usize,
+    mut one: impl AsyncFnMut(usize) -> Result<T>,
+) -> Vec<Result<T>> {
+    let mut runs = Vec::with_capacity(repeat);
+    for round in 1..=repeat {
+        eprintln!("bench-grpc {part}: run {round}/{repeat}");
+        runs.push(kept(part, round, one(round).await));
     }
-    if missing > 0 {
-        text.push_str(&format!(", missing in {missing} of {}", values.len()));
-    }
-    Cell {
-        text,
-        spread: spread(min, max, got.len()),
-        median: Some(median),
-    }
+    runs
 }
 
-/// max / min over `runs` runs, with `⚠` when over [`SPREAD_LIMIT`] (a
-/// count that is 0 in one run and not in another is flagged as `∞`).
-pub fn spread(min: f64, max: f64, runs: usize) -> String {
-    if runs < 2 {
-        return "–".into();
-    }
-    if max == min {
-        return "1.00×".into();
-    }
-    if min <= 0.0 {
-        return "∞ ⚠".into();
-    }
-    let r = max / min;
-    if r > SPREAD_LIMIT {
-        format!("{r:.2}× ⚠")
-    } else {
-        format!("{r:.2}×")
-    }
+/// One figure over the runs: `None` for a run that failed or did not
+/// measure it.
+pub fn per_run<T>(runs: &[Result<T>], value: impl Fn(&T) -> Option<f64>) -> Vec<Option<f64>> {
+    runs.iter()
+        .map(|r| r.as_ref().ok().and_then(&value))
+        .collect()
 }
 
 /// What a figure must be in every run.
@@ -153,23 +104,10 @@ pub fn print_runs(title: &str, rows: &[Row]) {
     println!("| figure | median (min–max) | spread (max/min) | target |");
     println!("|---|---:|---:|---|");
     for row in rows {
-        let c = cell(&row.values, row.fmt);
-        println!(
-            "| {} | {} | {} | {} |",
-            row.name,
-            c.text,
-            c.spread,
-            row.verdict()
-        );
+        let (text, spread) = cells(&row.values, row.fmt);
+        println!("| {} | {text} | {spread} | {} |", row.name, row.verdict());
     }
-    legend();
-}
-
-pub fn legend() {
-    println!();
-    println!(
-        "spread: max / min over the runs; ⚠: over {SPREAD_LIMIT}×, the runs disagree too much to rest a comparison on"
-    );
+    print!("{}", legend());
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -239,49 +177,71 @@ impl std::fmt::Debug for SideFigures {
     }
 }
 
-type SideRow = (&'static str, fn(&SideFigures) -> Option<f64>, Format);
+/// A figure of `compare`: its name, its value in one run, how it is
+/// written, and which way is better (`None`: the benchmark's own figure).
+type SideRow = (
+    &'static str,
+    fn(&SideFigures) -> Option<f64>,
+    Format,
+    Option<Better>,
+);
 
 fn side_rows() -> Vec<SideRow> {
+    use Better::{Higher, Lower};
+    fn p50(p: &Option<Percentiles>) -> Option<f64> {
+        seconds(p.as_ref().map(|p| p.p50))
+    }
+    fn p99(p: &Option<Percentiles>) -> Option<f64> {
+        seconds(p.as_ref().map(|p| p.p99))
+    }
     vec![
         (
             "hub change -> applied on the spoke, p50",
-            |f| seconds(f.down.as_ref().map(|p| p.p50)),
+            |f| p50(&f.down),
             ms,
+            Some(Lower),
         ),
         (
             "hub change -> applied on the spoke, p99",
-            |f| seconds(f.down.as_ref().map(|p| p.p99)),
+            |f| p99(&f.down),
             ms,
+            Some(Lower),
         ),
         (
             "spoke status -> on the hub copy, p50",
-            |f| seconds(f.up.as_ref().map(|p| p.p50)),
+            |f| p50(&f.up),
             ms,
+            Some(Lower),
         ),
         (
             "spoke status -> on the hub copy, p99",
-            |f| seconds(f.up.as_ref().map(|p| p.p99)),
+            |f| p99(&f.up),
             ms,
+            Some(Lower),
         ),
         (
             "hub changes not applied on the spoke within 30 s",
             |f| f.down.as_ref().map(|_| f.down_missed as f64),
             count,
+            Some(Lower),
         ),
         (
             "spoke statuses not on the hub copy within 30 s",
             |f| f.up.as_ref().map(|_| f.up_missed as f64),
             count,
+            Some(Lower),
         ),
         (
             "status writes on the spoke, written in (benchmark)",
             |f| seconds(f.updates_written),
             secs,
+            None,
         ),
         (
             "… every hub copy shows its last status, from the first write",
             |f| seconds(f.updates_converged),
             secs,
+            Some(Lower),
         ),
         (
             "status updates per second one agent carries, final state correct",
@@ -290,69 +250,55 @@ fn side_rows() -> Vec<SideRow> {
                     .map(|d| f.updates as f64 / d.as_secs_f64())
             },
             rate,
+            Some(Higher),
         ),
         (
             "… writes to the hub meanwhile (its etcd revision's advance, every object)",
             |f| f.hub_writes.map(|w| w as f64),
             count,
+            Some(Lower),
         ),
         (
             "hub copies wrong a minute after the last write (lost)",
             |f| f.lost.map(|l| l as f64),
             count,
+            Some(Lower),
         ),
         (
             "after a hub SIGKILL and restart: hub change applied on the spoke",
             |f| seconds(f.recovery_down),
             secs,
+            Some(Lower),
         ),
         (
             "after a hub SIGKILL and restart: spoke status on the hub copy",
             |f| seconds(f.recovery_up),
             secs,
+            Some(Lower),
         ),
     ]
 }
 
-/// The header of a table of ours next to argocd-agent.
-pub fn side_by_side_header() {
-    println!("| figure | ours | spread | argocd-agent | spread | argocd-agent / ours |");
-    println!("|---|---:|---:|---:|---:|---:|");
-}
-
-/// One row of that table from each side's values over the runs: each
-/// side's median (min–max) and spread, and argocd-agent's median over ours.
-pub fn side_by_side_row(name: &str, ours: &[Option<f64>], peer: &[Option<f64>], fmt: Format) {
-    let (o, p) = (cell(ours, fmt), cell(peer, fmt));
-    let ratio = match (p.median, o.median) {
-        (Some(p), Some(o)) if o > 0.0 => format!("{:.2}×", p / o),
-        _ => "–".into(),
-    };
-    println!(
-        "| {name} | {} | {} | {} | {} | {ratio} |",
-        o.text, o.spread, p.text, p.spread
-    );
-}
-
-/// Ours next to argocd-agent: each side's median (min–max) and spread, and
-/// argocd-agent's median over ours.
-pub fn print_tables(title: &str, figures: &HashMap<Side, Vec<SideFigures>>) {
+/// Ours next to argocd-agent, as [`side_by_side`] prints it, under `title`
+/// and the sides' `settings`; then each failed run's error.
+pub fn print_tables(title: &str, settings: &str, figures: &HashMap<Side, Vec<SideFigures>>) {
     let empty = Vec::new();
     let ours = figures.get(&Side::Ours).unwrap_or(&empty);
     let peer = figures.get(&Side::ArgocdAgent).unwrap_or(&empty);
-    println!();
-    println!("{title}");
-    println!();
-    side_by_side_header();
-    for (name, value, fmt) in side_rows() {
-        side_by_side_row(
-            name,
-            &ours.iter().map(value).collect::<Vec<_>>(),
-            &peer.iter().map(value).collect::<Vec<_>>(),
-            fmt,
-        );
-    }
-    legend();
+    let rows: Vec<Compared> = side_rows()
+        .into_iter()
+        .map(|(name, value, fmt, better)| {
+            Compared::new(
+                name,
+                ours.iter().map(value).collect(),
+                peer.iter().map(value).collect(),
+                fmt,
+                better,
+            )
+        })
+        .collect();
+    println!("\n{title}\n\n{settings}\n");
+    print!("{}", side_by_side(Side::ArgocdAgent.label(), &rows));
     for (side, runs) in [(Side::Ours, ours), (Side::ArgocdAgent, peer)] {
         for (i, f) in runs.iter().enumerate() {
             if let Some(e) = &f.error {
@@ -368,29 +314,6 @@ mod tests {
 
     fn plain(v: f64) -> String {
         format!("{v}")
-    }
-
-    #[test]
-    fn median_min_max_and_spread() {
-        let c = cell(&[Some(1.0), None], plain);
-        assert_eq!(c.text, "1, missing in 1 of 2");
-        assert_eq!(c.spread, "–", "one run has no spread");
-        let c = cell(&[Some(1.0), Some(3.0)], plain);
-        assert_eq!((c.text.as_str(), c.spread.as_str()), ("2 (1–3)", "3.00× ⚠"));
-        let c = cell(&[Some(10.0), Some(14.0), Some(12.0)], plain);
-        assert_eq!(
-            (c.text.as_str(), c.spread.as_str()),
-            ("12 (10–14)", "1.40×")
-        );
-        assert_eq!(cell(&[None, None], plain).text, "–");
-    }
-
-    #[test]
-    fn spread_flags_runs_that_disagree() {
-        assert_eq!(spread(2.0, 3.0, 2), "1.50×", "1.5× itself is not flagged");
-        assert_eq!(spread(2.0, 3.1, 2), "1.55× ⚠");
-        assert_eq!(spread(0.0, 0.0, 3), "1.00×");
-        assert_eq!(spread(0.0, 3.0, 3), "∞ ⚠");
     }
 
     #[test]

@@ -35,6 +35,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use argocd_pull_bench::order::abba;
 use clap::{Parser, ValueEnum};
 use testenv::{Cluster, ClusterConfig, CrdSet, paths};
 
@@ -52,13 +53,14 @@ pub struct Args {
     /// Team namespaces the Applications are spread over.
     #[arg(long, default_value_t = 10)]
     namespaces: usize,
-    /// Implementations to run, in this order (reversed every other repeat),
-    /// on the same hub.
+    /// Implementations to run, in this order (reversed every other round:
+    /// ABBA), on the same hub.
     #[arg(long = "impl", value_delimiter = ',', default_value = "ours,upstream")]
     impls: Vec<Impl>,
-    /// Runs of each implementation per Application count; figures are
-    /// printed as median (min–max) over them.
-    #[arg(long, default_value_t = 1)]
+    /// Runs of each implementation per Application count (even with two
+    /// implementations, for the ABBA order); figures are printed as median
+    /// (min–max) over them.
+    #[arg(long, default_value_t = 2)]
     repeat: usize,
     /// Our controller (default: target/release/hub-controller).
     #[arg(long)]
@@ -121,14 +123,14 @@ pub struct Results {
     pub ceiling_watched: Vec<f64>,
 }
 
-/// The order of the implementations in round `round`: as given, then
-/// reversed, so that neither always runs on the fresher hub.
-pub fn order(impls: &[Impl], round: usize) -> Vec<Impl> {
-    let mut v = impls.to_vec();
-    if round % 2 == 1 {
-        v.reverse();
-    }
-    v
+/// The implementations of each round, in the order they run: two in ABBA
+/// order over an even number of rounds (each first as often as second, so
+/// that neither always runs on the fresher hub), one alone in every round.
+pub fn order(impls: &[Impl], rounds: usize) -> Result<Vec<Vec<Impl>>> {
+    Ok(match impls {
+        [a, b] => abba(*a, *b, rounds)?.into_iter().map(Vec::from).collect(),
+        _ => vec![impls.to_vec(); rounds],
+    })
 }
 
 #[tokio::main]
@@ -145,7 +147,7 @@ async fn main() -> Result<()> {
     }
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("test/ sits inside the workspace")
+        .expect("bench/ sits inside the workspace")
         .to_path_buf();
     let ours = args
         .hub_controller
@@ -156,11 +158,15 @@ async fn main() -> Result<()> {
         .clone()
         .unwrap_or_else(|| paths::bin_dir().join("argocd-pull-integration"));
 
+    if args.impls.len() > 2 || (args.impls.len() == 2 && args.impls[0] == args.impls[1]) {
+        bail!("--impl: ours, upstream or both, each once");
+    }
+    let rounds = order(&args.impls, args.repeat)?;
     let mut results: BTreeMap<usize, Results> = BTreeMap::new();
     let mut version = String::new();
     let mut run = 0;
     for &n in &args.apps {
-        for round in 0..args.repeat {
+        for (round, impls) in rounds.iter().enumerate() {
             // A fresh hub for every round: one hub for all of them slowed
             // down round after round (its write ceiling fell from 696/s to
             // 431/s over five rounds at 1,000 as etcd's file grew), which
@@ -182,7 +188,7 @@ async fn main() -> Result<()> {
                 res.ceiling.push(c.bare);
                 res.ceiling_watched.push(c.watched);
             }
-            for which in order(&args.impls, round) {
+            for &which in impls {
                 run += 1;
                 let bin = match which {
                     Impl::Ours => &ours,
@@ -238,11 +244,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn alternates_the_order_every_round() {
-        let both = [Impl::Ours, Impl::Upstream];
-        assert_eq!(order(&both, 0), vec![Impl::Ours, Impl::Upstream]);
-        assert_eq!(order(&both, 1), vec![Impl::Upstream, Impl::Ours]);
-        assert_eq!(order(&both, 2), vec![Impl::Ours, Impl::Upstream]);
-        assert_eq!(order(&[Impl::Ours], 1), vec![Impl::Ours]);
+    fn two_implementations_alternate_abba_over_even_rounds() {
+        use Impl::{Ours as A, Upstream as B};
+        assert_eq!(
+            order(&[A, B], 4).unwrap(),
+            vec![vec![A, B], vec![B, A], vec![A, B], vec![B, A]]
+        );
+        assert_eq!(order(&[B, A], 2).unwrap(), vec![vec![B, A], vec![A, B]]);
+        assert!(order(&[A, B], 3).is_err(), "ours would go first twice");
+        // One implementation alone has no order to balance.
+        assert_eq!(order(&[A], 3).unwrap(), vec![vec![A]; 3]);
     }
 }

@@ -1,57 +1,29 @@
-//! The results as Markdown: one table per Application count, a column per
-//! implementation, every figure as its median (min–max) over the repeats,
-//! and upstream / ours where both ran.
+//! The results as Markdown: one table per Application count. With both
+//! implementations, ours next to upstream as the library's `table` prints
+//! it (each figure's median (min–max) and spread over the repeats, upstream
+//! / ours, and whether ours is ahead, equal or behind); with one, its
+//! figures alone.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use argocd_pull_bench::table::{
+    Better, Compared, Format, cells, count, legend, mib, rate, side_by_side, summary,
+};
 
 use crate::run::Figures;
-use crate::stats::summary;
 use crate::{Args, Impl, Results};
 
-#[derive(Clone, Copy)]
-enum Unit {
-    Secs,
-    PerSec,
-    PerApp,
-    MiB,
-    Count,
-    Percent,
+fn secs1(v: f64) -> String {
+    format!("{v:.1} s")
 }
 
-fn fmt(unit: Unit, v: f64) -> String {
-    match unit {
-        Unit::Secs => format!("{v:.1} s"),
-        Unit::PerSec => format!("{v:.0}/s"),
-        Unit::PerApp => format!("{v:.2}"),
-        Unit::MiB => format!("{:.0} MiB", v / 1024.0),
-        Unit::Count => format!("{v:.0}"),
-        Unit::Percent => format!("{:.0} %", v * 100.0),
-    }
+fn per_app(v: f64) -> String {
+    format!("{v:.2}")
 }
 
-/// One cell: median (min–max) over the runs that measured it, and how many
-/// did not.
-fn cell(unit: Unit, values: &[Option<f64>]) -> (String, Option<f64>) {
-    let got: Vec<f64> = values.iter().flatten().copied().collect();
-    let missing = values.len() - got.len();
-    let Some((median, min, max)) = summary(&got) else {
-        return ("–".into(), None);
-    };
-    let mut text = fmt(unit, median);
-    if got.len() > 1 {
-        text.push_str(&format!(" ({}–{})", fmt(unit, min), fmt(unit, max)));
-    }
-    if missing > 0 {
-        text.push_str(&format!(", missing in {missing} of {}", values.len()));
-    }
-    (text, Some(median))
-}
-
-fn ratio(upstream: Option<f64>, ours: Option<f64>) -> String {
-    match (upstream, ours) {
-        (Some(u), Some(o)) if o > 0.0 => format!("{:.2}×", u / o),
-        _ => "–".into(),
-    }
+fn percent(v: f64) -> String {
+    format!("{:.0} %", v * 100.0)
 }
 
 fn secs(d: Option<std::time::Duration>) -> Option<f64> {
@@ -60,54 +32,57 @@ fn secs(d: Option<std::time::Duration>) -> Option<f64> {
 
 type Value = fn(&Figures, usize, f64) -> Option<f64>;
 
-/// (title, unit, value of one run given N and the ceiling, compared).
-fn rows() -> Vec<(&'static str, Unit, Value, bool)> {
+/// (title, format, value of one run given N and the ceiling, which way is
+/// better: `None` for the benchmark's own figures and for rates whose
+/// better direction depends on how many writes a controller needs).
+fn rows() -> Vec<(&'static str, Format, Value, Option<Better>)> {
+    use Better::Lower;
     vec![
         (
             "Applications created (benchmark)",
-            Unit::Secs,
+            secs1,
             |f, _, _| secs(f.create),
-            false,
+            None,
         ),
         (
             "benchmark's creates per second during the run",
-            Unit::PerSec,
+            rate,
             |f, n, _| f.create.map(|d| n as f64 / d.as_secs_f64()),
-            true,
+            None,
         ),
         (
             "every ManifestWork exists (from the first create)",
-            Unit::Secs,
+            secs1,
             |f, _, _| secs(f.works),
-            true,
+            Some(Lower),
         ),
         (
             "… of which after the last create",
-            Unit::Secs,
+            secs1,
             |f, _, _| secs(f.works.zip(f.create).map(|(w, c)| w.saturating_sub(c))),
-            true,
+            Some(Lower),
         ),
         (
             "work agent's feedback written (benchmark)",
-            Unit::Secs,
+            secs1,
             |f, _, _| secs(f.feedback_written),
-            false,
+            None,
         ),
         (
             "benchmark's feedback writes per second during the run",
-            Unit::PerSec,
+            rate,
             |f, n, _| f.feedback_written.map(|d| n as f64 / d.as_secs_f64()),
-            true,
+            None,
         ),
         (
             "every status on its hub Application (from the first feedback write)",
-            Unit::Secs,
+            secs1,
             |f, _, _| secs(f.status),
-            true,
+            Some(Lower),
         ),
         (
             "… of which after the last feedback write",
-            Unit::Secs,
+            secs1,
             |f, _, _| {
                 secs(
                     f.status
@@ -115,93 +90,93 @@ fn rows() -> Vec<(&'static str, Unit, Value, bool)> {
                         .map(|(s, w)| s.saturating_sub(w)),
                 )
             },
-            true,
+            Some(Lower),
         ),
         (
             "controller's status writes per second (until every status shows)",
-            Unit::PerSec,
+            rate,
             |f, _, _| f.status.map(|d| f.status_writes as f64 / d.as_secs_f64()),
-            true,
+            None,
         ),
         (
             "… as a share of the API server's write ceiling",
-            Unit::Percent,
+            percent,
             |f, _, c| {
                 f.status
                     .filter(|_| c > 0.0)
                     .map(|d| f.status_writes as f64 / d.as_secs_f64() / c)
             },
-            true,
+            None,
         ),
         (
             "alone: status writes per second (restarted with every status to write again; first to last write)",
-            Unit::PerSec,
+            rate,
             |f, _, _| f.alone.map(|(w, d)| w as f64 / d.as_secs_f64()),
-            true,
+            None,
         ),
         (
             "… as a share of the API server's write ceiling",
-            Unit::Percent,
+            percent,
             |f, _, c| {
                 f.alone
                     .filter(|_| c > 0.0)
                     .map(|(w, d)| w as f64 / d.as_secs_f64() / c)
             },
-            true,
+            None,
         ),
         (
             "reconciles per Application",
-            Unit::PerApp,
+            per_app,
             |f, n, _| f.reconciles.map(|r| r / n as f64),
-            true,
+            Some(Lower),
         ),
         (
             "… until every work exists",
-            Unit::PerApp,
+            per_app,
             |f, n, _| f.delivery_reconciles.map(|r| r / n as f64),
-            true,
+            Some(Lower),
         ),
         (
             "controller's writes to Applications, per Application",
-            Unit::PerApp,
+            per_app,
             |f, n, _| Some(f.app_writes as f64 / n as f64),
-            true,
+            Some(Lower),
         ),
         (
             "controller's writes to ManifestWorks, per Application",
-            Unit::PerApp,
+            per_app,
             |f, n, _| Some(f.work_writes as f64 / n as f64),
-            true,
+            Some(Lower),
         ),
         (
             "reconcile errors",
-            Unit::Count,
+            count,
             |f, _, _| f.reconcile_errors,
-            false,
+            Some(Lower),
         ),
         (
             "controller peak RSS (VmHWM)",
-            Unit::MiB,
+            mib,
             |f, _, _| f.peak_rss_kib.map(|k| k as f64),
-            true,
+            Some(Lower),
         ),
         (
             "controller RSS once converged (VmRSS)",
-            Unit::MiB,
+            mib,
             |f, _, _| f.end_rss_kib.map(|k| k as f64),
-            true,
+            Some(Lower),
         ),
         (
             "controller CPU time (user + system)",
-            Unit::Secs,
+            secs1,
             |f, _, _| secs(f.cpu),
-            true,
+            Some(Lower),
         ),
         (
             "error lines in the controller's log",
-            Unit::Count,
+            count,
             |f, _, _| f.log_errors.map(|e| e as f64),
-            false,
+            Some(Lower),
         ),
     ]
 }
@@ -211,7 +186,7 @@ const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
 pub fn render(args: &Args, version: &str, results: &BTreeMap<usize, Results>) -> String {
     let mut out = format!(
         "ManifestWork transport, {} managed clusters, {} team namespaces, kube-apiserver {version}, \
-         benchmark concurrency {}, {} run(s) of each implementation per size in alternating order; \
+         benchmark concurrency {}, {} run(s) of each implementation per size in ABBA order; \
          figures are median (min–max)\n",
         args.clusters,
         args.namespaces,
@@ -224,137 +199,126 @@ pub fn render(args: &Args, version: &str, results: &BTreeMap<usize, Results>) ->
             .unwrap_or(0)
     );
     for (n, res) in results {
-        let impls: Vec<Impl> = res.runs.keys().copied().collect();
-        let both = impls.len() == 2;
+        let _ = writeln!(out, "\n### N = {n}\n");
         let ceiling = summary(&res.ceiling).map_or(0.0, |s| s.0);
-        out.push_str(&format!("\n| N = {n} |"));
-        for i in &impls {
-            out.push_str(&format!(" {} |", i.label()));
-        }
-        if both {
-            out.push_str(" upstream / ours |");
-        }
-        out.push_str("\n|---|");
-        out.push_str(&"---:|".repeat(impls.len() + usize::from(both)));
-        out.push('\n');
-        let mut line = |title: &str, cells: Vec<(String, Option<f64>)>, compared: bool| {
-            out.push_str(&format!("| {title} |"));
-            for (text, _) in &cells {
-                out.push_str(&format!(" {text} |"));
-            }
-            if both {
-                let r = if compared {
-                    ratio(cells[1].1, cells[0].1)
-                } else {
-                    String::new()
-                };
-                out.push_str(&format!(" {r} |"));
-            }
-            out.push('\n');
+        let all = |v: &[f64]| cells(&v.iter().map(|c| Some(*c)).collect::<Vec<_>>(), rate).0;
+        let _ = writeln!(
+            out,
+            "API server's write ceiling (Application status writes, no controller running): {}; \
+             with two watches of the written Applications open (as a controller's and the benchmark's \
+             are in a run): {}\n",
+            all(&res.ceiling),
+            all(&res.ceiling_watched)
+        );
+        let values = |i: Impl, value: &dyn Fn(&Figures) -> Option<f64>| -> Vec<Option<f64>> {
+            res.runs
+                .get(&i)
+                .into_iter()
+                .flatten()
+                .filter(|f| f.skipped.is_none())
+                .map(value)
+                .collect()
         };
-        let ran = |i: &Impl| -> Vec<&Figures> {
-            res.runs[i].iter().filter(|f| f.skipped.is_none()).collect()
-        };
-        let (cl, _) = cell(
-            Unit::PerSec,
-            &res.ceiling.iter().map(|c| Some(*c)).collect::<Vec<_>>(),
-        );
-        line(
-            "API server's write ceiling (Application status writes, no controller running)",
-            impls.iter().map(|_| (cl.clone(), None)).collect(),
-            false,
-        );
-        let (cw, _) = cell(
-            Unit::PerSec,
-            &res.ceiling_watched
-                .iter()
-                .map(|c| Some(*c))
-                .collect::<Vec<_>>(),
-        );
-        line(
-            "… with two watches of the written Applications open (as a controller's and the benchmark's are in a run)",
-            impls.iter().map(|_| (cw.clone(), None)).collect(),
-            false,
-        );
-        for (title, unit, value, compared) in rows() {
-            let cells = impls
-                .iter()
-                .map(|i| {
-                    let runs = ran(i);
-                    if runs.is_empty() {
-                        return ("not run".to_string(), None);
-                    }
-                    cell(
-                        unit,
-                        &runs
-                            .iter()
-                            .map(|f| value(f, *n, ceiling))
-                            .collect::<Vec<_>>(),
-                    )
-                })
-                .collect();
-            line(title, cells, compared);
-        }
+        let mut figures: Vec<Compared> = rows()
+            .into_iter()
+            .map(|(title, fmt, value, better)| {
+                let v = |f: &Figures| value(f, *n, ceiling);
+                Compared::new(
+                    title,
+                    values(Impl::Ours, &v),
+                    values(Impl::Upstream, &v),
+                    fmt,
+                    better,
+                )
+            })
+            .collect();
         for method in METHODS {
-            let cells = impls
-                .iter()
-                .map(|i| {
-                    let runs = ran(i);
-                    if runs.iter().all(|f| f.requests.is_none()) {
-                        return ("n/a".to_string(), None);
-                    }
-                    let per = |f: &&Figures| {
-                        f.requests
-                            .as_ref()
-                            .map(|r| r.get(method).copied().unwrap_or(0.0) / *n as f64)
-                    };
-                    cell(Unit::PerApp, &runs.iter().map(per).collect::<Vec<_>>())
-                })
-                .collect();
-            line(
-                &format!("controller's {method} requests per Application (whole life)"),
-                cells,
-                true,
-            );
+            let per = |f: &Figures| {
+                f.requests
+                    .as_ref()
+                    .map(|r| r.get(method).copied().unwrap_or(0.0) / *n as f64)
+            };
+            figures.push(Compared::new(
+                format!("controller's {method} requests per Application (whole life)"),
+                values(Impl::Ours, &per),
+                values(Impl::Upstream, &per),
+                per_app,
+                Some(Better::Lower),
+            ));
         }
-        type Case = fn(&crate::cases::Outcome) -> (usize, usize);
-        let cases: [(&str, Case); 4] = [
-            ("right: feedback matched by resource, not index", |o| {
-                o.by_resource
-            }),
-            ("right: 253-character names delivered with status", |o| {
-                o.long_names
-            }),
-            (
-                "right: deleted (also with the work deleted first), nothing left",
-                |o| o.deleted_works,
-            ),
-            ("right: refresh delivered", |o| o.refresh),
-        ];
-        for (title, get) in cases {
-            let cells = impls
-                .iter()
-                .map(|i| {
-                    let outcomes: Vec<_> = ran(i).iter().filter_map(|f| f.cases).collect();
-                    if outcomes.is_empty() {
-                        return ("–".to_string(), None);
-                    }
-                    let (ok, of) = outcomes
-                        .iter()
-                        .map(get)
-                        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
-                    (format!("{ok}/{of}"), None)
-                })
-                .collect();
-            line(title, cells, false);
+        let impls: Vec<Impl> = res.runs.keys().copied().collect();
+        match impls[..] {
+            [Impl::Ours, Impl::Upstream] => out.push_str(&side_by_side("upstream", &figures)),
+            [one] => out.push_str(&alone(one, &figures)),
+            _ => {}
         }
+        out.push_str(&cases(res, &impls));
         for (i, runs) in &res.runs {
             for f in runs {
                 if let Some(why) = &f.skipped {
-                    out.push_str(&format!("\n{} not run: {why}\n", i.label()));
+                    let _ = writeln!(out, "\n{} not run: {why}", i.label());
                 }
             }
         }
+    }
+    out
+}
+
+/// One implementation's figures (the `ours` column of `figures`, or the
+/// other one), each as median (min–max) with its spread.
+fn alone(which: Impl, figures: &[Compared]) -> String {
+    let mut out = format!("| figure | {} | spread |\n|---|---:|---:|\n", which.label());
+    for f in figures {
+        let values = if which == Impl::Ours {
+            &f.ours
+        } else {
+            &f.peer
+        };
+        let (text, spread) = cells(values, f.fmt);
+        let _ = writeln!(out, "| {} | {text} | {spread} |", f.name);
+    }
+    out.push_str(&legend());
+    out
+}
+
+/// The correctness cases: right out of tried, over every run.
+fn cases(res: &Results, impls: &[Impl]) -> String {
+    type Case = fn(&crate::cases::Outcome) -> (usize, usize);
+    let cases: [(&str, Case); 4] = [
+        ("feedback matched by resource, not index", |o| o.by_resource),
+        ("253-character names delivered with status", |o| {
+            o.long_names
+        }),
+        (
+            "deleted (also with the work deleted first), nothing left",
+            |o| o.deleted_works,
+        ),
+        ("refresh delivered", |o| o.refresh),
+    ];
+    let mut out = String::from("\n| right, over every run |");
+    for i in impls {
+        let _ = write!(out, " {} |", i.label());
+    }
+    let _ = write!(out, "\n|---|{}\n", "---:|".repeat(impls.len()));
+    for (title, get) in cases {
+        let _ = write!(out, "| {title} |");
+        for i in impls {
+            let outcomes: Vec<_> = res.runs[i]
+                .iter()
+                .filter(|f| f.skipped.is_none())
+                .filter_map(|f| f.cases)
+                .collect();
+            if outcomes.is_empty() {
+                out.push_str(" – |");
+                continue;
+            }
+            let (ok, of) = outcomes
+                .iter()
+                .map(get)
+                .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+            let _ = write!(out, " {ok}/{of} |");
+        }
+        out.push('\n');
     }
     out
 }
@@ -364,18 +328,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cells_show_median_spread_and_missing_runs() {
-        assert_eq!(cell(Unit::Secs, &[Some(2.0)]).0, "2.0 s");
-        assert_eq!(
-            cell(Unit::Secs, &[Some(3.0), Some(1.0), Some(2.0)]).0,
-            "2.0 s (1.0 s–3.0 s)"
+    fn one_implementation_alone_has_its_own_table() {
+        let figures = [Compared::new(
+            "every ManifestWork exists",
+            vec![Some(3.0), Some(1.0), Some(2.0)],
+            vec![],
+            secs1,
+            Some(Better::Lower),
+        )];
+        let table = alone(Impl::Ours, &figures);
+        assert!(table.starts_with("| figure | ours | spread |\n|---|---:|---:|\n"));
+        assert!(
+            table.contains("| every ManifestWork exists | 2.0 s (1.0 s–3.0 s) | 3.00× ⚠ |"),
+            "{table}"
         );
-        assert_eq!(
-            cell(Unit::PerSec, &[Some(100.0), None]).0,
-            "100/s, missing in 1 of 2"
+        let table = alone(Impl::Upstream, &figures);
+        assert!(
+            table.contains("| every ManifestWork exists | – | – |"),
+            "{table}"
         );
-        assert_eq!(cell(Unit::Secs, &[None]).0, "–");
-        assert_eq!(ratio(Some(3.0), Some(1.5)), "2.00×");
-        assert_eq!(ratio(None, Some(1.5)), "–");
     }
 }

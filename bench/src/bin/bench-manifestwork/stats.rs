@@ -78,8 +78,6 @@ pub fn requests_by_method(body: &str, which: RequestMetric) -> Option<BTreeMap<S
     out
 }
 
-pub use testenv::stats::summary;
-
 #[cfg(test)]
 mod tests {
     use super::*;
