@@ -20,6 +20,9 @@ use crate::{metrics, report};
 pub(crate) struct Share {
     pub client: kube::Client,
     pub argocd_namespace: String,
+    /// The hosts the hub's API server is known by (the cluster Secrets
+    /// never point there).
+    pub hub_hosts: Vec<String>,
     pub sweep_interval: std::time::Duration,
     pub ctx: Arc<manifestwork::Context>,
     pub gate: Arc<manifestwork::triggers::Gate>,
@@ -96,6 +99,7 @@ impl Share {
             tokio::spawn(manifestwork::cluster_secrets::run(
                 self.client.clone(),
                 self.argocd_namespace.clone(),
+                self.hub_hosts.clone(),
                 down.clone(),
             )),
             tokio::spawn(manifestwork::sweep::run(

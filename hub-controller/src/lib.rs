@@ -337,6 +337,7 @@ async fn run_controllers(
         leading::Share {
             client,
             argocd_namespace: args.argocd_namespace.clone(),
+            hub_hosts: args.client.server_hosts().await,
             sweep_interval: args.sweep_interval,
             ctx,
             gate,

@@ -770,6 +770,7 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
     tokio::spawn(manifestwork::cluster_secrets::run(
         counted,
         "argocd".into(),
+        Vec::new(),
         shutdown,
     ));
 

@@ -114,7 +114,12 @@ fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 fn warn_unreachable(snapshot: &Snapshot) {
     let mut err = std::io::stderr();
     for (replica, why) in &snapshot.unreachable {
-        let _ = writeln!(err, "warning: no report from {replica}: {why}");
+        let _ = writeln!(
+            err,
+            "warning: no report from {}: {}",
+            view::escape(replica),
+            view::escape(why)
+        );
     }
 }
 
@@ -199,7 +204,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 println!(
                     "{}: {}",
-                    explained.application,
+                    view::escape(&explained.application),
                     if explained.delivered {
                         "delivered"
                     } else {
@@ -207,7 +212,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                 );
                 for reason in &explained.reasons {
-                    println!("  - {reason}");
+                    println!("  - {}", view::escape(reason));
                 }
             }
         }
@@ -249,6 +254,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 print_json(&rows)?;
             } else {
                 for f in &fingerprints {
+                    let f = view::escape(f);
                     println!(
                         "denied certificate {f} of cluster {cluster} in ConfigMap {}/{deny_list}: the hub ends its stream within seconds",
                         hub.namespace

@@ -22,10 +22,38 @@ pub struct Table {
     pub rows: Vec<Vec<String>>,
 }
 
+/// `s` safe to print on a terminal: text that came from agents and
+/// clusters (a message, a name, a certificate's subject) may carry escape
+/// sequences that would move the cursor, rewrite what was printed before
+/// or set the window title. Every C0 and C1 control character, DEL and the
+/// Unicode bidirectional overrides are shown escaped (`\x1b`, `\u{9b}`,
+/// `\u{202e}`); everything else is printed as it is.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\u{0}'..='\u{1f}' | '\u{7f}' => out.push_str(&format!("\\x{:02x}", c as u32)),
+            '\u{80}'..='\u{9f}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}' => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 impl Table {
+    /// The table as text, every cell [`escape`]d.
     pub fn render(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|r| r.iter().map(|c| escape(c)).collect())
+            .collect();
         let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
-        for row in &self.rows {
+        for row in &rows {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.chars().count());
             }
@@ -42,7 +70,7 @@ impl Table {
             out.trim_end().to_string() + "\n"
         };
         let mut out = line(self.header.clone());
-        for row in &self.rows {
+        for row in &rows {
             out.push_str(&line(row.iter().map(String::as_str).collect()));
         }
         out
@@ -551,6 +579,41 @@ mod tests {
             t.render(),
             "A           LONG HEADER   C\nwide cell   x             last\n"
         );
+    }
+
+    #[test]
+    fn text_from_agents_and_clusters_is_printed_with_controls_escaped() {
+        // An agent's message that would clear the screen, retitle the
+        // window, return the cursor and overprint, and hide text with a
+        // C1 CSI and a right-to-left override.
+        let hostile = "ok\x1b[2J\x1b]0;pwned\x07\rdone\x00\x7f\u{9b}31m\u{202e}txt\ttab\nline";
+        let escaped = escape(hostile);
+        assert_eq!(
+            escaped,
+            "ok\\x1b[2J\\x1b]0;pwned\\x07\\x0ddone\\x00\\x7f\\u{9b}31m\\u{202e}txt\\x09tab\\x0aline"
+        );
+        assert!(
+            !escaped
+                .chars()
+                .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+            "{escaped:?}"
+        );
+        // Plain text, accents and CJK pass as they are.
+        assert_eq!(escape("café 集群 a-b/c_d"), "café 集群 a-b/c_d");
+        // Every cell of a table, and the columns still line up.
+        let t = Table {
+            header: vec!["A", "B"],
+            rows: vec![
+                vec![hostile.into(), "x".into()],
+                vec!["short".into(), "y".into()],
+            ],
+        };
+        let text = t.render();
+        assert!(!text.contains('\x1b') && !text.contains('\r'), "{text:?}");
+        assert_eq!(text.lines().count(), 3, "{text:?}");
+        let lines: Vec<&str> = text.lines().collect();
+        let last_column = |l: &str| l.chars().count() - 1;
+        assert_eq!(last_column(lines[1]), last_column(lines[2]), "{text}");
     }
 
     #[test]

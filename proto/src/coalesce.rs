@@ -168,6 +168,16 @@ impl<K: Clone + Eq + Hash, V: Clone> Outbox<K, V> {
         self.in_flight = 0;
     }
 
+    /// Forgets every key `keep` says no to, whatever it has pending (call
+    /// it with nothing in flight, after [`Outbox::requeue_in_flight`]; a
+    /// key in flight is kept).
+    pub fn retain(&mut self, keep: impl Fn(&K) -> bool) {
+        self.slots
+            .retain(|k, slot| slot.in_flight.is_some() || keep(k));
+        let slots = &self.slots;
+        self.ready.retain(|k| slots.contains_key(k));
+    }
+
     /// Keys with a value pending or in flight (what memory is bounded by).
     pub fn len(&self) -> usize {
         self.slots.len()

@@ -96,9 +96,54 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
         Some(Kind::Digest(d)) => SetDigest::from_proto(d)
             .map(drop)
             .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
-        // Checked in full where it is answered (digest::repairs_for).
-        Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
+        Some(Kind::ResyncRequest(r)) => resync_request(r),
+        Some(Kind::Heartbeat(_)) => Ok(()),
     }
+}
+
+/// The longest digest entry version accepted from an agent (the hub's
+/// are `<uid>.<sha256 hex>`, about 100 characters).
+pub const MAX_VERSION_LEN: usize = 256;
+
+/// An agent's ResyncRequest: of the desired set (the only one it asks the
+/// hub for), each bucket listed once and existing, each entry a valid key
+/// with a version of bounded length. Its entries are then checked against
+/// its buckets where it is answered (`digest::repairs_for`), and what its
+/// answer may queue on the hub is bounded there.
+fn resync_request(r: &crate::v1::ResyncRequest) -> Result<(), Malformed> {
+    const W: &str = "ResyncRequest";
+    use crate::digest::BUCKETS;
+    use crate::v1::DigestSet;
+    if DigestSet::try_from(r.set) != Ok(DigestSet::Desired) {
+        return Err(malformed(
+            W,
+            format!("set {} is not DESIRED: an agent asks only for the desired set", r.set),
+        ));
+    }
+    let mut seen = [false; BUCKETS as usize];
+    for &b in &r.buckets {
+        let Some(slot) = seen.get_mut(b as usize) else {
+            return Err(malformed(
+                W,
+                format!("bucket {b} does not exist, protocol 1 has {BUCKETS}"),
+            ));
+        };
+        if std::mem::replace(slot, true) {
+            return Err(malformed(W, format!("bucket {b} is listed twice")));
+        }
+    }
+    for e in &r.entries {
+        key(W, e.key.as_ref())?;
+        if e.version.is_empty() || e.version.len() > MAX_VERSION_LEN {
+            return Err(malformed(
+                W,
+                format!(
+                    "an entry's version is empty or longer than {MAX_VERSION_LEN} characters"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks a message received by the agent (after the handshake).
@@ -137,6 +182,7 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
             const W: &str = "OperationRequest";
             operation_id(W, &o.operation_id)?;
             key(W, o.key.as_ref())?;
+            uid(W, "hub_uid", &o.hub_uid)?;
             match &o.kind {
                 None => Err(malformed(W, "no kind (sync, refresh or terminate)")),
                 Some(operation_request::Kind::Sync(s)) if s.operation_json.is_empty() => {
@@ -315,6 +361,7 @@ mod tests {
             operation_id: "op-1".into(),
             key: k(),
             kind: Some(kind),
+            hub_uid: "hub-a".into(),
         }
     }
 
@@ -437,6 +484,61 @@ mod tests {
             if let Err(e) = agent_message(&m) {
                 assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
             }
+        }
+    }
+
+    #[test]
+    fn an_agents_resync_request_is_bounded() {
+        use crate::v1::{DigestEntry, ResyncRequest};
+        let entry = |version: &str| DigestEntry {
+            key: k(),
+            version: version.into(),
+        };
+        let request = |set: DigestSet, buckets: Vec<u32>, entries: Vec<DigestEntry>| {
+            agent(agent_message::Kind::ResyncRequest(ResyncRequest {
+                set: set as i32,
+                buckets,
+                entries,
+            }))
+        };
+        let cases = [
+            (request(DigestSet::Desired, vec![0, 63], vec![entry("u.h")]), Ok(())),
+            (request(DigestSet::Desired, (0..64).collect(), vec![]), Ok(())),
+            (
+                request(DigestSet::Observed, vec![0], vec![]),
+                Err("malformed ResyncRequest: set 2 is not DESIRED: an agent asks only for the desired set"),
+            ),
+            (
+                request(DigestSet::Desired, vec![64], vec![]),
+                Err("malformed ResyncRequest: bucket 64 does not exist, protocol 1 has 64"),
+            ),
+            (
+                request(DigestSet::Desired, vec![3, 3], vec![]),
+                Err("malformed ResyncRequest: bucket 3 is listed twice"),
+            ),
+            (
+                request(DigestSet::Desired, vec![0], vec![entry("")]),
+                Err("malformed ResyncRequest: an entry's version is empty or longer than 256 characters"),
+            ),
+            (
+                request(DigestSet::Desired, vec![0], vec![entry(&"v".repeat(257))]),
+                Err("malformed ResyncRequest: an entry's version is empty or longer than 256 characters"),
+            ),
+            (
+                request(
+                    DigestSet::Desired,
+                    vec![0],
+                    vec![DigestEntry {
+                        key: None,
+                        version: "v".into(),
+                    }],
+                ),
+                Err("malformed ResyncRequest: key is missing"),
+            ),
+        ];
+        for (m, want) in cases {
+            let got = agent_message(&m).map_err(|e| e.to_string());
+            assert_eq!(got, want.map_err(str::to_string), "{m:?}");
         }
     }
 

@@ -119,6 +119,11 @@ fn hub_message(r: &mut Rng) -> HubMessage {
                     v1::TerminateOperation {},
                 )),
             },
+            hub_uid: if r.chance(10) {
+                "u".repeat(200)
+            } else {
+                r.text(10)
+            },
         })),
         4 => Some(Kind::Digest(v1::Digest {
             set: r.below(4) as i32,

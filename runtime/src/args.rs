@@ -76,12 +76,41 @@ impl ClientArgs {
     /// Builds a client from the flags, or from the in-cluster service
     /// account, counting its requests in `metrics` (see [`crate::client`]).
     pub async fn client(&self, metrics: crate::client::ApiMetrics) -> anyhow::Result<kube::Client> {
+        crate::client::build(
+            self.config().await?,
+            &crate::client::ApiLayer::new(metrics, self.limits()),
+        )
+    }
+
+    /// The hosts the API server [`ClientArgs::client`] talks to is known
+    /// by: its URL's host, and inside a pod the `kubernetes` Service's
+    /// address too.
+    pub async fn server_hosts(&self) -> Vec<String> {
+        let mut hosts: Vec<String> = self
+            .config()
+            .await
+            .ok()
+            .and_then(|c| c.cluster_url.host().map(str::to_string))
+            .into_iter()
+            .collect();
+        if let Ok(h) = std::env::var("KUBERNETES_SERVICE_HOST")
+            && !h.is_empty()
+        {
+            hosts.push(h);
+        }
+        hosts
+            .into_iter()
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
+            .collect()
+    }
+
+    async fn config(&self) -> anyhow::Result<kube::Config> {
         use kube::config::{KubeConfigOptions, Kubeconfig};
         let options = KubeConfigOptions {
             context: self.context.clone(),
             ..Default::default()
         };
-        let config = match &self.kubeconfig {
+        Ok(match &self.kubeconfig {
             Some(path) => {
                 let kc = Kubeconfig::read_from(path).map_err(|e| {
                     anyhow::anyhow!("cannot read kubeconfig {}: {e}", path.display())
@@ -89,11 +118,7 @@ impl ClientArgs {
                 kube::Config::from_custom_kubeconfig(kc, &options).await?
             }
             None => kube::Config::infer().await?,
-        };
-        crate::client::build(
-            config,
-            &crate::client::ApiLayer::new(metrics, self.limits()),
-        )
+        })
     }
 }
 

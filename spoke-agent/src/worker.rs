@@ -524,6 +524,20 @@ impl Worker {
                 let holder = Holder::NotArgocdPull;
                 return Answer::Now((AckOutcome::Rejected, owner::conflict_message(key, &holder)));
             }
+            // And only the copy it applied for the hub Application the
+            // command is for (a hub of the release before names none: any
+            // copy it manages, as then).
+            if self.mode == Mode::Managed
+                && !op.hub_uid.is_empty()
+                && !apply::is_delivered_for(&current, &op.hub_uid)
+            {
+                let holder = Holder::HubApplication(
+                    apply::hub_uid(&current).unwrap_or_default().to_string(),
+                );
+                tracing::warn!(namespace = %key.namespace, name = %key.name, hub_uid = %op.hub_uid, holder = ?apply::hub_uid(&current),
+                    "refused a command for a copy applied for another hub Application");
+                return Answer::Now((AckOutcome::Rejected, owner::conflict_message(key, &holder)));
+            }
             let sync = matches!(command, Command::Sync(_));
             let uid = current.metadata.uid.clone().unwrap_or_default();
             match apply::run_command(&current, &op.operation_id, &command) {

@@ -326,6 +326,7 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
             operation_id: "op-1".into(),
             key: Some(key("local")),
             kind: Some(operation_request::Kind::Refresh(RefreshRequest { kind: 1 })),
+            hub_uid: "hub-a".into(),
         },
     );
     agent.worker.reconcile(&key("local")).await;
@@ -354,6 +355,91 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
         }
     })
     .await;
+}
+
+/// Issue 34: a command names the hub Application it is for, and the
+/// agent runs it only on the copy it applied for that one; a hub of the
+/// release before names none, and any managed copy takes it, as then.
+#[tokio::test]
+async fn a_command_runs_only_on_the_copy_applied_for_its_hub_application() {
+    testenv::init_tracing();
+    let cluster = testenv::shared("agent-ownership", CrdSet::Managed)
+        .await
+        .unwrap();
+    cluster.ensure_namespace(ARGOCD).await.unwrap();
+    install_rbac(cluster, "managed").await;
+    let kubeconfig = cluster.dir().join("agent-commands.kubeconfig");
+    cluster
+        .write_kubeconfig_as(&sa_user(), Some("system:serviceaccounts"), &kubeconfig)
+        .unwrap();
+    let admin = Api::<Application>::namespaced_with(
+        cluster.client().await.unwrap(),
+        ARGOCD,
+        &application_resource(),
+    );
+    let mut agent = Agent::start(testenv::client_for(&kubeconfig).await.unwrap()).await;
+    let (outcome, message) = agent.upsert("owned", "hub-owner", "app").await;
+    assert_eq!(outcome, AckOutcome::Applied, "{message}");
+    let rv = resource_version(&admin, "owned").await;
+
+    let refresh = |id: &str, hub_uid: &str| OperationRequest {
+        operation_id: id.into(),
+        key: Some(key("owned")),
+        kind: Some(operation_request::Kind::Refresh(RefreshRequest { kind: 1 })),
+        hub_uid: hub_uid.into(),
+    };
+    let answer = |agent: &Agent| {
+        agent
+            .acks()
+            .into_iter()
+            .find_map(|m| match m.kind {
+                Some(agent_message::Kind::OperationAck(a)) => Some((a.outcome, a.message)),
+                _ => None,
+            })
+            .expect("an operation acknowledgement")
+    };
+    // For another hub Application (the hub's owner of the key changed, or
+    // a replica decided from an older view): refused, nothing written.
+    agent
+        .state
+        .add_op(key("owned"), refresh("op-other", "hub-other"));
+    agent.worker.reconcile(&key("owned")).await;
+    let (outcome, message) = answer(&agent);
+    assert_eq!(outcome, AckOutcome::Rejected as i32, "{message}");
+    assert_eq!(
+        owner::parse_conflict(&message),
+        Some(Holder::HubApplication("hub-owner".into())),
+        "{message}"
+    );
+    assert_eq!(resource_version(&admin, "owned").await, rv, "not touched");
+    // For its owner: run.
+    agent
+        .state
+        .add_op(key("owned"), refresh("op-owner", "hub-owner"));
+    agent.worker.reconcile(&key("owned")).await;
+    let (outcome, message) = answer(&agent);
+    assert_eq!(outcome, AckOutcome::Applied as i32, "{message}");
+    let refreshed = admin.get("owned").await.unwrap();
+    assert_eq!(
+        refreshed
+            .annotations()
+            .get("argocd.argoproj.io/refresh")
+            .map(String::as_str),
+        Some("normal")
+    );
+    // From a hub of the release before (no uid): any managed copy, as then.
+    admin
+        .patch(
+            "owned",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { "argocd.argoproj.io/refresh": null } } })),
+        )
+        .await
+        .unwrap();
+    agent.state.add_op(key("owned"), refresh("op-old-hub", ""));
+    agent.worker.reconcile(&key("owned")).await;
+    let (outcome, message) = answer(&agent);
+    assert_eq!(outcome, AckOutcome::Applied as i32, "{message}");
 }
 
 #[tokio::test]

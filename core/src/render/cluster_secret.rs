@@ -40,19 +40,109 @@ pub fn slim(cluster: &mut ManagedCluster) {
     }
 }
 
-/// The cluster Secret for `cluster`, owned by it so that it goes when the
-/// cluster is removed from OCM.
-pub fn cluster_secret(cluster: &ManagedCluster, argocd_namespace: &str) -> Secret {
-    let name = cluster.name_any();
-    // The cluster's own API URL when OCM knows it; otherwise a stable
-    // placeholder that is still a valid, unique server for Argo CD.
-    let server = cluster
+/// Why a cluster's own URL is not used as the Secret's `server`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ServerRefused {
+    #[error("is not an https:// URL with a host")]
+    NotHttps,
+    #[error("is a loopback address")]
+    Loopback,
+    #[error("is an address inside a cluster (the hub's own Service network, a link-local or unspecified address, or a `.svc`/`.cluster.local` name)")]
+    InCluster,
+    #[error("is the hub's own API server")]
+    Hub,
+}
+
+/// Whether `url`, which the cluster's own klusterlet writes into
+/// `ManagedCluster.spec.managedClusterClientConfigs`, may be the `server`
+/// of the Argo CD cluster Secret. Pure. A Secret whose server is the hub's
+/// own API server, a loopback or an in-cluster address would make the
+/// hub's Argo CD take it for itself (`https://kubernetes.default.svc` is
+/// its in-cluster cluster) or point it at something inside the hub.
+/// `hub`: the hosts the hub's API server is known by (its URL's host, the
+/// `kubernetes` Service's address in the hub-controller's pod).
+pub fn check_server(url: &str, hub: &[String]) -> Result<(), ServerRefused> {
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or(ServerRefused::NotHttps)?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // `[v6]:port`, `[v6]`, `host:port` or `host`.
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map(|(h, _)| h).unwrap_or(v6),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(h, _)| h),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if host.is_empty() {
+        return Err(ServerRefused::NotHttps);
+    }
+    if hub
+        .iter()
+        .any(|h| host == h.trim_end_matches('.').to_ascii_lowercase())
+    {
+        return Err(ServerRefused::Hub);
+    }
+    if host == "localhost" || host.ends_with(".localhost") {
+        return Err(ServerRefused::Loopback);
+    }
+    if host == "kubernetes"
+        || host.starts_with("kubernetes.default")
+        || host.ends_with(".svc")
+        || host.contains(".svc.")
+        || host.ends_with(".cluster.local")
+    {
+        return Err(ServerRefused::InCluster);
+    }
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        if ip.is_loopback() {
+            return Err(ServerRefused::Loopback);
+        }
+        let in_cluster = match ip {
+            std::net::IpAddr::V4(v4) => v4.is_unspecified() || v4.is_link_local(),
+            std::net::IpAddr::V6(v6) => {
+                v6.is_unspecified() || (v6.segments()[0] & 0xffc0) == 0xfe80
+            }
+        };
+        if in_cluster {
+            return Err(ServerRefused::InCluster);
+        }
+    }
+    Ok(())
+}
+
+/// The cluster's own API URL as OCM knows it, when there is one.
+pub fn cluster_url(cluster: &ManagedCluster) -> Option<&str> {
+    cluster
         .spec
         .managed_cluster_client_configs
         .as_ref()
         .and_then(|c| c.first())
-        .map(|c| c.url.clone())
+        .map(|c| c.url.as_str())
         .filter(|u| !u.is_empty())
+}
+
+/// The cluster Secret for `cluster`, owned by it so that it goes when the
+/// cluster is removed from OCM. `hub`: as for [`check_server`].
+/// A URL [`check_server`] refuses is replaced by the placeholder (the
+/// caller tells the cluster's owner, see
+/// `transport::manifestwork::cluster_secrets`).
+pub fn cluster_secret(cluster: &ManagedCluster, argocd_namespace: &str, hub: &[String]) -> Secret {
+    let name = cluster.name_any();
+    // The cluster's own API URL when OCM knows it and it may be used;
+    // otherwise a stable placeholder that is still a valid, unique server
+    // for Argo CD (ApplicationSet cluster generators match on the name and
+    // labels; the hub's Argo CD never connects).
+    let server = cluster_url(cluster)
+        .filter(|u| check_server(u, hub).is_ok())
+        .map(str::to_string)
         .unwrap_or_else(|| format!("https://{name}"));
     Secret {
         metadata: ObjectMeta {
@@ -93,7 +183,7 @@ mod tests {
 
     #[test]
     fn names_labels_and_owns_the_secret() {
-        let s = cluster_secret(&cluster(json!({})), "argocd");
+        let s = cluster_secret(&cluster(json!({})), "argocd", &[]);
         assert_eq!(s.metadata.name.as_deref(), Some("cluster1-cluster-secret"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("argocd"));
         assert_eq!(
@@ -114,11 +204,51 @@ mod tests {
     fn uses_the_cluster_url_ocm_knows() {
         let spec =
             json!({ "managedClusterClientConfigs": [{ "url": "https://api.c1.example:6443" }] });
-        let s = cluster_secret(&cluster(spec), "argocd");
+        let s = cluster_secret(&cluster(spec), "argocd", &[]);
         assert_eq!(
             s.string_data.unwrap()["server"],
             "https://api.c1.example:6443"
         );
+    }
+
+    #[test]
+    fn a_server_at_the_hub_a_loopback_or_inside_a_cluster_is_refused() {
+        let hub = &["hub.example.com".to_string(), "10.96.0.1".to_string()];
+        for url in [
+            "https://api.c1.example:6443",
+            "https://api.c1.example",
+            "https://10.0.0.1:6443",
+            "https://[2001:db8::1]:6443",
+            "https://c1.example/prefix",
+        ] {
+            assert_eq!(check_server(url, hub), Ok(()), "{url}");
+        }
+        for (url, why) in [
+            ("https://hub.example.com:6443", ServerRefused::Hub),
+            ("https://HUB.example.com./x", ServerRefused::Hub),
+            ("https://10.96.0.1:443", ServerRefused::Hub),
+            ("https://127.0.0.1:6443", ServerRefused::Loopback),
+            ("https://127.8.9.10", ServerRefused::Loopback),
+            ("https://[::1]:6443", ServerRefused::Loopback),
+            ("https://[::ffff:127.0.0.1]", ServerRefused::Loopback),
+            ("https://localhost:6443", ServerRefused::Loopback),
+            ("https://user@localhost", ServerRefused::Loopback),
+            ("https://kubernetes.default.svc", ServerRefused::InCluster),
+            ("https://kubernetes.default.svc.cluster.local:443", ServerRefused::InCluster),
+            ("https://kubernetes", ServerRefused::InCluster),
+            ("https://argocd-server.argocd.svc", ServerRefused::InCluster),
+            ("https://169.254.169.254", ServerRefused::InCluster),
+            ("https://0.0.0.0:6443", ServerRefused::InCluster),
+            ("https://[fe80::1]", ServerRefused::InCluster),
+            ("http://api.c1.example", ServerRefused::NotHttps),
+            ("https://", ServerRefused::NotHttps),
+        ] {
+            assert_eq!(check_server(url, hub), Err(why), "{url}");
+        }
+        // Refused: the Secret is still written, with the placeholder.
+        let spec = json!({ "managedClusterClientConfigs": [{ "url": "https://kubernetes.default.svc" }] });
+        let s = cluster_secret(&cluster(spec), "argocd", hub);
+        assert_eq!(s.string_data.unwrap()["server"], "https://cluster1");
     }
 
     #[test]
@@ -136,9 +266,9 @@ mod tests {
             "status": { "conditions": [], "version": { "kubernetes": "v1.35.0" } }
         }))
         .unwrap();
-        let before = cluster_secret(&full, "argocd");
+        let before = cluster_secret(&full, "argocd", &[]);
         slim(&mut full);
-        assert_eq!(cluster_secret(&full, "argocd"), before);
+        assert_eq!(cluster_secret(&full, "argocd", &[]), before);
         assert!(full.status.is_none());
         assert_eq!(full.metadata.generation, Some(3), "the watch filters on it");
         assert!(full.metadata.managed_fields.is_none() && full.metadata.annotations.is_none());

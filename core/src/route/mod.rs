@@ -9,6 +9,7 @@ pub mod authz;
 pub mod decide;
 pub mod glob;
 mod hub_ref;
+pub mod owner;
 pub mod project;
 pub mod target;
 pub mod transport;

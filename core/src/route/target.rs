@@ -5,6 +5,7 @@
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::names::dns_label;
+use kube::api::ObjectMeta;
 
 /// Where an Application goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,7 +36,12 @@ pub const DEFAULT_APP_NAMESPACE: &str = "argocd";
 /// autonomous cluster's mirror never has: whoever labels one, it is not
 /// delivered anywhere.
 pub fn is_pulled(app: &Application) -> bool {
-    let labels = app.metadata.labels.as_ref();
+    pulled(&app.metadata)
+}
+
+/// [`is_pulled`], from the metadata alone.
+pub fn pulled(meta: &ObjectMeta) -> bool {
+    let labels = meta.labels.as_ref();
     labels.is_none_or(|l| !l.contains_key(keys::MIRROR_OF))
         && labels
             .and_then(|l| l.get(keys::PULL_LABEL))
@@ -45,9 +51,13 @@ pub fn is_pulled(app: &Application) -> bool {
 
 /// The delivery target of an Application that opted in.
 pub fn target(app: &Application) -> Result<Target, TargetError> {
+    target_of(&app.metadata)
+}
+
+/// [`target`], from the metadata alone.
+pub fn target_of(meta: &ObjectMeta) -> Result<Target, TargetError> {
     let annotation = |key: &str| {
-        app.metadata
-            .annotations
+        meta.annotations
             .as_ref()
             .and_then(|a| a.get(key))
             .map(|v| v.as_str())
@@ -68,8 +78,7 @@ pub fn target(app: &Application) -> Result<Target, TargetError> {
             })?;
             ns
         }
-        None => app
-            .metadata
+        None => meta
             .namespace
             .as_deref()
             .filter(|ns| !ns.is_empty())

@@ -53,6 +53,8 @@ pub struct Caches {
     /// live until it does: deciding from the older copy would lose an
     /// operation handed over a moment ago).
     pub written: Written,
+    /// Which hub Applications name each spoke Application.
+    pub slots: Arc<super::slots::Slots>,
     /// True once every cache has its first full list.
     pub synced: Arc<tokio::sync::watch::Sender<bool>>,
 }

@@ -8,6 +8,7 @@ pub mod cached;
 pub mod caches;
 pub mod mode;
 pub mod pairs;
+pub mod slots;
 pub mod watches;
 pub mod written;
 

@@ -192,6 +192,7 @@ impl Watches {
             credentials: credentials.as_reader(),
             default_config: Arc::new(scope.default_config.clone()),
             written: Default::default(),
+            slots: Default::default(),
             synced: Default::default(),
         };
         Self {
@@ -318,6 +319,9 @@ impl Watches {
                         && !project_spec_changed(&mut project_specs, e)
                     {
                         continue;
+                    }
+                    if let Event::App(e) = &event {
+                        caches.slots.observe(e);
                     }
                     for c in &consumers {
                         c.event(&event);

@@ -266,6 +266,16 @@ pub struct OperationRequest {
     pub operation_id: ::prost::alloc::string::String,
     #[prost(message, optional, tag = "2")]
     pub key: ::core::option::Option<ObjectKey>,
+    /// Managed mode: the uid of the hub Application the command is for (the
+    /// owner of the key on the hub). An agent with capability "owner-check"
+    /// runs it only on an Application it delivered for that hub Application
+    /// and answers REJECTED (`OwnerConflict: ...`) otherwise. Empty from a
+    /// hub of the release before (which did not send it): such an agent then
+    /// runs the command on any Application it manages, as that release did.
+    /// An agent of the release before ignores the field. Empty for autonomous
+    /// mirrors.
+    #[prost(string, tag = "6")]
+    pub hub_uid: ::prost::alloc::string::String,
     #[prost(oneof = "operation_request::Kind", tags = "3, 4, 5")]
     pub kind: ::core::option::Option<operation_request::Kind>,
 }

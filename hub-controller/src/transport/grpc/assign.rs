@@ -16,6 +16,7 @@ use crate::compact::CompactJson;
 pub use crate::route::HubRef;
 pub use crate::route::decide::Facts;
 use crate::route::decide::{Route, decide};
+use crate::route::owner::Seniority;
 use crate::route::target::Target;
 use crate::route::transport::Transport;
 use crate::status::Reason;
@@ -60,8 +61,13 @@ pub fn uid_of_version(version: &str) -> Option<&str> {
 pub enum Assignment {
     /// Not for the gRPC transport (not pulled, bad annotations, or delivered
     /// by ManifestWork). `target` is where it would go, when known, so that
-    /// an agent still holding it can be told to let go.
-    NotOurs { target: Option<(String, ObjectKey)> },
+    /// an agent still holding it can be told to let go. `by_work`: the
+    /// ManifestWork transport delivers it there, so it claims that spoke
+    /// Application too ([`crate::route::owner`]).
+    NotOurs {
+        target: Option<(String, ObjectKey)>,
+        by_work: Option<Seniority>,
+    },
     /// For the gRPC transport, but it cannot be delivered; the condition and
     /// event say why. What the agent already has is left alone.
     Refused {
@@ -83,7 +89,7 @@ impl Assignment {
     /// The (cluster, key) it concerns, if any.
     pub fn slot(&self) -> Option<(&str, &ObjectKey)> {
         match self {
-            Assignment::NotOurs { target } => target.as_ref().map(|(c, k)| (c.as_str(), k)),
+            Assignment::NotOurs { target, .. } => target.as_ref().map(|(c, k)| (c.as_str(), k)),
             Assignment::Refused { cluster, key, .. } | Assignment::Deliver { cluster, key, .. } => {
                 Some((cluster.as_str(), key))
             }
@@ -124,8 +130,17 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
             };
         }
         other => {
+            let by_work = matches!(
+                other,
+                Route::Deliver {
+                    transport: Transport::ManifestWork,
+                    ..
+                }
+            )
+            .then(|| Seniority::of(&app.metadata));
             return Assignment::NotOurs {
                 target: other.target().map(slot),
+                by_work,
             };
         }
     };
@@ -217,7 +232,8 @@ mod tests {
         assert_eq!(
             assign(&deliverable, &facts(false, &authz, &["c1"])),
             Assignment::NotOurs {
-                target: Some(("c1".into(), key("team", "guestbook")))
+                target: Some(("c1".into(), key("team", "guestbook"))),
+                by_work: Some(Seniority::of(&deliverable.metadata)),
             }
         );
         // Not selected by a Placement.
@@ -238,13 +254,19 @@ mod tests {
         let unpulled = app(json!({ "metadata": { "labels": { keys::PULL_LABEL: "false" } } }));
         assert_eq!(
             assign(&unpulled, &facts(true, &authz, &["c1"])),
-            Assignment::NotOurs { target: None }
+            Assignment::NotOurs {
+                target: None,
+                by_work: None
+            }
         );
         let forced =
             app(json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } }));
         assert!(matches!(
             assign(&forced, &facts(true, &authz, &["c1"])),
-            Assignment::NotOurs { target: Some(_) }
+            Assignment::NotOurs {
+                target: Some(_),
+                ..
+            }
         ));
         // Too large for one object.
         let big = app(json!({ "spec": { "big": "x".repeat(limits::MAX_OBJECT_JSON_BYTES) } }));

@@ -24,7 +24,9 @@ use crate::render::work::{
     applied_on_spoke, is_applied, manifest_work, reported_applied, work_name,
 };
 use crate::route::HubRef;
+use crate::transport::grpc::assign::{Assignment, assign};
 use crate::route::decide::{Facts, Route, decide};
+use crate::route::owner::{Seniority, owner};
 use crate::route::target::{Target, target};
 use crate::route::transport::Transport;
 use crate::status::Reason;
@@ -97,6 +99,12 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
                 transport: Transport::Grpc,
                 target,
             } => hand_over_to_grpc(app, &target, ctx).await,
+            // Another Application owns the spoke copy: a work of this one
+            // (from before the owner came) must not take it along.
+            Route::Deliver { target, .. } if other_owner(app, &target, ctx).is_some() => {
+                orphan_work(app, &target, ctx, "refused").await?;
+                finalize(app, ctx).await
+            }
             _ => finalize(app, ctx).await,
         };
     }
@@ -123,6 +131,19 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             return Ok(Action::await_change());
         }
     };
+    if let Some(owner) = other_owner(app, &target, ctx) {
+        let msg = format!(
+            "Application {}/{name} on cluster {} is already delivered for {owner}, which is older: rename this Application or change its {} annotation",
+            target.app_namespace,
+            target.cluster,
+            keys::MANAGED_CLUSTER_APP_NAMESPACE
+        );
+        refuse(app, ctx, Reason::SpokeConflict, &msg).await?;
+        // A work of this Application from before is removed, leaving the
+        // spoke copy to its owner.
+        orphan_work(app, &target, ctx, "refused").await?;
+        return Ok(Action::await_change());
+    }
     let mut work = match manifest_work(app, &target, delivered_copy(app, &target), &ctx.options) {
         Ok(w) => w,
         Err(e) => {
@@ -285,6 +306,64 @@ async fn hand_over_to_grpc(
     target: &Target,
     ctx: &Context,
 ) -> Result<Action, Error> {
+    orphan_work(app, target, ctx, "handed over to the gRPC transport").await
+}
+
+/// The hub Application other than `app` that owns the spoke Application
+/// `app` would be delivered as ([`crate::route::owner`]): among the hub
+/// Applications that name it, those either transport would deliver.
+fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubRef> {
+    let me = HubRef::of(app);
+    let slot = (
+        target.cluster.clone(),
+        target.app_namespace.clone(),
+        app.name_any(),
+    );
+    let claimants = ctx.caches.slots.claimants(&slot);
+    if claimants.iter().all(|r| *r == me) {
+        return None;
+    }
+    let facts = Facts {
+        grpc_served: ctx.grpc.is_some(),
+        authorization: &ctx.authorization,
+        world: &ctx.caches,
+    };
+    let mut candidates = vec![(Seniority::of(&app.metadata), me.clone())];
+    for r in claimants.into_iter().filter(|r| *r != me) {
+        let Some(cached) = ctx
+            .caches
+            .apps
+            .get(&ObjectRef::new(&r.name).within(&r.namespace))
+        else {
+            continue;
+        };
+        let other = cached.application();
+        // As the gRPC transport's index sees it (`route::assign`): the
+        // same claimants on both sides, so both name the same owner.
+        let claims = match assign(&other, &facts) {
+            Assignment::Deliver { .. } => true,
+            Assignment::NotOurs { by_work, .. } => by_work.is_some(),
+            Assignment::Refused { .. } => false,
+        };
+        if claims {
+            candidates.push((Seniority::of(&other.metadata), r));
+        }
+    }
+    owner(candidates.iter().map(|(s, r)| (s, r)))
+        .filter(|o| **o != me)
+        .cloned()
+}
+
+/// Deletes the ManifestWork of `app`, if any, with `deleteOption: Orphan`
+/// first, so that the work agent leaves the spoke Application where it is
+/// (for the gRPC transport to take over, or for the hub Application that
+/// owns it).
+async fn orphan_work(
+    app: &Application,
+    target: &Target,
+    ctx: &Context,
+    why: &str,
+) -> Result<Action, Error> {
     let name = work_name(&app.namespace().unwrap_or_default(), &app.name_any());
     let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
     let existing = match ctx.caches.work(&target.cluster, &name) {
@@ -318,8 +397,8 @@ async fn hand_over_to_grpc(
             Err(e) => return Err(e.into()),
         }
         ctx.caches.written.forget(&target.cluster, &name);
-        tracing::info!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), cluster = %target.cluster, work = %name,
-            "handed over to the gRPC transport; ManifestWork deleted with the Application orphaned on the spoke");
+        tracing::info!(namespace = %app.namespace().unwrap_or_default(), name = %app.name_any(), cluster = %target.cluster, work = %name, why,
+            "ManifestWork deleted with the Application orphaned on the spoke");
     }
     Ok(Action::await_change())
 }

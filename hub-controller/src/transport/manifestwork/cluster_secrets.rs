@@ -24,7 +24,11 @@ use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, ResourceExt};
 
 use super::WORK_MANAGER;
-use crate::render::cluster_secret::{cluster_secret, slim};
+use crate::render::cluster_secret::{
+    ServerRefused, check_server, cluster_secret, cluster_url, secret_name, slim,
+};
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// How often each cluster's Secret is applied again.
 pub const RESTORE_EVERY: Duration = Duration::from_secs(600);
@@ -40,6 +44,10 @@ struct Ctx {
     client: Client,
     namespace: String,
     first_pass: Mutex<Spread>,
+    /// The hosts the hub's API server is known by (see
+    /// [`crate::render::cluster_secret::check_server`]).
+    hub: Vec<String>,
+    recorder: Recorder,
 }
 
 /// Spreads the first reconcile of each cluster in a term: the n-th cluster
@@ -79,13 +87,20 @@ impl Spread {
 pub async fn run(
     client: Client,
     argocd_namespace: String,
+    hub: Vec<String>,
     shutdown: argocd_pull_runtime::shutdown::Shutdown,
 ) {
     let clusters: Api<ManagedCluster> = Api::all(client.clone());
+    let reporter = Reporter {
+        controller: "argocd-pull-hub-controller".into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
     let ctx = Arc::new(Ctx {
+        recorder: Recorder::new(client.clone(), reporter),
         client,
         namespace: argocd_namespace,
         first_pass: Mutex::new(Spread::new(Instant::now(), FIRST_PASS_PER_SECOND)),
+        hub,
     });
     // The Secret depends on the cluster's name, uid and spec: only a new
     // generation (or a new cluster) is worth a write. Status updates, which
@@ -125,7 +140,12 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
     if let Some(wait) = wait {
         return Ok(Action::requeue(wait));
     }
-    let secret = cluster_secret(&cluster, &ctx.namespace);
+    if let Some(url) = cluster_url(&cluster)
+        && let Err(why) = check_server(url, &ctx.hub)
+    {
+        refused_server(&cluster, url, &why, &ctx).await;
+    }
+    let secret = cluster_secret(&cluster, &ctx.namespace, &ctx.hub);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     api.patch(
         &secret.name_any(),
@@ -134,6 +154,33 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
     )
     .await?;
     Ok(Action::requeue(RESTORE_EVERY))
+}
+
+/// Tells the cluster's owner why its URL is not the Secret's server: a
+/// Warning Event on the ManagedCluster (each time the Secret is written:
+/// a new generation of the cluster, and every [`RESTORE_EVERY`]).
+async fn refused_server(cluster: &ManagedCluster, url: &str, why: &ServerRefused, ctx: &Ctx) {
+    let name = cluster.name_any();
+    let note = format!(
+        "managedClusterClientConfigs[0].url {url:?} {why}: the Argo CD cluster Secret {}/{} is written with server https://{name} instead. Set the klusterlet's hub-facing API server URL (Klusterlet spec.externalServerURLs) to the cluster's real external API address",
+        ctx.namespace,
+        secret_name(&name)
+    );
+    tracing::warn!(cluster = %name, %url, %why, "cluster URL refused for the Argo CD cluster Secret");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "ClusterURLRefused".into(),
+        note: Some(note),
+        action: "WriteClusterSecret".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx
+        .recorder
+        .publish(&event, &cluster.object_ref(&()))
+        .await
+    {
+        tracing::warn!(cluster = %name, error = %e, "could not publish event");
+    }
 }
 
 fn error_policy(cluster: Arc<ManagedCluster>, error: &kube::Error, ctx: Arc<Ctx>) -> Action {

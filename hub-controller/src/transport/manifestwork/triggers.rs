@@ -39,8 +39,16 @@ impl Consumer for Context {
             _ => {}
         }
         match event {
-            Event::App(E::Apply(a) | E::InitApply(a)) => {
-                self.trigger(ObjectRef::from_obj(a), "application")
+            Event::App(E::Apply(a) | E::InitApply(a) | E::Delete(a)) => {
+                if !matches!(event, Event::App(E::Delete(_))) {
+                    self.trigger(ObjectRef::from_obj(a), "application");
+                }
+                // The other hub Applications that name its spoke
+                // Application (before or after): their owner may have
+                // changed.
+                for r in self.caches.slots.touched() {
+                    self.trigger(ObjectRef::new(&r.name).within(&r.namespace), "spoke-owner");
+                }
             }
             // The echo of our own write of the work: the reconcile that wrote
             // it went on from the write's response.

@@ -186,7 +186,17 @@ pub struct Inner {
     /// finds nothing to delete may say `gone` before it answers the delete;
     /// waiting for another `gone` would wait for ever.)
     gone_before_ack: HashMap<ObjectKey, String>,
+    /// Keys the hub knows nothing of that the agent's resync requests
+    /// made it delete or release (what the agent says it has, not what the
+    /// hub wants): at most [`MAX_REPAIR_REMOVALS`] at a time, dropped when
+    /// the session ends (the next session's digest finds them again).
+    removals: HashSet<ObjectKey>,
 }
+
+/// Deletes and releases of keys the hub does not know that one agent's
+/// resync requests may have queued at a time; beyond it, later ones wait
+/// for a later digest round.
+pub const MAX_REPAIR_REMOVALS: usize = 1024;
 
 impl Inner {
     fn outbox(&mut self) -> &mut Outbox<ObjectKey, Item> {
@@ -221,6 +231,19 @@ impl Inner {
     /// Forgets what was queued for a session that is gone.
     fn clear_session_queues(&mut self) {
         self.outbox().requeue_in_flight();
+        // What the agent's own requests queued goes with it.
+        let removals = std::mem::take(&mut self.removals);
+        if !removals.is_empty() {
+            for k in &removals {
+                self.enqueued.remove(k);
+                self.delete_acked.remove(k);
+                self.gone.remove(k);
+                if matches!(self.observed.get(k), Some(Observation::Gone)) {
+                    self.observed.remove(k);
+                }
+            }
+            self.outbox().retain(|k| !removals.contains(k));
+        }
         self.in_flight.clear();
         self.gone_before_ack.clear();
         self.control.clear();
@@ -324,6 +347,8 @@ impl ClusterState {
     }
 
     fn enqueue(&self, inner: &mut Inner, key: &ObjectKey, item: Item) {
+        // The hub's own decision from now on, not the agent's request.
+        inner.removals.remove(key);
         if inner.enqueued.get(key) == Some(&item) {
             return;
         }
@@ -404,6 +429,7 @@ impl ClusterState {
         inner.delete_acked.remove(key);
         inner.gone_before_ack.remove(key);
         inner.rejected.remove(key);
+        inner.removals.remove(key);
         if matches!(inner.observed.get(key), Some(Observation::Gone)) {
             inner.observed.remove(key);
         }
@@ -546,19 +572,40 @@ impl ClusterState {
     /// Applies the repairs for the desired set the agent asked for; `remove`
     /// decides what a key the hub does not want becomes (a delete, a
     /// release, or nothing).
-    pub fn repair(&self, repairs: Vec<Repair>, remove: impl Fn(&ObjectKey) -> Option<Item>) {
+    /// Returns how many removals were left for a later round
+    /// ([`MAX_REPAIR_REMOVALS`]).
+    pub fn repair(&self, repairs: Vec<Repair>, remove: impl Fn(&ObjectKey) -> Option<Item>) -> usize {
+        let mut deferred = 0;
         for r in repairs {
             match r {
                 Repair::Send(key) => {
                     self.resend_desired(&key);
                 }
                 Repair::Remove(key) => {
+                    {
+                        let inner = self.lock();
+                        if inner.removals.len() >= MAX_REPAIR_REMOVALS
+                            && !inner.removals.contains(&key)
+                        {
+                            deferred += 1;
+                            continue;
+                        }
+                    }
                     if let Some(item) = remove(&key) {
-                        self.resend(&key, item);
+                        let mut inner = self.lock();
+                        let unknown = !inner.desired.contains_key(&key);
+                        inner.enqueued.insert(key.clone(), item.clone());
+                        inner.outbox().upsert(key.clone(), item);
+                        if unknown {
+                            inner.removals.insert(key);
+                        }
+                        drop(inner);
+                        self.wake.notify_one();
                     }
                 }
             }
         }
+        deferred
     }
 }
 

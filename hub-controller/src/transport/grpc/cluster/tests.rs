@@ -208,6 +208,7 @@ fn commands_go_once_per_session_until_answered() {
         operation_id: "op-1".into(),
         key: Some(key("a")),
         kind: None,
+        hub_uid: String::new(),
     };
     assert!(c.add_op(op.clone(), owner.clone()));
     assert!(!c.add_op(op, owner.clone()));
@@ -254,6 +255,7 @@ fn a_command_the_agent_cannot_run_is_never_sent_and_each_answer_is_reported_once
         operation_id: id.into(),
         key: Some(key("a")),
         kind: None,
+        hub_uid: "uid-a".into(),
     };
     // Refused here, reported by the caller: never sent, never again.
     c.add_refused_op(op("t-1"), owner.clone(), "upgrade the agent");
@@ -424,4 +426,38 @@ fn only_the_session_of_a_denied_certificate_is_stopped() {
     let mut s = c.attach_as(2, AgentMode::Managed, fp("fp-bad")).unwrap();
     assert_eq!(c.stop_if_denied(deny).as_deref(), Some("fp-bad"));
     assert_eq!(*s.borrow_and_update(), Some(Stop::Denied("stolen".into())));
+}
+
+#[test]
+fn removals_an_agent_asks_for_are_bounded_and_go_with_its_session() {
+    use argocd_pull_proto::digest::Repair;
+    let c = ClusterState::new("c1");
+    c.attach(1, AgentMode::Managed);
+    c.set_desired(&key("wanted"), desired("wanted", "v1"));
+    // The agent lists far more unknown Applications than the bound.
+    let unknown = MAX_REPAIR_REMOVALS + 500;
+    let repairs: Vec<Repair> = (0..unknown)
+        .map(|i| Repair::Remove(key(&format!("junk-{i}"))))
+        .collect();
+    let deferred = c.repair(repairs, |k| {
+        Some(Item::Delete {
+            hub_uid: format!("uid-{}", k.name),
+        })
+    });
+    assert_eq!(deferred, 500);
+    assert_eq!(c.lag().1, MAX_REPAIR_REMOVALS + 1, "the bound, and the wanted one");
+    // Asked again: the same keys take no more room.
+    let again: Vec<Repair> = (0..10)
+        .map(|i| Repair::Remove(key(&format!("junk-{i}"))))
+        .collect();
+    assert_eq!(c.repair(again, |_| Some(Item::Delete { hub_uid: "u".into() })), 0);
+    assert_eq!(c.lag().1, MAX_REPAIR_REMOVALS + 1);
+    let sent = c.next_messages(1, 10);
+    assert_eq!(sent.len(), 10);
+    // The session ends: what it asked for goes, what the hub wants stays.
+    c.detach(1);
+    assert_eq!(c.lag().1, 1);
+    assert!(c.knows(&key("wanted")) && !c.knows(&key("junk-0")));
+    c.attach(2, AgentMode::Managed);
+    assert_eq!(kinds(&c.next_messages(2, 10)), ["upsert wanted"]);
 }

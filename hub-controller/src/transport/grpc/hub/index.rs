@@ -4,11 +4,13 @@
 //! per-cluster state.
 //!
 //! One owner per spoke Application: when several hub Applications name the
-//! same (cluster, key), the one that holds it keeps it for as long as it is
-//! assigned to deliver it; a newcomer is refused (`SpokeConflict`) and
-//! never sees the holder's spec or status. When nobody holds it (first
-//! delivery, or after a restart) the oldest hub Application gets it, then
-//! the first by namespace and name.
+//! same (cluster, key), the owner is decided by [`crate::route::owner`]
+//! (oldest creationTimestamp, then smallest uid) among those that would be
+//! delivered there by either transport, the same on every replica whatever
+//! order it heard them in. The others are refused (`SpokeConflict`) and
+//! never see the owner's spec or status. An owner delivered by ManifestWork
+//! is in the index too (`NotOurs` with `by_work`): the agent lets go of the
+//! key for it, without deleting.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -74,6 +76,18 @@ fn delivers(a: Option<&Assignment>) -> Option<&Arc<Desired>> {
     }
 }
 
+/// What `a` claims its spoke Application with, when it claims it: a
+/// delivery by either transport.
+fn seniority(a: Option<&Assignment>) -> Option<(i64, &str)> {
+    match a? {
+        Assignment::Deliver { desired, .. } => Some((desired.created, desired.hub_uid())),
+        Assignment::NotOurs {
+            by_work: Some(s), ..
+        } => Some((s.created, s.uid.as_str())),
+        _ => None,
+    }
+}
+
 impl Index {
     pub fn assignment(&self, r: &HubRef) -> Option<&Assignment> {
         self.assign.get(r)
@@ -87,8 +101,16 @@ impl Index {
         self.assign.keys().cloned().collect()
     }
 
-    /// The hub Application that delivers (cluster, key).
+    /// The hub Application that the gRPC transport delivers (cluster,
+    /// key) for: the owner, when this transport delivers it.
     pub fn winner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
+        self.owner(cluster, key)
+            .filter(|r| delivers(self.assign.get(r)).is_some())
+    }
+
+    /// The hub Application that owns (cluster, key), whichever transport
+    /// delivers it.
+    pub fn owner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
         self.by_slot
             .get(&(cluster.to_string(), key.clone()))
             .and_then(Named::holder)
@@ -180,26 +202,19 @@ impl Index {
         }
     }
 
-    /// Keeps the holder of `slot` while it still delivers it; otherwise
-    /// the oldest Application that delivers it becomes the holder.
+    /// Makes the owner ([`crate::route::owner`]) of `slot` its holder.
     fn elect(&mut self, slot: &Slot) {
         let assign = &self.assign;
         let Some(named) = self.by_slot.get_mut(slot) else {
             return;
         };
-        if named
-            .holder()
-            .is_some_and(|h| delivers(assign.get(h)).is_some())
-        {
-            return;
-        }
         let next = named
             .0
             .iter()
             .enumerate()
-            .filter_map(|(i, (r, _))| delivers(assign.get(r)).map(|d| (d.created, r, i)))
+            .filter_map(|(i, (r, _))| seniority(assign.get(r)).map(|s| (s, i)))
             .min()
-            .map(|(_, _, i)| i);
+            .map(|(_, i)| i);
         for (i, (_, holds)) in named.0.iter_mut().enumerate() {
             *holds = Some(i) == next;
         }
@@ -308,6 +323,7 @@ mod tests {
     fn not_ours() -> Assignment {
         Assignment::NotOurs {
             target: Some(("c1".into(), key())),
+            by_work: None,
         }
     }
 
@@ -319,44 +335,54 @@ mod tests {
     }
 
     #[test]
-    fn the_first_holder_keeps_the_spoke_application() {
+    fn the_oldest_owns_the_spoke_application_whatever_the_order() {
+        // Two replicas hear the same two Applications in opposite orders
+        // (one of them after a restart): both name the same owner.
         let mut i = Index::default();
-        // "b" is delivered first; "a" comes later, older and sorting first.
         i.set(&r("b"), Some(deliver("b", 20, false)));
         i.set(&r("a"), Some(deliver("a", 10, false)));
-        assert_eq!(i.winner("c1", &key()), Some(r("b")));
+        let mut j = Index::default();
+        j.set(&r("a"), Some(deliver("a", 10, false)));
+        j.set(&r("b"), Some(deliver("b", 20, false)));
+        for index in [&i, &j] {
+            assert_eq!(index.winner("c1", &key()), Some(r("a")));
+            assert_eq!(delivered_for(index).as_deref(), Some("a"));
+            assert_eq!(
+                index.decide("c1", &key()).1,
+                vec![r("b")],
+                "the younger shows the conflict"
+            );
+        }
+        // The owner changing (a new spec) keeps it.
+        i.set(&r("a"), Some(deliver("a", 10, false)));
+        assert_eq!(i.winner("c1", &key()), Some(r("a")));
+        // The owner gone: the other takes over.
+        i.set(&r("a"), None);
         assert_eq!(delivered_for(&i).as_deref(), Some("b"));
-        assert_eq!(
-            i.decide("c1", &key()).1,
-            vec![r("a")],
-            "the newcomer shows the conflict"
-        );
-        // The holder changing (a new spec) keeps it.
-        i.set(&r("b"), Some(deliver("b", 20, false)));
-        assert_eq!(i.winner("c1", &key()), Some(r("b")));
-        // The holder gone: the other takes over.
-        i.set(&r("b"), None);
-        assert_eq!(delivered_for(&i).as_deref(), Some("a"));
         assert!(i.decide("c1", &key()).1.is_empty());
     }
 
     #[test]
-    fn with_no_holder_the_oldest_gets_it() {
+    fn an_owner_delivered_by_manifestwork_holds_against_the_grpc_transport() {
+        let by_work = |created| Assignment::NotOurs {
+            target: Some(("c1".into(), key())),
+            by_work: Some(crate::route::owner::Seniority {
+                created,
+                uid: "uid-w".into(),
+            }),
+        };
         let mut i = Index::default();
-        // As after a restart: both arrive from the first list, with no
-        // holder known; the older wins whatever the order.
-        i.set(&r("z-old"), Some(deliver("z-old", 5, false)));
-        i.set(&r("a-new"), Some(deliver("a-new", 9, false)));
-        assert_eq!(i.winner("c1", &key()), Some(r("z-old")));
-        let mut j = Index::default();
-        j.set(&r("a-new"), Some(deliver("a-new", 9, false)));
-        assert_eq!(j.winner("c1", &key()), Some(r("a-new")), "alone, it holds");
-        j.set(&r("z-old"), Some(deliver("z-old", 5, false)));
-        assert_eq!(
-            j.winner("c1", &key()),
-            Some(r("a-new")),
-            "a holder is never displaced"
-        );
+        i.set(&r("grpc"), Some(deliver("grpc", 20, false)));
+        i.set(&r("work"), Some(by_work(10)));
+        // The older, by ManifestWork, owns it: the agent lets go (never
+        // deletes) and the gRPC one is refused naming it.
+        assert_eq!(i.owner("c1", &key()), Some(r("work")));
+        assert_eq!(i.winner("c1", &key()), None);
+        assert_eq!(i.decide("c1", &key()), (Decision::Release, vec![r("grpc")]));
+        // Younger than the gRPC one: it is the one refused.
+        i.set(&r("work"), Some(by_work(30)));
+        assert_eq!(i.winner("c1", &key()), Some(r("grpc")));
+        assert_eq!(i.decide("c1", &key()).1, vec![r("work")]);
     }
 
     #[test]
@@ -467,15 +493,15 @@ mod tests {
         for n in ["c", "a", "b"] {
             i.set(&r(n), Some(deliver(n, 1, false)));
         }
-        // The first keeps it; the others conflict, by namespace and name.
-        assert_eq!(delivered_for(&i).as_deref(), Some("c"));
-        assert_eq!(i.decide("c1", &key()).1, vec![r("a"), r("b")]);
-        // Gone: among the equally old, the first by name gets it.
-        i.set(&r("c"), None);
+        // Equally old: the smallest uid owns it; the others conflict, by
+        // namespace and name.
         assert_eq!(delivered_for(&i).as_deref(), Some("a"));
-        assert_eq!(i.decide("c1", &key()).1, vec![r("b")]);
+        assert_eq!(i.decide("c1", &key()).1, vec![r("b"), r("c")]);
         i.set(&r("a"), None);
+        assert_eq!(delivered_for(&i).as_deref(), Some("b"));
+        assert_eq!(i.decide("c1", &key()).1, vec![r("c")]);
         i.set(&r("b"), None);
+        i.set(&r("c"), None);
         assert!(!i.has_slot("c1", &key()), "an empty slot is forgotten");
     }
 }

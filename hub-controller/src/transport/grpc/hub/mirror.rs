@@ -193,9 +193,17 @@ impl Hub {
     }
 }
 
-/// The mirror work of a mirror seen on the hub.
+/// The mirror work of a mirror seen on the hub. Only an Application in
+/// the cluster's own hub namespace is a mirror of it: anyone who may
+/// create Applications elsewhere could set the label, and such an object
+/// must neither count against the cluster's mirror limit nor be taken for
+/// what its agent reported (it is not delivered either: see
+/// `route::target`).
 pub(super) fn mirror_work(m: &CachedApp) -> Option<Work> {
     let cluster = m.labels().get(keys::MIRROR_OF)?.to_string();
+    if m.namespace().as_deref() != Some(cluster.as_str()) {
+        return None;
+    }
     let (ns, name) = m.annotations().get(keys::MIRROR_SOURCE)?.split_once('/')?;
     Some(Work::Mirror {
         cluster,
@@ -204,4 +212,32 @@ pub(super) fn mirror_work(m: &CachedApp) -> Option<Work> {
             name: name.into(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labelled(ns: &str, of: &str) -> CachedApp {
+        let app: Application = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": { "name": "guestbook", "namespace": ns,
+                          "labels": { keys::MIRROR_OF: of },
+                          "annotations": { keys::MIRROR_SOURCE: "argocd/guestbook" } },
+            "spec": {}
+        }))
+        .unwrap();
+        CachedApp::from(app)
+    }
+
+    #[test]
+    fn only_the_clusters_own_namespace_holds_its_mirrors() {
+        assert!(matches!(
+            mirror_work(&labelled("cluster1", "cluster1")),
+            Some(Work::Mirror { cluster, key }) if cluster == "cluster1" && key.name == "guestbook"
+        ));
+        // A tenant labels its own Application as a mirror of cluster1.
+        assert!(mirror_work(&labelled("aaa-team", "cluster1")).is_none());
+        assert!(mirror_work(&labelled("cluster2", "cluster1")).is_none());
+    }
 }

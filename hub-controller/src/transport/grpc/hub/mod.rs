@@ -359,6 +359,15 @@ impl Hub {
             .winner(cluster, key)
     }
 
+    /// The hub Application that owns `key` on `cluster`, whichever
+    /// transport delivers it (see [`Index::owner`]).
+    pub fn owner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
+        self.index
+            .lock()
+            .expect("never poisoned")
+            .owner(cluster, key)
+    }
+
     /// What a key the hub does not want becomes, when the agent still has
     /// it (see [`Index::removal`]).
     pub fn removal(&self, cluster: &str, key: &ObjectKey, version: &str) -> Option<Item> {

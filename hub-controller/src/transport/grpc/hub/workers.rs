@@ -95,12 +95,22 @@ impl Hub {
                 ..
             }) => {
                 let cs = self.cluster(&cluster);
+                let owner = self.owner(&cluster, &key);
                 if deleting {
+                    if owner.as_ref().is_some_and(|o| o != r)
+                        && !self.copy_is(&cs, &key, app.metadata.uid.as_deref())
+                    {
+                        // Refused: nothing of its own is on the spoke, and
+                        // the owner's copy is never touched.
+                        if !holds_argocd_finalizer(&app) {
+                            return Ok(());
+                        }
+                        return self.writer.release_finalizers(&app).await;
+                    }
                     return self.finalize(&app, &cs, &key).await;
                 }
-                let winner = self.winner(&cluster, &key);
-                if winner.as_ref() != Some(r) {
-                    let other = winner.map(|w| w.to_string()).unwrap_or_default();
+                if owner.as_ref() != Some(r) {
+                    let other = owner.map(|w| w.to_string()).unwrap_or_default();
                     let msg = format!(
                         "Application {}/{} on cluster {cluster} is already delivered for {other}: rename this Application or change its {} annotation",
                         key.namespace,
@@ -231,6 +241,19 @@ impl Hub {
         }
     }
 
+    /// Whether the agent reported its copy of `key` as delivered for the
+    /// hub Application `uid` (unknown while no report is held: assumed).
+    fn copy_is(&self, cs: &ClusterState, key: &ObjectKey, uid: Option<&str>) -> bool {
+        match cs.lock().observed.get(key) {
+            Some(Observation::Observed { report, .. }) => {
+                report.hub_uid.is_empty() || Some(report.hub_uid.as_str()) == uid
+            }
+            Some(Observation::Gone) => false,
+            // Not reported by a connected agent: not there.
+            _ => !cs.has_session(),
+        }
+    }
+
     /// A deleting hub Application: its Argo CD finalizers are released once
     /// the agent has reported the spoke copy gone after deleting it.
     async fn finalize(
@@ -316,6 +339,12 @@ impl Hub {
                         operation_id: id.clone(),
                         key: Some(key.clone()),
                         kind: Some(kind),
+                        // The owner: the agent runs it only on the copy it
+                        // applied for this hub Application.
+                        hub_uid: match &owner {
+                            Work::App(_) => app.metadata.uid.clone().unwrap_or_default(),
+                            _ => String::new(),
+                        },
                     };
                     if command == Command::Terminate
                         && !cs.agent_offers(CAPABILITY_TERMINATE_OPERATION)

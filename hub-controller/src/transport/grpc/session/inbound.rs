@@ -118,13 +118,17 @@ pub(super) fn handle(
                 .into_iter()
                 .filter_map(|e| Some((e.key?, e.version)))
                 .collect();
-            cs.repair(repairs, |key| {
+            let deferred = cs.repair(repairs, |key| {
                 hub.removal(
                     &cs.name,
                     key,
                     versions.get(key).map(String::as_str).unwrap_or(""),
                 )
             });
+            if deferred > 0 {
+                tracing::warn!(cluster = %cs.name, deferred, limit = crate::transport::grpc::cluster::MAX_REPAIR_REMOVALS,
+                    "the agent lists more Applications the hub does not know than it removes at a time; the rest wait for a later digest");
+            }
         }
     }
     Ok(())

@@ -1,0 +1,109 @@
+//! A hostile managed cluster on a real API server: its klusterlet writes
+//! `ManagedCluster.spec.managedClusterClientConfigs`, which the Argo CD
+//! cluster Secret's `server` is copied from (issue 34).
+
+use std::time::Duration;
+
+use argocd_pull_apis::ocm::ManagedCluster;
+use argocd_pull_hub_controller::transport::manifestwork;
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A cluster whose URL points at the hub's own API server, a loopback or
+/// an in-cluster address gets a Secret with the placeholder server (so
+/// ApplicationSet cluster generators still list it) and a Warning Event
+/// on its ManagedCluster saying what to fix; a real URL is kept.
+#[tokio::test]
+async fn a_cluster_secret_never_points_at_the_hub_a_loopback_or_inside_a_cluster() {
+    testenv::init_tracing();
+    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
+        .await
+        .unwrap();
+    let client = cluster.client().await.unwrap();
+    cluster.ensure_namespace("argocd").await.unwrap();
+    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    // What the hub-controller passes: the host of its own API server.
+    let hub_host = "hub.argocd-pull.test".to_string();
+    tokio::spawn(manifestwork::cluster_secrets::run(
+        client.clone(),
+        "argocd".into(),
+        vec![hub_host.clone()],
+        shutdown,
+    ));
+
+    let clusters: Api<ManagedCluster> = Api::all(client.clone());
+    let cases = [
+        ("good", "https://api.good.example:6443".to_string(), true),
+        ("in-cluster", "https://kubernetes.default.svc".to_string(), false),
+        ("loopback", "https://127.0.0.1:6443".to_string(), false),
+        ("metadata", "https://169.254.169.254".to_string(), false),
+        ("hub-itself", format!("https://{hub_host}:6443"), false),
+    ];
+    for (name, url, _) in &cases {
+        let mc: ManagedCluster = serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+            "metadata": { "name": name },
+            "spec": { "hubAcceptsClient": true, "managedClusterClientConfigs": [{ "url": url }] }
+        }))
+        .unwrap();
+        clusters.create(&PostParams::default(), &mc).await.unwrap();
+    }
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "argocd");
+    let events: Api<Event> = Api::all(client.clone());
+    for (name, url, kept) in &cases {
+        let secret = wait::exists(&secrets, &format!("{name}-cluster-secret"), TIMEOUT).await;
+        let data = secret.data.unwrap();
+        let server = String::from_utf8(data["server"].0.clone()).unwrap();
+        assert_eq!(String::from_utf8_lossy(&data["name"].0), *name);
+        if *kept {
+            assert_eq!(&server, url);
+            continue;
+        }
+        assert_eq!(server, format!("https://{name}"), "{name}: {url}");
+        let note = wait::until(
+            &format!("a Warning Event on ManagedCluster {name}"),
+            TIMEOUT,
+            || async {
+                let list = events
+                    .list(&ListParams::default().fields(&format!(
+                        "involvedObject.kind=ManagedCluster,involvedObject.name={name}"
+                    )))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                list.items
+                    .into_iter()
+                    .find(|e| {
+                        e.type_.as_deref() == Some("Warning")
+                            && e.reason.as_deref() == Some("ClusterURLRefused")
+                    })
+                    .and_then(|e| e.message)
+                    .ok_or_else(|| "no event yet".to_string())
+            },
+        )
+        .await;
+        assert!(
+            note.contains(url.as_str()) && note.contains("externalServerURLs"),
+            "{name}: {note}"
+        );
+    }
+    // The good cluster has no such event.
+    let good = events
+        .list(&ListParams::default().fields(
+            "involvedObject.kind=ManagedCluster,involvedObject.name=good",
+        ))
+        .await
+        .unwrap();
+    assert!(
+        good.items
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("ClusterURLRefused")),
+        "{:?}",
+        good.items
+    );
+    stop.fire();
+}
