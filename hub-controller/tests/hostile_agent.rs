@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use argocd_pull_proto::digest::BUCKETS;
 use argocd_pull_proto::v1::{
-    AgentMessage, DigestEntry, DigestSet, ObjectKey, ResyncRequest, agent_message,
+    AgentMessage, DigestEntry, DigestSet, Heartbeat, ObjectKey, ResyncRequest, agent_message,
 };
 use testenv::wait;
 
@@ -47,6 +47,22 @@ fn flood_request(round: usize, entries: usize) -> AgentMessage {
     }
 }
 
+/// About the bytes `m` takes on the wire: each entry's strings and the
+/// protobuf framing around them (tags and lengths, 10 bytes at most).
+fn wire_len(m: &AgentMessage) -> usize {
+    match &m.kind {
+        Some(agent_message::Kind::ResyncRequest(r)) => r
+            .entries
+            .iter()
+            .map(|e| {
+                let k = e.key.as_ref().unwrap();
+                k.namespace.len() + k.name.len() + e.version.len() + 10
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
 /// Hole: an agent's `ResyncRequest` was neither validated nor bounded,
 /// and the deletes it made the hub queue for keys it does not know were
 /// never dropped. A client with cluster1's certificate sends 40 requests
@@ -80,6 +96,20 @@ async fn a_flood_of_resync_requests_leaves_the_hubs_memory_flat() {
     // Reads everything the hub sends (the deletes too), acknowledges
     // nothing.
     let reader = tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+    // And stays connected: the hub ends a stream silent for three
+    // heartbeats, which would drop what it queued for it.
+    let beating = tx.clone();
+    let heartbeat = tokio::spawn(async move {
+        loop {
+            let beat = AgentMessage {
+                kind: Some(agent_message::Kind::Heartbeat(Heartbeat::default())),
+            };
+            if beating.send(beat).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
 
     // The refusals of reports of unknown Applications, counted: one after
     // a batch of requests says the hub has read the batch.
@@ -89,7 +119,7 @@ async fn a_flood_of_resync_requests_leaves_the_hubs_memory_flat() {
     let send_batch = async |from: usize, to: usize, marks: &mut u64, bytes: &mut usize| {
         for round in from..to {
             let m = flood_request(round, ENTRIES);
-            *bytes += prost::Message::encoded_len(&m);
+            *bytes += wire_len(&m);
             tx.send(m).await.unwrap();
         }
         *marks += 1;
@@ -143,6 +173,8 @@ async fn a_flood_of_resync_requests_leaves_the_hubs_memory_flat() {
         pending <= 1024.0,
         "{pending} objects pending for one agent"
     );
+    assert!(!reader.is_finished(), "the stream stayed open throughout");
+    heartbeat.abort();
     drop(tx);
     reader.abort();
 }
