@@ -113,7 +113,8 @@ async fn a_flood_of_resync_requests_leaves_the_hubs_memory_flat() {
 
     // The refusals of reports of unknown Applications, counted: one after
     // a batch of requests says the hub has read the batch.
-    let refused = "argocd_pull_hub_grpc_refused_total{cluster=\"cluster1\",reason=\"not-this-agents\"}";
+    let refused =
+        "argocd_pull_hub_grpc_refused_total{cluster=\"cluster1\",reason=\"not-this-agents\"}";
     let mut marks = 0u64;
     let mut sent_bytes = 0usize;
     let send_batch = async |from: usize, to: usize, marks: &mut u64, bytes: &mut usize| {

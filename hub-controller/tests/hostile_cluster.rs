@@ -38,7 +38,11 @@ async fn a_cluster_secret_never_points_at_the_hub_a_loopback_or_inside_a_cluster
     let clusters: Api<ManagedCluster> = Api::all(client.clone());
     let cases = [
         ("good", "https://api.good.example:6443".to_string(), true),
-        ("in-cluster", "https://kubernetes.default.svc".to_string(), false),
+        (
+            "in-cluster",
+            "https://kubernetes.default.svc".to_string(),
+            false,
+        ),
         ("loopback", "https://127.0.0.1:6443".to_string(), false),
         ("metadata", "https://169.254.169.254".to_string(), false),
         ("hub-itself", format!("https://{hub_host}:6443"), false),
@@ -93,9 +97,10 @@ async fn a_cluster_secret_never_points_at_the_hub_a_loopback_or_inside_a_cluster
     }
     // The good cluster has no such event.
     let good = events
-        .list(&ListParams::default().fields(
-            "involvedObject.kind=ManagedCluster,involvedObject.name=good",
-        ))
+        .list(
+            &ListParams::default()
+                .fields("involvedObject.kind=ManagedCluster,involvedObject.name=good"),
+        )
         .await
         .unwrap();
     assert!(

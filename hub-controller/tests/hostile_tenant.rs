@@ -89,16 +89,20 @@ async fn a_tenants_forged_mirrors_do_not_count_against_a_cluster() {
         .unwrap();
 
     let mirrors = common::apps_api(&env.hub_client, "cluster1");
-    wait::until("the cluster's real Application mirrored", TIMEOUT, || async {
-        match mirrors.get_opt("real").await {
-            Ok(Some(m))
-                if m.labels().get(keys::MIRROR_OF).map(String::as_str) == Some("cluster1") =>
-            {
-                Ok(())
+    wait::until(
+        "the cluster's real Application mirrored",
+        TIMEOUT,
+        || async {
+            match mirrors.get_opt("real").await {
+                Ok(Some(m))
+                    if m.labels().get(keys::MIRROR_OF).map(String::as_str) == Some("cluster1") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
             }
-            other => Err(format!("{other:?}")),
-        }
-    })
+        },
+    )
     .await;
     let log = env.hub_log();
     assert!(
@@ -207,7 +211,10 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
     wait::until("the owner's copy on the spoke", TIMEOUT, || async {
         match spoke.get_opt("shared").await {
             Ok(Some(a)) if a.annotations().get(keys::HUB_UID) == Some(&owner_uid) => Ok(()),
-            other => Err(format!("{:?}", other.map(|a| a.map(|a| a.annotations().clone())))),
+            other => Err(format!(
+                "{:?}",
+                other.map(|a| a.map(|a| a.annotations().clone()))
+            )),
         }
     })
     .await;
@@ -220,7 +227,11 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
     let owner_ref = format!("{}/shared", env.team);
     refused_naming(&api_a, &owner_ref).await;
     assert!(
-        works.get_opt(&work_name(&ns_a, "shared")).await.unwrap().is_none(),
+        works
+            .get_opt(&work_name(&ns_a, "shared"))
+            .await
+            .unwrap()
+            .is_none(),
         "no work for the refused one"
     );
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -243,7 +254,11 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
     wait::exists(&works, &work_name(&ns_a, "shared"), TIMEOUT).await;
     refused_naming(&api_z, &format!("{ns_a}/shared")).await;
     assert!(
-        works.get_opt(&work_name(&ns_z, "shared")).await.unwrap().is_none(),
+        works
+            .get_opt(&work_name(&ns_z, "shared"))
+            .await
+            .unwrap()
+            .is_none(),
         "no work for the refused one"
     );
 
@@ -261,7 +276,15 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
     })
     .await;
     let work = works.get(&work_name(&ns_a, "shared")).await.unwrap();
-    assert!(work.metadata.deletion_timestamp.is_none(), "the owner's work stays");
+    assert!(
+        work.metadata.deletion_timestamp.is_none(),
+        "the owner's work stays"
+    );
     let a = api_a.get("shared").await.unwrap();
-    assert_eq!(condition(&a), None, "the new owner is not refused: {}", a.data["status"]);
+    assert_eq!(
+        condition(&a),
+        None,
+        "the new owner is not refused: {}",
+        a.data["status"]
+    );
 }

@@ -117,7 +117,10 @@ fn resync_request(r: &crate::v1::ResyncRequest) -> Result<(), Malformed> {
     if DigestSet::try_from(r.set) != Ok(DigestSet::Desired) {
         return Err(malformed(
             W,
-            format!("set {} is not DESIRED: an agent asks only for the desired set", r.set),
+            format!(
+                "set {} is not DESIRED: an agent asks only for the desired set",
+                r.set
+            ),
         ));
     }
     let mut seen = [false; BUCKETS as usize];
@@ -137,9 +140,7 @@ fn resync_request(r: &crate::v1::ResyncRequest) -> Result<(), Malformed> {
         if e.version.is_empty() || e.version.len() > MAX_VERSION_LEN {
             return Err(malformed(
                 W,
-                format!(
-                    "an entry's version is empty or longer than {MAX_VERSION_LEN} characters"
-                ),
+                format!("an entry's version is empty or longer than {MAX_VERSION_LEN} characters"),
             ));
         }
     }
@@ -502,11 +503,19 @@ mod tests {
             }))
         };
         let cases = [
-            (request(DigestSet::Desired, vec![0, 63], vec![entry("u.h")]), Ok(())),
-            (request(DigestSet::Desired, (0..64).collect(), vec![]), Ok(())),
+            (
+                request(DigestSet::Desired, vec![0, 63], vec![entry("u.h")]),
+                Ok(()),
+            ),
+            (
+                request(DigestSet::Desired, (0..64).collect(), vec![]),
+                Ok(()),
+            ),
             (
                 request(DigestSet::Observed, vec![0], vec![]),
-                Err("malformed ResyncRequest: set 2 is not DESIRED: an agent asks only for the desired set"),
+                Err(
+                    "malformed ResyncRequest: set 2 is not DESIRED: an agent asks only for the desired set",
+                ),
             ),
             (
                 request(DigestSet::Desired, vec![64], vec![]),
@@ -518,11 +527,15 @@ mod tests {
             ),
             (
                 request(DigestSet::Desired, vec![0], vec![entry("")]),
-                Err("malformed ResyncRequest: an entry's version is empty or longer than 256 characters"),
+                Err(
+                    "malformed ResyncRequest: an entry's version is empty or longer than 256 characters",
+                ),
             ),
             (
                 request(DigestSet::Desired, vec![0], vec![entry(&"v".repeat(257))]),
-                Err("malformed ResyncRequest: an entry's version is empty or longer than 256 characters"),
+                Err(
+                    "malformed ResyncRequest: an entry's version is empty or longer than 256 characters",
+                ),
             ),
             (
                 request(

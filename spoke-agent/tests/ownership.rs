@@ -432,7 +432,9 @@ async fn a_command_runs_only_on_the_copy_applied_for_its_hub_application() {
         .patch(
             "owned",
             &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "annotations": { "argocd.argoproj.io/refresh": null } } })),
+            &Patch::Merge(
+                json!({ "metadata": { "annotations": { "argocd.argoproj.io/refresh": null } } }),
+            ),
         )
         .await
         .unwrap();

@@ -47,7 +47,9 @@ pub enum ServerRefused {
     NotHttps,
     #[error("is a loopback address")]
     Loopback,
-    #[error("is an address inside a cluster (the hub's own Service network, a link-local or unspecified address, or a `.svc`/`.cluster.local` name)")]
+    #[error(
+        "is an address inside a cluster (the hub's own Service network, a link-local or unspecified address, or a `.svc`/`.cluster.local` name)"
+    )]
     InCluster,
     #[error("is the hub's own API server")]
     Hub,
@@ -70,9 +72,7 @@ pub fn check_server(url: &str, hub: &[String]) -> Result<(), ServerRefused> {
     // `[v6]:port`, `[v6]`, `host:port` or `host`.
     let host = match authority.strip_prefix('[') {
         Some(v6) => v6.split_once(']').map(|(h, _)| h).unwrap_or(v6),
-        None => authority
-            .rsplit_once(':')
-            .map_or(authority, |(h, _)| h),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
     };
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     if host.is_empty() {
@@ -234,7 +234,10 @@ mod tests {
             ("https://localhost:6443", ServerRefused::Loopback),
             ("https://user@localhost", ServerRefused::Loopback),
             ("https://kubernetes.default.svc", ServerRefused::InCluster),
-            ("https://kubernetes.default.svc.cluster.local:443", ServerRefused::InCluster),
+            (
+                "https://kubernetes.default.svc.cluster.local:443",
+                ServerRefused::InCluster,
+            ),
             ("https://kubernetes", ServerRefused::InCluster),
             ("https://argocd-server.argocd.svc", ServerRefused::InCluster),
             ("https://169.254.169.254", ServerRefused::InCluster),
@@ -246,7 +249,8 @@ mod tests {
             assert_eq!(check_server(url, hub), Err(why), "{url}");
         }
         // Refused: the Secret is still written, with the placeholder.
-        let spec = json!({ "managedClusterClientConfigs": [{ "url": "https://kubernetes.default.svc" }] });
+        let spec =
+            json!({ "managedClusterClientConfigs": [{ "url": "https://kubernetes.default.svc" }] });
         let s = cluster_secret(&cluster(spec), "argocd", hub);
         assert_eq!(s.string_data.unwrap()["server"], "https://cluster1");
     }

@@ -174,11 +174,7 @@ async fn refused_server(cluster: &ManagedCluster, url: &str, why: &ServerRefused
         action: "WriteClusterSecret".into(),
         secondary: None,
     };
-    if let Err(e) = ctx
-        .recorder
-        .publish(&event, &cluster.object_ref(&()))
-        .await
-    {
+    if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
         tracing::warn!(cluster = %name, error = %e, "could not publish event");
     }
 }

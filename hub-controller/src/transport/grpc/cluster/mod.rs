@@ -574,7 +574,11 @@ impl ClusterState {
     /// release, or nothing).
     /// Returns how many removals were left for a later round
     /// ([`MAX_REPAIR_REMOVALS`]).
-    pub fn repair(&self, repairs: Vec<Repair>, remove: impl Fn(&ObjectKey) -> Option<Item>) -> usize {
+    pub fn repair(
+        &self,
+        repairs: Vec<Repair>,
+        remove: impl Fn(&ObjectKey) -> Option<Item>,
+    ) -> usize {
         let mut deferred = 0;
         for r in repairs {
             match r {

@@ -445,12 +445,21 @@ fn removals_an_agent_asks_for_are_bounded_and_go_with_its_session() {
         })
     });
     assert_eq!(deferred, 500);
-    assert_eq!(c.lag().1, MAX_REPAIR_REMOVALS + 1, "the bound, and the wanted one");
+    assert_eq!(
+        c.lag().1,
+        MAX_REPAIR_REMOVALS + 1,
+        "the bound, and the wanted one"
+    );
     // Asked again: the same keys take no more room.
     let again: Vec<Repair> = (0..10)
         .map(|i| Repair::Remove(key(&format!("junk-{i}"))))
         .collect();
-    assert_eq!(c.repair(again, |_| Some(Item::Delete { hub_uid: "u".into() })), 0);
+    assert_eq!(
+        c.repair(again, |_| Some(Item::Delete {
+            hub_uid: "u".into()
+        })),
+        0
+    );
     assert_eq!(c.lag().1, MAX_REPAIR_REMOVALS + 1);
     let sent = c.next_messages(1, 10);
     assert_eq!(sent.len(), 10);
