@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use kube::runtime::watcher::Event;
 
 use super::cached::CachedApp;
-use crate::route::assign::HubRef;
+use crate::route::HubRef;
 use crate::route::target::{pulled, target_of};
 
 /// A spoke Application: cluster, namespace there, name.

@@ -24,7 +24,6 @@ use crate::render::work::{
     applied_on_spoke, is_applied, manifest_work, reported_applied, work_name,
 };
 use crate::route::HubRef;
-use crate::transport::grpc::assign::{Assignment, assign};
 use crate::route::decide::{Facts, Route, decide};
 use crate::route::owner::{Seniority, owner};
 use crate::route::target::{Target, target};
@@ -35,6 +34,7 @@ use crate::status::condition::{
 };
 use crate::status::feedback::{feedback, not_applied, spoke_problem, status_update};
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
+use crate::transport::grpc::assign::{Assignment, assign};
 
 pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = ObjectRef::from_obj(app.as_ref());
