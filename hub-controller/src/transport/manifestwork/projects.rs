@@ -59,7 +59,14 @@ pub async fn run(ctx: Arc<Context>, down: Shutdown) {
     // The first pass of a term looks at everything.
     ctx.projects.everything_changed();
     loop {
-        if let Err(e) = pass(&ctx, &mut memory).await {
+        // A pass stuck on a stalled API server must not hold up the end
+        // of the term (the step-down waits for this task); the next term
+        // looks at everything again.
+        let passed = tokio::select! {
+            r = pass(&ctx, &mut memory) => r,
+            _ = down.clone().wait() => return,
+        };
+        if let Err(e) = passed {
             tracing::warn!(error = %e, "keeping the AppProjects of the clusters failed; retrying");
         }
         tokio::select! {

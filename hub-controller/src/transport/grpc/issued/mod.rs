@@ -409,8 +409,16 @@ pub async fn lead(
     );
     tokio::pin!(down);
     loop {
-        let ok = create_shards(&issued, &api).await && write(&issued, &api).await;
-        events(&issued, &recorder).await;
+        // Writes stuck on a stalled API server must not hold up the end
+        // of the term (the step-down waits for this task).
+        let ok = tokio::select! {
+            ok = async {
+                let ok = create_shards(&issued, &api).await && write(&issued, &api).await;
+                events(&issued, &recorder).await;
+                ok
+            } => ok,
+            _ = &mut down => return,
+        };
         // Soon again while something failed or a shard is not there yet
         // (not listed, or missing: created above once listed).
         let wait = if ok && *issued.loaded.borrow() {
