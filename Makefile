@@ -23,11 +23,12 @@ build:
 fmt:
 	$(CARGO) fmt --all
 
-## lint: formatting and clippy with warnings as errors
+## lint: formatting, clippy and rustdoc with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
 	@for f in test/tools/*.sh; do bash -n "$$f" || exit 1; done
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
 ## generate: regenerate the OCM types from the pinned upstream CRDs, the wire contract's Rust from proto/, and deploy/hub from the Helm chart
 generate: tools

@@ -2,7 +2,9 @@
 //! from the CRDs of the pinned `open-cluster-management.io/api` module.
 //! The files below are never edited by hand; helpers live in this file.
 
-#[allow(clippy::all, missing_docs)]
+// Upstream's doc comments are Go prose (`<operator>`, bare URLs), not
+// rustdoc: they are kept as written.
+#[allow(clippy::all, missing_docs, rustdoc::all)]
 mod generated {
     pub mod addondeploymentconfig;
     pub mod addontemplate;

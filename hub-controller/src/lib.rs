@@ -21,7 +21,8 @@ pub use argocd_pull_core::{render, route};
 use transport::{grpc, manifestwork};
 
 use argocd_pull_runtime::{
-    AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs, Readiness, admin::Admin, lease, shutdown,
+    AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs, Readiness, admin::Admin, lease,
+    parse_duration, shutdown,
 };
 use std::time::Duration;
 
@@ -112,24 +113,6 @@ pub enum AppProjectsMode {
 pub enum AuthorizationMode {
     Placement,
     None,
-}
-
-/// Durations like `30s`, `5m` or `1h`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 30s, 5m or 1h"))?;
-    let secs = match unit {
-        "s" | "" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        _ => return Err(format!("{s:?} is not a duration such as 30s, 5m or 1h")),
-    };
-    if secs == 0 {
-        return Err("the duration must be positive".into());
-    }
-    Ok(Duration::from_secs(secs))
 }
 
 /// Name of the leader Lease unless `--leader-election-id` says otherwise.

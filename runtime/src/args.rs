@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
@@ -159,5 +160,40 @@ impl LeaderElectionArgs {
             self.id.as_deref().unwrap_or(default_id),
             &crate::lease::identity(),
         )
+    }
+}
+
+/// Durations like `30s`, `5m` or `1h` (a bare number is seconds), for
+/// flags; zero is refused.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 30s, 5m or 1h"))?;
+    let secs = match unit {
+        "s" | "" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("{s:?} is not a duration such as 30s, 5m or 1h")),
+    };
+    if secs == 0 {
+        return Err("the duration must be positive".into());
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_seconds_minutes_and_hours() {
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in ["0s", "", "1d", "m", "-1s", "1.5m"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 }

@@ -14,4 +14,4 @@ pub mod telemetry;
 pub mod workqueue;
 
 pub use admin::{Admin, Readiness};
-pub use args::{AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs};
+pub use args::{AdminArgs, ClientArgs, LeaderElectionArgs, LogArgs, parse_duration};

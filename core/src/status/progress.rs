@@ -6,7 +6,7 @@
 //! on the spoke can finish between two reports, so the hub would go from
 //! Healthy to Healthy and RollingSync would wait for ever. The real health
 //! follows once the hub copy shows the `Progressing`: from the echo of
-//! that write, never from a timer (see [`super::writer`]).
+//! that write, never from a timer (see the hub-controller's `status::writer`).
 
 use serde_json::{Value, json};
 

@@ -72,7 +72,7 @@ pub struct CertArgs {
     pub addon_deployment_config: String,
     /// How often the certificates are checked (renewed when a third of
     /// their lifetime is left, or re-created when deleted or broken).
-    #[arg(long = "certificate-check-interval", env = "ARGOCD_PULL_CERTIFICATE_CHECK_INTERVAL", default_value = "1m", value_parser = crate::parse_duration)]
+    #[arg(long = "certificate-check-interval", env = "ARGOCD_PULL_CERTIFICATE_CHECK_INTERVAL", default_value = "1m", value_parser = argocd_pull_runtime::parse_duration)]
     pub certificate_check_interval: Duration,
 }
 

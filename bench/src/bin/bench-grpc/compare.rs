@@ -55,7 +55,7 @@ pub struct CompareArgs {
     /// Status writes on the managed cluster in the throughput part.
     #[arg(long, default_value_t = 5000)]
     updates: usize,
-    /// argocd-agent's binary (default: <cache>/bin/argocd-agent, built by
+    /// argocd-agent's binary (default: `<cache>/bin/argocd-agent`, built by
     /// test/tools/build-argocd-agent.sh).
     #[arg(long)]
     argocd_agent: Option<PathBuf>,

@@ -55,10 +55,10 @@ use testenv::procfs::{cpu_time, memory_kib as proc_kib};
 pub struct FleetCompareArgs {
     #[command(flatten)]
     pub fleet: FleetArgs,
-    /// argocd-agent's binary (default: <cache>/bin/argocd-agent).
+    /// argocd-agent's binary (default: `<cache>/bin/argocd-agent`).
     #[arg(long)]
     pub argocd_agent: Option<PathBuf>,
-    /// Its fleet load generator (default: <cache>/bin/argocd-agent-fleet).
+    /// Its fleet load generator (default: `<cache>/bin/argocd-agent-fleet`).
     #[arg(long)]
     pub argocd_agent_fleet: Option<PathBuf>,
     /// Run only one side (`ours` or `argocd-agent`).

@@ -65,7 +65,7 @@ pub struct Args {
     /// Our controller (default: target/release/hub-controller).
     #[arg(long)]
     hub_controller: Option<PathBuf>,
-    /// Upstream's controller (default: <cache>/bin/argocd-pull-integration,
+    /// Upstream's controller (default: `<cache>/bin/argocd-pull-integration`,
     /// built by test/tools/build-upstream.sh).
     #[arg(long)]
     upstream: Option<PathBuf>,

@@ -88,16 +88,16 @@ pub struct GrpcArgs {
     )]
     pub grpc_identities: Vec<Pattern>,
     /// Heartbeat interval; a stream silent for three is closed.
-    #[arg(long = "grpc-heartbeat", env = "ARGOCD_PULL_GRPC_HEARTBEAT", default_value = "10s", value_parser = crate::parse_duration)]
+    #[arg(long = "grpc-heartbeat", env = "ARGOCD_PULL_GRPC_HEARTBEAT", default_value = "10s", value_parser = argocd_pull_runtime::parse_duration)]
     pub grpc_heartbeat: Duration,
     /// How often both sides compare digests and repair differences (also
     /// after every connect).
-    #[arg(long = "grpc-digest-interval", env = "ARGOCD_PULL_GRPC_DIGEST_INTERVAL", default_value = "5m", value_parser = crate::parse_duration)]
+    #[arg(long = "grpc-digest-interval", env = "ARGOCD_PULL_GRPC_DIGEST_INTERVAL", default_value = "5m", value_parser = argocd_pull_runtime::parse_duration)]
     pub grpc_digest_interval: Duration,
     /// With several replicas: a cluster's claim that no live replica has
     /// held for this long (its agent never came back: the cluster was
     /// deleted, or moved to ManifestWork) is deleted by the leader.
-    #[arg(long = "grpc-abandoned-claim-after", env = "ARGOCD_PULL_GRPC_ABANDONED_CLAIM_AFTER", default_value = "80s", value_parser = crate::parse_duration)]
+    #[arg(long = "grpc-abandoned-claim-after", env = "ARGOCD_PULL_GRPC_ABANDONED_CLAIM_AFTER", default_value = "80s", value_parser = argocd_pull_runtime::parse_duration)]
     pub abandoned_claim_after: Duration,
     /// Writers to the hub API server (status, mirrors), in parallel across
     /// Applications.
@@ -177,7 +177,7 @@ pub struct LimitArgs {
     )]
     pub max_connections: u32,
     /// How long a client has to finish its TLS handshake.
-    #[arg(long = "grpc-handshake-timeout", env = "ARGOCD_PULL_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = crate::parse_duration)]
+    #[arg(long = "grpc-handshake-timeout", env = "ARGOCD_PULL_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = argocd_pull_runtime::parse_duration)]
     pub handshake_timeout: Duration,
     /// HTTP/2 streams one connection may have open (an agent uses one).
     #[arg(
@@ -189,11 +189,11 @@ pub struct LimitArgs {
     pub max_streams_per_connection: u32,
     /// A connection older than this is asked to go away (HTTP/2 GOAWAY); the
     /// agent dials again, and the new connection is checked from scratch.
-    #[arg(long = "grpc-max-connection-age", env = "ARGOCD_PULL_GRPC_MAX_CONNECTION_AGE", default_value = "1h", value_parser = crate::parse_duration)]
+    #[arg(long = "grpc-max-connection-age", env = "ARGOCD_PULL_GRPC_MAX_CONNECTION_AGE", default_value = "1h", value_parser = argocd_pull_runtime::parse_duration)]
     pub max_connection_age: Duration,
     /// How long the streams of a connection past its age may go on before
     /// the connection is closed.
-    #[arg(long = "grpc-max-connection-age-grace", env = "ARGOCD_PULL_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = crate::parse_duration)]
+    #[arg(long = "grpc-max-connection-age-grace", env = "ARGOCD_PULL_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = argocd_pull_runtime::parse_duration)]
     pub max_connection_age_grace: Duration,
     /// Largest header list (bytes) a request may carry.
     #[arg(

@@ -8,7 +8,7 @@
 //!
 //! The leader keeps them, in passes: one after any change the watches
 //! report (Applications, projects, credentials, Placements, clusters, the
-//! works themselves), at most one every [`SETTLE`], and one a minute
+//! works themselves), at most one every `SETTLE`, and one a minute
 //! regardless. A pass parses only the Applications that changed since the
 //! last one, unless something else changed (a project, a Placement), which
 //! can change any decision.
