@@ -8,7 +8,7 @@
 //!
 //! The per-cluster gauges are kept either way: the status page
 //! ([`crate::report`]) reads them, and the fleet figures are summed from
-//! the clusters' state at each scrape ([`Fleet`]).
+//! the clusters' state at each scrape (`Fleet`).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock, Weak};
@@ -302,7 +302,7 @@ impl GrpcMetrics {
 }
 
 /// What the fleet-level gauges say, summed over one replica's clusters
-/// when scraped ([`Hub::fleet`]).
+/// when scraped (`Hub::fleet`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FleetFigures {
     pub connected: i64,
