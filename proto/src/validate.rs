@@ -107,7 +107,7 @@ pub const MAX_VERSION_LEN: usize = 256;
 
 /// An agent's ResyncRequest: of the desired set (the only one it asks the
 /// hub for), each bucket listed once and existing, each entry a valid key
-/// with a version of bounded length. Its entries are then checked against
+/// with a version of bounded length (empty: one the agent does not know). Its entries are then checked against
 /// its buckets where it is answered (`digest::repairs_for`), and what its
 /// answer may queue on the hub is bounded there.
 fn resync_request(r: &crate::v1::ResyncRequest) -> Result<(), Malformed> {
@@ -137,10 +137,13 @@ fn resync_request(r: &crate::v1::ResyncRequest) -> Result<(), Malformed> {
     }
     for e in &r.entries {
         key(W, e.key.as_ref())?;
-        if e.version.is_empty() || e.version.len() > MAX_VERSION_LEN {
+        // An empty version is legitimate: the agent holds a copy whose
+        // version it does not know (one applied before versions were kept,
+        // or adopted), and asks the hub to repair it.
+        if e.version.len() > MAX_VERSION_LEN {
             return Err(malformed(
                 W,
-                format!("an entry's version is empty or longer than {MAX_VERSION_LEN} characters"),
+                format!("an entry's version is longer than {MAX_VERSION_LEN} characters"),
             ));
         }
     }
@@ -527,15 +530,11 @@ mod tests {
             ),
             (
                 request(DigestSet::Desired, vec![0], vec![entry("")]),
-                Err(
-                    "malformed ResyncRequest: an entry's version is empty or longer than 256 characters",
-                ),
+                Ok(()),
             ),
             (
                 request(DigestSet::Desired, vec![0], vec![entry(&"v".repeat(257))]),
-                Err(
-                    "malformed ResyncRequest: an entry's version is empty or longer than 256 characters",
-                ),
+                Err("malformed ResyncRequest: an entry's version is longer than 256 characters"),
             ),
             (
                 request(

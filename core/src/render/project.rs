@@ -17,8 +17,10 @@ use std::collections::BTreeMap;
 use argocd_pull_apis::argocd::{AppProject, ProjectDestination, ProjectSpec};
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{
-    ManifestWork, ManifestWorkManifestConfigs, ManifestWorkManifestConfigsResourceIdentifier,
-    ManifestWorkManifestConfigsUpdateStrategy,
+    ManifestWork, ManifestWorkDeleteOption, ManifestWorkDeleteOptionPropagationPolicy,
+    ManifestWorkDeleteOptionSelectivelyOrphans,
+    ManifestWorkDeleteOptionSelectivelyOrphansOrphaningRules, ManifestWorkManifestConfigs,
+    ManifestWorkManifestConfigsResourceIdentifier, ManifestWorkManifestConfigsUpdateStrategy,
     ManifestWorkManifestConfigsUpdateStrategyServerSideApply,
     ManifestWorkManifestConfigsUpdateStrategyType, ManifestWorkSpec, ManifestWorkWorkload,
 };
@@ -190,13 +192,44 @@ pub fn project_work(
             }
         })
         .collect();
-    let manifests = manifests
+    // The AppProject stays on the cluster when the work goes: Applications
+    // of it may still be finishing their deletion there (the cluster's Argo
+    // CD cannot run an Application's cascade finalizer without its
+    // project), and a project such as `default` belongs to the cluster's own
+    // Argo CD install. Credentials are deleted with the work.
+    let orphaning_rules = manifests
+        .iter()
+        .filter(|m| m["kind"].as_str() != Some("Secret"))
+        .map(
+            |m| ManifestWorkDeleteOptionSelectivelyOrphansOrphaningRules {
+                group: Some("argoproj.io".into()),
+                resource: "appprojects".into(),
+                namespace: m["metadata"]["namespace"].as_str().map(Into::into),
+                name: m["metadata"]["name"].as_str().unwrap_or_default().into(),
+            },
+        )
+        .collect();
+    let manifests: Vec<BTreeMap<String, Value>> = manifests
         .into_iter()
         .map(|m| match m {
             Value::Object(map) => map.into_iter().collect(),
             _ => BTreeMap::new(),
         })
         .collect();
+    let spec = ManifestWorkSpec {
+        workload: Some(ManifestWorkWorkload {
+            manifests: Some(manifests),
+        }),
+        manifest_configs: Some(configs),
+        delete_option: Some(ManifestWorkDeleteOption {
+            propagation_policy: Some(ManifestWorkDeleteOptionPropagationPolicy::SelectivelyOrphan),
+            selectively_orphans: Some(ManifestWorkDeleteOptionSelectivelyOrphans {
+                orphaning_rules: Some(orphaning_rules),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     Ok(ManifestWork {
         metadata: ObjectMeta {
             name: Some(project_work_name(project)),
@@ -205,17 +238,27 @@ pub fn project_work(
                 (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
                 (PROJECT_LABEL.to_string(), label_value(project)),
             ])),
+            annotations: Some(BTreeMap::from([(
+                PROJECT_SPEC_HASH.to_string(),
+                spec_hash(&spec),
+            )])),
             ..Default::default()
         },
-        spec: ManifestWorkSpec {
-            workload: Some(ManifestWorkWorkload {
-                manifests: Some(manifests),
-            }),
-            manifest_configs: Some(configs),
-            ..Default::default()
-        },
+        spec,
         status: None,
     })
+}
+
+/// Annotation on a project work: a hash of the spec it was rendered with.
+/// The API server defaults fields of a stored work (the work agent's field
+/// manager, for one), so a stored spec never equals a rendered one; the
+/// hash says whether the work must be applied again.
+pub const PROJECT_SPEC_HASH: &str = "argocd-pull.io/project-spec-hash";
+
+fn spec_hash(spec: &ManifestWorkSpec) -> String {
+    let bytes = serde_json::to_vec(spec).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
 /// `project` as a label value (at most 63 characters, else hashed).

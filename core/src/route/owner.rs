@@ -21,7 +21,7 @@ pub struct Seniority {
 }
 
 impl Seniority {
-    pub fn of(meta: &kube::api::ObjectMeta) -> Self {
+    pub fn of(meta: &kube::core::ObjectMeta) -> Self {
         Self {
             created: meta
                 .creation_timestamp

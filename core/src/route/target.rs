@@ -5,7 +5,7 @@
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::names::dns_label;
-use kube::api::ObjectMeta;
+use kube::core::ObjectMeta;
 
 /// Where an Application goes.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -26,7 +26,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use super::{Context, WORK_MANAGER};
 use crate::hub::caches::Lookup;
 use crate::render::project::{
-    PROJECT_LABEL, delivered_project, delivered_secret, project_work, scoped_project,
+    PROJECT_LABEL, PROJECT_SPEC_HASH, delivered_project, delivered_secret, project_work,
+    scoped_project,
 };
 use crate::route::decide::{Facts, Route, decide};
 use crate::route::target::DEFAULT_APP_NAMESPACE;
@@ -188,8 +189,8 @@ async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
         };
         if existing.as_ref().is_some_and(|e| {
             e.metadata.deletion_timestamp.is_none()
-                && e.spec.workload == work.spec.workload
-                && e.spec.manifest_configs == work.spec.manifest_configs
+                && e.annotations().get(PROJECT_SPEC_HASH)
+                    == work.annotations().get(PROJECT_SPEC_HASH)
                 && e.labels().get(PROJECT_LABEL) == work.labels().get(PROJECT_LABEL)
         }) {
             continue;
