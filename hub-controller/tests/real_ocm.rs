@@ -148,13 +148,15 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
     let spoke = spoke_apps(&managed.client().await.unwrap());
     let app_name = format!("guestbook-{name}");
 
-    // The Argo CD cluster Secret carries the URL the real registration agent
-    // reported for its cluster.
+    // The real registration agent reports its cluster's URL, a loopback one
+    // here: the Argo CD cluster Secret never points at a loopback address
+    // (a klusterlet chooses it), so it names the cluster instead.
+    assert!(managed.server().starts_with("https://127.0.0.1:"));
     let secrets: Api<Secret> = Api::namespaced(hub.clone(), "argocd");
     let secret = wait::exists(&secrets, &format!("{name}-cluster-secret"), TIMEOUT).await;
     assert_eq!(
         secret.data.unwrap()["server"].0,
-        managed.server().as_bytes(),
+        format!("https://{name}").as_bytes(),
         "{name}"
     );
 

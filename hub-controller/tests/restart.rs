@@ -23,7 +23,11 @@ const APPS: usize = 90;
 
 async fn our_works(client: &kube::Client) -> Vec<ManifestWork> {
     Api::<ManifestWork>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")))
+        // Application works only: a cluster's project works (label
+        // argocd-pull.io/project) deliver no Application.
+        .list(&ListParams::default().labels(&format!(
+            "{MANAGED_BY_LABEL}={MANAGED_BY},!argocd-pull.io/project"
+        )))
         .await
         .unwrap()
         .items

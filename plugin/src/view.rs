@@ -533,6 +533,19 @@ mod tests {
         );
         s.decided
             .insert("team-a".into(), ["c1".to_string()].into_iter().collect());
+        // The hub enforces AppProjects: an open `default`, as the harness has.
+        s.projects.insert(
+            "default".into(),
+            argocd_pull_apis::argocd::ProjectSpec {
+                source_namespaces: vec!["*".into()],
+                destinations: vec![argocd_pull_apis::argocd::ProjectDestination {
+                    server: "*".into(),
+                    name: "*".into(),
+                    namespace: "*".into(),
+                }],
+                source_repos: vec!["*".into()],
+            },
+        );
         s.reports.push(Report {
             replica: "hub-0".into(),
             serving: true,
