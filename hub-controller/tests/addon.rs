@@ -7,37 +7,21 @@
 //! Placements, uninstall and refusals of OCM-issued certificates:
 //! `addon_lifecycle.rs`.
 
-use argocd_pull_apis::keys;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use testenv::{paths, wait};
+use testenv::wait;
 
 mod common;
-use common::addon::{AGENT_NS, AddonHub, TIMEOUT, client_cert, run};
+use common::addon::{AGENT_NS, AddonHub, TIMEOUT, client_cert};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
     testenv::init_tracing();
     let hub = AddonHub::start().await;
     let fleet = hub.fleet;
-    let kubeconfig = hub.kubeconfig.display().to_string();
-    let clusteradm = paths::bin_dir().join("clusteradm");
 
     // What a user types.
-    run(
-        &clusteradm,
-        &[
-            "addon",
-            "enable",
-            "--names",
-            keys::ADDON_NAME,
-            "--clusters",
-            "cluster1,cluster2",
-            "--kubeconfig",
-            &kubeconfig,
-        ],
-    )
-    .await;
+    hub.clusteradm_addon("enable", "cluster1,cluster2").await;
     let agents = hub.agents_deployed_and_connected().await;
 
     // Applications go over gRPC to the cluster they name, status comes back.
@@ -86,20 +70,7 @@ async fn clusteradm_addon_enable_deploys_registers_and_connects_the_agent() {
 
     // Disable on cluster2: OCM removes the agent there; its Application
     // falls back to a ManifestWork without being deleted on the spoke.
-    run(
-        &clusteradm,
-        &[
-            "addon",
-            "disable",
-            "--names",
-            keys::ADDON_NAME,
-            "--clusters",
-            "cluster2",
-            "--kubeconfig",
-            &kubeconfig,
-        ],
-    )
-    .await;
+    hub.clusteradm_addon("disable", "cluster2").await;
     agents[1]
         .shows("cluster2's agent pod removed by OCM", |s| !s.running)
         .await;

@@ -63,14 +63,7 @@ async fn gone<K>(api: Api<K>, name: &str)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let what = format!("{} {name} gone", std::any::type_name::<K>());
-    wait::until(&what, TIMEOUT, || async {
-        match api.get_opt(name).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    wait::gone(&api, name, TIMEOUT).await;
 }
 
 fn spoke_key(name: &str) -> ObjectKey {

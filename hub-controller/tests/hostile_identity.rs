@@ -84,21 +84,7 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
     testenv::init_tracing();
     let mut hub = AddonHub::start().await;
     let fleet = hub.fleet;
-    let kubeconfig = hub.kubeconfig.display().to_string();
-    run(
-        &paths::bin_dir().join("clusteradm"),
-        &[
-            "addon",
-            "enable",
-            "--names",
-            keys::ADDON_NAME,
-            "--clusters",
-            "cluster1,cluster2",
-            "--kubeconfig",
-            &kubeconfig,
-        ],
-    )
-    .await;
+    hub.clusteradm_addon("enable", "cluster1,cluster2").await;
     // The real agents, with certificates issued on their own requests, are
     // accepted (`agents_deployed_and_connected` checks the hub logged each
     // connected with the certificate in its pod's Secret).

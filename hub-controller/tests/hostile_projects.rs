@@ -579,14 +579,5 @@ async fn the_project_and_its_credentials_reach_only_the_clusters_of_its_applicat
 
     // The last Application of aaa leaves cluster1: its project goes too.
     aaa.delete("web", &Default::default()).await.unwrap();
-    wait::until("project aaa removed from cluster1", TIMEOUT, || async {
-        match c1.get_opt("argocd-pull-project-aaa").await {
-            Ok(None) => Ok(()),
-            other => Err(format!(
-                "{:?}",
-                other.map(|w| w.map(|w| w.metadata.deletion_timestamp))
-            )),
-        }
-    })
-    .await;
+    wait::gone(&c1, "argocd-pull-project-aaa", TIMEOUT).await;
 }

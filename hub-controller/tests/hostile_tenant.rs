@@ -268,13 +268,7 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
         .delete("shared", &DeleteParams::default())
         .await
         .unwrap();
-    wait::until("the refused one gone", TIMEOUT, || async {
-        match api_z.get_opt("shared").await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|o| o.is_some()))),
-        }
-    })
-    .await;
+    wait::gone(&api_z, "shared", TIMEOUT).await;
     let work = works.get(&work_name(&ns_a, "shared")).await.unwrap();
     assert!(
         work.metadata.deletion_timestamp.is_none(),

@@ -37,3 +37,24 @@ where
     })
     .await
 }
+
+/// Waits until `api` has no object called `name` (deleted, finalizers
+/// released); the failure shows the object's deletion timestamp and
+/// finalizers.
+pub async fn gone<K>(api: &kube::Api<K>, name: &str, timeout: Duration)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    until(&format!("{name} to be gone"), timeout, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(()),
+            Ok(Some(obj)) => Err(format!(
+                "still there: deletionTimestamp {:?}, finalizers {:?}",
+                obj.meta().deletion_timestamp,
+                obj.meta().finalizers
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+}

@@ -371,6 +371,26 @@ impl Drop for AddonHub {
 }
 
 impl AddonHub {
+    /// `clusteradm addon <verb> --names argocd-pull --clusters <clusters>`
+    /// against the hub: what a user types to enable or disable the addon.
+    pub async fn clusteradm_addon(&self, verb: &str, clusters: &str) {
+        let kubeconfig = self.kubeconfig.display().to_string();
+        run(
+            &paths::bin_dir().join("clusteradm"),
+            &[
+                "addon",
+                verb,
+                "--names",
+                keys::ADDON_NAME,
+                "--clusters",
+                clusters,
+                "--kubeconfig",
+                &kubeconfig,
+            ],
+        )
+        .await;
+    }
+
     /// Starts the fleet, applies `deploy/hub/addon.yaml` as checked in,
     /// points the agents at a free address and starts the hub-controller
     /// there with `--grpc-manage-certificates`; returns once the signing CA
