@@ -35,7 +35,12 @@ use super::target::Target;
 /// Where an Application deploys, as project destinations see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Destination {
-    /// The ManagedCluster's name.
+    /// The cluster's name: the ManagedCluster's when the delivered copy
+    /// deploys in the cluster itself, the `destination-name` annotation's
+    /// when it names another, empty when the `destination-server`
+    /// annotation names another (then only `server` entries can allow it:
+    /// a tenant writes the annotations, so an entry naming the
+    /// ManagedCluster must not let a copy deploy anywhere else).
     pub name: String,
     /// The server the delivered copy names; `None` when it names the
     /// destination by name (the `destination-name` annotation).
@@ -53,13 +58,14 @@ pub fn destination(app: &Application, target: &Target) -> Destination {
             .and_then(|a| a.get(k))
             .filter(|v| !v.is_empty())
     };
-    let server = match (
+    let in_cluster = crate::render::delivered::IN_CLUSTER;
+    let (name, server) = match (
         annotation(keys::DESTINATION_NAME),
         annotation(keys::DESTINATION_SERVER),
     ) {
-        (Some(_), _) => None,
-        (None, Some(s)) => Some(s.clone()),
-        (None, None) => Some(crate::render::delivered::IN_CLUSTER.to_string()),
+        (Some(name), _) => (name.clone(), None),
+        (None, Some(s)) if s != in_cluster => (String::new(), Some(s.clone())),
+        (None, _) => (target.cluster.clone(), Some(in_cluster.to_string())),
     };
     let namespace = app
         .data
@@ -70,7 +76,7 @@ pub fn destination(app: &Application, target: &Target) -> Destination {
         .unwrap_or_default()
         .to_string();
     Destination {
-        name: target.cluster.clone(),
+        name,
         server,
         namespace,
     }
@@ -510,6 +516,27 @@ mod tests {
             .get_or_insert_default()
             .insert(keys::DESTINATION_SERVER.into(), "https://allowed".into());
         assert!(destination_permitted(&p, &destination(&written, &target())));
+    }
+
+    #[test]
+    fn an_entry_naming_the_managed_cluster_allows_only_the_cluster_itself() {
+        let p = spec(json!({ "destinations": [{ "name": "cluster1", "namespace": "*" }] }));
+        let mut a = app(json!({ "spec": { "destination": { "namespace": "x" } } }));
+        assert!(destination_permitted(&p, &destination(&a, &target())));
+        let annotate = |a: &mut Application, k: &str, v: &str| {
+            let ann = a.metadata.annotations.get_or_insert_default();
+            ann.clear();
+            ann.insert(k.into(), v.into());
+        };
+        // The tenant's annotations send the copy elsewhere: the entry
+        // naming the ManagedCluster does not allow that.
+        annotate(&mut a, keys::DESTINATION_SERVER, "https://prod-ext:6443");
+        assert!(!destination_permitted(&p, &destination(&a, &target())));
+        annotate(&mut a, keys::DESTINATION_NAME, "other");
+        assert!(!destination_permitted(&p, &destination(&a, &target())));
+        // Naming the cluster itself by its server is still the cluster.
+        annotate(&mut a, keys::DESTINATION_SERVER, IN.unwrap());
+        assert!(destination_permitted(&p, &destination(&a, &target())));
     }
 
     #[test]
