@@ -53,6 +53,10 @@ pub enum ServerRefused {
     InCluster,
     #[error("is the hub's own API server")]
     Hub,
+    #[error(
+        "is a numeric host written in another form than a dotted IPv4 or an IPv6 address (resolvers read `2130706433` or `0x7f.1` as 127.0.0.1)"
+    )]
+    NumericForm,
 }
 
 /// Whether `url`, which the cluster's own klusterlet writes into
@@ -95,7 +99,20 @@ pub fn check_server(url: &str, hub: &[String]) -> Result<(), ServerRefused> {
     {
         return Err(ServerRefused::InCluster);
     }
-    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+    let ip = host.parse::<std::net::IpAddr>();
+    // The checks below read addresses in their canonical forms only; the
+    // system resolver also takes `2130706433`, `127.1` or `0x7f.0.0.1`.
+    // A name that is no DNS name (every label numeric) must be canonical.
+    let numeric = |l: &str| {
+        !l.is_empty()
+            && (l.bytes().all(|b| b.is_ascii_digit())
+                || l.strip_prefix("0x")
+                    .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit())))
+    };
+    if ip.is_err() && host.split('.').all(numeric) {
+        return Err(ServerRefused::NumericForm);
+    }
+    if let Ok(ip) = ip {
         let ip = match ip {
             std::net::IpAddr::V6(v6) => v6
                 .to_ipv4_mapped()
@@ -243,6 +260,10 @@ mod tests {
             ("https://169.254.169.254", ServerRefused::InCluster),
             ("https://0.0.0.0:6443", ServerRefused::InCluster),
             ("https://[fe80::1]", ServerRefused::InCluster),
+            ("https://2130706433:6443", ServerRefused::NumericForm),
+            ("https://127.1", ServerRefused::NumericForm),
+            ("https://0x7f.0.0.1", ServerRefused::NumericForm),
+            ("https://0177.0.0.1", ServerRefused::NumericForm),
             ("http://api.c1.example", ServerRefused::NotHttps),
             ("https://", ServerRefused::NotHttps),
         ] {
