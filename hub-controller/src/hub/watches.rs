@@ -370,7 +370,13 @@ fn project_spec_changed(
             seen.remove(&p.name_any());
             true
         }
-        watcher::Event::Init | watcher::Event::InitDone => true,
+        // A relist: what was recorded may be gone (deleted while the
+        // watch was down), so every project it lists counts as changed.
+        watcher::Event::Init => {
+            seen.clear();
+            true
+        }
+        watcher::Event::InitDone => true,
     }
 }
 
