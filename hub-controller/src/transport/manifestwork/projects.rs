@@ -166,6 +166,9 @@ async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
         }
     }
     let mut keep: BTreeSet<(String, String)> = BTreeSet::new();
+    // One cluster's failure (a namespace being deleted, say) holds up no
+    // other: each work is tried, the first error returned at the end.
+    let mut failed = None;
     for (cluster, project) in wanted {
         let Some(object) = ctx.caches.project_object(project) else {
             // Its Applications are refused: nothing to deliver.
@@ -180,30 +183,11 @@ async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
                 continue;
             }
         };
-        let name = work.name_any();
-        keep.insert((cluster.clone(), name.clone()));
-        let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), cluster);
-        let existing = match ctx.caches.work(cluster, &name) {
-            Lookup::Known(w) => w.map(|w| *w),
-            Lookup::Stale => works.get_opt(&name).await?,
-        };
-        if existing.as_ref().is_some_and(|e| {
-            e.metadata.deletion_timestamp.is_none()
-                && e.annotations().get(PROJECT_SPEC_HASH)
-                    == work.annotations().get(PROJECT_SPEC_HASH)
-                && e.labels().get(PROJECT_LABEL) == work.labels().get(PROJECT_LABEL)
-        }) {
-            continue;
+        keep.insert((cluster.clone(), work.name_any()));
+        if let Err(e) = write(ctx, cluster, project, &work).await {
+            tracing::warn!(cluster, project, error = %e, "AppProject not written; retried on the next pass");
+            failed.get_or_insert(e);
         }
-        let applied = works
-            .patch(
-                &name,
-                &PatchParams::apply(WORK_MANAGER).force(),
-                &Patch::Apply(&work),
-            )
-            .await?;
-        ctx.caches.written.record(&applied.metadata);
-        tracing::info!(cluster, project, work = %name, "AppProject delivered");
     }
     // Project works no longer wanted: their last Application has left.
     for w in ctx.caches.works.state() {
@@ -225,10 +209,47 @@ async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
         match works.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                tracing::warn!(cluster, work = %name, error = %e, "AppProject work not deleted; retried on the next pass");
+                failed.get_or_insert(e);
+                continue;
+            }
         }
         ctx.caches.written.forget(&cluster, &name);
         tracing::info!(cluster, work = %name, "AppProject removed: no Application of it is delivered there");
     }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Writes the project work `work` of `project` to `cluster` unless the
+/// one there was rendered the same.
+async fn write(
+    ctx: &Context,
+    cluster: &str,
+    project: &str,
+    work: &ManifestWork,
+) -> Result<(), kube::Error> {
+    let name = work.name_any();
+    let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), cluster);
+    let existing = match ctx.caches.work(cluster, &name) {
+        Lookup::Known(w) => w.map(|w| *w),
+        Lookup::Stale => works.get_opt(&name).await?,
+    };
+    if existing.as_ref().is_some_and(|e| {
+        e.metadata.deletion_timestamp.is_none()
+            && e.annotations().get(PROJECT_SPEC_HASH) == work.annotations().get(PROJECT_SPEC_HASH)
+            && e.labels().get(PROJECT_LABEL) == work.labels().get(PROJECT_LABEL)
+    }) {
+        return Ok(());
+    }
+    let applied = works
+        .patch(
+            &name,
+            &PatchParams::apply(WORK_MANAGER).force(),
+            &Patch::Apply(work),
+        )
+        .await?;
+    ctx.caches.written.record(&applied.metadata);
+    tracing::info!(cluster, project, work = %name, "AppProject delivered");
     Ok(())
 }
