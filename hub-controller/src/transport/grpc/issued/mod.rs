@@ -227,7 +227,12 @@ impl Issued {
                     certificate = %issue.fingerprint,
                     "certificate issued on the cluster's own request"
                 );
+                let cluster = issue.cluster.clone();
                 state.issued.insert(issue.fingerprint.clone(), issue);
+                // A klusterlet may file CSRs for its own cluster in a loop
+                // and OCM signs each: keep what the record keeps, the
+                // cluster's latest few, so no cluster grows every replica.
+                keep_latest(&mut state.issued, |i| i.cluster == cluster);
                 drop(state);
                 self.dirty.notify_one();
             }
@@ -587,5 +592,58 @@ async fn events(issued: &Issued, recorder: &Recorder) {
             }
             Err(e) => tracing::warn!(csr = %issue.csr, error = %e, "could not publish event"),
         }
+    }
+}
+
+/// Drops from `issued` all but the [`record::MAX_PER_CLUSTER`] certificates
+/// of those `same` picks that expire last (the record's own rule).
+fn keep_latest(issued: &mut HashMap<String, Issue>, same: impl Fn(&Issue) -> bool) {
+    let mut ours: Vec<(i64, String)> = issued
+        .values()
+        .filter(|i| same(i))
+        .map(|i| (i.not_after, i.fingerprint.clone()))
+        .collect();
+    if ours.len() <= record::MAX_PER_CLUSTER {
+        return;
+    }
+    ours.sort_unstable_by(|a, b| b.cmp(a));
+    for (_, fp) in ours.drain(record::MAX_PER_CLUSTER..) {
+        issued.remove(&fp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_keeps_only_its_latest_certificates() {
+        let issue = |cluster: &str, not_after: i64| Issue {
+            csr: format!("csr-{cluster}-{not_after}"),
+            requester: format!("system:open-cluster-management:{cluster}:x"),
+            fingerprint: format!("{cluster}-{not_after}"),
+            not_before: not_after - 86_400,
+            not_after,
+            cluster: Some(cluster.into()),
+        };
+        let mut issued: HashMap<String, Issue> = HashMap::new();
+        issued.insert("other-1".into(), issue("other", 1));
+        for t in 0..(record::MAX_PER_CLUSTER as i64 + 5) {
+            let i = issue("c1", 100 + t);
+            issued.insert(i.fingerprint.clone(), i);
+            keep_latest(&mut issued, |i| i.cluster.as_deref() == Some("c1"));
+        }
+        let mut kept: Vec<i64> = issued
+            .values()
+            .filter(|i| i.cluster.as_deref() == Some("c1"))
+            .map(|i| i.not_after)
+            .collect();
+        kept.sort();
+        let first = 100 + 5;
+        assert_eq!(
+            kept,
+            (first..first + record::MAX_PER_CLUSTER as i64).collect::<Vec<_>>()
+        );
+        assert!(issued.contains_key("other-1"), "another cluster's stays");
     }
 }
