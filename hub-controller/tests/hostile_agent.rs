@@ -170,8 +170,9 @@ async fn a_flood_of_resync_requests_leaves_the_hubs_memory_flat() {
         "the hub grew by {grown} bytes for {sent_bytes} bytes of requests ({pending} pending)"
     );
     assert!(
-        // `transport::grpc::cluster::MAX_REPAIR_REMOVALS`.
-        pending <= 1024.0,
+        // `transport::grpc::cluster::MAX_REPAIR_REMOVALS`: the flood
+        // reached the bound (a missing series reads 0) and stopped there.
+        (1000.0..=1024.0).contains(&pending),
         "{pending} objects pending for one agent"
     );
     assert!(!reader.is_finished(), "the stream stayed open throughout");
