@@ -267,3 +267,11 @@ impl Principal {
         Ok(())
     }
 }
+
+/// What argocd-agent runs with other than its defaults, besides the flags
+/// that connect the agent and the principal (printed with the settings):
+/// the resource and Redis proxies serve the hub's UI, which neither side
+/// is measured on (ours has none yet), and the principal needs a JWT key
+/// to start.
+pub const NOT_DEFAULT: &str = "--enable-resource-proxy=false (agent and principal), --disable-redis-proxy and \
+     --insecure-jwt-generate (principal)";

@@ -270,14 +270,16 @@ fn settings() -> Result<String> {
     Ok(format!(
         "settings: each side at its own defaults. ours: spoke-agent with only --cluster-name, --hub-address, \
          --tls-cert/--tls-key/--hub-ca, --kubeconfig and --admin-addr (so reconnect backoff {:?} to {:?}, \
-         {} workers, API client {}/s burst {}), hub-controller with the gRPC flags; argocd-agent: agent \
-         (managed mode, mTLS) and principal with only the flags that connect them; log levels: both agents \
+         {} workers, API client {}/s burst {}), hub-controller with the gRPC flags and {}; argocd-agent: agent \
+         (managed mode, mTLS) and principal with the flags that connect them and {}; log levels: both agents \
          and the principal `{LOG_LEVEL}`, the hub-controller `{}` (BENCH_HUB_LOG); every log to its file in {}.",
         defaults.reconnect_min,
         defaults.reconnect_max,
         defaults.workers,
         defaults.client.qps,
         defaults.client.burst,
+        hub::NOT_DEFAULT,
+        crate::argocd_agent::NOT_DEFAULT,
         hub::file_log_level(),
         logs_dir()?.display()
     ))

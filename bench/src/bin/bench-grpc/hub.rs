@@ -188,6 +188,7 @@ impl HubProcess {
     }
 
     fn start_as(o: &HubOptions<'_>, replica: Option<&str>) -> Result<Self> {
+        // Keep NOT_DEFAULT true to what this sets.
         let admin = net::free_addr()?;
         let (crt, key) = o.pki.hub_files();
         let mut cmd = tokio::process::Command::new(o.bin);
@@ -317,3 +318,10 @@ impl HubProcess {
         Ok(start.elapsed())
     }
 }
+
+/// What a single hub-controller of a comparison runs with other than its
+/// defaults, besides the flags that say where things are (printed with
+/// the settings). Without a Lease a restarted hub leads at once; with the
+/// default one it would wait for its old Lease to expire before its
+/// ManifestWork side and status writes resume.
+pub const NOT_DEFAULT: &str = "--leader-elect=false (one replica, no Lease)";
