@@ -416,6 +416,49 @@ impl Server {
         ))
     }
 
+    /// `argocd app get <app> -o json` with Argo CD's CLI against this
+    /// server, as a user runs it with the session `token`.
+    pub fn app_get(&self, token: &str, app: &str) -> Result<serde_json::Value> {
+        let out = Command::new(cli()?)
+            .args(["app", "get", app, "-o", "json", "--plaintext"])
+            .args(["--server", &self.addr().to_string(), "--auth-token", token])
+            .env("HOME", self.dir())
+            .output()?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                command: format!("argocd app get {app}"),
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| Error::Command {
+            command: format!("argocd app get {app}"),
+            output: format!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)),
+        })
+    }
+
+    /// Logs in as the local admin on the UI's login page in `page`, as a
+    /// person does, and waits for the Applications list.
+    pub async fn ui_login(&self, page: &mut crate::browser::Page, within: Duration) -> Result<()> {
+        page.navigate(&format!("{}/login", self.url())).await?;
+        page.wait_for(
+            "the login page",
+            "document.querySelector('input[name=username]') !== null",
+            within,
+        )
+        .await?;
+        page.type_into("input[name=username]", "admin").await?;
+        page.type_into("input[name=password]", self.admin_password())
+            .await?;
+        page.click("button[type=submit]").await?;
+        page.wait_for(
+            "the Applications list after the login",
+            "location.pathname.startsWith('/applications')",
+            within,
+        )
+        .await?;
+        Ok(())
+    }
+
     /// The last lines `component` (`argocd-server`, `redis`) logged.
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         self.procs.log_tail(component, lines)

@@ -1,14 +1,13 @@
-//! The hub's Argo CD API server and UI (`testenv::argocd::Server`, what
-//! `make demo` runs on the hub) show a pulled Application's hub copy with
-//! the status its cluster reported: through the REST API after a login as
-//! the local admin, through the `argocd` CLI, and on the real UI (built from
-//! the pinned module's `ui/` sources) in headless Chromium, which logs in on
-//! the login page and opens the Application.
+//! The harness's Argo CD API server and UI (`testenv::argocd::Server`, what
+//! `make demo` runs on the hub): a wrong password is refused, the local
+//! admin logs in through the REST API, the `argocd` CLI and the real UI
+//! (built from the pinned module's `ui/` sources, in headless Chromium),
+//! and each lists an Application hub copy.
 //!
-//! The hub copy here carries the status as the hub-controller writes it;
-//! the end-to-end test (`e2e.rs`) checks the same on Applications that a
-//! real cluster reported. The screenshot goes to the test's folder, and to
-//! `docs/img/hub-ui-app.png` with `ARGOCD_PULL_SCREENSHOTS=1`.
+//! The hub copy here is written by the test: this checks the server and
+//! its UI, not delivery. The end-to-end test (`e2e.rs`, phase "the hub's
+//! Argo CD") opens Applications that real clusters reported, in the same
+//! UI, and takes the screenshot in docs/.
 
 use std::time::Duration;
 
@@ -16,9 +15,9 @@ use argocd_pull_apis::argocd::application_resource;
 use http::Method;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testenv::argocd::{self, NAMESPACE, Server, ServerOptions};
+use testenv::CrdSet;
+use testenv::argocd::{NAMESPACE, Server, ServerOptions};
 use testenv::browser::Browser;
-use testenv::{CrdSet, paths};
 
 const APP: &str = "guestbook-cluster1";
 const UI_TIMEOUT: Duration = Duration::from_secs(60);
@@ -67,7 +66,10 @@ async fn pulled_application(client: &kube::Client) {
     });
     apps.patch(
         APP,
-        &PatchParams::apply("argocd-pull-hub-controller").force(),
+        // The test's own field manager: this copy stands in for one the
+        // hub-controller delivered (e2e's "the hub's Argo CD" phase checks
+        // a really delivered one, on the UI too).
+        &PatchParams::apply("argocd-pull-test").force(),
         &Patch::Apply(&status),
     )
     .await
@@ -117,83 +119,23 @@ async fn the_hub_ui_shows_a_pulled_application() {
     assert_eq!(at(app, "/status/health/status"), "Healthy", "{app}");
 
     // The CLI, as a user runs it against this server.
-    let out = std::process::Command::new(argocd::cli().unwrap())
-        .args(["app", "get", APP, "-o", "json", "--plaintext"])
-        .args([
-            "--server",
-            &server.addr().to_string(),
-            "--auth-token",
-            &token,
-        ])
-        .env("HOME", server.dir())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "argocd app get: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = server.app_get(&token, APP).expect("argocd app get");
     assert_eq!(at(&got, "/status/health/status"), "Healthy", "{got}");
 
-    // The UI, as a person uses it: the login page, then the Application.
+    // The UI: its login page, then the Applications list.
     let browser = Browser::start(1440, 900).await.expect("chromium starts");
     let mut page = browser.page().await.unwrap();
-    page.navigate(&format!("{}/login", server.url()))
-        .await
-        .unwrap();
+    server.ui_login(&mut page, UI_TIMEOUT).await.unwrap();
     page.wait_for(
-        "the login page",
-        "document.querySelector('input[name=username]') !== null",
+        "the Application in the list",
+        &format!("document.body.innerText.includes({APP:?})"),
         UI_TIMEOUT,
     )
     .await
-    .unwrap();
-    page.type_into("input[name=username]", "admin")
-        .await
-        .unwrap();
-    page.type_into("input[name=password]", server.admin_password())
-        .await
-        .unwrap();
-    page.click("button[type=submit]").await.unwrap();
-    page.wait_for(
-        "the Applications list after the login",
-        &format!("document.body.innerText.includes({APP:?}) && location.pathname.startsWith('/applications')"),
-        UI_TIMEOUT,
-    )
-    .await
-    .unwrap();
-    page.navigate(&format!("{}/applications/{NAMESPACE}/{APP}", server.url()))
-        .await
-        .unwrap();
-    let text = page
-        .wait_for(
-            "the Application's page with its health and sync status",
-            "(() => { const t = document.body.innerText; \
-               return t.includes('APP HEALTH') && t.includes('Healthy') && t.includes('Synced') ? t : ''; })()",
-            UI_TIMEOUT,
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nargocd-server: {}",
+            server.log_tail("argocd-server", 20)
         )
-        .await
-        .unwrap_or_else(|e| panic!("{e}\nargocd-server: {}", server.log_tail("argocd-server", 20)));
-    let text = text.as_str().unwrap_or_default();
-    assert!(text.contains(APP), "the page does not name {APP}:\n{text}");
-    // The tree's nodes: the managed resources from the status the cluster
-    // reported (argocd-server has no live tree for it; the UI draws these).
-    page.wait_for(
-        "the tree's nodes: the guestbook's Service and Deployment",
-        "(() => { const t = document.body.innerText; \
-           return t.includes('guestbook-ui') && t.includes('svc') && t.includes('deploy'); })()",
-        UI_TIMEOUT,
-    )
-    .await
-    .unwrap();
-    // Let the page settle (fonts, icons) before the picture.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let shot = browser.dir().join("hub-ui-app.png");
-    page.screenshot(&shot).await.unwrap();
-    if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
-        let docs = paths::workspace_dir().join("docs/img/hub-ui-app.png");
-        page.screenshot(&docs).await.unwrap();
-        eprintln!("screenshot: {}", docs.display());
-    }
+    });
 }

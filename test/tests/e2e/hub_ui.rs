@@ -1,11 +1,18 @@
 //! The hub's Argo CD API server (started by the stack, as in `make demo`)
 //! shows the pulled Applications with the status their clusters reported:
 //! logged in as the local admin through its session API, its Application
-//! list carries each hub copy's sync and health, on either transport.
+//! list carries each hub copy's sync and health, on either transport; the
+//! CLI and the UI (headless Chromium) show the first one, its tree's nodes
+//! included.
+
+use std::time::Duration;
 
 use http::Method;
-use serde_json::Value;
+use testenv::browser::Browser;
+use testenv::paths;
 use testenv::stack::Stack;
+
+const UI_TIMEOUT: Duration = Duration::from_secs(60);
 
 use super::support::{at, eventually};
 
@@ -45,18 +52,57 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
     )
     .await;
     // The same as the CLI shows it.
-    let out = std::process::Command::new(testenv::argocd::cli().unwrap())
-        .args(["app", "get", &format!("argocd/{}", names[0]), "-o", "json"])
-        .args(["--plaintext", "--server", &server.addr().to_string()])
-        .args(["--auth-token", &token])
-        .env("HOME", server.dir())
-        .output()
+    let app = server
+        .app_get(&token, &format!("argocd/{}", names[0]))
         .unwrap();
-    assert!(
-        out.status.success(),
-        "argocd app get: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let app: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(at(&app, "/status/health/status"), "Healthy", "{app}");
+
+    // And on the UI, as a person opens it: the Application's page with its
+    // health and sync, and the tree's nodes: the resources the cluster
+    // reported in the hub copy's status.
+    let resources: Vec<String> = app
+        .pointer("/status/resources")
+        .and_then(|r| r.as_array())
+        .into_iter()
+        .flatten()
+        .map(|r| at(r, "/name").to_string())
+        .collect();
+    assert!(!resources.is_empty(), "no resources reported: {app}");
+    let browser = Browser::start(1440, 900).await.expect("chromium starts");
+    let mut page = browser.page().await.unwrap();
+    server.ui_login(&mut page, UI_TIMEOUT).await.unwrap();
+    page.navigate(&format!(
+        "{}/applications/argocd/{}",
+        server.url(),
+        names[0]
+    ))
+    .await
+    .unwrap();
+    page.wait_for(
+        "the Application's page with its health, sync and the tree's nodes",
+        &format!(
+            "(() => {{ const t = document.body.innerText; \
+               return t.includes('APP HEALTH') && t.includes('Healthy') && t.includes('Synced') \
+                 && {:?}.every(n => t.includes(n)); }})()",
+            resources
+        ),
+        UI_TIMEOUT,
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nargocd-server: {}",
+            server.log_tail("argocd-server", 20)
+        )
+    });
+    // Let the page settle (fonts, icons) before the picture.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    page.screenshot(&browser.dir().join("hub-ui-app.png"))
+        .await
+        .unwrap();
+    if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
+        let docs = paths::workspace_dir().join("docs/img/hub-ui-app.png");
+        page.screenshot(&docs).await.unwrap();
+        eprintln!("screenshot: {}", docs.display());
+    }
 }
