@@ -11,7 +11,7 @@ use argocd_pull_hub_controller::render::work::work_name;
 use argocd_pull_hub_controller::status::CONDITION;
 use argocd_pull_spoke_agent::Mode;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::wait;
 
@@ -280,5 +280,65 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
         None,
         "the new owner is not refused: {}",
         a.data["status"]
+    );
+}
+
+/// An older hub Application moved onto a spoke Application that a younger
+/// one's ManifestWork delivers takes nothing: when a claim begins is the
+/// tenant's choice (it sets the annotations), the work on the cluster is
+/// not. The mover is refused naming the holder, whose work stays and who is
+/// not refused.
+#[tokio::test]
+async fn an_older_application_moved_onto_a_held_key_takes_nothing() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&[]).await;
+    let works: Api<ManifestWork> = Api::namespaced(env.hub_client.clone(), "cluster1");
+
+    // The older one, delivered elsewhere on the same cluster.
+    let ns_old = env.hub.namespace("old").await.unwrap();
+    common::placement_selects(&env.hub_client, &ns_old, &["cluster1"]).await;
+    let api_old = common::apps_api(&env.hub_client, &ns_old);
+    let mut app = env.app(
+        "shared",
+        0,
+        json!({ "metadata": { "annotations": {
+            keys::TRANSPORT: "manifestwork",
+            keys::MANAGED_CLUSTER_APP_NAMESPACE: "elsewhere",
+        } } }),
+    );
+    app.metadata.namespace = Some(ns_old.clone());
+    api_old.create(&PostParams::default(), &app).await.unwrap();
+    wait::exists(&works, &work_name(&ns_old, "shared"), TIMEOUT).await;
+    // creationTimestamp has one-second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // The holder: younger, its work delivers `argocd/shared`.
+    let (ns_new, api_new) = manifestwork_claimant(&env, "new").await;
+    let held = work_name(&ns_new, "shared");
+    wait::exists(&works, &held, TIMEOUT).await;
+
+    // The older one is moved onto the same spoke Application.
+    api_old
+        .patch(
+            "shared",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": {
+                keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NS,
+            } } })),
+        )
+        .await
+        .unwrap();
+    refused_naming(&api_old, &format!("{ns_new}/shared")).await;
+    let work = works.get(&held).await.unwrap();
+    assert!(
+        work.metadata.deletion_timestamp.is_none(),
+        "the holder's work stays"
+    );
+    let holder = api_new.get("shared").await.unwrap();
+    assert_eq!(
+        condition(&holder),
+        None,
+        "the holder is not refused: {}",
+        holder.data["status"]
     );
 }

@@ -311,7 +311,15 @@ async fn hand_over_to_grpc(
 
 /// The hub Application other than `app` that owns the spoke Application
 /// `app` would be delivered as ([`crate::route::owner`]): among the hub
-/// Applications that name it, those either transport would deliver.
+/// Applications that name it, those either transport would deliver; and
+/// among those, one whose ManifestWork already delivers it keeps it.
+///
+/// The last rule is what stops a takeover: when the claim begins is the
+/// tenant's choice (it sets the annotations), so an older hub Application
+/// re-aimed at a key a younger one's work delivers would otherwise own it,
+/// and its work would be applied over the running spoke Application. A
+/// work is the cluster's state, which no tenant writes; a refused
+/// claimant's work is deleted, so at most one holds a key for long.
 fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubRef> {
     let me = HubRef::of(app);
     let slot = (
@@ -349,9 +357,33 @@ fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubR
             candidates.push((Seniority::of(&other.metadata), r));
         }
     }
-    owner(candidates.iter().map(|(s, r)| (s, r)))
+    let holds = |r: &HubRef| delivers_by_work(ctx, target, &app.name_any(), r);
+    let holders: Vec<&(Seniority, HubRef)> = candidates.iter().filter(|(_, r)| holds(r)).collect();
+    let pool = if holders.is_empty() {
+        candidates.iter().collect()
+    } else {
+        holders
+    };
+    owner(pool.into_iter().map(|(s, r)| (s, r)))
         .filter(|o| **o != me)
         .cloned()
+}
+
+/// Whether `r`'s ManifestWork on `target`'s cluster, as the cache has it,
+/// delivers the spoke Application `name` in `target`'s namespace now.
+fn delivers_by_work(ctx: &Context, target: &Target, name: &str, r: &HubRef) -> bool {
+    let Lookup::Known(Some(work)) = ctx
+        .caches
+        .work(&target.cluster, &work_name(&r.namespace, &r.name))
+    else {
+        return false;
+    };
+    work.metadata.deletion_timestamp.is_none()
+        && work.spec.manifest_configs.iter().flatten().any(|c| {
+            c.resource_identifier.resource == "applications"
+                && c.resource_identifier.name == name
+                && c.resource_identifier.namespace.as_deref() == Some(&target.app_namespace)
+        })
 }
 
 /// Deletes the ManifestWork of `app`, if any, with `deleteOption: Orphan`
