@@ -298,6 +298,7 @@ async fn an_application_its_project_stops_allowing_stays_on_the_cluster_unchange
     .unwrap();
     let work_name = format!("{}.web", hub.aaa);
     wait::exists(&works, &work_name, TIMEOUT).await;
+    wait::exists(&works, "argocd-pull-project-aaa", TIMEOUT).await;
     let before = works.get(&work_name).await.unwrap();
 
     // The project stops allowing shared-*: the refusal is recorded ...
@@ -336,6 +337,28 @@ async fn an_application_its_project_stops_allowing_stays_on_the_cluster_unchange
         ),
         "the work changed after its Application stopped being allowed"
     );
+    // Its project (and credentials) stay with it: once a later pass has
+    // delivered another project to cluster1, aaa's work is still there.
+    project(
+        &hub.client,
+        "aaa-later",
+        json!({ "sourceNamespaces": [hub.aaa], "sourceRepos": ["*"],
+                "destinations": [{ "name": "*", "namespace": "*" }] }),
+    )
+    .await;
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("later", &hub.aaa, "aaa-later", "anywhere", REPO),
+    )
+    .await
+    .unwrap();
+    wait::exists(&works, "argocd-pull-project-aaa-later", TIMEOUT).await;
+    let kept = works
+        .get_opt("argocd-pull-project-aaa")
+        .await
+        .unwrap()
+        .expect("the refused Application's project stays on the cluster");
+    assert!(kept.metadata.deletion_timestamp.is_none());
 }
 
 #[tokio::test]

@@ -29,6 +29,7 @@ use crate::render::project::{
     PROJECT_LABEL, PROJECT_SPEC_HASH, delivered_project, delivered_secret, project_work,
     scoped_project,
 };
+use crate::render::work::work_name;
 use crate::route::decide::{Facts, Route, decide};
 use crate::route::target::DEFAULT_APP_NAMESPACE;
 use crate::route::transport::Transport;
@@ -141,11 +142,42 @@ fn decide_all(ctx: &Context, memory: &mut Memory, everything: bool) {
             } if app.metadata.deletion_timestamp.is_none() => {
                 Some((target.cluster, project_of(&app).to_string()))
             }
+            // Refused (its project or authorization withdrawn, say) but
+            // left on the cluster as it was: so are the project and the
+            // credentials it was delivered with.
+            Route::Refused {
+                target: Some(target),
+                ..
+            } if app.metadata.deletion_timestamp.is_none() => {
+                left_on(ctx, &target.cluster, &key).map(|p| (target.cluster, p))
+            }
             _ => None,
         };
         memory.apps.insert(key, (rv, delivered));
     }
     memory.apps.retain(|k, _| seen.contains(k));
+}
+
+/// The project the Application `key` was delivered with, when its
+/// ManifestWork is still on `cluster` (its delivered copy's
+/// `spec.project`).
+fn left_on(ctx: &Context, cluster: &str, key: &(String, String)) -> Option<String> {
+    let Lookup::Known(Some(work)) = ctx.caches.work(cluster, &work_name(&key.0, &key.1)) else {
+        return None;
+    };
+    if work.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let manifest = work.spec.workload.as_ref()?.manifests.as_ref()?.first()?;
+    let project = manifest.get("spec")?.get("project")?.as_str()?;
+    Some(
+        if project.is_empty() {
+            "default"
+        } else {
+            project
+        }
+        .to_string(),
+    )
 }
 
 /// Writes the works `memory` wants, deletes the others.
