@@ -40,6 +40,9 @@ pub struct CachedApp {
     identity: ObjectMeta,
     labels: Pairs,
     annotations: Pairs,
+    /// Its `spec.project` unless `default` (most are): a project's change
+    /// finds its Applications without parsing every one.
+    project: Option<Box<str>>,
     /// Every field but `apiVersion`, `kind` and `metadata`, as a JSON object.
     body: CompactJson,
 }
@@ -81,12 +84,23 @@ impl CachedApp {
     pub fn annotations(&self) -> &Pairs {
         &self.annotations
     }
+
+    /// Its AppProject (`spec.project`, `default` when unset).
+    pub fn project(&self) -> &str {
+        self.project
+            .as_deref()
+            .unwrap_or(argocd_pull_apis::argocd::DEFAULT_PROJECT)
+    }
 }
 
 impl From<Application> for CachedApp {
     fn from(mut app: Application) -> Self {
         app.metadata.managed_fields = None;
+        let project = argocd_pull_apis::argocd::project_of(&app);
+        let project =
+            (project != argocd_pull_apis::argocd::DEFAULT_PROJECT).then(|| project.into());
         Self {
+            project,
             labels: app.metadata.labels.take().unwrap_or_default().into(),
             annotations: app.metadata.annotations.take().unwrap_or_default().into(),
             identity: app.metadata,
@@ -217,6 +231,25 @@ impl kube::Resource for CachedWork {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_applications_project_is_at_hand_without_parsing() {
+        let project = |spec: serde_json::Value| {
+            let app: CachedApp = serde_json::from_value(json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                "metadata": { "name": "a", "namespace": "team" }, "spec": spec,
+            }))
+            .unwrap();
+            (app.project().to_string(), app.project.is_some())
+        };
+        assert_eq!(project(json!({ "project": "team" })), ("team".into(), true));
+        assert_eq!(
+            project(json!({ "project": "default" })),
+            ("default".into(), false)
+        );
+        assert_eq!(project(json!({ "project": "" })), ("default".into(), false));
+        assert_eq!(project(json!({})), ("default".into(), false));
+    }
 
     #[test]
     fn an_application_comes_back_whole_without_managed_fields() {

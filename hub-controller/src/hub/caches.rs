@@ -81,12 +81,7 @@ impl Caches {
 
     /// The spec of AppProject `name`, if it exists.
     pub fn project(&self, name: &str) -> Option<argocd_pull_apis::argocd::ProjectSpec> {
-        let ns = self.projects_namespace.as_deref()?;
-        self.projects
-            .get(
-                &ObjectRef::new_with(name, argocd_pull_apis::argocd::appproject_resource())
-                    .within(ns),
-            )
+        self.project_object(name)
             .map(|p| argocd_pull_apis::argocd::ProjectSpec::of(&p))
     }
 
@@ -151,9 +146,10 @@ impl Caches {
         }
     }
 
-    /// The cached work, still unparsed; `None` when this process wrote a
-    /// newer one than the cache shows.
-    fn cached_work(&self, cluster: &str, name: &str) -> Option<Option<Arc<CachedWork>>> {
+    /// The cached work, still unparsed (its metadata is at hand without
+    /// parsing the rest); `None` when this process wrote a newer one than
+    /// the cache shows.
+    pub fn cached_work(&self, cluster: &str, name: &str) -> Option<Option<Arc<CachedWork>>> {
         let cached = self.works.get(&ObjectRef::new(name).within(cluster));
         let cached_rv = cached.as_ref().and_then(|w| w.resource_version());
         let key = (cluster.to_string(), name.to_string());
@@ -205,7 +201,7 @@ pub fn apps_targeting(apps: &Store<CachedApp>, cluster: &str) -> Vec<ObjectRef<C
         .collect()
 }
 
-/// Applications in `apps` that use AppProject `project` (parses each).
+/// Applications in `apps` that use AppProject `project`.
 pub fn apps_of_project(apps: &Store<CachedApp>, project: &str) -> Vec<ObjectRef<CachedApp>> {
     apps.state_filter(|a| uses_project(a, project))
         .iter()
@@ -215,7 +211,7 @@ pub fn apps_of_project(apps: &Store<CachedApp>, project: &str) -> Vec<ObjectRef<
 
 /// Whether `app` uses AppProject `project`.
 pub fn uses_project(app: &CachedApp, project: &str) -> bool {
-    argocd_pull_apis::argocd::project_of(&app.application()) == project
+    app.project() == project
 }
 
 /// Applications in `apps` that live in namespace `ns`.

@@ -263,15 +263,22 @@ async fn write(
 ) -> Result<(), kube::Error> {
     let name = work.name_any();
     let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), cluster);
-    let existing = match ctx.caches.work(cluster, &name) {
-        Lookup::Known(w) => w.map(|w| *w),
-        Lookup::Stale => works.get_opt(&name).await?,
+    // Its metadata says whether it must be written: no need to parse the
+    // work (its credentials included) on every pass.
+    let existing = match ctx.caches.cached_work(cluster, &name) {
+        Some(cached) => cached.map(|w| w.metadata.clone()),
+        None => works.get_opt(&name).await?.map(|w| w.metadata),
     };
-    if existing.as_ref().is_some_and(|e| {
-        e.metadata.deletion_timestamp.is_none()
-            && e.annotations().get(PROJECT_SPEC_HASH) == work.annotations().get(PROJECT_SPEC_HASH)
-            && e.labels().get(PROJECT_LABEL) == work.labels().get(PROJECT_LABEL)
-    }) {
+    let get = |m: &Option<std::collections::BTreeMap<String, String>>, k: &str| {
+        m.as_ref().and_then(|m| m.get(k)).cloned()
+    };
+    let unchanged = |e: &kube::api::ObjectMeta| {
+        e.deletion_timestamp.is_none()
+            && get(&e.annotations, PROJECT_SPEC_HASH)
+                == get(&work.metadata.annotations, PROJECT_SPEC_HASH)
+            && get(&e.labels, PROJECT_LABEL) == get(&work.metadata.labels, PROJECT_LABEL)
+    };
+    if existing.as_ref().is_some_and(unchanged) {
         return Ok(());
     }
     let applied = works
