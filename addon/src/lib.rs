@@ -231,15 +231,28 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
 }
 
 /// The agent's Role in the Argo CD namespace for one mode
-/// (`argocd-pull-agent-<mode>`).
+/// (`argocd-pull-agent-<mode>`). In managed mode it also keeps the
+/// AppProjects and project-scoped credentials the hub sends (capability
+/// `projects`): it deletes only credentials, never a project.
 fn agent_role(config: &AddonConfig, mode: &str, verbs: &[&str], labels: &Value) -> Value {
+    let mut rules = vec![json!({
+        "apiGroups": ["argoproj.io"], "resources": ["applications"],
+        "verbs": verbs,
+    })];
+    if mode == "managed" {
+        rules.push(json!({
+            "apiGroups": ["argoproj.io"], "resources": ["appprojects"],
+            "verbs": ["get", "list", "watch", "create", "patch"],
+        }));
+        rules.push(json!({
+            "apiGroups": [""], "resources": ["secrets"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        }));
+    }
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": { "name": format!("{AGENT_NAME}-{mode}"), "namespace": config.argocd_namespace, "labels": labels },
-        "rules": [{
-            "apiGroups": ["argoproj.io"], "resources": ["applications"],
-            "verbs": verbs,
-        }],
+        "rules": rules,
     })
 }
 
@@ -559,10 +572,17 @@ mod tests {
         };
         for mode in ["managed", "autonomous"] {
             for (kind, resources, verbs) in verbs(mode) {
-                assert_eq!(
-                    resources, r#"["applications"]"#,
-                    "{mode}: only Applications"
-                );
+                // Managed mode also keeps the AppProjects and credentials
+                // the hub sends, in the Argo CD namespace only, and never
+                // deletes a project.
+                match (mode, kind.as_str(), resources.as_str()) {
+                    (_, _, r#"["applications"]"#) => {}
+                    ("managed", "Role", r#"["appprojects"]"#) => {
+                        assert!(!verbs.iter().any(|v| v == "delete"), "{verbs:?}")
+                    }
+                    ("managed", "Role", r#"["secrets"]"#) => {}
+                    other => panic!("{other:?}: not the agent's business"),
+                }
                 assert!(
                     !verbs.iter().any(|v| v == "update" || v == "*"),
                     "{mode} {kind}: {verbs:?}"

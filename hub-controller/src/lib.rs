@@ -87,8 +87,8 @@ pub struct Args {
     pub app_projects: AppProjectsMode,
     /// Deliver each project's project-scoped `repository` and `repo-creds`
     /// Secrets (those with a `project` key) with the AppProject, to the
-    /// clusters that have an Application of that project (ManifestWork
-    /// transport). Needs read access to Secrets in `--argocd-namespace`
+    /// clusters that have an Application of that project (both transports;
+    /// over gRPC to agents that offer the `projects` capability). Needs read access to Secrets in `--argocd-namespace`
     /// (docs/security.md says what that costs).
     #[arg(long, env = "ARGOCD_PULL_PROJECT_CREDENTIALS")]
     pub project_credentials: bool,

@@ -604,3 +604,149 @@ async fn the_project_and_its_credentials_reach_only_the_clusters_of_its_applicat
     aaa.delete("web", &Default::default()).await.unwrap();
     wait::gone(&c1, "argocd-pull-project-aaa", TIMEOUT).await;
 }
+
+/// A delivered object on spoke `i`'s cluster once `check` holds for it.
+async fn on_spoke<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&K) -> Result<(), String>,
+) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    wait::until(what, TIMEOUT, || async {
+        let o = api
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no {name}"))?;
+        check(&o).map(|_| o)
+    })
+    .await
+}
+
+fn kept_by_agent(o: &impl kube::Resource) -> Result<(), String> {
+    (o.meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("argocd-pull.io/project-set"))
+        .map(String::as_str)
+        == Some("true"))
+    .then_some(())
+    .ok_or_else(|| "not kept by the agent".to_string())
+}
+
+#[tokio::test]
+async fn over_grpc_the_project_and_its_credentials_reach_only_the_clusters_of_its_applications() {
+    use k8s_openapi::api::core::v1::Secret;
+    let mut env = grpc_env::Env::new(&["cluster1", "cluster2"]).await;
+    env.hub.ensure_namespace(ARGOCD).await.unwrap();
+    repo_secret(&env.hub_client, "team-repo", Some("team"), "s3cret").await;
+    repo_secret(&env.hub_client, "global-repo", None, "global").await;
+    repo_secret(&env.hub_client, "other-repo", Some("other"), "other").await;
+    project(
+        &env.hub_client,
+        "team",
+        json!({ "sourceNamespaces": [env.team], "sourceRepos": ["*"],
+                "destinations": [{ "name": "cluster1", "namespace": "team-*" }] }),
+    )
+    .await;
+    env.start_hub(&["--project-credentials"]).await;
+    env.start_agent(0, Mode::Managed);
+    env.start_agent(1, Mode::Managed);
+    env.wait_connected().await;
+    let apps = env.hub_apps();
+    let mut alpha = env.app("alpha", 0, json!({}));
+    alpha.data["spec"]["project"] = json!("team");
+    alpha.data["spec"]["destination"]["namespace"] = json!("team-web");
+    apps.create(&PostParams::default(), &alpha).await.unwrap();
+    // cluster2 gets an Application of `default`: its project there is the
+    // sign that cluster2's set was decided.
+    apps.create(&PostParams::default(), &env.app("beta", 1, json!({})))
+        .await
+        .unwrap();
+
+    let projects = |i: usize| -> Api<DynamicObject> {
+        Api::namespaced_with(
+            env.spokes[i].client.clone(),
+            grpc_env::SPOKE_NS,
+            &appproject_resource(),
+        )
+    };
+    let secrets = |i: usize| -> Api<Secret> {
+        Api::namespaced(env.spokes[i].client.clone(), grpc_env::SPOKE_NS)
+    };
+    let team = on_spoke(
+        &projects(0),
+        "team",
+        "project team on cluster1",
+        kept_by_agent,
+    )
+    .await;
+    // Rewritten to the cluster's own view of itself, as over ManifestWork.
+    assert_eq!(
+        team.data["spec"]["destinations"],
+        json!([{ "name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "team-*" }])
+    );
+    on_spoke(
+        &secrets(0),
+        "team-repo",
+        "team's credential on cluster1",
+        |s: &Secret| {
+            kept_by_agent(s)?;
+            let pw = s
+                .data
+                .as_ref()
+                .and_then(|d| d.get("password"))
+                .map(|b| b.0.clone());
+            (pw.as_deref() == Some(b"s3cret".as_slice()))
+                .then_some(())
+                .ok_or(format!("{pw:?}"))
+        },
+    )
+    .await;
+    on_spoke(
+        &projects(1),
+        "default",
+        "project default on cluster2",
+        kept_by_agent,
+    )
+    .await;
+    // Nothing of team on cluster2, and the unscoped and other project's
+    // credentials nowhere.
+    assert!(projects(1).get_opt("team").await.unwrap().is_none());
+    for i in [0, 1] {
+        for name in ["global-repo", "other-repo"] {
+            assert!(
+                secrets(i).get_opt(name).await.unwrap().is_none(),
+                "{name} on spoke {i}"
+            );
+        }
+    }
+    assert!(secrets(1).get_opt("team-repo").await.unwrap().is_none());
+
+    // A rotation follows within seconds ...
+    repo_secret(&env.hub_client, "team-repo", Some("team"), "rotated").await;
+    on_spoke(
+        &secrets(0),
+        "team-repo",
+        "the rotated password on cluster1",
+        |s: &Secret| {
+            let pw = s
+                .data
+                .as_ref()
+                .and_then(|d| d.get("password"))
+                .map(|b| b.0.clone());
+            (pw.as_deref() == Some(b"rotated".as_slice()))
+                .then_some(())
+                .ok_or(format!("{pw:?}"))
+        },
+    )
+    .await;
+    // ... and so does the last Application of the project leaving: its
+    // credential goes, its project stays (as over ManifestWork).
+    apps.delete("alpha", &Default::default()).await.unwrap();
+    wait::gone(&secrets(0), "team-repo", TIMEOUT).await;
+    assert!(projects(0).get_opt("team").await.unwrap().is_some());
+}

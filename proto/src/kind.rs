@@ -16,6 +16,7 @@ impl AgentMessage {
             Some(Kind::Digest(_)) => "digest",
             Some(Kind::ResyncRequest(_)) => "resync_request",
             Some(Kind::Heartbeat(_)) => "heartbeat",
+            Some(Kind::ProjectSetAck(_)) => "project_set_ack",
         }
     }
 }
@@ -33,6 +34,7 @@ impl HubMessage {
             Some(Kind::Digest(_)) => "digest",
             Some(Kind::ResyncRequest(_)) => "resync_request",
             Some(Kind::Heartbeat(_)) => "heartbeat",
+            Some(Kind::ProjectSet(_)) => "project_set",
         }
     }
 }

@@ -98,8 +98,33 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
             .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
         Some(Kind::ResyncRequest(r)) => resync_request(r),
         Some(Kind::Heartbeat(_)) => Ok(()),
+        Some(Kind::ProjectSetAck(a)) => {
+            const W: &str = "ProjectSetAck";
+            if a.version.len() > MAX_VERSION_LEN {
+                return Err(malformed(
+                    W,
+                    format!("version over {MAX_VERSION_LEN} characters"),
+                ));
+            }
+            if a.message.len() > MAX_ACK_MESSAGE_LEN {
+                return Err(malformed(
+                    W,
+                    format!("message over {MAX_ACK_MESSAGE_LEN} bytes"),
+                ));
+            }
+            match outcome(W, a.outcome)? {
+                AckOutcome::Duplicate => Err(malformed(W, "DUPLICATE is for operations only")),
+                _ => Ok(()),
+            }
+        }
     }
 }
+
+/// The longest message of a ProjectSetAck accepted from an agent.
+pub const MAX_ACK_MESSAGE_LEN: usize = 4096;
+
+/// At most this many objects in one ProjectSet.
+pub const MAX_PROJECT_SET_OBJECTS: usize = 4096;
 
 /// The longest digest entry version accepted from an agent (the hub's
 /// are `<uid>.<sha256 hex>`, about 100 characters).
@@ -215,6 +240,22 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
             .map(drop)
             .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
         Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
+        Some(Kind::ProjectSet(p)) => {
+            const W: &str = "ProjectSet";
+            if p.version.is_empty() || p.version.len() > MAX_VERSION_LEN {
+                return Err(malformed(
+                    W,
+                    format!("version empty or over {MAX_VERSION_LEN} characters"),
+                ));
+            }
+            if p.objects_json.len() > MAX_PROJECT_SET_OBJECTS {
+                return Err(malformed(
+                    W,
+                    format!("over {MAX_PROJECT_SET_OBJECTS} objects"),
+                ));
+            }
+            Ok(())
+        }
     }
 }
 

@@ -30,8 +30,17 @@ pub const CAPABILITY_TERMINATE_OPERATION: &str = "terminate-operation";
 /// `OperationRequest.hub_uid` matches, and reports `ObservedApplication.hub_uid`.
 pub const CAPABILITY_OWNER_CHECK: &str = "owner-check";
 
+/// Managed mode: the hub sends the AppProjects and project-scoped
+/// credentials the cluster's Applications use (`ProjectSet`), the agent
+/// keeps them on its cluster and answers with `ProjectSetAck`.
+pub const CAPABILITY_PROJECTS: &str = "projects";
+
 /// Every capability this release implements, offered by default.
-pub const CAPABILITIES: &[&str] = &[CAPABILITY_TERMINATE_OPERATION, CAPABILITY_OWNER_CHECK];
+pub const CAPABILITIES: &[&str] = &[
+    CAPABILITY_TERMINATE_OPERATION,
+    CAPABILITY_OWNER_CHECK,
+    CAPABILITY_PROJECTS,
+];
 
 /// At most this many capabilities in one Hello.
 pub const MAX_CAPABILITIES: usize = 64;

@@ -12,6 +12,7 @@
 pub mod apply;
 pub mod backoff;
 pub mod metrics;
+pub mod projects;
 pub mod session;
 pub mod state;
 pub mod tls;
@@ -229,7 +230,7 @@ pub async fn run_agent(
     let state = Arc::new(state::AgentState::default());
     let queue = WorkQueue::new();
     let worker = Arc::new(worker::Worker {
-        client,
+        client: client.clone(),
         state: state.clone(),
         store: store.clone(),
         mode: config.mode,
@@ -268,10 +269,16 @@ pub async fn run_agent(
     });
     tasks.spawn(worker.clone().run(config.workers));
     let _ = store.wait_until_ready().await;
+    let projects = (config.mode == Mode::Managed).then(|| {
+        let p = projects::Projects::new(client.clone(), &config.argocd_namespace, state.clone());
+        tasks.spawn(p.clone().run(shutdown.clone()));
+        p
+    });
     let connection = Arc::new(session::Connection {
         config,
         worker,
         readiness,
+        projects,
     });
     tasks.spawn(connection.run(shutdown.clone()));
     shutdown.wait().await;

@@ -59,6 +59,8 @@ pub struct Connection {
     pub config: AgentConfig,
     pub worker: Arc<Worker>,
     pub readiness: Readiness,
+    /// Managed mode: the AppProjects and credentials the hub sends.
+    pub projects: Option<Arc<crate::projects::Projects>>,
 }
 
 impl Connection {
@@ -150,6 +152,9 @@ impl Connection {
             subject = %loaded.subject, "connected to the hub");
         // Compare right away: whatever a broken stream lost is repaired now.
         self.state().control(self.observed_digest());
+        if let Some(p) = &self.projects {
+            p.reconnected();
+        }
         // Aborted if this future is dropped half-way (the agent shutting
         // down, or its caller giving up): the send loop must not live on,
         // keeping the stream open and the hub believing we are connected.
@@ -223,6 +228,12 @@ impl Connection {
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
             Kind::Heartbeat(_) => {}
+            Kind::ProjectSet(p) => match &self.projects {
+                Some(projects) => projects.set(&p),
+                None => tracing::warn!(
+                    "the hub sent AppProjects, which an agent in autonomous mode does not keep"
+                ),
+            },
             Kind::Upsert(u) => {
                 let key = u.key.clone().expect("validated");
                 let refusal = if !managed {

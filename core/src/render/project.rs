@@ -82,6 +82,25 @@ pub fn scoped_project(secret: &Secret) -> Option<String> {
     from_data.or(from_string).filter(|p| !p.is_empty())
 }
 
+/// The project-scoped credentials among `secrets`, as a cluster gets them
+/// in `namespace` ([`delivered_secret`]), by project; unscoped ones and
+/// other Secrets are left out.
+pub fn credentials_by_project<'a>(
+    secrets: impl IntoIterator<Item = &'a Secret>,
+    namespace: &str,
+) -> BTreeMap<String, Vec<Value>> {
+    let mut by_project: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for s in secrets {
+        if let Some(p) = scoped_project(s) {
+            by_project
+                .entry(p)
+                .or_default()
+                .push(delivered_secret(s, namespace));
+        }
+    }
+    by_project
+}
+
 /// The AppProject as cluster `cluster`'s Argo CD gets it, in `namespace`.
 pub fn delivered_project(project: &AppProject, cluster: &str, namespace: &str) -> Value {
     let name = project.metadata.name.clone().unwrap_or_default();

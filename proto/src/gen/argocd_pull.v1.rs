@@ -5,7 +5,7 @@
 /// Everything an agent sends on the stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub kind: ::core::option::Option<agent_message::Kind>,
 }
 /// Nested message and enum types in `AgentMessage`.
@@ -32,12 +32,15 @@ pub mod agent_message {
         ResyncRequest(super::ResyncRequest),
         #[prost(message, tag = "7")]
         Heartbeat(super::Heartbeat),
+        /// Capability `projects`: answers one ProjectSet.
+        #[prost(message, tag = "8")]
+        ProjectSetAck(super::ProjectSetAck),
     }
 }
 /// Everything the hub sends on the stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -67,6 +70,10 @@ pub mod hub_message {
         ResyncRequest(super::ResyncRequest),
         #[prost(message, tag = "8")]
         Heartbeat(super::Heartbeat),
+        /// Capability `projects`, managed mode: the AppProjects and credentials
+        /// the cluster's Applications use, whole.
+        #[prost(message, tag = "9")]
+        ProjectSet(super::ProjectSet),
     }
 }
 /// The agent's opening message.
@@ -383,6 +390,43 @@ pub struct ResyncRequest {
     /// The replica's entries in those buckets.
     #[prost(message, repeated, tag = "3")]
     pub entries: ::prost::alloc::vec::Vec<DigestEntry>,
+}
+/// Hub -> agent: every AppProject the Applications the hub delivers to this
+/// cluster use, and every project-scoped repository credential (`repository`
+/// and `repo-creds` Secrets with `project` set) of those projects, whole:
+/// what is not listed is not wanted. The hub sends one after the Welcome and
+/// again whenever it changes, and repeats the latest at each digest interval
+/// until the agent acknowledges its version.
+///
+/// The agent applies each object in its Argo CD namespace, owned by the agent
+/// (an edit on the cluster is reverted), deletes the credentials it applied
+/// before that are no longer listed, and leaves a project no longer listed on
+/// the cluster (an Application still being deleted may need it, as over the
+/// ManifestWork transport). It refuses an object that is neither an
+/// AppProject nor a credential Secret, and a Secret of that name it did not
+/// create.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ProjectSet {
+    /// Opaque content version (a hash of the objects); acknowledged by
+    /// ProjectSetAck.
+    #[prost(string, tag = "1")]
+    pub version: ::prost::alloc::string::String,
+    /// The AppProject and Secret objects, as JSON.
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    pub objects_json: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+}
+/// Agent -> hub: the outcome of applying the ProjectSet of `version`.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ProjectSetAck {
+    #[prost(string, tag = "1")]
+    pub version: ::prost::alloc::string::String,
+    /// APPLIED when every object was applied; REJECTED when some were refused
+    /// (`message` says which and why; the rest was applied); RETRY when the
+    /// cluster's API server failed (the agent tries again by itself).
+    #[prost(enumeration = "AckOutcome", tag = "2")]
+    pub outcome: i32,
+    #[prost(string, tag = "3")]
+    pub message: ::prost::alloc::string::String,
 }
 /// How the Applications of a managed cluster are owned. See "Modes" at the
 /// top of transport.proto.

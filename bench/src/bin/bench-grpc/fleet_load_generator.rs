@@ -34,8 +34,8 @@ use argocd_pull_proto::digest::{Entries, Repair, SetDigest, repairs_for, resync_
 use argocd_pull_proto::limits;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, ApplicationUpsert, DigestSet, Heartbeat, HubMessage,
-    ObjectAck, ObjectKey, ObservedApplication, OperationAck, agent_message, hub_message,
-    status_report,
+    ObjectAck, ObjectKey, ObservedApplication, OperationAck, ProjectSetAck, agent_message,
+    hub_message, status_report,
 };
 use argocd_pull_proto::{content, validate};
 use argocd_pull_spoke_agent::apply;
@@ -418,6 +418,14 @@ impl SimulatedAgent {
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
             Kind::Heartbeat(_) => {}
+            // Kept as an agent keeps them, in memory: nothing to check.
+            Kind::ProjectSet(p) => self.state.control(AgentMessage {
+                kind: Some(agent_message::Kind::ProjectSetAck(ProjectSetAck {
+                    version: p.version,
+                    outcome: AckOutcome::Applied as i32,
+                    message: String::new(),
+                })),
+            }),
             Kind::Upsert(u) => {
                 let key = u.key.clone().expect("validated");
                 let seq = u.seq;

@@ -13,7 +13,7 @@
 //! last one, unless something else changed (a project, a Placement), which
 //! can change any decision.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +26,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use super::{Context, WORK_MANAGER};
 use crate::hub::caches::Lookup;
 use crate::render::project::{
-    PROJECT_LABEL, PROJECT_SPEC_HASH, delivered_project, delivered_secret, project_work,
-    scoped_project,
+    PROJECT_LABEL, PROJECT_SPEC_HASH, credentials_by_project, delivered_project, project_work,
 };
 use crate::render::work::work_name;
 use crate::route::decide::{Facts, Route, decide};
@@ -188,15 +187,8 @@ async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
         .filter_map(|(_, d)| d.as_ref())
         .collect();
     // The credentials of each project.
-    let mut credentials: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
-    for s in ctx.caches.credentials.state() {
-        if let Some(p) = scoped_project(&s) {
-            credentials
-                .entry(p)
-                .or_default()
-                .push(delivered_secret(&s, DEFAULT_APP_NAMESPACE));
-        }
-    }
+    let secrets = ctx.caches.credentials.state();
+    let credentials = credentials_by_project(secrets.iter().map(|s| &**s), DEFAULT_APP_NAMESPACE);
     let mut keep: BTreeSet<(String, String)> = BTreeSet::new();
     // One cluster's failure (a namespace being deleted, say) holds up no
     // other: each work is tried, the first error returned at the end.

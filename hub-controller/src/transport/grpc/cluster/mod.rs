@@ -191,6 +191,9 @@ pub struct Inner {
     /// hub wants): at most [`MAX_REPAIR_REMOVALS`] at a time, dropped when
     /// the session ends (the next session's digest finds them again).
     removals: HashSet<ObjectKey>,
+    /// Capability `projects`: the version of the last ProjectSet the agent
+    /// answered, with its answer.
+    pub projects_acked: Option<(String, AckOutcome)>,
 }
 
 /// Deletes and releases of keys the hub does not know that one agent's

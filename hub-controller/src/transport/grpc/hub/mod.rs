@@ -24,6 +24,7 @@ mod claimed;
 mod fleet;
 mod index;
 mod mirror;
+mod projects;
 mod workers;
 
 pub use index::{Decision, Index};
@@ -67,6 +68,9 @@ pub struct Hub {
     on_switch: std::sync::OnceLock<OnSwitch>,
     /// With several replicas: which one writes for a cluster.
     claims: std::sync::OnceLock<Arc<super::claims::Claims>>,
+    /// Counts the changes of AppProjects and credential Secrets, for the
+    /// sessions that keep them on their clusters ([`Hub::project_set`]).
+    projects_epoch: watch::Sender<u64>,
 }
 
 /// What [`Hub::on_transport_switch`] calls.
@@ -99,6 +103,7 @@ impl Hub {
                 next_session: AtomicU64::new(1),
                 claims: std::sync::OnceLock::new(),
                 on_switch: std::sync::OnceLock::new(),
+                projects_epoch: watch::channel(0).0,
             }
         })
     }
@@ -237,11 +242,18 @@ impl Hub {
             Event::Project(E::Apply(p) | E::InitApply(p) | E::Delete(p)) => {
                 let name = p.name_any();
                 self.reassign_where(|app| caches::uses_project(app, &name));
+                self.project_or_credential_changed();
+            }
+            Event::Credential(E::Apply(_) | E::Delete(_) | E::InitDone) => {
+                self.project_or_credential_changed()
             }
             // A list again after the watch was down: anything may have changed.
             Event::Addon(E::InitDone)
             | Event::Decision(E::InitDone)
-            | Event::Project(E::InitDone) => self.reassign_all(),
+            | Event::Project(E::InitDone) => {
+                self.reassign_all();
+                self.project_or_credential_changed();
+            }
             _ => {}
         }
     }

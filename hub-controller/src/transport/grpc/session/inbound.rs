@@ -28,6 +28,13 @@ pub(super) fn handle(
     match m.kind.expect("validated") {
         Kind::Hello(_) => unreachable!("validated"),
         Kind::Heartbeat(_) => {}
+        Kind::ProjectSetAck(ack) => {
+            let outcome = AckOutcome::try_from(ack.outcome).unwrap_or(AckOutcome::Retry);
+            if outcome != AckOutcome::Applied {
+                tracing::warn!(cluster = %cs.name, version = %ack.version, ?outcome, message = %ack.message, "the agent did not apply every AppProject or credential");
+            }
+            cs.lock().projects_acked = Some((ack.version, outcome));
+        }
         Kind::Status(report) => {
             let key = report.key.clone().expect("validated");
             let seq = report.seq;

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use argocd_pull_proto::limits::MAX_MESSAGE_BYTES;
 use argocd_pull_proto::v1::{
-    AgentMessage, AgentMode, Heartbeat, HubMessage, Welcome, agent_message, hub_message,
+    AckOutcome, AgentMessage, AgentMode, Heartbeat, HubMessage, Welcome, agent_message, hub_message,
 };
 use argocd_pull_proto::{validate, version};
 use tokio::sync::{mpsc, watch};
@@ -185,12 +185,16 @@ pub async fn run(
         cs.send_digest();
     }
 
+    let projects = (negotiated.mode == AgentMode::Managed
+        && negotiated.has(version::CAPABILITY_PROJECTS))
+    .then(|| Projects::new(hub.projects_changed()));
     let sender = tokio::spawn(send_loop(
         hub.clone(),
         cs.clone(),
         id,
         negotiated.mode,
         out.clone(),
+        projects,
     ));
     let end = receive_loop(
         &hub,
@@ -304,6 +308,7 @@ async fn send_loop(
     id: u64,
     mode: AgentMode,
     out: super::session::Out,
+    mut projects: Option<Projects>,
 ) {
     let heartbeat = hub.config.heartbeat;
     let mut digest = tokio::time::interval(hub.config.digest_interval);
@@ -315,7 +320,26 @@ async fn send_loop(
         tokio::pin!(notified);
         notified.as_mut().enable();
         let batch = cs.next_messages(id, BATCH);
+        if let Some(p) = projects.as_mut() {
+            // An upsert or delete may change which projects are used.
+            if batch.iter().any(|m| {
+                matches!(
+                    m.kind,
+                    Some(hub_message::Kind::Upsert(_) | hub_message::Kind::Delete(_))
+                )
+            }) {
+                p.due = true;
+            }
+        }
         if batch.is_empty() {
+            if let Some(m) = projects.as_mut().and_then(|p| p.message(&hub, &cs)) {
+                hub.metrics.message(&cs.name, "out", m.kind_name());
+                if out.send(Box::new(Ok(m))).await.is_err() {
+                    return;
+                }
+                last_sent = tokio::time::Instant::now();
+                continue;
+            }
             let (lag, pending) = cs.lag();
             hub.metrics.lag.get_or_create(&label).set(lag);
             hub.metrics
@@ -327,6 +351,14 @@ async fn send_loop(
                 _ = digest.tick() => {
                     if mode == AgentMode::Managed {
                         cs.send_digest();
+                    }
+                    if let Some(p) = projects.as_mut() {
+                        p.resend_unless_acked(&cs);
+                    }
+                }
+                _ = async { projects.as_mut().expect("guarded").changed.changed().await }, if projects.is_some() => {
+                    if let Some(p) = projects.as_mut() {
+                        p.due = true;
                     }
                 }
                 _ = tokio::time::sleep_until(last_sent + heartbeat) => {
@@ -350,6 +382,64 @@ async fn send_loop(
             }
         }
         last_sent = tokio::time::Instant::now();
+    }
+}
+
+/// Capability `projects`: what the sender knows of the cluster's
+/// ProjectSet ([`Hub::project_set`]).
+struct Projects {
+    /// Ticks with every change of an AppProject or credential.
+    changed: watch::Receiver<u64>,
+    /// The set may have changed since it was last built.
+    due: bool,
+    /// The version last sent on this stream.
+    sent: Option<String>,
+}
+
+impl Projects {
+    fn new(changed: watch::Receiver<u64>) -> Self {
+        Self {
+            changed,
+            due: true,
+            sent: None,
+        }
+    }
+
+    /// The ProjectSet to send, when it is due and differs from the last.
+    fn message(&mut self, hub: &Hub, cs: &ClusterState) -> Option<HubMessage> {
+        if !std::mem::take(&mut self.due) {
+            return None;
+        }
+        let set = match hub.project_set(cs) {
+            Ok(set) => set,
+            Err(why) => {
+                tracing::warn!(cluster = %cs.name, %why, "AppProjects not sent; the agent keeps the ones it has");
+                return None;
+            }
+        };
+        if self.sent.as_deref() == Some(set.version.as_str()) {
+            return None;
+        }
+        tracing::debug!(cluster = %cs.name, version = %set.version, objects = set.objects_json.len(), "sending the cluster's AppProjects");
+        self.sent = Some(set.version.clone());
+        Some(HubMessage {
+            kind: Some(hub_message::Kind::ProjectSet(set)),
+        })
+    }
+
+    /// At a digest interval: the last set again, unless the agent applied
+    /// it (an answer lost with a broken stream, or the cluster's API
+    /// server failing).
+    fn resend_unless_acked(&mut self, cs: &ClusterState) {
+        let acked = cs.lock().projects_acked.clone();
+        let applied = matches!(
+            (&acked, &self.sent),
+            (Some((v, AckOutcome::Applied | AckOutcome::Rejected)), Some(s)) if v == s
+        );
+        if !applied {
+            self.sent = None;
+            self.due = true;
+        }
     }
 }
 
