@@ -331,6 +331,7 @@ fn the_status_merge_never_panics_and_yields_an_object() {
             phase: maybe(&mut r),
             started_at: maybe(&mut r),
             conditions: r.chance(3).then(|| r.json(2)),
+            resources: r.chance(3).then(|| r.json(2)),
             operation_message: maybe(&mut r),
             health_message: maybe(&mut r),
         };

@@ -206,6 +206,12 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
     // The spoke's Argo CD runs the operation: it clears `.operation` and
     // reports the result, with the same write.
     let started_at = "2026-11-21T10:00:00Z";
+    let resources = json!([
+        { "version": "v1", "kind": "Service", "namespace": "guestbook", "name": "guestbook-ui",
+          "status": "Synced", "health": { "status": "Healthy" } },
+        { "group": "apps", "version": "v1", "kind": "Deployment", "namespace": "guestbook",
+          "name": "guestbook-ui", "status": "Synced", "health": { "status": "Progressing" } },
+    ]);
     let status = json!({
         "health": { "status": "Healthy", "message": "all pods ready" },
         "sync": { "status": "Synced", "revision": "abc123" },
@@ -215,7 +221,9 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
             "operation": { "sync": { "revision": "HEAD" } }
         },
         "conditions": [{ "type": "SyncError", "message": "one warning",
-                         "lastTransitionTime": "2026-11-21T10:00:05Z" }]
+                         "lastTransitionTime": "2026-11-21T10:00:05Z" }],
+        // What the hub's Argo CD UI draws its tree from.
+        "resources": resources.clone(),
     });
     let operation_cleared = spoke
         .patch(
@@ -238,7 +246,8 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
             let s = a.data.get("status").cloned().unwrap_or_default();
             let complete = s.pointer("/health/status") == Some(&json!("Healthy"))
                 && (extra != Extra::MessagesAndConditions
-                    || s.get("conditions").is_some_and(|c| c != &json!([])));
+                    || (s.get("conditions").is_some_and(|c| c != &json!([]))
+                        && s.get("resources").is_some()));
             if complete {
                 Ok(s)
             } else {
@@ -289,6 +298,15 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
         .as_array()
         .cloned()
         .unwrap_or_default();
+    // The managed resources, for the hub UI's tree, with the gate only.
+    if extra == Extra::MessagesAndConditions {
+        assert_eq!(hub_status["resources"], resources, "{name}: {hub_status}");
+    } else {
+        assert!(
+            hub_status.get("resources").is_none(),
+            "{name}: resources without the gate: {hub_status}"
+        );
+    }
     if extra == Extra::MessagesAndConditions {
         assert_eq!(conditions.len(), 1, "{name}: {hub_status}");
         assert_eq!(conditions[0]["type"], "SyncError", "{name}: {hub_status}");

@@ -51,13 +51,15 @@ pub const FEEDBACK_SCALARS: [(&str, &str); 5] = [
     ("syncRevision", ".status.sync.revision"),
 ];
 /// Richer feedback, opt-in. The messages are strings and come back from any
-/// work agent; the conditions are a list, returned as JsonRaw only by work
-/// agents with the `RawFeedbackJsonString` feature gate, and only up to 1024
-/// characters (the work agent's `--max-json-raw-length`).
-pub const FEEDBACK_RAW: [(&str, &str); 3] = [
+/// work agent; the conditions and the managed resources (what the hub's
+/// Argo CD UI draws its tree from) are lists, returned as JsonRaw only by
+/// work agents with the `RawFeedbackJsonString` feature gate, and only up
+/// to 1024 characters each (the work agent's `--max-json-raw-length`).
+pub const FEEDBACK_RAW: [(&str, &str); 4] = [
     ("conditions", ".status.conditions"),
     ("operationStateMessage", ".status.operationState.message"),
     ("healthMessage", ".status.health.message"),
+    ("resources", ".status.resources"),
 ];
 
 #[derive(Clone, Debug)]

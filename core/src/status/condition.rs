@@ -61,7 +61,13 @@ impl std::fmt::Display for Reason {
 }
 
 /// The fields argocd-pull writes into a hub copy's status.
-pub const OWNED: [&str; 4] = ["health", "sync", "operationState", "conditions"];
+pub const OWNED: [&str; 5] = [
+    "health",
+    "sync",
+    "operationState",
+    "conditions",
+    "resources",
+];
 
 /// What argocd-pull last wrote, taken from a current status: kept as it is
 /// when there is nothing new to write (a refusal keeps the spoke's last

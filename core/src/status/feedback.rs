@@ -16,6 +16,8 @@ pub struct Feedback {
     pub started_at: Option<String>,
     /// Only with the work agent's `RawFeedbackJsonString` feature gate.
     pub conditions: Option<Value>,
+    /// The managed resources (`status.resources`), as for `conditions`.
+    pub resources: Option<Value>,
     pub operation_message: Option<String>,
     pub health_message: Option<String>,
 }
@@ -61,17 +63,20 @@ pub fn feedback(work: &ManifestWork, namespace: &str, name: &str) -> Option<Feed
             "operationStateStartedAt" => fb.started_at = text(),
             "operationStateMessage" => fb.operation_message = text(),
             "healthMessage" => fb.health_message = text(),
-            "conditions" => {
-                fb.conditions = v
-                    .field_value
-                    .json_raw
-                    .as_deref()
-                    .and_then(|raw| serde_json::from_str(raw).ok())
-            }
+            "conditions" => fb.conditions = json_list(&v.field_value),
+            "resources" => fb.resources = json_list(&v.field_value),
             _ => {}
         }
     }
     Some(fb)
+}
+
+/// A JsonRaw list, when it is one.
+fn json_list(v: &FieldValue) -> Option<Value> {
+    v.json_raw
+        .as_deref()
+        .and_then(|raw| serde_json::from_str(raw).ok())
+        .filter(Value::is_array)
 }
 
 fn scalar(v: &FieldValue) -> Option<String> {
@@ -129,8 +134,10 @@ fn feedback_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option<
          started with --feature-gates=RawFeedbackJsonString=true: enable it there, or \
          start the hub-controller without --raw-feedback"
     } else if c.message.contains("larger than the maximum length") {
-        "; the work agent returns at most 1,024 characters per field, so that field \
-         is missing on the hub copy; the rest of the status still comes back"
+        "; the work agent returns at most 1,024 characters per field (its \
+         --max-json-raw-length), so that field is missing on the hub copy (for \
+         resources: the hub's Argo CD UI shows no tree rather than part of one); \
+         the rest of the status still comes back"
     } else {
         ""
     };
@@ -193,6 +200,9 @@ pub fn status_update(hub_status: &Value, fb: &Feedback) -> Value {
     if let Some(c) = &fb.conditions {
         status.insert("conditions".into(), c.clone());
     }
+    if let Some(r) = &fb.resources {
+        status.insert("resources".into(), r.clone());
+    }
     let mut status = Value::Object(status);
     crate::status::progress::show_progressing_first(hub_status, &mut status);
     status
@@ -252,7 +262,9 @@ mod tests {
                 { "name": "healthStatus", "fieldValue": { "type": "JsonRaw", "jsonRaw": "\"Degraded\"" } },
                 { "name": "conditions", "fieldValue": { "type": "JsonRaw",
                   "jsonRaw": "[{\"type\":\"SyncError\",\"message\":\"boom\"}]" } },
-                { "name": "operationStateMessage", "fieldValue": { "type": "String", "string": "failed" } }
+                { "name": "operationStateMessage", "fieldValue": { "type": "String", "string": "failed" } },
+                { "name": "resources", "fieldValue": { "type": "JsonRaw",
+                  "jsonRaw": "[{\"kind\":\"Service\",\"name\":\"ui\",\"status\":\"Synced\"}]" } }
             ] } }]),
         );
         let fb = feedback(&w, "argocd", "a").unwrap();
@@ -262,6 +274,28 @@ mod tests {
             Some(json!([{ "type": "SyncError", "message": "boom" }]))
         );
         assert_eq!(fb.operation_message.as_deref(), Some("failed"));
+        let resources = json!([{ "kind": "Service", "name": "ui", "status": "Synced" }]);
+        assert_eq!(fb.resources, Some(resources.clone()));
+        // The hub's Argo CD UI draws its tree from them.
+        assert_eq!(status_update(&json!({}), &fb)["resources"], resources);
+    }
+
+    #[test]
+    fn a_raw_value_that_is_not_a_list_is_ignored() {
+        let w = work(
+            json!([{ "conditions": [], "resourceMeta": meta("argocd", "a", 0),
+            "statusFeedback": { "values": [
+                { "name": "resources", "fieldValue": { "type": "JsonRaw", "jsonRaw": "{\"kind\":\"x\"}" } },
+                { "name": "conditions", "fieldValue": { "type": "JsonRaw", "jsonRaw": "[not json" } }
+            ] } }]),
+        );
+        let fb = feedback(&w, "argocd", "a").unwrap();
+        assert_eq!((fb.resources, fb.conditions), (None, None));
+        assert!(
+            status_update(&json!({}), &Feedback::default())
+                .get("resources")
+                .is_none()
+        );
     }
 
     #[test]
