@@ -16,6 +16,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    argocd_pull_runtime::telemetry::init(&args.log)?;
+    let _telemetry = argocd_pull_runtime::telemetry::init(&args.log, "hub-controller")?;
     run(args).await
 }

@@ -297,6 +297,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
             state: Some(status_report::State::Gone(Gone {
                 uid: spoke_uids[1].clone(),
             })),
+            trace_parent: String::new(),
         })),
     })
     .await

@@ -88,6 +88,7 @@ mod tests {
                     status_json: format!("{{\"health\":\"{}\"}}", "x".repeat(1500)).into_bytes(),
                     ..Default::default()
                 })),
+                trace_parent: String::new(),
             })),
         }
     }

@@ -157,6 +157,7 @@ mod tests {
                     last_operation_id: "o".repeat(128),
                     hub_uid: "u".repeat(36),
                 })),
+                trace_parent: String::new(),
             })),
         };
         assert_eq!(check_message(report.encoded_len()), Ok(()));

@@ -398,6 +398,7 @@ mod tests {
             seq: 1,
             meta: meta(),
             application_json: b"{}".to_vec(),
+            trace_parent: String::new(),
         }
     }
 
@@ -417,6 +418,7 @@ mod tests {
             key: k(),
             seq: 1,
             state: Some(status_report::State::Gone(Gone::default())),
+            trace_parent: String::new(),
         };
         let ack = ObjectAck {
             key: k(),

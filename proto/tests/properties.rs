@@ -83,6 +83,7 @@ fn hub_message(r: &mut Rng) -> HubMessage {
             seq: r.seq(),
             meta: meta(r),
             application_json: r.bytes(64),
+            trace_parent: r.text(55),
         })),
         1 => Some(Kind::Delete(ApplicationDelete {
             key: r.key(),
@@ -157,6 +158,7 @@ fn agent_message(r: &mut Rng) -> AgentMessage {
                     },
                 })),
             },
+            trace_parent: r.text(55),
         })),
         1 => Some(Kind::ObjectAck(ObjectAck {
             key: r.key(),

@@ -15,6 +15,12 @@ pub struct LogArgs {
     /// Log format: `plain` for people, `json` for log pipelines.
     #[arg(long = "log-format", env = "ARGOCD_PULL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub format: LogFormat,
+    /// Export OpenTelemetry traces to this OTLP/gRPC endpoint (for example
+    /// `http://otel-collector.observability:4317`): a trace per delivery
+    /// and per status report, across the hub and the agents. Off when
+    /// unset, empty or `none`.
+    #[arg(long = "otlp-endpoint", env = "ARGOCD_PULL_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -8,6 +8,6 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    argocd_pull_runtime::telemetry::init(&args.log)?;
+    let _telemetry = argocd_pull_runtime::telemetry::init(&args.log, "spoke-agent")?;
     run(args).await
 }

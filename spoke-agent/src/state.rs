@@ -4,6 +4,7 @@
 //! status reports. No I/O: the session and the workers move things in and
 //! out.
 
+use argocd_pull_runtime::telemetry::{self, SpanName};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -49,6 +50,11 @@ pub struct Inner {
     control: VecDeque<AgentMessage>,
     session: Option<u64>,
     in_flight: HashMap<ObjectKey, (u64, Instant)>,
+    /// With `--otlp-endpoint`: the trace (W3C `traceparent`) of the last
+    /// apply of a key, which its reports continue for [`TRACE_REPORTS`]
+    /// after it (the cluster's Argo CD syncs what was applied, and the
+    /// statuses it writes meanwhile belong to that delivery).
+    traces: HashMap<ObjectKey, (String, Instant)>,
 }
 
 impl Inner {
@@ -64,7 +70,30 @@ pub struct AgentState {
     pub wake: Notify,
 }
 
+/// How long after an apply the reports of its key continue its trace.
+pub const TRACE_REPORTS: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The `traceparent` of a report's own trace (empty unless traces are
+/// exported).
+fn report_trace(key: &ObjectKey) -> String {
+    if !telemetry::enabled() {
+        return String::new();
+    }
+    let span = telemetry::span(SpanName::Report, None, "", &key.namespace, &key.name);
+    telemetry::traceparent(&span)
+}
+
 impl AgentState {
+    /// The reports of `key` continue the trace `traceparent` (empty: none)
+    /// for [`TRACE_REPORTS`].
+    pub fn trace_report(&self, key: &ObjectKey, traceparent: String) {
+        if !traceparent.is_empty() {
+            self.lock()
+                .traces
+                .insert(key.clone(), (traceparent, Instant::now()));
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner
             .lock()
@@ -93,7 +122,9 @@ impl AgentState {
     }
 
     pub fn forget(&self, key: &ObjectKey) {
-        self.lock().remembered.remove(key);
+        let mut inner = self.lock();
+        inner.remembered.remove(key);
+        inner.traces.remove(key);
     }
 
     pub fn add_op(&self, key: ObjectKey, op: OperationRequest) {
@@ -227,11 +258,21 @@ impl AgentState {
                 Report::Observed(o) => status_report::State::Observed(o.as_ref().clone()),
                 Report::Gone { uid } => status_report::State::Gone(Gone { uid }),
             };
+            // The trace of the apply it follows, or one of its own.
+            let trace_parent = match inner.traces.get(&m.key) {
+                Some((t, at)) if at.elapsed() < TRACE_REPORTS => t.clone(),
+                Some(_) => {
+                    inner.traces.remove(&m.key);
+                    report_trace(&m.key)
+                }
+                None => report_trace(&m.key),
+            };
             out.push(AgentMessage {
                 kind: Some(agent_message::Kind::Status(StatusReport {
                     key: Some(m.key),
                     seq: m.seq,
                     state: Some(state),
+                    trace_parent,
                 })),
             });
         }

@@ -4,8 +4,10 @@
 //! local edit, runs the commands, and queues a status report when what the
 //! hub should see has changed.
 
+use argocd_pull_runtime::telemetry::{self, SpanName};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
@@ -75,7 +77,23 @@ impl Worker {
         if let Some((seq, instruction)) = self.state.take_instruction(key) {
             let mut nothing_here = false;
             let (outcome, message) = match instruction {
-                Instruction::Upsert(u) => self.upsert(&api, key, u).await,
+                Instruction::Upsert(u) => {
+                    // The apply continues the hub's trace of the delivery,
+                    // and the key's reports carry it on. A repair the hub
+                    // sends again untraced is a trace of its own, and the
+                    // reports stay with the delivery's.
+                    let span =
+                        telemetry::span(SpanName::Apply, None, "", &key.namespace, &key.name);
+                    telemetry::continue_from(&span, &u.trace_parent);
+                    let trace = if u.trace_parent.is_empty() {
+                        String::new()
+                    } else {
+                        telemetry::traceparent(&span)
+                    };
+                    let outcome = self.upsert(&api, key, u).instrument(span).await;
+                    self.state.trace_report(key, trace);
+                    outcome
+                }
                 Instruction::Delete { hub_uid } => {
                     let (outcome, absent) = self.delete(&api, key, &hub_uid).await;
                     nothing_here = absent;

@@ -169,6 +169,7 @@ impl Agent {
                 ..Default::default()
             }),
             application_json: serde_json::to_vec(&application(name, path)).unwrap(),
+            trace_parent: String::new(),
         };
         self.instruct(name, Instruction::Upsert(Arc::new(u))).await
     }

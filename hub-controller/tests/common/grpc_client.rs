@@ -100,6 +100,7 @@ pub fn report(key: ObjectKey, seq: u64, status_json: Vec<u8>) -> AgentMessage {
                 status_json,
                 ..Default::default()
             })),
+            trace_parent: String::new(),
         })),
     }
 }
@@ -112,13 +113,18 @@ pub async fn any_next(inbound: &mut Streaming<HubMessage>) -> Result<HubMessage,
         .ok_or_else(|| Status::cancelled("closed"))
 }
 
-/// The next message that is not a digest or heartbeat, or the error.
+/// The next message that is not a digest, heartbeat or project set (what
+/// the hub sends on its own, not in answer), or the error.
 pub async fn next(inbound: &mut Streaming<HubMessage>) -> Result<HubMessage, Status> {
     loop {
         let m = any_next(inbound).await?;
         if !matches!(
             m.kind,
-            Some(hub_message::Kind::Digest(_) | hub_message::Kind::Heartbeat(_))
+            Some(
+                hub_message::Kind::Digest(_)
+                    | hub_message::Kind::Heartbeat(_)
+                    | hub_message::Kind::ProjectSet(_)
+            )
         ) {
             return Ok(m);
         }

@@ -169,6 +169,11 @@ pub struct ApplicationUpsert {
     /// managed cluster's namespace, without server-set metadata and status.
     #[prost(bytes = "vec", tag = "4")]
     pub application_json: ::prost::alloc::vec::Vec<u8>,
+    /// W3C trace context (`traceparent`) of the hub's span that sent this
+    /// delivery, when the hub traces; the agent's span applying it continues
+    /// that trace. Empty when not traced; an older agent ignores it.
+    #[prost(string, tag = "5")]
+    pub trace_parent: ::prost::alloc::string::String,
 }
 /// Managed mode, hub -> agent: delete the Application. The agent answers with
 /// an ObjectAck once the delete is requested, and later a StatusReport with
@@ -202,6 +207,12 @@ pub struct StatusReport {
     pub key: ::core::option::Option<ObjectKey>,
     #[prost(uint64, tag = "2")]
     pub seq: u64,
+    /// W3C trace context (`traceparent`) of the agent's span this report
+    /// follows (the apply of a delivery, or the report itself), when the
+    /// agent traces; the hub's status write continues that trace. Empty when
+    /// not traced; an older hub ignores it.
+    #[prost(string, tag = "5")]
+    pub trace_parent: ::prost::alloc::string::String,
     #[prost(oneof = "status_report::State", tags = "3, 4")]
     pub state: ::core::option::Option<status_report::State>,
 }

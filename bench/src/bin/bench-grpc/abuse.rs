@@ -248,6 +248,7 @@ async fn flood(
                         status_json: status.clone(),
                         ..Default::default()
                     })),
+                    trace_parent: String::new(),
                 })),
             };
             // Blocks once the hub stops reading (flow control); ends with the stream.

@@ -476,6 +476,7 @@ async fn throughput(
                     status_json: status,
                     ..Default::default()
                 })),
+                trace_parent: String::new(),
             })),
         }
     };

@@ -30,6 +30,7 @@ mod control;
 pub mod held;
 mod ops;
 mod sessions;
+mod traces;
 
 /// At most this many object messages in flight to one agent.
 pub const WINDOW: usize = 512;
@@ -194,6 +195,11 @@ pub struct Inner {
     /// Capability `projects`: the version of the last ProjectSet the agent
     /// answered, with its answer.
     pub projects_acked: Option<(String, AckOutcome)>,
+    /// With `--otlp-endpoint`: the trace of each delivery on its way.
+    traces: HashMap<ObjectKey, traces::Trace>,
+    /// With `--otlp-endpoint`: the trace each key's last report continues,
+    /// until its status is written.
+    report_traces: HashMap<ObjectKey, String>,
 }
 
 /// Deletes and releases of keys the hub does not know that one agent's
@@ -373,14 +379,38 @@ impl ClusterState {
         {
             inner.rejected.remove(key);
         }
+        if inner
+            .desired
+            .get(key)
+            .is_none_or(|d| d.version() != desired.version())
+            && let Some(t) = traces::Trace::queued(&self.name, key)
+        {
+            inner.traces.insert(key.clone(), t);
+        }
         inner.desired.insert(key.clone(), desired.clone());
         self.enqueue(&mut inner, key, Item::Upsert(desired));
+    }
+
+    /// The trace a report of `key` continues, to write its status in
+    /// ([`ClusterState::take_report_trace`]).
+    pub fn report_trace(&self, key: &ObjectKey, traceparent: &str) {
+        if !traceparent.is_empty() {
+            self.lock()
+                .report_traces
+                .insert(key.clone(), traceparent.to_string());
+        }
+    }
+
+    /// The trace the last report of `key` continues, once.
+    pub fn take_report_trace(&self, key: &ObjectKey) -> Option<String> {
+        self.lock().report_traces.remove(key)
     }
 
     /// The hub Application of `key` is being deleted: delete it on the spoke.
     pub fn set_deleting(&self, key: &ObjectKey, hub_uid: &str) {
         let mut inner = self.lock();
         inner.desired.remove(key);
+        inner.traces.remove(key);
         let item = Item::Delete {
             hub_uid: hub_uid.into(),
         };
@@ -433,6 +463,8 @@ impl ClusterState {
         inner.gone_before_ack.remove(key);
         inner.rejected.remove(key);
         inner.removals.remove(key);
+        inner.traces.remove(key);
+        inner.report_traces.remove(key);
         if matches!(inner.observed.get(key), Some(Observation::Gone)) {
             inner.observed.remove(key);
         }
@@ -528,6 +560,10 @@ impl ClusterState {
         inner.in_flight.remove(key);
         inner.outbox().ack(key, seq);
         self.delivery.observe(sent.elapsed().as_secs_f64());
+        if matches!(item, Item::Upsert(_)) {
+            // Ends the delivery's `send` and `deliver` spans.
+            inner.traces.remove(key);
+        }
         match &item {
             Item::Delete { hub_uid } if outcome == AckOutcome::Applied => {
                 inner.delete_acked.insert(key.clone(), hub_uid.clone());

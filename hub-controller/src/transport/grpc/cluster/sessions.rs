@@ -221,7 +221,13 @@ impl ClusterState {
             inner
                 .in_flight
                 .insert(m.key.clone(), (m.seq, m.value.clone(), now));
-            out.push(object_message(m.key, m.seq, &m.value));
+            let mut message = object_message(m.key.clone(), m.seq, &m.value);
+            if let (Some(hub_message::Kind::Upsert(u)), Some(t)) =
+                (&mut message.kind, inner.traces.get_mut(&m.key))
+            {
+                u.trace_parent = t.sent(&self.name, &m.key);
+            }
+            out.push(message);
         }
         out
     }
@@ -256,6 +262,7 @@ fn object_message(key: ObjectKey, seq: u64, item: &Item) -> HubMessage {
             seq,
             meta: Some(d.meta.clone()),
             application_json: d.json.bytes(),
+            trace_parent: String::new(),
         }),
         Item::Delete { hub_uid } => hub_message::Kind::Delete(ApplicationDelete {
             key: Some(key),

@@ -3,8 +3,10 @@
 //! completion, finalizer release), one keyed work queue, parallel across
 //! Applications, each through the one writer ([`crate::status::writer`]).
 
+use argocd_pull_runtime::telemetry::{self, SpanName};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
@@ -174,9 +176,20 @@ impl Hub {
             return Ok(());
         }
         let newly_refused = condition.is_some() && condition_of(&current) != condition.as_deref();
+        // The trace of the report this writes, when there is one.
+        let span = match cs.take_report_trace(&key) {
+            Some(parent) => {
+                let span =
+                    telemetry::span(SpanName::StatusWrite, None, &cluster, &r.namespace, &r.name);
+                telemetry::continue_from(&span, &parent);
+                span
+            }
+            None => tracing::Span::none(),
+        };
         if self
             .writer
             .write_status(&app, &status, None)
+            .instrument(span)
             .await?
             .is_none()
         {

@@ -149,6 +149,7 @@ fn on_report(
     report: StatusReport,
 ) -> Result<(), (&'static str, String)> {
     let key = report.key.expect("validated");
+    let trace_parent = report.trace_parent;
     let what = format!("Application {}/{}", key.namespace, key.name);
     match report.state.expect("validated") {
         status_report::State::Gone(_) => {
@@ -268,6 +269,9 @@ fn on_report(
                             report: Arc::new(Report::of(&o)),
                         },
                     );
+                    if winner.is_some() {
+                        cs.report_trace(&key, &trace_parent);
+                    }
                     if let Some(r) = winner {
                         hub.queue.add(Work::App(r));
                     }
