@@ -74,6 +74,34 @@ async fn the_pull_model_end_to_end() {
             "{cluster}'s Argo CD deployed the guestbook"
         );
     }
+    // The hub's project of the guestbook travelled with it, each way: the
+    // agent keeps it on cluster1 (capability `projects`, with the RBAC the
+    // addon gives its pod), a project work carries it to cluster2.
+    let on_cluster1: Api<DynamicObject> =
+        Api::namespaced_with(c1.clone(), NS, &argocd::appproject_resource());
+    testenv::wait::until(
+        "the agent keeps the hub's project default on cluster1",
+        std::time::Duration::from_secs(60),
+        || async {
+            let p = on_cluster1
+                .get("default")
+                .await
+                .map_err(|e| e.to_string())?;
+            let labels = p.metadata.labels.unwrap_or_default();
+            (labels.get("argocd-pull.io/project-set").map(String::as_str) == Some("true"))
+                .then_some(())
+                .ok_or(format!("labels {labels:?}"))
+        },
+    )
+    .await;
+    let works: Api<argocd_pull_apis::ocm::ManifestWork> =
+        Api::namespaced(hub_client.clone(), "cluster2");
+    testenv::wait::exists(
+        &works,
+        "argocd-pull-project-default",
+        std::time::Duration::from_secs(60),
+    )
+    .await;
 
     phase("the hub's Argo CD");
     hub_ui::shows_the_pulled_applications(
