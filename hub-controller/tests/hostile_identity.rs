@@ -9,12 +9,15 @@
 //! with the requester, counted, and the CSR gets a Warning Event. The real
 //! agents' certificates, issued on their own requests, are accepted, also
 //! by a restarted hub-controller once their CSRs are gone (the record
-//! survives). Fixtures: `common/addon.rs`.
+//! survives), and by a second replica that never led nor saw a CSR, which
+//! refuses the forged one as the first does. Fixtures: `common/addon.rs`.
 
 use argocd_pull_apis::keys;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
-use kube::api::{Api, DeleteParams, ListParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use testenv::kubelet;
 use testenv::pki::CertKey;
 use testenv::{paths, wait};
@@ -23,7 +26,7 @@ use tonic::Code;
 mod common;
 use common::addon::{
     AGENT, AGENT_NS, AddonHub, Agent, SPOKE_NS, TIMEOUT, agent_config, agent_subject, client_cert,
-    fingerprint_of, run, subject_of,
+    fingerprint_of, run, secret_text, subject_of,
 };
 use common::apps_api;
 use common::grpc_client::{hello, open};
@@ -339,4 +342,72 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
         .collect();
     assert!(recorded.contains(&fingerprint_of(&issued1)), "{recorded:?}");
     assert!(!recorded.contains(&forged_fp), "{recorded:?}");
+
+    // ---- A second replica that never led and never saw a CSR (another
+    // replica holds the leader Lease): it judges from the record alone,
+    // as the first does.
+    let leases: Api<Lease> = Api::namespaced(hub.client.clone(), argocd_pull_addon::HUB_NAMESPACE);
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    leases
+        .patch(
+            argocd_pull_hub_controller::LEASE_NAME,
+            &PatchParams::apply("another-replica").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": { "name": argocd_pull_hub_controller::LEASE_NAME },
+                "spec": { "holderIdentity": "another-replica", "leaseDurationSeconds": 3600,
+                          "acquireTime": now, "renewTime": now },
+            })),
+        )
+        .await
+        .unwrap();
+    let (follower, follower_grpc, _files) = hub.replica("follower").await;
+    let follower_address = format!("https://{follower_grpc}");
+    let key1 = secret_text(
+        &spoke1_secrets
+            .get(&argocd_pull_addon::client_cert_secret())
+            .await
+            .unwrap(),
+        "tls.key",
+    );
+    let real1 = CertKey {
+        cert_pem: issued1.clone(),
+        key_pem: key1,
+    };
+    let welcome = wait::until(
+        "the follower to welcome cluster1's certificate",
+        TIMEOUT,
+        || async {
+            open(&follower_address, &ca, &real1, hello(1, 1))
+                .await
+                .map(|(_, _, welcome)| welcome)
+                .map_err(|s| format!("{s:?}"))
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            welcome.kind,
+            Some(argocd_pull_proto::v1::hub_message::Kind::Welcome(_))
+        ),
+        "{welcome:?}"
+    );
+    let status = match open(&follower_address, &ca, &forged, hello(1, 1)).await {
+        Ok((_, _, welcome)) => panic!("the follower accepted the forged certificate: {welcome:?}"),
+        Err(s) => s,
+    };
+    assert!(
+        status.message().contains(&forged_fp) && status.code() != Code::Ok,
+        "{status:?}"
+    );
+    // It never led: the record it read was written by the other.
+    let lease = leases
+        .get(argocd_pull_hub_controller::LEASE_NAME)
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("another-replica")
+    );
+    drop(follower);
 }

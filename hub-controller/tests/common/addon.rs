@@ -519,6 +519,33 @@ impl AddonHub {
             start_controller(self.fleet.hub.cluster().kubeconfig(), &self.args, &self.log).await;
     }
 
+    /// Another replica of the hub-controller, with leader election (in the
+    /// addon's namespace), on its own gRPC port and certificate
+    /// files, logging to `hub-controller-<name>.log`; once Ready. Returns
+    /// it, its gRPC address and its files (kept while it runs).
+    pub async fn replica(&self, name: &str) -> (Binary, SocketAddr, tempfile::TempDir) {
+        let grpc = net::free_addr().unwrap();
+        let files = tempfile::tempdir().unwrap();
+        let mut args = vec![
+            "--leader-elect=true".to_string(),
+            format!(
+                "--leader-election-namespace={}",
+                argocd_pull_addon::HUB_NAMESPACE
+            ),
+        ];
+        args.extend(super::kept_certificates(grpc, files.path()));
+        args.push(format!("--grpc-san={}", HUB_GRPC.ip()));
+        args.push("--certificate-check-interval=2s".into());
+        let log = self
+            .fleet
+            .hub
+            .cluster()
+            .dir()
+            .join(format!("hub-controller-{name}.log"));
+        let replica = start_controller(self.fleet.hub.cluster().kubeconfig(), &args, &log).await;
+        (replica, grpc, files)
+    }
+
     pub fn hub_log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
