@@ -4,9 +4,11 @@
 //! built from this repository's own history by `test/tools/build.sh`). The
 //! hub Deployment is then rolled to this build one replica at a time, so
 //! replicas of both releases serve side by side while the agents stay one
-//! release behind; then the agents are upgraded one by one. Changes and
-//! syncs flow throughout: after every step every hub and spoke copy is
-//! exact, and in the end every sync ran once on its spoke.
+//! release behind; then the agents are upgraded one by one. Then all of it
+//! is rolled back the same way (the replicas first, with agents one
+//! release ahead meanwhile, then the agents). Changes and syncs flow
+//! throughout: after every step every hub and spoke copy is exact, and in
+//! the end every sync ran once on its spoke.
 
 mod common;
 mod grpc_env;
@@ -58,7 +60,7 @@ async fn expect_releases(replicas: &[Replica], hubs: &[&str], agent: &str, what:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rolling_upgrade_with_agents_one_release_behind() {
+async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
     let previous_hub = paths::previous_binary("hub-controller").unwrap();
     let previous_agent = paths::previous_binary("spoke-agent").unwrap();
     let previous = paths::previous_release();
@@ -142,6 +144,54 @@ async fn rolling_upgrade_with_agents_one_release_behind() {
     }
     let c = CURRENT;
     expect_releases(&replicas, &[c, c, c], c, "this build everywhere").await;
+
+    // A rollback (`helm rollback`): the hub Deployment rolled back to the
+    // previous release one replica at a time, the agents one release
+    // ahead meanwhile; then the agents rolled back too.
+    for k in 0..3 {
+        let new = replicas.remove(0);
+        sync_everywhere(&env, 20 + k, format!("rollback-hub-{k}")).await;
+        point_service(&service, &replicas);
+        let status = new.terminate().await;
+        assert!(status.success(), "a replica stops cleanly: {status:?}");
+        round += 1;
+        replicas::churn(&env, CLUSTERS.len(), APPS_PER_CLUSTER, round, 4).await;
+        replicas.push(
+            env.start_replica_from(&previous_hub, &format!("back-{k}"), &[])
+                .await,
+        );
+        point_service(&service, &replicas);
+        let mut hubs = vec![c; 2 - k];
+        hubs.extend(vec![p; k + 1]);
+        hubs.sort();
+        expect_releases(&replicas, &hubs, c, "the hub part-way through its rollback").await;
+        converged(&env, &expected, "exact while the hub is rolled back").await;
+    }
+    for i in 0..CLUSTERS.len() {
+        sync_everywhere(&env, 25 + i, format!("rollback-agent-{i}")).await;
+        if let Some(agent) = env.spokes[i].agent.take() {
+            agent.stop().await;
+        }
+        old_agents[i] = env.spawn_agent_from(&previous_agent, i, &address);
+        round += 1;
+        replicas::churn(&env, CLUSTERS.len(), APPS_PER_CLUSTER, round, 4).await;
+        let cluster = CLUSTERS[i];
+        wait::until("the previous agent back on a replica", TIMEOUT, || async {
+            match releases(&replicas).await.1.get(cluster) {
+                Some(v) if v == p => Ok(()),
+                other => Err(format!("{cluster}: {other:?}")),
+            }
+        })
+        .await;
+        converged(&env, &expected, "exact while the agents are rolled back").await;
+    }
+    expect_releases(
+        &replicas,
+        &[p, p, p],
+        p,
+        "the previous release everywhere again",
+    )
+    .await;
 
     // Every sync ran exactly once on its spoke, whichever release carried it.
     for (n, revs) in &syncs {
