@@ -44,11 +44,23 @@ async fn releases(replicas: &[Replica]) -> (Vec<String>, BTreeMap<String, String
 /// Every cluster's agent connected and on release `agent`, the replicas on
 /// `hubs` (sorted).
 async fn expect_releases(replicas: &[Replica], hubs: &[&str], agent: &str, what: &str) {
+    expect_releases_within(replicas, hubs, agent, what, TIMEOUT).await;
+}
+
+/// [`expect_releases`] with its own patience; prints how long it took.
+async fn expect_releases_within(
+    replicas: &[Replica],
+    hubs: &[&str],
+    agent: &str,
+    what: &str,
+    patience: std::time::Duration,
+) {
+    let start = std::time::Instant::now();
     let want_agents: BTreeMap<String, String> = CLUSTERS
         .iter()
         .map(|c| (c.to_string(), agent.to_string()))
         .collect();
-    wait::until(what, TIMEOUT, || async {
+    wait::until(what, patience, || async {
         let (h, a) = releases(replicas).await;
         if h == hubs && a == want_agents {
             Ok(())
@@ -57,6 +69,46 @@ async fn expect_releases(replicas: &[Replica], hubs: &[&str], agent: &str, what:
         }
     })
     .await;
+    println!("{what}: {:.1}s", start.elapsed().as_secs_f64());
+}
+
+/// Every spoke Application's resourceVersion, by name.
+async fn spoke_versions(env: &Env) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for i in 0..CLUSTERS.len() {
+        for a in env.spoke_apps(i).list(&Default::default()).await.unwrap() {
+            out.insert(
+                a.metadata.name.clone().unwrap_or_default(),
+                a.metadata.resource_version.clone().unwrap_or_default(),
+            );
+        }
+    }
+    out
+}
+
+/// The spoke Applications that neither the churn of `round` nor the sync
+/// of `synced` touched kept their resourceVersion from `before`: the
+/// upgrade itself rewrote none.
+fn untouched_kept(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    round: usize,
+    synced: usize,
+    what: &str,
+) {
+    let mut checked = 0;
+    for (name, rv) in before {
+        let n: usize = name[6..].parse().unwrap();
+        if n % 4 == round % 4 || n == synced {
+            continue;
+        }
+        assert_eq!(after.get(name), Some(rv), "{what}: {name} was rewritten");
+        checked += 1;
+    }
+    assert!(
+        checked >= CLUSTERS.len() * APPS_PER_CLUSTER / 2,
+        "{what}: {checked}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -102,6 +154,7 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
     // replaced by one of this build, with syncs in flight and changes
     // coming; the agents stay on the previous release.
     for k in 0..3 {
+        let before = spoke_versions(&env).await;
         let old = replicas.remove(0);
         sync_everywhere(&env, 1 + k, format!("upgrade-hub-{k}")).await;
         point_service(&service, &replicas);
@@ -116,6 +169,8 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
         hubs.sort();
         expect_releases(&replicas, &hubs, p, "the hub part-way through its upgrade").await;
         converged(&env, &expected, "exact while the hub is upgraded").await;
+        let after = spoke_versions(&env).await;
+        untouched_kept(&before, &after, round, 1 + k, "the hub's upgrade");
     }
     wait::until("a replica of this build to lead", TIMEOUT, || async {
         replicas::leader(&replicas).await.ok_or("no leader yet")
@@ -125,6 +180,7 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
     // The agents upgraded one by one (each pod replaced: SIGTERM, then the
     // new release starts).
     for (i, old) in old_agents.iter_mut().enumerate() {
+        let before = spoke_versions(&env).await;
         sync_everywhere(&env, 10 + i, format!("upgrade-agent-{i}")).await;
         let status = net::terminate(old, std::time::Duration::from_secs(30)).await;
         assert!(status.success(), "an old agent stops cleanly: {status:?}");
@@ -141,6 +197,8 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
         })
         .await;
         converged(&env, &expected, "exact while the agents are upgraded").await;
+        let after = spoke_versions(&env).await;
+        untouched_kept(&before, &after, round, 10 + i, "an agent's upgrade");
     }
     let c = CURRENT;
     expect_releases(&replicas, &[c, c, c], c, "this build everywhere").await;
@@ -164,7 +222,16 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
         let mut hubs = vec![c; 2 - k];
         hubs.extend(vec![p; k + 1]);
         hubs.sort();
-        expect_releases(&replicas, &hubs, c, "the hub part-way through its rollback").await;
+        // The previous release takes over a cluster whose replica went
+        // away only once that replica's claim is released or abandoned.
+        expect_releases_within(
+            &replicas,
+            &hubs,
+            c,
+            "the hub part-way through its rollback",
+            std::time::Duration::from_secs(180),
+        )
+        .await;
         converged(&env, &expected, "exact while the hub is rolled back").await;
     }
     for i in 0..CLUSTERS.len() {
