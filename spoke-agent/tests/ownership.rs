@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_pull_addon::{AGENT_NAME, AGENT_NAMESPACE, AddonConfig, agent_rbac};
+use argocd_pull_addon::{AGENT_NAME, AGENT_NAMESPACE};
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_proto::owner::{self, Holder};
@@ -23,41 +23,17 @@ use argocd_pull_spoke_agent::state::{AgentState, Instruction};
 use argocd_pull_spoke_agent::worker::Worker;
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
-use testenv::{Cluster, CrdSet, wait};
+use testenv::{CrdSet, wait};
+
+mod common;
+use common::{agent_kubeconfig, install_rbac};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 const ARGOCD: &str = "argocd";
-
-fn sa_user() -> String {
-    format!("system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_NAME}")
-}
-
-/// Applies the agent's RBAC for `mode` as OCM would render it.
-async fn install_rbac(cluster: &Cluster, mode: &str) {
-    let client = cluster.client().await.unwrap();
-    for object in agent_rbac(&AddonConfig::default(), mode) {
-        let obj: DynamicObject = serde_json::from_value(object.clone()).unwrap();
-        let gvk = kube::core::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
-        let (ar, caps) = kube::discovery::pinned_kind(&client, &gvk).await.unwrap();
-        let api: Api<DynamicObject> = match (caps.scope, obj.namespace()) {
-            (kube::discovery::Scope::Namespaced, Some(ns)) => {
-                Api::namespaced_with(client.clone(), &ns, &ar)
-            }
-            _ => Api::all_with(client.clone(), &ar),
-        };
-        api.patch(
-            &obj.name_any(),
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{}: {e}", obj.name_any()));
-    }
-}
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> bool {
     let out = std::process::Command::new(testenv::paths::bin_dir().join("kubectl"))
@@ -205,10 +181,7 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
         .unwrap();
     cluster.ensure_namespace(ARGOCD).await.unwrap();
     install_rbac(cluster, "managed").await;
-    let kubeconfig = cluster.dir().join("agent-managed.kubeconfig");
-    cluster
-        .write_kubeconfig_as(&sa_user(), Some("system:serviceaccounts"), &kubeconfig)
-        .unwrap();
+    let kubeconfig = agent_kubeconfig(cluster, "agent-managed.kubeconfig");
     let admin = Api::<Application>::namespaced_with(
         cluster.client().await.unwrap(),
         ARGOCD,
@@ -369,10 +342,7 @@ async fn a_command_runs_only_on_the_copy_applied_for_its_hub_application() {
         .unwrap();
     cluster.ensure_namespace(ARGOCD).await.unwrap();
     install_rbac(cluster, "managed").await;
-    let kubeconfig = cluster.dir().join("agent-commands.kubeconfig");
-    cluster
-        .write_kubeconfig_as(&sa_user(), Some("system:serviceaccounts"), &kubeconfig)
-        .unwrap();
+    let kubeconfig = agent_kubeconfig(cluster, "agent-commands.kubeconfig");
     let admin = Api::<Application>::namespaced_with(
         cluster.client().await.unwrap(),
         ARGOCD,
@@ -452,10 +422,7 @@ async fn the_agents_rbac_allows_what_it_calls_and_nothing_else() {
         .await
         .unwrap();
     cluster.ensure_namespace(ARGOCD).await.unwrap();
-    let kubeconfig = cluster.dir().join("agent-rbac.kubeconfig");
-    cluster
-        .write_kubeconfig_as(&sa_user(), Some("system:serviceaccounts"), &kubeconfig)
-        .unwrap();
+    let kubeconfig = agent_kubeconfig(cluster, "agent-rbac.kubeconfig");
     let apps = "applications.argoproj.io";
     let never: &[&[&str]] = &[
         &["update", apps, "-n", ARGOCD],

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_pull_addon::{AGENT_NAME, AGENT_NAMESPACE, AddonConfig, agent_rbac};
 use argocd_pull_apis::argocd::appproject_resource;
 use argocd_pull_proto::v1::{AckOutcome, AgentMessage, ProjectSet, agent_message};
 use argocd_pull_runtime::shutdown;
@@ -17,6 +16,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::{CrdSet, wait};
+
+mod common;
+use common::{agent_kubeconfig, install_rbac};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 const ARGOCD: &str = "argocd";
@@ -74,33 +76,9 @@ async fn the_agent_keeps_what_the_hub_sends_reverts_edits_and_touches_nothing_el
         .await
         .unwrap();
     cluster.ensure_namespace(ARGOCD).await.unwrap();
+    install_rbac(cluster, "managed").await;
+    let kubeconfig = agent_kubeconfig(cluster, "agent-projects.kubeconfig");
     let admin = cluster.client().await.unwrap();
-    for object in agent_rbac(&AddonConfig::default(), "managed") {
-        let obj: DynamicObject = serde_json::from_value(object.clone()).unwrap();
-        let gvk = kube::core::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
-        let (ar, caps) = kube::discovery::pinned_kind(&admin, &gvk).await.unwrap();
-        let api: Api<DynamicObject> = match (caps.scope, obj.namespace()) {
-            (kube::discovery::Scope::Namespaced, Some(ns)) => {
-                Api::namespaced_with(admin.clone(), &ns, &ar)
-            }
-            _ => Api::all_with(admin.clone(), &ar),
-        };
-        api.patch(
-            &obj.name_any(),
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .unwrap();
-    }
-    let kubeconfig = cluster.dir().join("agent-projects.kubeconfig");
-    cluster
-        .write_kubeconfig_as(
-            &format!("system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_NAME}"),
-            Some("system:serviceaccounts"),
-            &kubeconfig,
-        )
-        .unwrap();
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), ARGOCD);
     let projects: Api<DynamicObject> =
         Api::namespaced_with(admin.clone(), ARGOCD, &appproject_resource());
