@@ -237,6 +237,19 @@ async fn run_controllers(
     });
     let grpc = grpc_config
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));
+    let mut holding = None;
+    if let Some(hub) = &grpc {
+        // Before the index is built and before the ManifestWork transport
+        // decides anything: a key an agent holds is not handed to an older
+        // claimant while the record is still on its way.
+        let holders = grpc::holders::Holders::new(client.clone(), &args.leader.namespace);
+        hub.set_holders(holders.clone());
+        let watching = tokio::spawn(holders.clone().watch());
+        holders
+            .wait_listed(std::time::Duration::from_secs(10))
+            .await;
+        holding = Some((watching, tokio::spawn(hub.clone().keep_holders())));
+    }
     let mut claiming = None;
     if let (Some(hub), Some(claims)) = (&grpc, &claims) {
         hub.set_claims(claims.clone());
@@ -340,6 +353,10 @@ async fn run_controllers(
     if let Some((claiming, following)) = claiming {
         claiming.await?;
         following.abort();
+    }
+    if let Some((watching, keeping)) = holding {
+        watching.abort();
+        keeping.abort();
     }
     if let Some(c) = &claims {
         c.retire().await;

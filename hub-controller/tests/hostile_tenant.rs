@@ -283,6 +283,55 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
     );
 }
 
+/// A tenant namespace whose Placement selects cluster1, and its
+/// Application `shared`, delivered by ManifestWork to cluster1 in another
+/// spoke namespace than `argocd` (its work is written): the older claimant
+/// of the tests below.
+async fn older_elsewhere(env: &Env, works: &Api<ManifestWork>) -> (String, Api<Application>) {
+    let ns = env.hub.namespace("old").await.unwrap();
+    common::placement_selects(&env.hub_client, &ns, &["cluster1"]).await;
+    let api = common::apps_api(&env.hub_client, &ns);
+    let mut app = env.app(
+        "shared",
+        0,
+        json!({ "metadata": { "annotations": {
+            keys::TRANSPORT: "manifestwork",
+            keys::MANAGED_CLUSTER_APP_NAMESPACE: "elsewhere",
+        } } }),
+    );
+    app.metadata.namespace = Some(ns.clone());
+    api.create(&PostParams::default(), &app).await.unwrap();
+    wait::exists(works, &work_name(&ns, "shared"), TIMEOUT).await;
+    // creationTimestamp has one-second resolution: what comes next is
+    // younger by time, not by uid.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    (ns, api)
+}
+
+/// Moves `api`'s `shared` onto cluster1's `argocd/shared`.
+async fn move_onto_shared(api: &Api<Application>) {
+    api.patch(
+        "shared",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "annotations": {
+            keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NS,
+        } } })),
+    )
+    .await
+    .unwrap();
+}
+
+/// Asserts that `api`'s `shared` shows no condition of ours.
+async fn not_refused(api: &Api<Application>) {
+    let holder = api.get("shared").await.unwrap();
+    assert_eq!(
+        condition(&holder),
+        None,
+        "the holder is not refused: {}",
+        holder.data["status"]
+    );
+}
+
 /// An older hub Application moved onto a spoke Application that a younger
 /// one's ManifestWork delivers takes nothing: when a claim begins is the
 /// tenant's choice (it sets the annotations), the work on the cluster is
@@ -293,52 +342,95 @@ async fn an_older_application_moved_onto_a_held_key_takes_nothing() {
     let mut env = Env::new(&["cluster1"]).await;
     env.start_hub(&[]).await;
     let works: Api<ManifestWork> = Api::namespaced(env.hub_client.clone(), "cluster1");
-
-    // The older one, delivered elsewhere on the same cluster.
-    let ns_old = env.hub.namespace("old").await.unwrap();
-    common::placement_selects(&env.hub_client, &ns_old, &["cluster1"]).await;
-    let api_old = common::apps_api(&env.hub_client, &ns_old);
-    let mut app = env.app(
-        "shared",
-        0,
-        json!({ "metadata": { "annotations": {
-            keys::TRANSPORT: "manifestwork",
-            keys::MANAGED_CLUSTER_APP_NAMESPACE: "elsewhere",
-        } } }),
-    );
-    app.metadata.namespace = Some(ns_old.clone());
-    api_old.create(&PostParams::default(), &app).await.unwrap();
-    wait::exists(&works, &work_name(&ns_old, "shared"), TIMEOUT).await;
-    // creationTimestamp has one-second resolution.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, api_old) = older_elsewhere(&env, &works).await;
 
     // The holder: younger, its work delivers `argocd/shared`.
     let (ns_new, api_new) = manifestwork_claimant(&env, "new").await;
     let held = work_name(&ns_new, "shared");
     wait::exists(&works, &held, TIMEOUT).await;
 
-    // The older one is moved onto the same spoke Application.
-    api_old
-        .patch(
-            "shared",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "annotations": {
-                keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NS,
-            } } })),
-        )
-        .await
-        .unwrap();
+    move_onto_shared(&api_old).await;
     refused_naming(&api_old, &format!("{ns_new}/shared")).await;
     let work = works.get(&held).await.unwrap();
     assert!(
         work.metadata.deletion_timestamp.is_none(),
         "the holder's work stays"
     );
-    let holder = api_new.get("shared").await.unwrap();
+    not_refused(&api_new).await;
+}
+
+/// The same over gRPC: a younger hub Application's copy applied by the
+/// cluster's agent is held (the hub records what each agent reported
+/// applying, in a Lease of its own namespace that no tenant writes), and
+/// an older one moved onto it by ManifestWork is refused naming the
+/// holder: its work is removed, the agent's copy stays the holder's.
+#[tokio::test]
+async fn an_older_application_moved_onto_a_key_held_over_grpc_takes_nothing() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&[]).await;
+    env.start_agent(0, Mode::Managed);
+    env.wait_connected().await;
+    let works: Api<ManifestWork> = Api::namespaced(env.hub_client.clone(), "cluster1");
+    let (ns_old, api_old) = older_elsewhere(&env, &works).await;
+
+    // The holder: younger, delivered over gRPC, applied by the agent.
+    let holder_api = env.hub_apps();
+    let holder = holder_api
+        .create(&PostParams::default(), &env.app("shared", 0, json!({})))
+        .await
+        .unwrap();
+    let holder_uid = holder.metadata.uid.clone().unwrap();
+    let spoke = env.spoke_apps(0);
+    wait::until("the holder's copy on the spoke", TIMEOUT, || async {
+        match spoke.get_opt("shared").await {
+            Ok(Some(a)) if a.annotations().get(keys::HUB_UID) == Some(&holder_uid) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|a| a.map(|a| a.annotations().clone()))
+            )),
+        }
+    })
+    .await;
+    // The hub records it (within a second or two of the agent's report).
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.hub_client.clone(), "argocd-pull");
+    wait::until(
+        "the record of what cluster1's agent holds",
+        TIMEOUT,
+        || async {
+            let l = leases
+                .get_opt("argocd-pull-holders-cluster1")
+                .await
+                .map_err(|e| e.to_string())?;
+            let record = l
+                .as_ref()
+                .and_then(|l| l.annotations().get("argocd-pull.io/holders").cloned())
+                .unwrap_or_default();
+            let want = format!(r#""{SPOKE_NS}/shared":"{holder_uid}""#);
+            if record.contains(&want) {
+                Ok(())
+            } else {
+                Err(record)
+            }
+        },
+    )
+    .await;
+
+    move_onto_shared(&api_old).await;
+    refused_naming(&api_old, &format!("{}/shared", env.team)).await;
+    wait::until("the mover's work removed", TIMEOUT, || async {
+        match works.get_opt(&work_name(&ns_old, "shared")).await {
+            Ok(None) => Ok(()),
+            Ok(Some(w)) if w.metadata.deletion_timestamp.is_some() => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    not_refused(&holder_api).await;
+    let copy = spoke.get("shared").await.unwrap();
     assert_eq!(
-        condition(&holder),
-        None,
-        "the holder is not refused: {}",
-        holder.data["status"]
+        copy.annotations().get(keys::HUB_UID),
+        Some(&holder_uid),
+        "the agent's copy stays the holder's"
     );
 }

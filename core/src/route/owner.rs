@@ -9,6 +9,13 @@
 //! transport can make two replicas (or the ManifestWork and the gRPC side
 //! of one) name different owners. Every other claimant is refused with
 //! `SpokeConflict` naming the owner.
+//!
+//! Age alone would let an older hub Application take over a running spoke
+//! Application: when a claim begins is the tenant's choice (it sets the
+//! annotations). So a claimant that already *holds* the key (its
+//! ManifestWork delivers it, or the cluster's agent reported applying it
+//! for that claimant over gRPC: facts of the cluster, which no tenant
+//! writes) keeps it whatever its age ([`owner_holding`]).
 
 use std::cmp::Ordering;
 
@@ -57,6 +64,17 @@ pub fn owner<'a, T>(claimants: impl IntoIterator<Item = (&'a Seniority, T)>) -> 
         .map(|(_, t)| t)
 }
 
+/// The owner among `claimants`, each with whether it holds the key now:
+/// the oldest of those that hold it, or, when none does, the oldest of all.
+pub fn owner_holding<'a, T>(
+    claimants: impl IntoIterator<Item = (&'a Seniority, bool, T)>,
+) -> Option<T> {
+    claimants
+        .into_iter()
+        .min_by(|(a, a_holds, _), (b, b_holds, _)| b_holds.cmp(a_holds).then(a.cmp(b)))
+        .map(|(_, _, t)| t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +100,36 @@ mod tests {
         assert_eq!(owner([(&b, "b"), (&a, "a")]), Some("b"));
         assert_eq!(owner::<&str>([]), None);
         assert!(c.precedes(&a) && b.precedes(&a) && !a.precedes(&a));
+    }
+
+    #[test]
+    fn a_holder_keeps_the_key_whatever_its_age() {
+        let old = s(5, "z-uid");
+        let young = s(10, "a-uid");
+        let younger = s(20, "b-uid");
+        assert_eq!(
+            owner_holding([(&old, false, "old"), (&young, true, "young")]),
+            Some("young"),
+            "an older claimant takes nothing from a holder"
+        );
+        assert_eq!(
+            owner_holding([(&young, true, "young"), (&old, false, "old")]),
+            Some("young")
+        );
+        assert_eq!(
+            owner_holding([
+                (&younger, true, "younger"),
+                (&old, false, "old"),
+                (&young, true, "young")
+            ]),
+            Some("young"),
+            "among holders, the oldest"
+        );
+        assert_eq!(
+            owner_holding([(&young, false, "young"), (&old, false, "old")]),
+            Some("old"),
+            "no holder: the oldest"
+        );
+        assert_eq!(owner_holding::<&str>([]), None);
     }
 }

@@ -272,6 +272,9 @@ impl Env {
         envs: &[(&str, &str)],
     ) -> HubProcess {
         let admin = net::free_addr().unwrap();
+        // The hub-controller's own namespace (`--leader-election-namespace`'s
+        // default), where it keeps its Leases: a Deployment's always exists.
+        self.hub.ensure_namespace("argocd-pull").await.unwrap();
         let d = self.dir.path();
         self.hub_starts += 1;
         let log = d.join(format!("hub-{}.log", self.hub_starts));

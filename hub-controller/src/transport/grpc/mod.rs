@@ -14,12 +14,15 @@
 //! - [`issued`]: a certificate speaks for a cluster only if it was issued
 //!   on that cluster's own request (its CSR's requester);
 //! - [`claims`]: with several replicas, which one writes for a cluster (the
-//!   one its agent is connected to; the leader for the rest).
+//!   one its agent is connected to; the leader for the rest);
+//! - [`holders`]: the record of what each agent holds, so that a key held
+//!   over gRPC is not taken by an older claimant.
 
 pub mod assign;
 pub mod claims;
 pub mod cluster;
 pub mod commands;
+pub mod holders;
 pub mod hub;
 pub mod identity;
 pub mod issued;

@@ -25,7 +25,7 @@ use crate::render::work::{
 };
 use crate::route::HubRef;
 use crate::route::decide::{Facts, Route, decide};
-use crate::route::owner::{Seniority, owner};
+use crate::route::owner::{Seniority, owner_holding};
 use crate::route::target::{Target, target};
 use crate::route::transport::Transport;
 use crate::status::Reason;
@@ -35,6 +35,7 @@ use crate::status::condition::{
 use crate::status::feedback::{feedback, not_applied, spoke_problem, status_update};
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 use crate::transport::grpc::assign::{Assignment, assign};
+use argocd_pull_proto::v1::ObjectKey;
 
 pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = ObjectRef::from_obj(app.as_ref());
@@ -133,7 +134,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
     };
     if let Some(owner) = other_owner(app, &target, ctx) {
         let msg = format!(
-            "Application {}/{name} on cluster {} is already delivered for {owner}, which is older: rename this Application or change its {} annotation",
+            "Application {}/{name} on cluster {} is already delivered for {owner}, which keeps it: rename this Application or change its {} annotation",
             target.app_namespace,
             target.cluster,
             keys::MANAGED_CLUSTER_APP_NAMESPACE
@@ -312,20 +313,25 @@ async fn hand_over_to_grpc(
 /// The hub Application other than `app` that owns the spoke Application
 /// `app` would be delivered as ([`crate::route::owner`]): among the hub
 /// Applications that name it, those either transport would deliver; and
-/// among those, one whose ManifestWork already delivers it keeps it.
+/// among those, one that already holds it keeps it
+/// ([`owner_holding`]): its ManifestWork delivers it, or the cluster's
+/// agent applied it for that one over gRPC (the hub's record of what each
+/// agent holds, [`crate::transport::grpc::holders`]).
 ///
-/// The last rule is what stops a takeover: when the claim begins is the
+/// The hold rule is what stops a takeover: when the claim begins is the
 /// tenant's choice (it sets the annotations), so an older hub Application
-/// re-aimed at a key a younger one's work delivers would otherwise own it,
-/// and its work would be applied over the running spoke Application. A
-/// work is the cluster's state, which no tenant writes; a refused
-/// claimant's work is deleted, so at most one holds a key for long.
+/// re-aimed at a key a younger one holds would otherwise own it, and its
+/// work would be applied over the running spoke Application. A work, and
+/// what an agent applied, are the cluster's state, which no tenant writes;
+/// a refused claimant's work is deleted, so at most one holds a key for
+/// long.
 fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubRef> {
     let me = HubRef::of(app);
+    let name = app.name_any();
     let slot = (
         target.cluster.clone(),
         target.app_namespace.clone(),
-        app.name_any(),
+        name.clone(),
     );
     let claimants = ctx.caches.slots.claimants(&slot);
     if claimants.iter().all(|r| *r == me) {
@@ -336,7 +342,17 @@ fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubR
         authorization: &ctx.authorization,
         world: &ctx.caches,
     };
-    let mut candidates = vec![(Seniority::of(&app.metadata), me.clone())];
+    let held_over_grpc = ctx.grpc.as_ref().and_then(|hub| {
+        hub.held_by(
+            &target.cluster,
+            &ObjectKey {
+                namespace: target.app_namespace.clone(),
+                name: name.clone(),
+            },
+        )
+    });
+    let mine = delivers_by_work(ctx, target, &name, &me);
+    let mut candidates = vec![(Seniority::of(&app.metadata), mine, me.clone())];
     for r in claimants.into_iter().filter(|r| *r != me) {
         let Some(cached) = ctx
             .caches
@@ -348,23 +364,19 @@ fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubR
         let other = cached.application();
         // As the gRPC transport's index sees it (`route::assign`): the
         // same claimants on both sides, so both name the same owner.
-        let claims = match assign(&other, &facts) {
-            Assignment::Deliver { .. } => true,
-            Assignment::NotOurs { by_work, .. } => by_work.is_some(),
-            Assignment::Refused { .. } => false,
+        let holds = match assign(&other, &facts) {
+            Assignment::Deliver { .. } => {
+                held_over_grpc.is_some()
+                    && held_over_grpc.as_deref() == other.metadata.uid.as_deref()
+            }
+            Assignment::NotOurs {
+                by_work: Some(_), ..
+            } => delivers_by_work(ctx, target, &name, &r),
+            Assignment::NotOurs { .. } | Assignment::Refused { .. } => continue,
         };
-        if claims {
-            candidates.push((Seniority::of(&other.metadata), r));
-        }
+        candidates.push((Seniority::of(&other.metadata), holds, r));
     }
-    let holds = |r: &HubRef| delivers_by_work(ctx, target, &app.name_any(), r);
-    let holders: Vec<&(Seniority, HubRef)> = candidates.iter().filter(|(_, r)| holds(r)).collect();
-    let pool = if holders.is_empty() {
-        candidates.iter().collect()
-    } else {
-        holders
-    };
-    owner(pool.into_iter().map(|(s, r)| (s, r)))
+    owner_holding(candidates.iter().map(|(s, holds, r)| (s, *holds, r)))
         .filter(|o| **o != me)
         .cloned()
 }

@@ -10,7 +10,7 @@
 //! into messages when sent, and a retry is scheduled once per message.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
@@ -97,6 +97,24 @@ pub enum Observation {
     Mirrored {
         version: String,
     },
+}
+
+impl Observation {
+    /// What the report says the agent holds under its key: `Some(uid)`
+    /// for a copy applied for that hub Application (managed mode), `None`
+    /// for a copy gone; nothing for an autonomous Application (a mirror's).
+    pub fn holder(&self) -> Option<Option<&str>> {
+        match self {
+            Observation::Observed { version, report } if report.application.is_none() => {
+                let uid = (!report.hub_uid.is_empty())
+                    .then_some(report.hub_uid.as_str())
+                    .or_else(|| crate::transport::grpc::assign::uid_of_version(version))?;
+                Some(Some(uid))
+            }
+            Observation::Gone => Some(None),
+            Observation::Observed { .. } | Observation::Mirrored { .. } => None,
+        }
+    }
 }
 
 /// Which hub object a command belongs to, and where its completion goes.
@@ -295,6 +313,9 @@ pub struct ClusterState {
     /// Where the time from sending an object message to its
     /// acknowledgement is counted (the hub's, or one of its own).
     delivery: Histogram,
+    /// A report changed what the agent holds under some key since the
+    /// hub's record of it was last written ([`super::holders`]).
+    holders_dirty: AtomicBool,
 }
 
 /// One cluster as the fleet-level metrics see it ([`ClusterState::sample`]).
@@ -326,6 +347,7 @@ impl ClusterState {
             refused_reports: AtomicU64::new(0),
             created: SystemTime::now(),
             delivery,
+            holders_dirty: AtomicBool::new(false),
         }
     }
 
@@ -523,8 +545,32 @@ impl ClusterState {
             }
             _ => {}
         }
-        inner.observed.insert(key.clone(), observation);
+        let old = inner.observed.insert(key.clone(), observation);
+        let holder = inner.observed.get(key).and_then(Observation::holder);
+        if holder.is_some() && old.as_ref().and_then(Observation::holder) != holder {
+            self.holders_dirty.store(true, Ordering::Relaxed);
+        }
         completes
+    }
+
+    /// Whether what the agent holds changed since the last call (see
+    /// [`super::holders`]).
+    pub fn take_holders_dirty(&self) -> bool {
+        self.holders_dirty.swap(false, Ordering::Relaxed)
+    }
+
+    /// What the agent holds must be written again (a write failed).
+    pub fn mark_holders_dirty(&self) {
+        self.holders_dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// Every key's latest report's holder (see [`Observation::holder`]).
+    pub fn holders_reported(&self) -> Vec<(ObjectKey, Option<String>)> {
+        self.lock()
+            .observed
+            .iter()
+            .filter_map(|(k, o)| o.holder().map(|h| (k.clone(), h.map(str::to_string))))
+            .collect()
     }
 
     /// The agent acknowledged (key, seq). Returns the acknowledged item when

@@ -18,14 +18,22 @@ use std::sync::Arc;
 use argocd_pull_proto::v1::ObjectKey;
 
 use super::super::cluster::Item;
+use crate::route::owner::{Seniority, owner_holding};
 use crate::transport::grpc::assign::{Assignment, Desired, HubRef, uid_of_version};
 
 type Slot = (String, ObjectKey);
+
+/// The uid of the hub Application a cluster's agent holds a key for, as
+/// recorded ([`crate::transport::grpc::holders`]).
+pub type HeldBy = Arc<dyn Fn(&str, &ObjectKey) -> Option<String> + Send + Sync>;
 
 #[derive(Default)]
 pub struct Index {
     assign: HashMap<HubRef, Assignment>,
     by_slot: HashMap<Slot, Named>,
+    /// Without it (tests, or before it is set) a key is decided by age
+    /// alone.
+    held_by: Option<HeldBy>,
 }
 
 /// The Applications that name one slot, sorted, the holder marked: nearly
@@ -89,6 +97,28 @@ fn seniority(a: Option<&Assignment>) -> Option<(i64, &str)> {
 }
 
 impl Index {
+    /// From now on a claimant that the cluster's agent holds the key for
+    /// keeps it ([`crate::route::owner::owner_holding`]).
+    pub fn set_held_by(&mut self, held_by: HeldBy) {
+        self.held_by = Some(held_by);
+    }
+
+    /// Decides the owner of (cluster, key) again (its recorded holder
+    /// changed); returns every Application that names it when the owner
+    /// changed.
+    pub fn reelect(&mut self, cluster: &str, key: &ObjectKey) -> Vec<HubRef> {
+        let slot = (cluster.to_string(), key.clone());
+        let before = self.owner(cluster, key);
+        self.elect(&slot);
+        if self.owner(cluster, key) == before {
+            return Vec::new();
+        }
+        self.by_slot
+            .get(&slot)
+            .map(|n| n.refs().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn assignment(&self, r: &HubRef) -> Option<&Assignment> {
         self.assign.get(r)
     }
@@ -202,19 +232,38 @@ impl Index {
         }
     }
 
-    /// Makes the owner ([`crate::route::owner`]) of `slot` its holder.
+    /// Makes the owner ([`crate::route::owner`]) of `slot` its holder: the
+    /// one the agent holds it for, if it claims it, else the oldest.
     fn elect(&mut self, slot: &Slot) {
         let assign = &self.assign;
         let Some(named) = self.by_slot.get_mut(slot) else {
             return;
         };
-        let next = named
+        // Nearly every slot has one Application: nothing to compare.
+        if let [(r, holds)] = named.0.as_mut_slice() {
+            *holds = seniority(assign.get(r)).is_some();
+            return;
+        }
+        let held = self.held_by.as_ref().and_then(|f| f(&slot.0, &slot.1));
+        let claims: Vec<(Seniority, bool, usize)> = named
             .0
             .iter()
             .enumerate()
-            .filter_map(|(i, (r, _))| seniority(assign.get(r)).map(|s| (s, i)))
-            .min()
-            .map(|(_, i)| i);
+            .filter_map(|(i, (r, _))| {
+                let a = assign.get(r);
+                let (created, uid) = seniority(a)?;
+                let holds = held.is_some() && delivers(a).map(|d| d.hub_uid()) == held.as_deref();
+                Some((
+                    Seniority {
+                        created,
+                        uid: uid.to_string(),
+                    },
+                    holds,
+                    i,
+                ))
+            })
+            .collect();
+        let next = owner_holding(claims.iter().map(|(s, holds, i)| (s, *holds, *i)));
         for (i, (_, holds)) in named.0.iter_mut().enumerate() {
             *holds = Some(i) == next;
         }
@@ -360,6 +409,49 @@ mod tests {
         i.set(&r("a"), None);
         assert_eq!(delivered_for(&i).as_deref(), Some("b"));
         assert!(i.decide("c1", &key()).1.is_empty());
+    }
+
+    #[test]
+    fn the_claimant_the_agent_holds_the_key_for_keeps_it_whatever_its_age() {
+        let held = Arc::new(std::sync::Mutex::new(None::<String>));
+        let mut i = Index::default();
+        let lookup = held.clone();
+        i.set_held_by(Arc::new(move |c, k| {
+            assert_eq!((c, k), ("c1", &key()));
+            lookup.lock().unwrap().clone()
+        }));
+        // The younger delivered first, and the agent applied it.
+        i.set(&r("young"), Some(deliver("young", 20, false)));
+        *held.lock().unwrap() = Some("uid-young".into());
+        // An older one moved onto the key: refused, the holder keeps it.
+        i.set(&r("old"), Some(deliver("old", 10, false)));
+        assert_eq!(delivered_for(&i).as_deref(), Some("young"));
+        assert_eq!(i.decide("c1", &key()).1, vec![r("old")]);
+        // An older one by ManifestWork: the same.
+        i.set(
+            &r("work"),
+            Some(Assignment::NotOurs {
+                target: Some(("c1".into(), key())),
+                by_work: Some(crate::route::owner::Seniority {
+                    created: 5,
+                    uid: "uid-work".into(),
+                }),
+            }),
+        );
+        assert_eq!(i.owner("c1", &key()), Some(r("young")));
+        // The record names a hub Application that does not claim the key
+        // (it moved away): age decides.
+        *held.lock().unwrap() = Some("uid-gone".into());
+        assert_eq!(
+            i.reelect("c1", &key()),
+            vec![r("old"), r("work"), r("young")],
+            "the owner changed: everyone who names the key is told"
+        );
+        assert_eq!(i.owner("c1", &key()), Some(r("work")));
+        assert!(
+            i.reelect("c1", &key()).is_empty(),
+            "nothing changed: nobody is told"
+        );
     }
 
     #[test]

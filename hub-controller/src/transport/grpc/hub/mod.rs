@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 mod claimed;
 mod fleet;
+mod holding;
 mod index;
 mod mirror;
 mod projects;
@@ -71,6 +72,8 @@ pub struct Hub {
     /// Counts the changes of AppProjects and credential Secrets, for the
     /// sessions that keep them on their clusters ([`Hub::project_set`]).
     projects_epoch: watch::Sender<u64>,
+    /// The record of what each agent holds ([`Hub::set_holders`]).
+    holders: std::sync::OnceLock<Arc<super::holders::Holders>>,
 }
 
 /// What [`Hub::on_transport_switch`] calls.
@@ -104,6 +107,7 @@ impl Hub {
                 claims: std::sync::OnceLock::new(),
                 on_switch: std::sync::OnceLock::new(),
                 projects_epoch: watch::channel(0).0,
+                holders: std::sync::OnceLock::new(),
             }
         })
     }

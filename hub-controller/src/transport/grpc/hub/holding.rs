@@ -1,0 +1,120 @@
+//! The transport's side of [`super::super::holders`]: the replica that acts
+//! for a cluster records what its agent holds; every replica's index, and
+//! the ManifestWork transport, let a claimant the agent holds a key for
+//! keep it; a change of the record decides the key again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_pull_proto::v1::ObjectKey;
+
+use super::super::cluster::Work;
+use super::super::holders::{Holders, record};
+use super::Hub;
+
+/// How often the replica looks for clusters whose agent's holdings
+/// changed: one write per cluster at most this often, however many
+/// deliveries changed meanwhile.
+const WRITE_EVERY: Duration = Duration::from_secs(1);
+
+impl Hub {
+    /// From now on keys are decided with `holders` (set once), and a change
+    /// of it decides them again.
+    pub fn set_holders(&self, holders: Arc<Holders>) {
+        if self.holders.set(holders.clone()).is_err() {
+            return;
+        }
+        let lookup = holders.clone();
+        self.index
+            .lock()
+            .expect("never poisoned")
+            .set_held_by(Arc::new(move |c, k| lookup.held_by(c, k)));
+        let me = self.me.clone();
+        holders.on_change(move |cluster, keys| {
+            if let Some(hub) = me.upgrade() {
+                hub.holders_changed(cluster, keys);
+            }
+        });
+    }
+
+    /// The uid of the hub Application `cluster`'s agent holds `key` for,
+    /// as recorded.
+    pub fn held_by(&self, cluster: &str, key: &ObjectKey) -> Option<String> {
+        self.holders.get()?.held_by(cluster, key)
+    }
+
+    /// The recorded holder of `keys` changed: each is decided again, and
+    /// every Application that names one whose owner changed is looked at
+    /// again (by the ManifestWork transport too).
+    fn holders_changed(&self, cluster: &str, keys: &[ObjectKey]) {
+        if !self.is_synced() {
+            // The index is built from scratch once synced, with the record.
+            return;
+        }
+        for key in keys {
+            let named = self
+                .index
+                .lock()
+                .expect("never poisoned")
+                .reelect(cluster, key);
+            if named.is_empty() {
+                continue;
+            }
+            self.settle(cluster, key);
+            for r in named {
+                if let Some(f) = self.on_switch.get() {
+                    f(&r);
+                }
+                self.queue.add(Work::App(r));
+            }
+        }
+    }
+
+    /// Writes the record of every cluster this replica acts for whose
+    /// agent's holdings changed, until the process ends.
+    pub async fn keep_holders(self: Arc<Self>) {
+        let Some(holders) = self.holders.get().cloned() else {
+            return;
+        };
+        self.wait_synced().await;
+        let mut tick = tokio::time::interval(WRITE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            for cs in self.clusters() {
+                if !self.acts_for(&cs.name) || !cs.take_holders_dirty() {
+                    continue;
+                }
+                if let Err(e) = self.write_holders(&holders, &cs.name).await {
+                    cs.mark_holders_dirty();
+                    tracing::warn!(cluster = %cs.name, error = %e, "cannot record what the cluster's agent holds; retrying");
+                }
+            }
+        }
+    }
+
+    /// Merges `cluster`'s record with its agent's latest reports and
+    /// writes it when that changed it.
+    async fn write_holders(&self, holders: &Holders, cluster: &str) -> Result<(), kube::Error> {
+        let (old, version) = holders.record(cluster);
+        let reports = self.cluster(cluster).holders_reported();
+        let (next, left_out) = {
+            let index = self.index.lock().expect("never poisoned");
+            record::merge(&old, reports.iter().map(|(k, h)| (k, h.as_deref())), |k| {
+                index.has_slot(cluster, k)
+            })
+        };
+        if left_out > 0 {
+            tracing::warn!(
+                %cluster,
+                left_out,
+                max_bytes = record::MAX_BYTES,
+                "the record of what the cluster's agent holds is full: these keys are decided by age alone"
+            );
+        }
+        if next == *old {
+            return Ok(());
+        }
+        holders.write(cluster, next, &version).await
+    }
+}
