@@ -10,6 +10,7 @@ use argocd_pull_apis::ocm::ManifestWork;
 use argocd_pull_hub_controller::render::work::work_name;
 use argocd_pull_hub_controller::status::CONDITION;
 use argocd_pull_spoke_agent::Mode;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -370,8 +371,45 @@ async fn an_older_application_moved_onto_a_key_held_over_grpc_takes_nothing() {
     env.start_hub(&[]).await;
     env.start_agent(0, Mode::Managed);
     env.wait_connected().await;
+    held_over_grpc_is_kept(&env).await;
+}
+
+/// The same with two replicas: the agent reports to one that does not
+/// lead, and the leader's ManifestWork transport, which never hears the
+/// agent, reads the record.
+#[tokio::test]
+async fn with_two_replicas_a_key_held_over_grpc_is_kept_by_the_leaders_manifestwork_side() {
+    let (mut env, _service) = grpc_env::replicas::replicas_env(&["cluster1"]).await;
+    let leader = env.start_replica("replica-leader", &[]).await;
+    wait::until("the first replica leads", TIMEOUT, || async {
+        leader.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+    let server = env.start_replica("replica-server", &[]).await;
+    env.grpc_addr = server.grpc;
+    env.start_agent(0, Mode::Managed);
+    wait::until(
+        "the agent reports to the replica that does not lead",
+        TIMEOUT,
+        || async {
+            (server.agents().await == ["cluster1"] && !server.leads().await)
+                .then_some(())
+                .ok_or("not yet")
+        },
+    )
+    .await;
+    held_over_grpc_is_kept(&env).await;
+    assert!(
+        leader.leads().await,
+        "the leader decided the ManifestWork side"
+    );
+}
+
+/// Cluster1's agent holds `argocd/shared` for a younger hub Application;
+/// an older one moved onto it by ManifestWork takes nothing.
+async fn held_over_grpc_is_kept(env: &Env) {
     let works: Api<ManifestWork> = Api::namespaced(env.hub_client.clone(), "cluster1");
-    let (ns_old, api_old) = older_elsewhere(&env, &works).await;
+    let (ns_old, api_old) = older_elsewhere(env, &works).await;
 
     // The holder: younger, delivered over gRPC, applied by the agent.
     let holder_api = env.hub_apps();
@@ -392,8 +430,7 @@ async fn an_older_application_moved_onto_a_key_held_over_grpc_takes_nothing() {
     })
     .await;
     // The hub records it (within a second or two of the agent's report).
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(env.hub_client.clone(), "argocd-pull");
+    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), "argocd-pull");
     wait::until(
         "the record of what cluster1's agent holds",
         TIMEOUT,
