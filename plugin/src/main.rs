@@ -141,131 +141,159 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         namespace: cli.hub_namespace.clone(),
         admin: cli.admin.clone(),
     };
-    let now = secs(SystemTime::now());
     let json = cli.output == Output::Json;
     match &cli.command {
-        Command::Status => {
-            let snapshot = hub.snapshot().await?;
-            warn_unreachable(&snapshot);
-            let rows = view::agent_rows(&snapshot);
-            if json {
-                print_json(&rows)?;
-            } else {
-                print!("{}", view::agent_table(&rows, now).render());
-            }
-        }
-        Command::Apps { namespace } => {
-            let snapshot = hub.snapshot().await?;
-            warn_unreachable(&snapshot);
-            let rows: Vec<_> = hub
-                .applications(namespace.as_deref())
-                .await?
-                .iter()
-                .map(|app| view::app_row(app, &route(app, &snapshot)))
-                .collect();
-            if json {
-                print_json(&rows)?;
-            } else {
-                print!("{}", view::app_table(&rows).render());
-            }
-        }
-        Command::Explain { application } => {
-            let (ns, name) = application
-                .split_once('/')
-                .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
-                .ok_or_else(|| {
-                    anyhow::anyhow!("{application:?} is not NAMESPACE/NAME, e.g. argocd/guestbook")
-                })?;
-            let app = hub.application(ns, name).await?.ok_or_else(|| {
-                anyhow::anyhow!("Application {ns}/{name} does not exist on the hub")
-            })?;
-            let snapshot = hub.snapshot().await?;
-            warn_unreachable(&snapshot);
-            let route = route(&app, &snapshot);
-            let work = match &route {
-                Route::Deliver {
-                    transport: Transport::ManifestWork,
-                    target,
-                } => {
-                    let work_name = argocd_pull_hub_controller::render::work::work_name(ns, name);
-                    hub.work(&target.cluster, &work_name).await?
-                }
-                _ => None,
-            };
-            let explained = view::explain(
-                &app,
-                &route,
-                &snapshot,
-                work.as_ref(),
-                snapshot.authorization().is_some(),
-            );
-            if json {
-                print_json(&explained)?;
-            } else {
-                println!(
-                    "{}: {}",
-                    view::escape(&explained.application),
-                    if explained.delivered {
-                        "delivered"
-                    } else {
-                        "not delivered"
-                    }
-                );
-                for reason in &explained.reasons {
-                    println!("  - {}", view::escape(reason));
-                }
-            }
-        }
-        Command::Certs => {
-            let (reports, unreachable) = hub.reports().await;
-            warn_unreachable(&Snapshot {
-                unreachable,
-                ..Snapshot::default()
-            });
-            let rows = hub.certificates(&reports).await;
-            if json {
-                print_json(&rows)?;
-            } else {
-                print!("{}", view::cert_table(&rows, now).render());
-            }
-        }
+        Command::Status => status(&hub, json).await,
+        Command::Apps { namespace } => apps(&hub, namespace.as_deref(), json).await,
+        Command::Explain { application } => explain(&hub, application, json).await,
+        Command::Certs => certs(&hub, json).await,
         Command::Revoke {
             cluster,
             note,
             deny_list,
-        } => {
-            let snapshot = hub.snapshot().await?;
-            warn_unreachable(&snapshot);
-            let fingerprints = view::connected_certificates(&snapshot, cluster);
-            if fingerprints.is_empty() {
-                anyhow::bail!(
-                    "cluster {cluster:?}'s agent is not connected to any replica that answered: no certificate to deny. \
-                     To cut the cluster off, disable its addon (clusteradm addon disable --names {} --clusters {cluster}) \
-                     or delete its ManagedCluster (docs/security.md, Revoking a cluster)",
-                    argocd_pull_apis::keys::ADDON_NAME
-                );
-            }
-            hub.deny(deny_list, &fingerprints, note).await?;
-            let rows: Vec<_> = fingerprints
-                .iter()
-                .map(|f| serde_json::json!({ "cluster": cluster, "certificateFingerprint": f, "denyList": format!("{}/{deny_list}", hub.namespace), "note": note }))
-                .collect();
-            if json {
-                print_json(&rows)?;
-            } else {
-                for f in &fingerprints {
-                    let f = view::escape(f);
-                    println!(
-                        "denied certificate {f} of cluster {cluster} in ConfigMap {}/{deny_list}: the hub ends its stream within seconds",
-                        hub.namespace
-                    );
-                }
-                println!(
-                    "OCM renews the agent's certificate daily: to cut {cluster} off for good, also disable its addon or stop OCM signing for it (docs/security.md)"
-                );
-            }
-        }
+        } => revoke(&hub, cluster, note, deny_list, json).await,
     }
+}
+
+/// `status`: the agents, as the replicas that answered report them.
+async fn status(hub: &Hub, json: bool) -> anyhow::Result<()> {
+    let now = secs(SystemTime::now());
+    let snapshot = hub.snapshot().await?;
+    warn_unreachable(&snapshot);
+    let rows = view::agent_rows(&snapshot);
+    if json {
+        print_json(&rows)?;
+    } else {
+        print!("{}", view::agent_table(&rows, now).render());
+    }
+    Ok(())
+}
+
+/// `apps`: each pulled Application of `namespace` (of all when `None`),
+/// with its route decided by the hub's rule.
+async fn apps(hub: &Hub, namespace: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let snapshot = hub.snapshot().await?;
+    warn_unreachable(&snapshot);
+    let rows: Vec<_> = hub
+        .applications(namespace)
+        .await?
+        .iter()
+        .map(|app| view::app_row(app, &route(app, &snapshot)))
+        .collect();
+    if json {
+        print_json(&rows)?;
+    } else {
+        print!("{}", view::app_table(&rows).render());
+    }
+    Ok(())
+}
+
+/// `explain`: why the hub Application `application` (NAMESPACE/NAME) is
+/// or is not delivered.
+async fn explain(hub: &Hub, application: &str, json: bool) -> anyhow::Result<()> {
+    let (ns, name) = application
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+        .ok_or_else(|| {
+            anyhow::anyhow!("{application:?} is not NAMESPACE/NAME, e.g. argocd/guestbook")
+        })?;
+    let app = hub
+        .application(ns, name)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("Application {ns}/{name} does not exist on the hub"))?;
+    let snapshot = hub.snapshot().await?;
+    warn_unreachable(&snapshot);
+    let route = route(&app, &snapshot);
+    let work = match &route {
+        Route::Deliver {
+            transport: Transport::ManifestWork,
+            target,
+        } => {
+            let work_name = argocd_pull_hub_controller::render::work::work_name(ns, name);
+            hub.work(&target.cluster, &work_name).await?
+        }
+        _ => None,
+    };
+    let explained = view::explain(
+        &app,
+        &route,
+        &snapshot,
+        work.as_ref(),
+        snapshot.authorization().is_some(),
+    );
+    if json {
+        return print_json(&explained);
+    }
+    println!(
+        "{}: {}",
+        view::escape(&explained.application),
+        if explained.delivered {
+            "delivered"
+        } else {
+            "not delivered"
+        }
+    );
+    for reason in &explained.reasons {
+        println!("  - {}", view::escape(reason));
+    }
+    Ok(())
+}
+
+/// `certs`: the hub's CAs and each replica's serving certificate.
+async fn certs(hub: &Hub, json: bool) -> anyhow::Result<()> {
+    let now = secs(SystemTime::now());
+    let (reports, unreachable) = hub.reports().await;
+    warn_unreachable(&Snapshot {
+        unreachable,
+        ..Snapshot::default()
+    });
+    let rows = hub.certificates(&reports).await;
+    if json {
+        print_json(&rows)?;
+    } else {
+        print!("{}", view::cert_table(&rows, now).render());
+    }
+    Ok(())
+}
+
+/// `revoke`: denies the certificates `cluster`'s agent is connected with,
+/// in the deny list ConfigMap `deny_list`, with `note` saying why.
+async fn revoke(
+    hub: &Hub,
+    cluster: &str,
+    note: &str,
+    deny_list: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let snapshot = hub.snapshot().await?;
+    warn_unreachable(&snapshot);
+    let fingerprints = view::connected_certificates(&snapshot, cluster);
+    if fingerprints.is_empty() {
+        anyhow::bail!(
+            "cluster {cluster:?}'s agent is not connected to any replica that answered: no certificate to deny. \
+             To cut the cluster off, disable its addon (clusteradm addon disable --names {} --clusters {cluster}) \
+             or delete its ManagedCluster (docs/security.md, Revoking a cluster)",
+            argocd_pull_apis::keys::ADDON_NAME
+        );
+    }
+    hub.deny(deny_list, &fingerprints, note).await?;
+    let rows: Vec<_> = fingerprints
+        .iter()
+        .map(|f| serde_json::json!({ "cluster": cluster, "certificateFingerprint": f, "denyList": format!("{}/{deny_list}", hub.namespace), "note": note }))
+        .collect();
+    if json {
+        return print_json(&rows);
+    }
+    for f in &fingerprints {
+        let f = view::escape(f);
+        println!(
+            "denied certificate {f} of cluster {cluster} in ConfigMap {}/{deny_list}: the hub ends its stream within seconds",
+            hub.namespace
+        );
+    }
+    println!(
+        "OCM renews the agent's certificate daily: to cut {cluster} off for good, also disable its addon or stop OCM signing for it (docs/security.md)"
+    );
     Ok(())
 }
 

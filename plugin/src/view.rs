@@ -327,7 +327,6 @@ pub fn explain(
                 .to_string(),
         );
     }
-    let labels = app.metadata.labels.clone().unwrap_or_default();
     if app.metadata.deletion_timestamp.is_some() {
         reasons.push(
             "it is being deleted: argocd-pull removes it from the cluster, then lets the hub copy go"
@@ -335,23 +334,11 @@ pub fn explain(
         );
     }
     match route {
-        Route::NotPulled if labels.contains_key(keys::MIRROR_OF) => {
-            reasons.push(format!(
-                "it is a read-only mirror of an Application an autonomous agent manages on cluster {:?}: \
-                 change it on that cluster, not here",
-                labels.get(keys::MIRROR_OF).cloned().unwrap_or_default()
-            ));
-        }
-        Route::NotPulled => reasons.push(format!(
-            "it is not labelled for the pull model: add label {}=true (and annotation {}=<cluster>)",
-            keys::PULL_LABEL,
-            keys::MANAGED_CLUSTER
-        )),
+        Route::NotPulled => reasons.push(not_pulled(app)),
         Route::Refused {
             reason, message, ..
         } => reasons.push(format!("it cannot be delivered: {reason}: {message}")),
         Route::Deliver { transport, target } => {
-            delivered = true;
             reasons.push(format!(
                 "it goes to cluster {:?} as Application {}/{name} there, by the {} transport; \
                  namespace {ns:?} may deploy there",
@@ -359,104 +346,166 @@ pub fn explain(
                 target.app_namespace,
                 transport.name()
             ));
-            match transport {
+            let (reached, reason) = match transport {
                 Transport::ManifestWork => {
                     let work_ref = format!("{}/{}", target.cluster, work_name(&ns, &name));
-                    match work {
-                        None => {
-                            delivered = false;
-                            reasons.push(format!(
-                                "ManifestWork {work_ref} does not exist yet: the hub-controller has not \
-                                 written it (is it running and the Lease holder?)"
-                            ));
-                        }
-                        Some(Work {
-                            applied: Some(true),
-                            ..
-                        }) => reasons.push(format!(
-                            "ManifestWork {work_ref} is applied by the cluster's work agent"
-                        )),
-                        Some(w) => {
-                            delivered = false;
-                            let available = snapshot.clusters.get(&target.cluster).copied().flatten();
-                            reasons.push(format!(
-                                "ManifestWork {work_ref} is not applied yet{}; the cluster's work agent \
-                                 applies it (ManagedCluster Available: {})",
-                                if w.message.is_empty() {
-                                    String::new()
-                                } else {
-                                    format!(" ({})", w.message)
-                                },
-                                available.map_or("Unknown".into(), |a| a.to_string())
-                            ));
-                        }
-                    }
+                    work_applied(&work_ref, work, snapshot, &target.cluster)
                 }
-                Transport::Grpc => {
-                    let agent = snapshot.reports.iter().find_map(|r| {
-                        r.agents
-                            .iter()
-                            .find(|a| a.cluster == target.cluster)
-                            .map(|a| (r.replica.as_str(), a))
-                    });
-                    match agent {
-                        Some((replica, a)) if a.mode == "autonomous" => {
-                            delivered = false;
-                            reasons.push(format!(
-                                "the cluster's agent (on replica {replica}) runs in autonomous mode: the \
-                                 hub delivers nothing there; set the addon's AGENT_MODE to managed, or \
-                                 manage the Application on the cluster"
-                            ));
-                        }
-                        Some((replica, a)) => reasons.push(format!(
-                            "the cluster's agent is connected to replica {replica} (managed mode, version {})",
-                            if a.version.is_empty() { "unknown" } else { &a.version }
-                        )),
-                        None => {
-                            delivered = false;
-                            let addon = snapshot.addons.get(&target.cluster);
-                            reasons.push(format!(
-                                "waiting for the cluster's agent: no replica that answered has it connected \
-                                 (OCM addon Available: {}); it is delivered when the agent connects",
-                                addon
-                                    .and_then(|a| a.available)
-                                    .map_or("Unknown".into(), |a| a.to_string())
-                            ));
-                        }
-                    }
-                }
-            }
+                Transport::Grpc => agent_connected(snapshot, &target.cluster),
+            };
+            delivered = reached;
+            reasons.push(reason);
         }
     }
-    let status = app.data.get("status").cloned().unwrap_or(Value::Null);
-    if let Some(condition) = condition_of(&status) {
-        let same = matches!(route, Route::Refused { message, reason, .. }
-            if condition == format!("{reason}: {message}"));
-        if !same {
-            delivered = false;
-            reasons.push(format!("the hub reports on the Application: {condition}"));
-        }
+    if let Some(reason) = reported_condition(app, route) {
+        delivered = false;
+        reasons.push(reason);
     }
     if !matches!(route, Route::NotPulled) {
-        match (
-            status_str(app, "/sync/status"),
-            status_str(app, "/health/status"),
-        ) {
-            (None, None) => reasons.push("no status from the cluster yet".into()),
-            (sync, health) => reasons.push(format!(
-                "on the cluster: sync {}, health {}{}",
-                or_dash(sync),
-                or_dash(health),
-                status_str(app, "/sync/revision")
-                    .map(|r| format!(", revision {r}"))
-                    .unwrap_or_default()
-            )),
-        }
+        reasons.push(cluster_status(app));
     }
     Explanation {
         application: format!("{ns}/{name}"),
         delivered,
         reasons,
+    }
+}
+
+/// Why an Application the hub's rule does not pull is not delivered: a
+/// mirror of an autonomous cluster's Application, or one not labelled.
+fn not_pulled(app: &Application) -> String {
+    let mirror_of = app
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(keys::MIRROR_OF));
+    match mirror_of {
+        Some(cluster) => format!(
+            "it is a read-only mirror of an Application an autonomous agent manages on cluster {cluster:?}: \
+             change it on that cluster, not here"
+        ),
+        None => format!(
+            "it is not labelled for the pull model: add label {}=true (and annotation {}=<cluster>)",
+            keys::PULL_LABEL,
+            keys::MANAGED_CLUSTER
+        ),
+    }
+}
+
+/// Whether the ManifestWork `work_ref` carrying the Application to
+/// `cluster` is applied there, and why in words: delivered only once the
+/// cluster's work agent has applied it.
+fn work_applied(
+    work_ref: &str,
+    work: Option<&Work>,
+    snapshot: &Snapshot,
+    cluster: &str,
+) -> (bool, String) {
+    match work {
+        None => (
+            false,
+            format!(
+                "ManifestWork {work_ref} does not exist yet: the hub-controller has not \
+                 written it (is it running and the Lease holder?)"
+            ),
+        ),
+        Some(Work {
+            applied: Some(true),
+            ..
+        }) => (
+            true,
+            format!("ManifestWork {work_ref} is applied by the cluster's work agent"),
+        ),
+        Some(w) => {
+            let available = snapshot.clusters.get(cluster).copied().flatten();
+            (
+                false,
+                format!(
+                    "ManifestWork {work_ref} is not applied yet{}; the cluster's work agent \
+                     applies it (ManagedCluster Available: {})",
+                    if w.message.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", w.message)
+                    },
+                    available.map_or("Unknown".into(), |a| a.to_string())
+                ),
+            )
+        }
+    }
+}
+
+/// Whether an agent in managed mode on `cluster` is connected to a replica
+/// that answered, and why in words: the gRPC transport delivers only to
+/// such an agent.
+fn agent_connected(snapshot: &Snapshot, cluster: &str) -> (bool, String) {
+    let agent = snapshot.reports.iter().find_map(|r| {
+        r.agents
+            .iter()
+            .find(|a| a.cluster == cluster)
+            .map(|a| (r.replica.as_str(), a))
+    });
+    match agent {
+        Some((replica, a)) if a.mode == "autonomous" => (
+            false,
+            format!(
+                "the cluster's agent (on replica {replica}) runs in autonomous mode: the \
+                 hub delivers nothing there; set the addon's AGENT_MODE to managed, or \
+                 manage the Application on the cluster"
+            ),
+        ),
+        Some((replica, a)) => (
+            true,
+            format!(
+                "the cluster's agent is connected to replica {replica} (managed mode, version {})",
+                if a.version.is_empty() {
+                    "unknown"
+                } else {
+                    &a.version
+                }
+            ),
+        ),
+        None => {
+            let addon = snapshot.addons.get(cluster);
+            (
+                false,
+                format!(
+                    "waiting for the cluster's agent: no replica that answered has it connected \
+                     (OCM addon Available: {}); it is delivered when the agent connects",
+                    addon
+                        .and_then(|a| a.available)
+                        .map_or("Unknown".into(), |a| a.to_string())
+                ),
+            )
+        }
+    }
+}
+
+/// The condition argocd-pull set on the Application, which stops its
+/// delivery, unless it is the refusal the route explains already.
+fn reported_condition(app: &Application, route: &Route) -> Option<String> {
+    let status = app.data.get("status").cloned().unwrap_or(Value::Null);
+    let condition = condition_of(&status)?;
+    let same = matches!(route, Route::Refused { message, reason, .. }
+        if condition == format!("{reason}: {message}"));
+    (!same).then(|| format!("the hub reports on the Application: {condition}"))
+}
+
+/// The sync and health the cluster last reported, in words.
+fn cluster_status(app: &Application) -> String {
+    match (
+        status_str(app, "/sync/status"),
+        status_str(app, "/health/status"),
+    ) {
+        (None, None) => "no status from the cluster yet".into(),
+        (sync, health) => format!(
+            "on the cluster: sync {}, health {}{}",
+            or_dash(sync),
+            or_dash(health),
+            status_str(app, "/sync/revision")
+                .map(|r| format!(", revision {r}"))
+                .unwrap_or_default()
+        ),
     }
 }
 

@@ -12,8 +12,9 @@ use argocd_pull_proto::digest::{Entries, Repair, SetDigest, repairs_for, resync_
 use argocd_pull_proto::limits::{self, MAX_MESSAGE_BYTES};
 use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
-    AckOutcome, AgentMessage, AgentMode, DigestSet, Heartbeat, HubMessage, ObjectAck, ObjectKey,
-    Welcome, agent_message, hub_message,
+    AckOutcome, AgentMessage, AgentMode, ApplicationDelete, ApplicationUpsert, Digest, DigestSet,
+    Heartbeat, HubMessage, ObjectAck, ObjectKey, ResyncRequest, Welcome, agent_message,
+    hub_message,
 };
 use argocd_pull_proto::{validate, version};
 use argocd_pull_runtime::Readiness;
@@ -220,11 +221,10 @@ impl Connection {
         }
     }
 
+    /// What the agent does with one message from the hub after the
+    /// Welcome; an error ends the stream.
     fn handle(&self, m: HubMessage) -> Result<(), String> {
         use hub_message::Kind;
-        let state = self.state();
-        let queue = &self.worker.queue;
-        let managed = self.config.mode == Mode::Managed;
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
             Kind::Heartbeat(_) => {}
@@ -234,108 +234,135 @@ impl Connection {
                     "the hub sent AppProjects, which an agent in autonomous mode does not keep"
                 ),
             },
-            Kind::Upsert(u) => {
-                let key = u.key.clone().expect("validated");
-                let refusal = if !managed {
-                    Some(
-                        "this agent runs in autonomous mode: the cluster owns its Applications"
-                            .to_string(),
-                    )
-                } else {
-                    limits::check_object_json(
-                        &format!("Application {}/{}", key.namespace, key.name),
-                        u.application_json.len(),
-                    )
-                    .err()
-                    .map(|e| e.to_string())
-                };
-                match refusal {
-                    Some(message) => reject(state, key, u.seq, message),
-                    None => {
-                        state.instruct(key.clone(), u.seq, Instruction::Upsert(Arc::new(u)));
-                        queue.add(key);
-                    }
-                }
-            }
-            Kind::Delete(d) => {
-                let key = d.key.clone().expect("validated");
-                if !managed {
-                    reject(
-                        state,
-                        key,
-                        d.seq,
-                        "this agent runs in autonomous mode: the cluster owns its Applications"
-                            .into(),
-                    );
-                } else {
-                    let instruction = if d.release {
-                        Instruction::Release { hub_uid: d.hub_uid }
-                    } else {
-                        Instruction::Delete { hub_uid: d.hub_uid }
-                    };
-                    state.instruct(key.clone(), d.seq, instruction);
-                    queue.add(key);
-                }
-            }
+            Kind::Upsert(u) => self.upsert(u),
+            Kind::Delete(d) => self.delete(d),
             Kind::Operation(op) => {
                 let key = op.key.clone().expect("validated");
-                state.add_op(key.clone(), op);
-                queue.add(key);
+                self.state().add_op(key.clone(), op);
+                self.worker.queue.add(key);
             }
-            Kind::ObjectAck(a) => {
-                let key = a.key.expect("validated");
-                match AckOutcome::try_from(a.outcome).unwrap_or(AckOutcome::Retry) {
-                    AckOutcome::Retry => {
-                        let (state, seq) = (state.clone(), a.seq);
-                        tokio::spawn(async move {
-                            tokio::time::sleep(RETRY_PAUSE).await;
-                            state.retry(&key, seq);
-                        });
-                    }
-                    AckOutcome::Rejected => {
-                        tracing::warn!(namespace = %key.namespace, name = %key.name, message = %a.message, "the hub refused a status report");
-                        state.acked(&key, a.seq);
-                    }
-                    _ => state.acked(&key, a.seq),
-                }
+            Kind::ObjectAck(a) => self.object_ack(a),
+            Kind::Digest(d) => self.digest(&d)?,
+            Kind::ResyncRequest(r) => self.resync_request(&r)?,
+        }
+        Ok(())
+    }
+
+    /// An Application to create or update: queued for the worker, unless
+    /// this agent runs in autonomous mode or it is over the size limit of
+    /// one object (then rejected).
+    fn upsert(&self, u: ApplicationUpsert) {
+        let state = self.state();
+        let key = u.key.clone().expect("validated");
+        let refusal = if self.config.mode != Mode::Managed {
+            Some(
+                "this agent runs in autonomous mode: the cluster owns its Applications".to_string(),
+            )
+        } else {
+            limits::check_object_json(
+                &format!("Application {}/{}", key.namespace, key.name),
+                u.application_json.len(),
+            )
+            .err()
+            .map(|e| e.to_string())
+        };
+        match refusal {
+            Some(message) => reject(state, key, u.seq, message),
+            None => {
+                state.instruct(key.clone(), u.seq, Instruction::Upsert(Arc::new(u)));
+                self.worker.queue.add(key);
             }
-            Kind::Digest(d) => {
-                let (set, theirs) = SetDigest::from_proto(&d).map_err(|e| e.to_string())?;
-                if set != DigestSet::Desired || !managed {
-                    return Ok(());
-                }
-                let ours = self.desired_replica();
-                let buckets = SetDigest::of(&ours).differing_buckets(&theirs);
-                if !buckets.is_empty() {
-                    tracing::info!(
-                        buckets = buckets.len(),
-                        "the hub's desired set differs from what is applied; asking for repairs"
-                    );
-                    self.worker.metrics.resyncs.inc();
-                    for r in resync_requests(DigestSet::Desired, &ours, &buckets) {
-                        state.control(AgentMessage {
-                            kind: Some(agent_message::Kind::ResyncRequest(r)),
-                        });
-                    }
-                }
+        }
+    }
+
+    /// An Application to delete, or to release (left on the cluster,
+    /// no longer the hub's): queued for the worker, unless this agent runs
+    /// in autonomous mode (then rejected).
+    fn delete(&self, d: ApplicationDelete) {
+        let state = self.state();
+        let key = d.key.clone().expect("validated");
+        if self.config.mode != Mode::Managed {
+            reject(
+                state,
+                key,
+                d.seq,
+                "this agent runs in autonomous mode: the cluster owns its Applications".into(),
+            );
+            return;
+        }
+        let instruction = if d.release {
+            Instruction::Release { hub_uid: d.hub_uid }
+        } else {
+            Instruction::Delete { hub_uid: d.hub_uid }
+        };
+        state.instruct(key.clone(), d.seq, instruction);
+        self.worker.queue.add(key);
+    }
+
+    /// The hub's answer to a status report: the report is sent again
+    /// after a pause (retry), or settled.
+    fn object_ack(&self, a: ObjectAck) {
+        let state = self.state();
+        let key = a.key.expect("validated");
+        match AckOutcome::try_from(a.outcome).unwrap_or(AckOutcome::Retry) {
+            AckOutcome::Retry => {
+                let (state, seq) = (state.clone(), a.seq);
+                tokio::spawn(async move {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    state.retry(&key, seq);
+                });
             }
-            Kind::ResyncRequest(r) => {
-                let repairs =
-                    repairs_for(&self.observed_entries(), &r).map_err(|e| e.to_string())?;
-                if !repairs.is_empty() {
-                    tracing::info!(
-                        repairs = repairs.len(),
-                        "the hub's view of this cluster differs; sending repairs"
-                    );
-                    self.worker.metrics.resyncs.inc();
-                }
-                for repair in repairs {
-                    match repair {
-                        Repair::Send(key) => self.worker.report(&key, true),
-                        Repair::Remove(key) => {
-                            state.report(&key, Report::Gone { uid: String::new() }, true)
-                        }
-                    }
+            AckOutcome::Rejected => {
+                tracing::warn!(namespace = %key.namespace, name = %key.name, message = %a.message, "the hub refused a status report");
+                state.acked(&key, a.seq);
+            }
+            _ => state.acked(&key, a.seq),
+        }
+    }
+
+    /// The digest of the hub's desired set: a managed agent asks for the
+    /// buckets where what it applied differs. Other digests, and any in
+    /// autonomous mode, are ignored.
+    fn digest(&self, d: &Digest) -> Result<(), String> {
+        let (set, theirs) = SetDigest::from_proto(d).map_err(|e| e.to_string())?;
+        if set != DigestSet::Desired || self.config.mode != Mode::Managed {
+            return Ok(());
+        }
+        let ours = self.desired_replica();
+        let buckets = SetDigest::of(&ours).differing_buckets(&theirs);
+        if !buckets.is_empty() {
+            tracing::info!(
+                buckets = buckets.len(),
+                "the hub's desired set differs from what is applied; asking for repairs"
+            );
+            self.worker.metrics.resyncs.inc();
+            for r in resync_requests(DigestSet::Desired, &ours, &buckets) {
+                self.state().control(AgentMessage {
+                    kind: Some(agent_message::Kind::ResyncRequest(r)),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The hub's entries in the buckets where its view of the observed set
+    /// differs from the agent's: answered with the repairs (a report sent
+    /// again, or one saying the Application is gone).
+    fn resync_request(&self, r: &ResyncRequest) -> Result<(), String> {
+        let repairs = repairs_for(&self.observed_entries(), r).map_err(|e| e.to_string())?;
+        if !repairs.is_empty() {
+            tracing::info!(
+                repairs = repairs.len(),
+                "the hub's view of this cluster differs; sending repairs"
+            );
+            self.worker.metrics.resyncs.inc();
+        }
+        for repair in repairs {
+            match repair {
+                Repair::Send(key) => self.worker.report(&key, true),
+                Repair::Remove(key) => {
+                    self.state()
+                        .report(&key, Report::Gone { uid: String::new() }, true)
                 }
             }
         }

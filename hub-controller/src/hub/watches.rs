@@ -222,8 +222,50 @@ impl Watches {
         consumers: Vec<Arc<dyn Consumer>>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
+        let (streams, caches) = self.streams(&client);
+        // What each AppProject's spec was when last passed on.
+        let mut project_specs: std::collections::HashMap<String, serde_json::Value> =
+            Default::default();
+        let mut lists = FirstLists::new(streams.len());
+        let mut events = futures::stream::select_all(streams);
+        tokio::pin!(shutdown);
+        loop {
+            let event = tokio::select! {
+                _ = &mut shutdown => return,
+                e = events.next() => e,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "watch of the hub failed; retrying"),
+                Some(Ok(event)) => {
+                    if let Event::Project(e) = &event
+                        && !project_spec_changed(&mut project_specs, e)
+                    {
+                        continue;
+                    }
+                    if let Event::App(e) = &event {
+                        caches.slots.observe(e);
+                    }
+                    for c in &consumers {
+                        c.event(&event);
+                    }
+                    if lists.count(&event) {
+                        for c in &consumers {
+                            c.synced();
+                        }
+                        tracing::info!(after = ?lists.started.elapsed(), "hub caches synced");
+                        caches.synced.send_replace(true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every watch the scope asks for, each through its cache, and the
+    /// caches' read side.
+    fn streams(self, client: &Client) -> (Vec<WatchStream>, Caches) {
         let pdr = placement_decision_resource();
-        let mut streams: Vec<BoxStream<'static, Result<Event, watcher::Error>>> = vec![
+        let mut streams: Vec<WatchStream> = vec![
             watch(
                 self.apps,
                 Api::<CachedApp>::all(client.clone()),
@@ -250,28 +292,12 @@ impl Watches {
             ),
         ];
         if self.scope.grpc {
-            streams.push(watch(
+            streams.extend(grpc_streams(
                 self.mirrors,
-                Api::<CachedApp>::all(client.clone()),
-                watcher::Config::default().labels(keys::MIRROR_OF),
-                Event::Mirror,
-            ));
-            streams.push(watch(
                 self.addons,
-                Api::<ManagedClusterAddOn>::all(client.clone()),
-                watcher::Config::default().fields(&format!("metadata.name={}", keys::ADDON_NAME)),
-                Event::Addon,
-            ));
-            // Only the addon's namespace: the hub-controller may read
-            // configs nowhere else (docs/security.md).
-            streams.push(watch(
                 self.configs,
-                Api::<AddOnDeploymentConfig>::namespaced(
-                    client.clone(),
-                    &self.scope.default_config.namespace,
-                ),
-                watcher::Config::default(),
-                Event::Config,
+                &self.scope.default_config.namespace,
+                client,
             ));
         }
         if let Some(ns) = &self.scope.projects {
@@ -295,62 +321,88 @@ impl Watches {
                 Event::Credential,
             ));
         }
-        // What each AppProject's spec was when last passed on.
-        let mut project_specs: std::collections::HashMap<String, serde_json::Value> =
-            Default::default();
-        // Each watch's first full list counts once.
-        let mut listed = [false; WATCH_NAMES.len()];
-        let mut objects = [0usize; WATCH_NAMES.len()];
-        let started = std::time::Instant::now();
-        let mut unlisted = streams.len();
-        let caches = self.caches;
-        let mut events = futures::stream::select_all(streams);
-        tokio::pin!(shutdown);
-        loop {
-            let event = tokio::select! {
-                _ = &mut shutdown => return,
-                e = events.next() => e,
-            };
-            match event {
-                None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, "watch of the hub failed; retrying"),
-                Some(Ok(event)) => {
-                    if let Event::Project(e) = &event
-                        && !project_spec_changed(&mut project_specs, e)
-                    {
-                        continue;
-                    }
-                    if let Event::App(e) = &event {
-                        caches.slots.observe(e);
-                    }
-                    for c in &consumers {
-                        c.event(&event);
-                    }
-                    let (source, step) = (event.source(), event.list_step());
-                    if !listed[source] && step == Some(ListStep::Object) {
-                        objects[source] += 1;
-                    }
-                    if step == Some(ListStep::Done) && !std::mem::replace(&mut listed[source], true)
-                    {
-                        // How long a start takes, and on what (docs/operations.md).
-                        tracing::info!(
-                            watch = event.watch_name(),
-                            objects = objects[source],
-                            after = ?started.elapsed(),
-                            "first list of the hub done"
-                        );
-                        unlisted -= 1;
-                        if unlisted == 0 {
-                            for c in &consumers {
-                                c.synced();
-                            }
-                            tracing::info!(after = ?started.elapsed(), "hub caches synced");
-                            caches.synced.send_replace(true);
-                        }
-                    }
-                }
-            }
+        (streams, self.caches)
+    }
+}
+
+/// One watch's events, through its cache.
+type WatchStream = BoxStream<'static, Result<Event, watcher::Error>>;
+
+/// The watches only the gRPC transport needs: the autonomous mirrors, the
+/// addons, and the AddOnDeploymentConfigs of the addon's namespace
+/// (`config_namespace`).
+fn grpc_streams(
+    mirrors: reflector::store::Writer<CachedApp>,
+    addons: reflector::store::Writer<ManagedClusterAddOn>,
+    configs: reflector::store::Writer<AddOnDeploymentConfig>,
+    config_namespace: &str,
+    client: &Client,
+) -> [WatchStream; 3] {
+    [
+        watch(
+            mirrors,
+            Api::<CachedApp>::all(client.clone()),
+            watcher::Config::default().labels(keys::MIRROR_OF),
+            Event::Mirror,
+        ),
+        watch(
+            addons,
+            Api::<ManagedClusterAddOn>::all(client.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={}", keys::ADDON_NAME)),
+            Event::Addon,
+        ),
+        // Only the addon's namespace: the hub-controller may read
+        // configs nowhere else (docs/security.md).
+        watch(
+            configs,
+            Api::<AddOnDeploymentConfig>::namespaced(client.clone(), config_namespace),
+            watcher::Config::default(),
+            Event::Config,
+        ),
+    ]
+}
+
+/// How far the watches are through their first full lists, which tell
+/// when the caches are synced and how long a start took.
+struct FirstLists {
+    /// Each watch's first full list counts once.
+    listed: [bool; WATCH_NAMES.len()],
+    /// Objects in each watch's first full list.
+    objects: [usize; WATCH_NAMES.len()],
+    started: std::time::Instant,
+    /// Watches whose first full list has not ended yet.
+    unlisted: usize,
+}
+
+impl FirstLists {
+    fn new(watches: usize) -> Self {
+        Self {
+            listed: [false; WATCH_NAMES.len()],
+            objects: [0; WATCH_NAMES.len()],
+            started: std::time::Instant::now(),
+            unlisted: watches,
         }
+    }
+
+    /// Counts an event of a first list; true when it ends the last of the
+    /// first lists (the caches are synced).
+    fn count(&mut self, event: &Event) -> bool {
+        let (source, step) = (event.source(), event.list_step());
+        if !self.listed[source] && step == Some(ListStep::Object) {
+            self.objects[source] += 1;
+        }
+        if step == Some(ListStep::Done) && !std::mem::replace(&mut self.listed[source], true) {
+            // How long a start takes, and on what (docs/operations.md).
+            tracing::info!(
+                watch = event.watch_name(),
+                objects = self.objects[source],
+                after = ?self.started.elapsed(),
+                "first list of the hub done"
+            );
+            self.unlisted -= 1;
+            return self.unlisted == 0;
+        }
+        false
     }
 }
 

@@ -3,6 +3,8 @@
 //! `argocd-pull-mirror`, deleted when the spoke's copy is gone, and the
 //! commands a mirror carries.
 
+use std::sync::Arc;
+
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_proto::content;
@@ -14,7 +16,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 
-use super::super::cluster::{Observation, Work};
+use super::super::cluster::{ClusterState, Observation, Report, Work};
 use super::{Hub, MIRROR_MANAGER};
 use crate::hub::cached::CachedApp;
 use crate::transport::grpc::render;
@@ -59,136 +61,191 @@ impl Hub {
             // Decided again when the echo of our last write arrives.
             return Ok(());
         }
-        let current = cached.map(|m| m.application());
-        let api: Api<Application> =
-            Api::namespaced_with(self.client.clone(), cluster, &application_resource());
-        let source = format!("{}/{}", key.namespace, key.name);
-        let is_ours = |m: &Application| {
-            m.annotations().get(keys::MIRROR_SOURCE) == Some(&source)
-                && m.labels().get(keys::MIRROR_OF).map(String::as_str) == Some(cluster)
+        let mirror = Mirror {
+            cluster,
+            key,
+            api: Api::namespaced_with(self.client.clone(), cluster, &application_resource()),
+            source: format!("{}/{}", key.namespace, key.name),
+            current: cached.map(|m| m.application()),
+            cs,
         };
-        let observation = cs.lock().observed.get(key).cloned();
+        let observation = mirror.cs.lock().observed.get(key).cloned();
         match observation {
             Some(Observation::Observed { version, report }) => {
-                let app: Value = report
-                    .application
-                    .as_ref()
-                    .and_then(|a| a.parse().ok())
-                    .unwrap_or_default();
-                let status: Value = report.status.parse().unwrap_or_default();
-                let wanted = render::mirror(cluster, key, &app, &status, &version);
-                if current.is_none() {
-                    // The mirror cache sees only mirrors: a hub Application
-                    // of that name without our label is someone else's and
-                    // must not be taken over.
-                    if let Some(other) = api.get_opt(&key.name).await?
-                        && !is_ours(&other)
-                    {
-                        let message = format!(
-                            "cluster {cluster}'s Application {source} is not mirrored: this Application has its name in namespace {cluster}; rename one of them"
-                        );
-                        tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
-                        self.writer
-                            .event(&other, EventType::Warning, "MirrorNameTaken", &message)
-                            .await;
-                        return Ok(());
-                    }
-                }
-                if let Some(m) = &current {
-                    if !is_ours(m) {
-                        tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
-                        return Ok(());
-                    }
-                    if render::mirror_matches(m, &wanted) {
-                        return self
-                            .commands(
-                                m,
-                                Work::Mirror {
-                                    cluster: cluster.into(),
-                                    key: key.clone(),
-                                },
-                                &cs,
-                                key,
-                            )
-                            .await;
-                    }
-                }
-                let applied = api
-                    .patch(
-                        &key.name,
-                        &PatchParams::apply(MIRROR_MANAGER).force(),
-                        &Patch::Apply(&wanted),
-                    )
-                    .await?;
-                self.writer.written().record(&applied.metadata);
-                self.metrics.status_writes.inc();
-                // Fields someone else added to the spec are not the
-                // mirror's: take them out (server-side apply keeps them).
-                let have = serde_json::to_value(&applied).unwrap_or_default();
-                if let Some(diff) = content::merge_diff(
-                    have.get("spec").unwrap_or(&Value::Null),
-                    wanted.get("spec").unwrap_or(&Value::Null),
-                ) {
-                    let patch = json!({ "metadata": { "resourceVersion": applied.resource_version() }, "spec": diff });
-                    match api
-                        .patch(
-                            &key.name,
-                            &PatchParams::apply(MIRROR_MANAGER),
-                            &Patch::Merge(patch),
-                        )
-                        .await
-                    {
-                        Ok(m) => self.writer.written().record(&m.metadata),
-                        Err(kube::Error::Api(s)) if s.code == 409 => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(())
+                self.write_mirror(&mirror, &version, &report).await
             }
-            Some(Observation::Gone) => {
-                cs.lock().observed.remove(key);
-                if let Some(m) = current.filter(|m| is_ours(m)) {
-                    let dp = DeleteParams {
-                        preconditions: Some(kube::api::Preconditions {
-                            uid: m.metadata.uid.clone(),
-                            resource_version: None,
-                        }),
-                        ..Default::default()
-                    };
-                    match api.delete(&key.name, &dp).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                        Err(e) => return Err(e),
-                    }
-                    self.writer.written().forget(cluster, &key.name);
-                    tracing::info!(%cluster, %source, "spoke Application gone; mirror deleted");
-                }
-                Ok(())
-            }
-            Some(Observation::Mirrored { .. }) => {
-                // Known from the hub only (after a restart): the spec must
-                // still be what the mirror was written with, else the agent
-                // is asked for the Application again.
-                if let Some(m) = current.filter(|m| is_ours(m)) {
-                    let spec_hash = m.data.get("spec").map(content::hash).unwrap_or_default();
-                    if m.annotations().get(keys::SPEC_HASH) != Some(&spec_hash) {
-                        cs.lock().observed.remove(key);
-                        cs.request_resync(bucket_of(key));
-                    }
-                    self.commands(
-                        &m,
-                        Work::Mirror {
-                            cluster: cluster.into(),
-                            key: key.clone(),
-                        },
-                        &cs,
-                        key,
-                    )
-                    .await?;
-                }
-                Ok(())
-            }
+            Some(Observation::Gone) => self.delete_mirror(&mirror).await,
+            Some(Observation::Mirrored { .. }) => self.recheck_mirror(&mirror).await,
             None => Ok(()),
+        }
+    }
+
+    /// The agent reported the Application: its mirror is written unless
+    /// its name is taken, and a mirror already as reported only has its
+    /// commands looked at.
+    async fn write_mirror(
+        &self,
+        mirror: &Mirror<'_>,
+        version: &str,
+        report: &Report,
+    ) -> Result<(), kube::Error> {
+        let app: Value = report
+            .application
+            .as_ref()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_default();
+        let status: Value = report.status.parse().unwrap_or_default();
+        let wanted = render::mirror(mirror.cluster, mirror.key, &app, &status, version);
+        if !self.mirror_name_free(mirror).await? {
+            return Ok(());
+        }
+        if let Some(m) = &mirror.current
+            && render::mirror_matches(m, &wanted)
+        {
+            return self
+                .commands(m, mirror.work(), &mirror.cs, mirror.key)
+                .await;
+        }
+        self.apply_mirror(mirror, &wanted).await
+    }
+
+    /// Whether the mirror may have its name: false when a hub Application
+    /// that is not this mirror has it, which is warned about and left
+    /// alone.
+    async fn mirror_name_free(&self, mirror: &Mirror<'_>) -> Result<bool, kube::Error> {
+        let (cluster, source) = (mirror.cluster, &mirror.source);
+        match &mirror.current {
+            // The mirror cache sees only mirrors: a hub Application
+            // of that name without our label is someone else's and
+            // must not be taken over.
+            None => {
+                if let Some(other) = mirror.api.get_opt(&mirror.key.name).await?
+                    && !mirror.is_ours(&other)
+                {
+                    let message = format!(
+                        "cluster {cluster}'s Application {source} is not mirrored: this Application has its name in namespace {cluster}; rename one of them"
+                    );
+                    tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
+                    self.writer
+                        .event(&other, EventType::Warning, "MirrorNameTaken", &message)
+                        .await;
+                    return Ok(false);
+                }
+                Ok(true)
+            }
+            Some(m) if !mirror.is_ours(m) => {
+                tracing::warn!(%cluster, %source, "a hub Application that is not this mirror has its name; not mirrored");
+                Ok(false)
+            }
+            Some(_) => Ok(true),
+        }
+    }
+
+    /// Writes the mirror as `wanted` by server-side apply.
+    async fn apply_mirror(&self, mirror: &Mirror<'_>, wanted: &Value) -> Result<(), kube::Error> {
+        let (api, name) = (&mirror.api, &mirror.key.name);
+        let applied = api
+            .patch(
+                name,
+                &PatchParams::apply(MIRROR_MANAGER).force(),
+                &Patch::Apply(wanted),
+            )
+            .await?;
+        self.writer.written().record(&applied.metadata);
+        self.metrics.status_writes.inc();
+        // Fields someone else added to the spec are not the
+        // mirror's: take them out (server-side apply keeps them).
+        let have = serde_json::to_value(&applied).unwrap_or_default();
+        if let Some(diff) = content::merge_diff(
+            have.get("spec").unwrap_or(&Value::Null),
+            wanted.get("spec").unwrap_or(&Value::Null),
+        ) {
+            let patch = json!({ "metadata": { "resourceVersion": applied.resource_version() }, "spec": diff });
+            match api
+                .patch(
+                    name,
+                    &PatchParams::apply(MIRROR_MANAGER),
+                    &Patch::Merge(patch),
+                )
+                .await
+            {
+                Ok(m) => self.writer.written().record(&m.metadata),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent reported the Application gone: so is its mirror, and the
+    /// hub forgets what it observed of it.
+    async fn delete_mirror(&self, mirror: &Mirror<'_>) -> Result<(), kube::Error> {
+        let (cluster, key, source) = (mirror.cluster, mirror.key, &mirror.source);
+        mirror.cs.lock().observed.remove(key);
+        if let Some(m) = mirror.current.as_ref().filter(|m| mirror.is_ours(m)) {
+            let dp = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: m.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match mirror.api.delete(&key.name, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+            self.writer.written().forget(cluster, &key.name);
+            tracing::info!(%cluster, %source, "spoke Application gone; mirror deleted");
+        }
+        Ok(())
+    }
+
+    /// Known from the hub only (after a restart): the spec must
+    /// still be what the mirror was written with, else the agent
+    /// is asked for the Application again.
+    async fn recheck_mirror(&self, mirror: &Mirror<'_>) -> Result<(), kube::Error> {
+        let (cs, key) = (&mirror.cs, mirror.key);
+        if let Some(m) = mirror.current.as_ref().filter(|m| mirror.is_ours(m)) {
+            let spec_hash = m.data.get("spec").map(content::hash).unwrap_or_default();
+            if m.annotations().get(keys::SPEC_HASH) != Some(&spec_hash) {
+                cs.lock().observed.remove(key);
+                cs.request_resync(bucket_of(key));
+            }
+            self.commands(m, mirror.work(), cs, key).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The mirror of one spoke Application being reconciled, and what the
+/// hub's cache holds under its name.
+struct Mirror<'a> {
+    cluster: &'a str,
+    key: &'a ObjectKey,
+    cs: Arc<ClusterState>,
+    /// Applications in the cluster's hub namespace.
+    api: Api<Application>,
+    /// The spoke Application mirrored, as `namespace/name`.
+    source: String,
+    /// The mirror cache's Application of the mirror's name.
+    current: Option<Application>,
+}
+
+impl Mirror<'_> {
+    /// Whether a hub Application of the mirror's name is this mirror:
+    /// written for this spoke Application of this cluster.
+    fn is_ours(&self, m: &Application) -> bool {
+        m.annotations().get(keys::MIRROR_SOURCE) == Some(&self.source)
+            && m.labels().get(keys::MIRROR_OF).map(String::as_str) == Some(self.cluster)
+    }
+
+    /// The work that reconciles this mirror, owner of the commands it
+    /// carries.
+    fn work(&self) -> Work {
+        Work::Mirror {
+            cluster: self.cluster.into(),
+            key: self.key.clone(),
         }
     }
 }

@@ -19,6 +19,7 @@ use argocd_pull_proto::limits::MAX_MESSAGE_BYTES;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, Heartbeat, HubMessage, Welcome, agent_message, hub_message,
 };
+use argocd_pull_proto::version::Negotiated;
 use argocd_pull_proto::{validate, version};
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
@@ -60,125 +61,32 @@ pub async fn run(
     out: Out,
     shutdown: watch::Receiver<bool>,
 ) {
-    let metrics = hub.metrics.clone();
-    let cluster = peer.cluster.clone();
-    let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
-        Err(_) => {
-            refuse(
-                &hub,
-                &cluster,
-                "handshake-timeout",
-                &out,
-                Status::deadline_exceeded("no Hello within 30s"),
-            )
-            .await;
-            return;
-        }
-        Ok(Err(status)) => {
-            let status = inbound_error(status);
-            refuse(&hub, &cluster, "malformed", &out, status).await;
-            return;
-        }
-        Ok(Ok(None)) => return,
-        Ok(Ok(Some(m))) => m,
-    };
-    let negotiated = validate::first_agent_message(&hello)
-        .map_err(Status::from)
-        .and_then(|h| version::negotiate(&Default::default(), h).map_err(Status::from));
-    let negotiated = match negotiated {
-        Ok(n) => n,
-        Err(status) => {
-            let reason = if status.code() == tonic::Code::FailedPrecondition {
-                "protocol-version"
-            } else {
-                "malformed"
-            };
-            refuse(&hub, &cluster, reason, &out, status).await;
-            return;
-        }
-    };
-    let agent_version = match &hello.kind {
-        Some(agent_message::Kind::Hello(h)) => h.agent_version.clone(),
-        _ => String::new(),
-    };
-    // Digests and decisions need the whole view of the hub, and nobody is
-    // welcomed before the deny list is known.
-    hub.wait_synced().await;
-    hub.config.deny_list.wait_loaded().await;
-    // Again: time passed, the deny list or the cluster may have changed.
-    if let Err(r) = hub.admit(&peer) {
-        refuse(&hub, &cluster, r.reason, &out, r.status).await;
+    let Some((negotiated, agent_version)) = handshake(&hub, &peer, &mut inbound, &out).await else {
         return;
-    }
-    if let Err(status) = configured_mode(&hub, &cluster, negotiated.mode) {
-        refuse(&hub, &cluster, "mode", &out, status).await;
+    };
+    let Some(Attached { cs, id, stop }) =
+        attach(&hub, &peer, &negotiated, &agent_version, &out).await
+    else {
         return;
-    }
-
-    let cs = hub.cluster(&cluster);
-    let id = hub.session_id();
-    let agent = Agent {
-        fingerprint: peer.fingerprint.clone(),
-        version: agent_version.clone(),
-        certificate_not_after: peer.not_after,
-        since: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs() as i64,
-        capabilities: negotiated.capabilities.iter().cloned().collect(),
     };
-    let stop = match cs.attach_as(id, negotiated.mode, agent) {
-        Ok(stop) => stop,
-        Err(why) => {
-            let r = Refusal::revoked(&cluster, &why);
-            refuse(&hub, &cluster, r.reason, &out, r.status).await;
-            return;
-        }
-    };
-    // Denied between the check and the attach: the deny list's sweep may
-    // have missed this session.
-    if let Some(note) = hub.config.deny_list.denied(&peer.fingerprint) {
-        cs.detach(id);
-        let r = Refusal::denied(&hub.config.deny_list, &peer.fingerprint, &note);
-        refuse(&hub, &cluster, r.reason, &out, r.status).await;
-        return;
-    }
-    // With several replicas, this one now writes for the cluster (once
-    // the one its agent was on before lets go).
-    hub.claim_for(&cluster, &cs, id);
-    cs.set_control_gauge(
-        metrics
-            .control_queue
-            .get_or_create(&metrics.cluster(&cluster))
-            .clone(),
-    );
-    let heartbeat = hub.config.heartbeat;
-    let welcome = Welcome {
-        protocol_version: negotiated.version,
-        capabilities: negotiated.capabilities.iter().cloned().collect(),
-        hub_version: env!("CARGO_PKG_VERSION").into(),
-        heartbeat_interval_seconds: heartbeat.as_secs().max(1) as u32,
-        digest_interval_seconds: hub.config.digest_interval.as_secs().max(1) as u32,
-        max_message_bytes: MAX_MESSAGE_BYTES as u32,
-    };
+    let cluster = &peer.cluster;
+    let metrics = &hub.metrics;
     if out
-        .send(Box::new(Ok(HubMessage {
-            kind: Some(hub_message::Kind::Welcome(welcome)),
-        })))
+        .send(Box::new(Ok(welcome(&hub, &negotiated))))
         .await
         .is_err()
     {
         cs.detach(id);
-        hub.session_ended(&cluster, &cs);
+        hub.session_ended(cluster, &cs);
         return;
     }
     let mode = version::mode_name(negotiated.mode);
     tracing::info!(%cluster, session = id, mode, protocol = negotiated.version, %agent_version, certificate = %peer.fingerprint, "agent connected");
     metrics
         .connected
-        .get_or_create(&metrics.cluster(&cluster))
+        .get_or_create(&metrics.cluster(cluster))
         .set(1);
-    seen(&hub, &cluster);
+    seen(&hub, cluster);
     // Both sides compare right away: whatever a broken stream lost is
     // repaired now, not at the next periodic digest.
     if negotiated.mode == AgentMode::Managed {
@@ -208,31 +116,193 @@ pub async fn run(
             fingerprint: &peer.fingerprint,
             closed: &out,
         },
-        heartbeat,
+        hub.config.heartbeat,
     )
     .await;
     sender.abort();
     cs.detach(id);
-    hub.session_ended(&cluster, &cs);
+    hub.session_ended(cluster, &cs);
     metrics
         .connected
-        .get_or_create(&metrics.cluster(&cluster))
+        .get_or_create(&metrics.cluster(cluster))
         .set(0);
+    report_end(&hub, cluster, id, end, &out).await;
+}
+
+/// The handshake up to the point where the agent may be attached: its
+/// Hello read and negotiated, the hub's view synced, the cluster admitted
+/// and the agent's mode the configured one. Returns what was negotiated
+/// and the agent's version; `None` when the stream was refused (the
+/// refusal already sent) or ended before its Hello.
+async fn handshake(
+    hub: &Hub,
+    peer: &Peer,
+    inbound: &mut Streaming<AgentMessage>,
+    out: &Out,
+) -> Option<(Negotiated, String)> {
+    let cluster = &peer.cluster;
+    let hello = read_hello(hub, cluster, inbound, out).await?;
+    let negotiated = validate::first_agent_message(&hello)
+        .map_err(Status::from)
+        .and_then(|h| version::negotiate(&Default::default(), h).map_err(Status::from));
+    let negotiated = match negotiated {
+        Ok(n) => n,
+        Err(status) => {
+            let reason = if status.code() == tonic::Code::FailedPrecondition {
+                "protocol-version"
+            } else {
+                "malformed"
+            };
+            refuse(hub, cluster, reason, out, status).await;
+            return None;
+        }
+    };
+    let agent_version = match &hello.kind {
+        Some(agent_message::Kind::Hello(h)) => h.agent_version.clone(),
+        _ => String::new(),
+    };
+    // Digests and decisions need the whole view of the hub, and nobody is
+    // welcomed before the deny list is known.
+    hub.wait_synced().await;
+    hub.config.deny_list.wait_loaded().await;
+    // Again: time passed, the deny list or the cluster may have changed.
+    if let Err(r) = hub.admit(peer) {
+        refuse(hub, cluster, r.reason, out, r.status).await;
+        return None;
+    }
+    if let Err(status) = configured_mode(hub, cluster, negotiated.mode) {
+        refuse(hub, cluster, "mode", out, status).await;
+        return None;
+    }
+    Some((negotiated, agent_version))
+}
+
+/// The stream's first message, which must come within [`HELLO_TIMEOUT`];
+/// `None` when the stream was refused (the refusal already sent) or the
+/// agent closed it without a word.
+async fn read_hello(
+    hub: &Hub,
+    cluster: &str,
+    inbound: &mut Streaming<AgentMessage>,
+    out: &Out,
+) -> Option<AgentMessage> {
+    match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+        Err(_) => {
+            refuse(
+                hub,
+                cluster,
+                "handshake-timeout",
+                out,
+                Status::deadline_exceeded("no Hello within 30s"),
+            )
+            .await;
+            None
+        }
+        Ok(Err(status)) => {
+            let status = inbound_error(status);
+            refuse(hub, cluster, "malformed", out, status).await;
+            None
+        }
+        Ok(Ok(None)) => None,
+        Ok(Ok(Some(m))) => Some(m),
+    }
+}
+
+/// A session attached to its cluster's state.
+struct Attached {
+    cs: Arc<ClusterState>,
+    id: u64,
+    /// Tells the session why it must end: replaced, revoked or denied.
+    stop: watch::Receiver<Option<Stop>>,
+}
+
+/// Makes the admitted agent its cluster's session, then this replica the
+/// one that writes for the cluster. `None` when the stream was refused
+/// (the refusal already sent): the cluster was revoked, or the
+/// certificate denied, meanwhile.
+async fn attach(
+    hub: &Arc<Hub>,
+    peer: &Peer,
+    negotiated: &Negotiated,
+    agent_version: &str,
+    out: &Out,
+) -> Option<Attached> {
+    let cluster = &peer.cluster;
+    let cs = hub.cluster(cluster);
+    let id = hub.session_id();
+    let agent = Agent {
+        fingerprint: peer.fingerprint.clone(),
+        version: agent_version.to_owned(),
+        certificate_not_after: peer.not_after,
+        since: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs() as i64,
+        capabilities: negotiated.capabilities.iter().cloned().collect(),
+    };
+    let stop = match cs.attach_as(id, negotiated.mode, agent) {
+        Ok(stop) => stop,
+        Err(why) => {
+            let r = Refusal::revoked(cluster, &why);
+            refuse(hub, cluster, r.reason, out, r.status).await;
+            return None;
+        }
+    };
+    // Denied between the check and the attach: the deny list's sweep may
+    // have missed this session.
+    if let Some(note) = hub.config.deny_list.denied(&peer.fingerprint) {
+        cs.detach(id);
+        let r = Refusal::denied(&hub.config.deny_list, &peer.fingerprint, &note);
+        refuse(hub, cluster, r.reason, out, r.status).await;
+        return None;
+    }
+    // With several replicas, this one now writes for the cluster (once
+    // the one its agent was on before lets go).
+    hub.claim_for(cluster, &cs, id);
+    let metrics = &hub.metrics;
+    cs.set_control_gauge(
+        metrics
+            .control_queue
+            .get_or_create(&metrics.cluster(cluster))
+            .clone(),
+    );
+    Some(Attached { cs, id, stop })
+}
+
+/// The hub's answer to a Hello: what was negotiated, and the intervals
+/// and the message size limit the agent must keep to.
+fn welcome(hub: &Hub, negotiated: &Negotiated) -> HubMessage {
+    let welcome = Welcome {
+        protocol_version: negotiated.version,
+        capabilities: negotiated.capabilities.iter().cloned().collect(),
+        hub_version: env!("CARGO_PKG_VERSION").into(),
+        heartbeat_interval_seconds: hub.config.heartbeat.as_secs().max(1) as u32,
+        digest_interval_seconds: hub.config.digest_interval.as_secs().max(1) as u32,
+        max_message_bytes: MAX_MESSAGE_BYTES as u32,
+    };
+    HubMessage {
+        kind: Some(hub_message::Kind::Welcome(welcome)),
+    }
+}
+
+/// Logs how a session ended and tells the agent why, when it is still
+/// there to read it.
+async fn report_end(hub: &Hub, cluster: &str, id: u64, end: End, out: &Out) {
     match end {
         End::Closed => tracing::info!(%cluster, session = id, "agent disconnected"),
         End::Replaced => {
             tracing::info!(%cluster, session = id, "replaced by a newer connection of the same cluster");
             last_word(
-                &out,
+                out,
                 Status::aborted("replaced by a newer connection from the same cluster"),
             )
             .await;
         }
         End::Shutdown => {
-            last_word(&out, Status::unavailable("the hub is shutting down")).await;
+            last_word(out, Status::unavailable("the hub is shutting down")).await;
         }
         End::Error(reason, status) => {
-            refuse(&hub, &cluster, reason, &out, status).await;
+            refuse(hub, cluster, reason, out, status).await;
         }
     }
 }
