@@ -2,6 +2,7 @@
 //! writes the fed-back status onto it, and on deletion removes the work
 //! before releasing Argo CD's finalizers.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,12 +80,11 @@ pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action,
     result
 }
 
+/// One pass over a hub Application: its route, then (delivered by
+/// ManifestWork and owning its spoke key) its work, the commands it hands
+/// over, and the status fed back. Each step that decides the pass is done
+/// returns the [`Action`] ([`ControlFlow::Break`]).
 async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Error> {
-    let ns = app.namespace().unwrap_or_default();
-    let name = app.name_any();
-    let apps: Api<Application> =
-        Api::namespaced_with(ctx.client.clone(), &ns, &application_resource());
-
     let route = decide(
         app,
         &Facts {
@@ -94,23 +94,61 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         },
     );
     if app.metadata.deletion_timestamp.is_some() {
-        return match route {
-            // The gRPC side deletes it on the spoke and releases it.
-            Route::Deliver {
-                transport: Transport::Grpc,
-                target,
-            } => hand_over_to_grpc(app, &target, ctx).await,
-            // Another Application owns the spoke copy: a work of this one
-            // (from before the owner came) must not take it along.
-            Route::Deliver { target, .. } if other_owner(app, &target, ctx).is_some() => {
-                orphan_work(app, &target, ctx, "refused").await?;
-                finalize(app, ctx).await
-            }
-            _ => finalize(app, ctx).await,
-        };
+        return reconcile_deleting(app, route, ctx).await;
     }
+    let target = match delivered_here(app, route, ctx).await? {
+        ControlFlow::Continue(t) => t,
+        ControlFlow::Break(action) => return Ok(action),
+    };
+    let (applied, work_name) = match deliver(app, &target, ctx).await? {
+        ControlFlow::Continue(w) => w,
+        ControlFlow::Break(action) => return Ok(action),
+    };
+    // One write to the Application per pass: after it, the echo of the
+    // write brings the Application back here and the rest is decided from
+    // the cache showing it (never from an older copy).
+    if let Some(action) = hand_over_commands(app, &target, &applied, ctx).await? {
+        return Ok(action);
+    }
+    write_feedback(app, &target, &work_name, &applied, ctx).await
+}
+
+/// A hub Application being deleted: the gRPC side deletes what it
+/// delivered; a work of one refused for another's spoke key is orphaned
+/// first, so that the owner's copy stays; then the work goes and the
+/// finalizers are released ([`finalize`]).
+async fn reconcile_deleting(
+    app: &Application,
+    route: Route,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    match route {
+        // The gRPC side deletes it on the spoke and releases it.
+        Route::Deliver {
+            transport: Transport::Grpc,
+            target,
+        } => hand_over_to_grpc(app, &target, ctx).await,
+        // Another Application owns the spoke copy: a work of this one
+        // (from before the owner came) must not take it along.
+        Route::Deliver { target, .. } if other_owner(app, &target, ctx).is_some() => {
+            orphan_work(app, &target, ctx, "refused").await?;
+            finalize(app, ctx).await
+        }
+        _ => finalize(app, ctx).await,
+    }
+}
+
+/// Where `app` goes when this transport delivers it and it owns its spoke
+/// key; otherwise the pass ends here: not pulled, the gRPC transport's
+/// (a work left from before is handed over), or refused (a condition and
+/// an Event say why).
+async fn delivered_here(
+    app: &Application,
+    route: Route,
+    ctx: &Context,
+) -> Result<ControlFlow<Action, Target>, Error> {
     let target = match route {
-        Route::NotPulled => return Ok(Action::await_change()),
+        Route::NotPulled => return Ok(ControlFlow::Break(Action::await_change())),
         Route::Deliver {
             transport: Transport::ManifestWork,
             target,
@@ -122,20 +160,25 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             by: Transport::Grpc,
             target: Some(target),
             ..
-        } => return hand_over_to_grpc(app, &target, ctx).await,
+        } => {
+            return hand_over_to_grpc(app, &target, ctx)
+                .await
+                .map(ControlFlow::Break);
+        }
         Route::Refused {
             reason, message, ..
         } => {
             // A cluster joining or a PlacementDecision changing triggers a
             // reconcile (see `super::triggers`).
             refuse(app, ctx, reason, &message).await?;
-            return Ok(Action::await_change());
+            return Ok(ControlFlow::Break(Action::await_change()));
         }
     };
     if let Some(owner) = other_owner(app, &target, ctx) {
         let msg = format!(
-            "Application {}/{name} on cluster {} is already delivered for {owner}, which keeps it: rename this Application or change its {} annotation",
+            "Application {}/{} on cluster {} is already delivered for {owner}, which keeps it: rename this Application or change its {} annotation",
             target.app_namespace,
+            app.name_any(),
             target.cluster,
             keys::MANAGED_CLUSTER_APP_NAMESPACE
         );
@@ -143,13 +186,27 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         // A work of this Application from before is removed, leaving the
         // spoke copy to its owner.
         orphan_work(app, &target, ctx, "refused").await?;
-        return Ok(Action::await_change());
+        return Ok(ControlFlow::Break(Action::await_change()));
     }
-    let mut work = match manifest_work(app, &target, delivered_copy(app, &target), &ctx.options) {
+    Ok(ControlFlow::Continue(target))
+}
+
+/// Writes `app`'s ManifestWork on `target`'s cluster unless the one there
+/// already carries it; returns the work as applied and its name. The pass
+/// ends here when the work is too large, when a work of the same name
+/// belongs to another Application or is still being deleted, or when the
+/// cache still shows an Application just deleted.
+async fn deliver(
+    app: &Application,
+    target: &Target,
+    ctx: &Context,
+) -> Result<ControlFlow<Action, (ManifestWork, String)>, Error> {
+    let (ns, name) = (app.namespace().unwrap_or_default(), app.name_any());
+    let mut work = match manifest_work(app, target, delivered_copy(app, target), &ctx.options) {
         Ok(w) => w,
         Err(e) => {
             refuse(app, ctx, Reason::TooLarge, &e.to_string()).await?;
-            return Ok(Action::await_change());
+            return Ok(ControlFlow::Break(Action::await_change()));
         }
     };
     let work_name = work.name_any();
@@ -163,7 +220,7 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             // The work of a deleted Application of the same name is still
             // being removed from the spoke; deliver once it is gone.
             ctx.trigger_later(app, "requeue-deleting");
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            return Ok(ControlFlow::Break(Action::requeue(Duration::from_secs(2))));
         }
         let a = existing.annotations();
         if a.get(keys::HUB_APP_NAMESPACE) != Some(&ns) || a.get(keys::HUB_APP_NAME) != Some(&name) {
@@ -172,16 +229,17 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
                 target.cluster
             );
             refuse(app, ctx, Reason::WorkConflict, &msg).await?;
-            return Ok(Action::await_change());
+            return Ok(ControlFlow::Break(Action::await_change()));
         }
-    }
-    if existing.is_none() {
+    } else {
         // About to create a work: make sure the Application is really still
         // there, not a stale cache entry of one just deleted (the sweep would
         // have removed its work, and we would bring it back).
+        let apps: Api<Application> =
+            Api::namespaced_with(ctx.client.clone(), &ns, &application_resource());
         let fresh = apps.get_opt(&name).await?;
         if fresh.is_none_or(|f| f.metadata.uid != app.metadata.uid) {
-            return Ok(Action::await_change());
+            return Ok(ControlFlow::Break(Action::await_change()));
         }
     }
     let spoke_started = existing
@@ -209,10 +267,19 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
             applied
         }
     };
+    Ok(ControlFlow::Continue((applied, work_name)))
+}
 
-    // One write to the Application per pass: after it, the echo of the
-    // write brings the Application back here and the rest is decided from
-    // the cache showing it (never from an older copy).
+/// Takes off the hub copy a sync or refresh the work has handed over to
+/// the spoke, so that it is not run again: the pass's one write, when there
+/// is one to make.
+async fn hand_over_commands(
+    app: &Application,
+    target: &Target,
+    applied: &ManifestWork,
+    ctx: &Context,
+) -> Result<Option<Action>, Error> {
+    let (ns, name) = (app.namespace().unwrap_or_default(), app.name_any());
     if app.data.get("operation").is_some_and(|o| !o.is_null()) {
         // Handed over to the spoke in the work; the hub copy must not run it
         // again. A merge patch removes only .operation.
@@ -224,10 +291,9 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         {
             tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "sync operation handed over to the spoke");
         }
-        return Ok(Action::await_change());
+        return Ok(Some(Action::await_change()));
     }
-
-    if app.annotations().contains_key(keys::REFRESH) && applied_on_spoke(&applied) {
+    if app.annotations().contains_key(keys::REFRESH) && applied_on_spoke(applied) {
         // The work agent has put the refresh on the spoke's copy, where Argo
         // CD takes it off once done. Take it off the hub copy too, or every
         // later apply of the work would ask for another refresh.
@@ -244,17 +310,30 @@ async fn reconcile_inner(app: &Application, ctx: &Context) -> Result<Action, Err
         {
             tracing::info!(namespace = %ns, name = %name, cluster = %target.cluster, "refresh handed over to the spoke");
         }
-        return Ok(Action::await_change());
+        return Ok(Some(Action::await_change()));
     }
+    Ok(None)
+}
 
+/// Writes what the work agent fed back onto the hub copy, with the
+/// condition for a problem on the spoke or an apply overdue; looked at
+/// again when the apply would become overdue.
+async fn write_feedback(
+    app: &Application,
+    target: &Target,
+    work_name: &str,
+    applied: &ManifestWork,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let name = app.name_any();
     let current = app.data.get("status").cloned().unwrap_or(Value::Null);
-    let mut status = feedback(&applied, &target.app_namespace, &name)
+    let mut status = feedback(applied, &target.app_namespace, &name)
         .map(|fb| status_update(&current, &fb))
         .unwrap_or_else(|| json!({}));
-    let waited = unapplied_for(ctx, &target.cluster, &work_name, &applied);
+    let waited = unapplied_for(ctx, &target.cluster, work_name, applied);
     let overdue = waited.filter(|w| *w >= ctx.options.apply_timeout);
-    let problem = spoke_problem(&applied, &target.app_namespace, &name)
-        .or_else(|| overdue.map(|w| not_applied(&target.cluster, &work_name, w)));
+    let problem = spoke_problem(applied, &target.app_namespace, &name)
+        .or_else(|| overdue.map(|w| not_applied(&target.cluster, work_name, w)));
     set_condition(
         &mut status,
         problem
