@@ -233,12 +233,4 @@ mod tests {
         );
         assert!(out["metadata"].get("ownerReferences").is_none());
     }
-
-    #[test]
-    fn never_touches_the_hub_copy() {
-        let app = hub_app(json!({}));
-        let before = serde_json::to_value(&app).unwrap();
-        let _ = delivered_copy(&app, &target());
-        assert_eq!(serde_json::to_value(&app).unwrap(), before);
-    }
 }

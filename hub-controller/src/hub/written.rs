@@ -151,10 +151,23 @@ mod tests {
     }
 
     #[test]
-    fn retain_drops_objects_that_are_gone() {
+    fn retain_drops_objects_that_are_gone_and_keeps_the_others() {
         let w = Written::default();
         w.record(&meta("3"));
-        w.retain(|_, name| name != "app");
-        assert!(w.is_empty());
+        let other = ObjectMeta {
+            name: Some("other".into()),
+            ..meta("5")
+        };
+        w.record(&other);
+        w.retain(|ns, name| (ns, name) != ("team", "app"));
+        assert_eq!(w.len(), 1);
+        assert!(!w.behind(&meta("2")), "app is forgotten");
+        assert!(
+            w.behind(&ObjectMeta {
+                resource_version: Some("4".into()),
+                ..other.clone()
+            }),
+            "other is kept, with its version"
+        );
     }
 }
