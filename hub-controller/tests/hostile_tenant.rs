@@ -187,6 +187,29 @@ async fn manifestwork_claimant(env: &Env, prefix: &str) -> (String, Api<Applicat
     (ns, api)
 }
 
+/// The team's `shared` created for cluster1's `argocd/shared` over gRPC,
+/// once the agent has applied it: its Applications API and uid.
+async fn delivered_over_grpc(env: &Env) -> (Api<Application>, String) {
+    let api = env.hub_apps();
+    let app = api
+        .create(&PostParams::default(), &env.app("shared", 0, json!({})))
+        .await
+        .unwrap();
+    let uid = app.metadata.uid.clone().unwrap();
+    let spoke = env.spoke_apps(0);
+    wait::until("the copy applied by cluster1's agent", TIMEOUT, || async {
+        match spoke.get_opt("shared").await {
+            Ok(Some(a)) if a.annotations().get(keys::HUB_UID) == Some(&uid) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                other.map(|a| a.map(|a| a.annotations().clone()))
+            )),
+        }
+    })
+    .await;
+    (api, uid)
+}
+
 /// Hole 4 and one owner per spoke key: `argocd/shared` on cluster1 is
 /// held over gRPC by the oldest hub Application; younger ones asking for it
 /// by ManifestWork are told (`SpokeConflict` naming the owner) within
@@ -203,22 +226,7 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
     let works: Api<ManifestWork> = Api::namespaced(env.hub_client.clone(), "cluster1");
 
     // The owner: delivered over gRPC.
-    let owner_api = env.hub_apps();
-    let owner = owner_api
-        .create(&PostParams::default(), &env.app("shared", 0, json!({})))
-        .await
-        .unwrap();
-    let owner_uid = owner.metadata.uid.clone().unwrap();
-    wait::until("the owner's copy on the spoke", TIMEOUT, || async {
-        match spoke.get_opt("shared").await {
-            Ok(Some(a)) if a.annotations().get(keys::HUB_UID) == Some(&owner_uid) => Ok(()),
-            other => Err(format!(
-                "{:?}",
-                other.map(|a| a.map(|a| a.annotations().clone()))
-            )),
-        }
-    })
-    .await;
+    let (owner_api, owner_uid) = delivered_over_grpc(&env).await;
     // creationTimestamp has one-second resolution: the claimants come a
     // second later, so that the owner is the oldest by time, not by uid.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -412,23 +420,8 @@ async fn held_over_grpc_is_kept(env: &Env) {
     let (ns_old, api_old) = older_elsewhere(env, &works).await;
 
     // The holder: younger, delivered over gRPC, applied by the agent.
-    let holder_api = env.hub_apps();
-    let holder = holder_api
-        .create(&PostParams::default(), &env.app("shared", 0, json!({})))
-        .await
-        .unwrap();
-    let holder_uid = holder.metadata.uid.clone().unwrap();
+    let (holder_api, holder_uid) = delivered_over_grpc(env).await;
     let spoke = env.spoke_apps(0);
-    wait::until("the holder's copy on the spoke", TIMEOUT, || async {
-        match spoke.get_opt("shared").await {
-            Ok(Some(a)) if a.annotations().get(keys::HUB_UID) == Some(&holder_uid) => Ok(()),
-            other => Err(format!(
-                "{:?}",
-                other.map(|a| a.map(|a| a.annotations().clone()))
-            )),
-        }
-    })
-    .await;
     // The hub records it (within a second or two of the agent's report).
     let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), "argocd-pull");
     wait::until(
