@@ -281,6 +281,7 @@ async fn one_run(args: &AbuseArgs, hub_bin: &std::path::Path) -> Result<Figures>
     let client = hub.client().await?;
     hub.ensure_namespace(NS).await?;
     hub.ensure_namespace("argocd").await?;
+    hub.ensure_namespace(hub::CONTROLLER_NS).await?;
     let clusters: Vec<String> = (1..=args.good_agents)
         .map(|i| format!("good-{i:04}"))
         .collect();

@@ -213,6 +213,7 @@ pub async fn run(args: CompareArgs, repeat: usize, hub_bin: &Path) -> Result<()>
     let hub_client = hub.client().await?;
     spoke.ensure_namespace(SPOKE_NS).await?;
     hub.ensure_namespace(OURS_NS).await?;
+    hub.ensure_namespace(hub::CONTROLLER_NS).await?;
     hub::join(&hub_client, "spoke1").await?;
     let pki = Pki::new()?;
     let targets = vec![format!("{OURS_NS}=*")];

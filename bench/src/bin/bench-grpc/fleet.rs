@@ -152,6 +152,26 @@ pub fn watch_copies_by(
     copies
 }
 
+/// Counts the writes of the hub's record of what each agent holds (its
+/// Leases labelled `argocd-pull.io/agent-holds`, one per cluster), after
+/// the watch's first list.
+pub fn count_holder_writes(client: kube::Client) -> Arc<std::sync::atomic::AtomicU64> {
+    let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let shared = count.clone();
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client, hub::CONTROLLER_NS);
+    tokio::spawn(async move {
+        let config = watcher::Config::default().labels("argocd-pull.io/agent-holds");
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(_)) = event {
+                shared.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    count
+}
+
 /// What one phase measured, from the start of the hub process.
 pub struct Phase {
     pub ready: Duration,
@@ -170,6 +190,9 @@ pub struct Figures {
     pub first_writes: f64,
     /// Writes to hub Applications seen during the first start.
     pub first_app_writes: u64,
+    /// Writes of the record of what the agents hold, per phase: the first
+    /// start, after the SIGKILL, after the SIGTERM.
+    pub holder_writes: [u64; 3],
     pub steady_rss: Option<u64>,
     /// The hub's CPU time from its start to the end of the steady state.
     pub steady_cpu: Option<Duration>,
@@ -310,6 +333,11 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         of(&|f| Some(f.first_writes / total as f64)),
         two,
     ));
+    rows.push(Row::new(
+        "first start: writes of the record of what agents hold (Leases), to the end of the steady state",
+        num(|f| f.holder_writes[0] as f64),
+        report::count,
+    ));
     rows.extend(phase_rows("SIGKILL, start", |f| &f.killed, true));
     rows.push(Row::new(
         "SIGKILL, start: status writes by the new hub",
@@ -319,6 +347,11 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
     rows.push(Row::new(
         "SIGKILL, start: writes to hub Applications seen",
         num(|f| f.killed_app_writes as f64),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "SIGKILL, start: writes of the record of what agents hold",
+        num(|f| f.holder_writes[1] as f64),
         report::count,
     ));
     rows.push(Row::new(
@@ -335,6 +368,11 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
     rows.push(Row::new(
         "SIGTERM, start: writes to hub Applications seen",
         num(|f| f.termed_app_writes as f64),
+        report::count,
+    ));
+    rows.push(Row::new(
+        "SIGTERM, start: writes of the record of what agents hold",
+        num(|f| f.holder_writes[2] as f64),
         report::count,
     ));
     rows.push(
@@ -505,6 +543,7 @@ pub async fn one_run(
     // The hub's Argo CD namespace: the hub-controller keeps a cluster
     // Secret per ManagedCluster there.
     hub.ensure_namespace("argocd").await?;
+    hub.ensure_namespace(hub::CONTROLLER_NS).await?;
 
     // ---------------------------------------------------------------- set-up
     let setup = Instant::now();
@@ -534,6 +573,8 @@ pub async fn one_run(
         (args.reconnect_min, args.reconnect_max),
     )?;
     let copies = watch_copies(client.clone(), apps.len());
+    let holder_writes = count_holder_writes(client.clone());
+    let holders_now = || holder_writes.load(std::sync::atomic::Ordering::Relaxed);
     let logs = testenv::paths::run_dir().join("bench-logs");
     std::fs::create_dir_all(&logs)?;
     let log = |i: usize| logs.join(format!("grpc-fleet-run{round}-hub-{i}.log"));
@@ -575,6 +616,7 @@ pub async fn one_run(
     let first_app_writes = copies.lock().expect("never poisoned").writes;
     eprintln!("bench-grpc fleet: steady state for {} s", args.steady_secs);
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let holders_first = holders_now();
     let steady_rss = hub1.memory_kib("VmRSS");
     let steady_cpu = testenv::procfs::cpu_time(hub1.pid);
     let peak1 = hub1.memory_kib("VmHWM");
@@ -603,6 +645,7 @@ pub async fn one_run(
     let killed_app_writes = copies.lock().expect("never poisoned").writes - writes_before;
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
     let killed_app_writes_steady = copies.lock().expect("never poisoned").writes - writes_before;
+    let holders_killed = holders_now() - holders_first;
     let peak2 = hub2.memory_kib("VmHWM");
 
     // -------------------------------------------------------- SIGTERM + start
@@ -626,6 +669,7 @@ pub async fn one_run(
         .metric("argocd_pull_hub_grpc_status_writes_total")
         .await;
     let termed_app_writes = copies.lock().expect("never poisoned").writes - writes_before;
+    let holders_termed = holders_now() - holders_first - holders_killed;
     let peak3 = hub3.memory_kib("VmHWM");
 
     // ------------------------------------------------------------------ check
@@ -643,6 +687,7 @@ pub async fn one_run(
         first,
         first_writes,
         first_app_writes,
+        holder_writes: [holders_first, holders_killed, holders_termed],
         steady_rss,
         steady_cpu,
         peak1,

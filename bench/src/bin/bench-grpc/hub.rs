@@ -20,6 +20,10 @@ use testenv::{Cluster, net};
 
 /// Where the agents put delivered Applications on their clusters.
 pub const SPOKE_NS: &str = "argocd";
+/// The hub-controller's own namespace (`--leader-election-namespace`), as
+/// its Deployment has it: where it keeps its Leases, the record of what
+/// each agent holds among them.
+pub const CONTROLLER_NS: &str = "argocd-pull";
 
 /// The subject OCM gives the client certificate of the `argocd-pull` addon's
 /// agent on `cluster` (the identity the hub accepts by default).

@@ -223,6 +223,7 @@ async fn one_run(args: &LatencyArgs, hub_bin: &Path, version: &mut String) -> Re
     let spoke_client = spoke.client().await?;
     spoke.ensure_namespace(SPOKE_NS).await?;
     hub.ensure_namespace(NS).await?;
+    hub.ensure_namespace(hub::CONTROLLER_NS).await?;
     hub::join(&hub_client, "spoke1").await?;
     hub::join(&hub_client, "bench").await?;
 

@@ -3,8 +3,9 @@
 //! the ManifestWork transport, let a claimant the agent holds a key for
 //! keep it; a change of the record decides the key again.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use argocd_pull_proto::v1::ObjectKey;
 
@@ -16,6 +17,9 @@ use super::Hub;
 /// changed: one write per cluster at most this often, however many
 /// deliveries changed meanwhile.
 const WRITE_EVERY: Duration = Duration::from_secs(1);
+/// How long a cluster whose record could not be written waits to be tried
+/// again.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 impl Hub {
     /// From now on keys are decided with `holders` (set once), and a change
@@ -79,15 +83,28 @@ impl Hub {
         self.wait_synced().await;
         let mut tick = tokio::time::interval(WRITE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A cluster whose write failed is tried again after RETRY_AFTER,
+        // not at every tick: a namespace that does not exist, or RBAC
+        // without Leases, must not cost an API call per cluster a second.
+        let mut failed: HashMap<String, Instant> = HashMap::new();
+        let mut warned: Option<Instant> = None;
         loop {
             tick.tick().await;
+            failed.retain(|_, at| at.elapsed() < RETRY_AFTER);
             for cs in self.clusters() {
-                if !self.acts_for(&cs.name) || !cs.take_holders_dirty() {
+                if failed.contains_key(&cs.name)
+                    || !self.acts_for(&cs.name)
+                    || !cs.take_holders_dirty()
+                {
                     continue;
                 }
                 if let Err(e) = self.write_holders(&holders, &cs.name).await {
                     cs.mark_holders_dirty();
-                    tracing::warn!(cluster = %cs.name, error = %e, "cannot record what the cluster's agent holds; retrying");
+                    failed.insert(cs.name.clone(), Instant::now());
+                    if warned.is_none_or(|w| w.elapsed() >= RETRY_AFTER) {
+                        warned = Some(Instant::now());
+                        tracing::warn!(cluster = %cs.name, error = %e, failing = failed.len(), "cannot record what clusters' agents hold (a Lease in the hub-controller's namespace); retrying each in 30 s, until then their keys are decided without it");
+                    }
                 }
             }
         }
