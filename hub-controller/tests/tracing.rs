@@ -1,7 +1,8 @@
 //! One change, one trace: with `--otlp-endpoint`, a change of a hub
 //! Application delivered over gRPC produces one connected trace across the
 //! hub-controller and the spoke-agent (`deliver` > `queue`, `send` >
-//! `apply` > `status_write`), exported over OTLP/gRPC to a real OTLP
+//! `apply` > `status_write`), and the agent's connection a `claim` of its
+//! cluster by the replica, exported over OTLP/gRPC to a real OTLP
 //! receiver (an in-process collector built from the OTLP protos). The hub
 //! is the real binary; the agent runs in this process with the same
 //! telemetry set-up its binary uses.
@@ -156,7 +157,14 @@ async fn one_change_makes_one_connected_trace_across_hub_and_agent() {
     let hub = env
         .spawn_hub(
             grpc,
-            &["--leader-elect=false", "--otlp-endpoint", &endpoint],
+            // As the Deployment runs it (leader election, so the cluster
+            // claims of several replicas): the connection's `claim` span.
+            &[
+                "--leader-election-namespace",
+                "argocd-pull",
+                "--otlp-endpoint",
+                &endpoint,
+            ],
             &[("OTEL_BSP_SCHEDULE_DELAY", "200")],
         )
         .await;
@@ -210,6 +218,22 @@ async fn one_change_makes_one_connected_trace_across_hub_and_agent() {
             apply.attributes.get("namespace").map(String::as_str),
         ),
         (Some("cluster1"), Some(grpc_env::SPOKE_NS))
+    );
+    // The agent's connection claimed cluster1 for this replica: a trace of
+    // its own, exported by the hub.
+    let claims: Vec<Received> = collector
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.name == "claim")
+        .cloned()
+        .collect();
+    assert!(
+        claims.iter().any(|c| c.service == "hub-controller"
+            && c.parent.is_empty()
+            && c.attributes.get("cluster").map(String::as_str) == Some("cluster1")),
+        "no claim span for cluster1: {claims:?}"
     );
     drop(env);
     drop(telemetry);

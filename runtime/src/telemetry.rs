@@ -167,6 +167,10 @@ pub enum SpanName {
     Report,
     /// Hub: the write of a reported status onto the hub copy.
     StatusWrite,
+    /// Hub, with several replicas: from an agent's connection to this
+    /// replica being allowed to write for its cluster (the root of its own
+    /// trace, one per connection): status writes wait for it.
+    Claim,
 }
 
 impl SpanName {
@@ -179,6 +183,7 @@ impl SpanName {
             SpanName::Apply => "apply",
             SpanName::Report => "report",
             SpanName::StatusWrite => "status_write",
+            SpanName::Claim => "claim",
         }
     }
 }

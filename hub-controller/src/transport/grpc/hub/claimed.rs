@@ -5,6 +5,9 @@
 
 use std::sync::Arc;
 
+use argocd_pull_runtime::telemetry::{self, SpanName};
+use tracing::Instrument;
+
 use super::super::claims::Claims;
 use super::super::cluster::{ClusterState, Work};
 use super::Hub;
@@ -34,11 +37,18 @@ impl Hub {
             return;
         };
         let (cluster, cs) = (cluster.to_string(), cs.clone());
-        tokio::spawn(async move {
-            if claims.claim(&cluster, || cs.is_current(id)).await {
-                tracing::debug!(%cluster, session = id, "this replica writes for the cluster");
+        // Exported with `--otlp-endpoint`: how long the writes for the
+        // cluster waited (8 s when the previous holder was killed, until
+        // its presence is dead).
+        let span = telemetry::span(SpanName::Claim, None, &cluster, "", "");
+        tokio::spawn(
+            async move {
+                if claims.claim(&cluster, || cs.is_current(id)).await {
+                    tracing::debug!(%cluster, session = id, "this replica writes for the cluster");
+                }
             }
-        });
+            .instrument(span),
+        );
     }
 
     /// A session of `cluster` ended here: unless another one attached
