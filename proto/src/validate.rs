@@ -183,50 +183,9 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
             "HubMessage: no body (unknown to this protocol version)".into(),
         )),
         Some(Kind::Welcome(_)) => Err(Malformed("HubMessage: Welcome after the handshake".into())),
-        Some(Kind::Upsert(u)) => {
-            const W: &str = "ApplicationUpsert";
-            key(W, u.key.as_ref())?;
-            seq(W, u.seq)?;
-            let Some(meta) = &u.meta else {
-                return Err(malformed(W, "meta is missing"));
-            };
-            if meta.version.is_empty() {
-                return Err(malformed(W, "meta.version is empty"));
-            }
-            if u.application_json.is_empty() {
-                return Err(malformed(W, "application_json is empty"));
-            }
-            Ok(())
-        }
-        Some(Kind::Delete(d)) => {
-            const W: &str = "ApplicationDelete";
-            key(W, d.key.as_ref())?;
-            seq(W, d.seq)?;
-            if d.hub_uid.is_empty() {
-                return Err(malformed(W, "hub_uid is empty"));
-            }
-            uid(W, "hub_uid", &d.hub_uid)
-        }
-        Some(Kind::Operation(o)) => {
-            const W: &str = "OperationRequest";
-            operation_id(W, &o.operation_id)?;
-            key(W, o.key.as_ref())?;
-            uid(W, "hub_uid", &o.hub_uid)?;
-            match &o.kind {
-                None => Err(malformed(W, "no kind (sync, refresh or terminate)")),
-                Some(operation_request::Kind::Sync(s)) if s.operation_json.is_empty() => {
-                    Err(malformed(W, "sync.operation_json is empty"))
-                }
-                Some(operation_request::Kind::Refresh(r)) => match RefreshKind::try_from(r.kind) {
-                    Ok(RefreshKind::Normal | RefreshKind::Hard) => Ok(()),
-                    _ => Err(malformed(
-                        W,
-                        format!("refresh.kind {} is not normal or hard", r.kind),
-                    )),
-                },
-                Some(_) => Ok(()),
-            }
-        }
+        Some(Kind::Upsert(u)) => application_upsert(u),
+        Some(Kind::Delete(d)) => application_delete(d),
+        Some(Kind::Operation(o)) => operation(o),
         Some(Kind::ObjectAck(a)) => {
             const W: &str = "ObjectAck";
             key(W, a.key.as_ref())?;
@@ -240,23 +199,80 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
             .map(drop)
             .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
         Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
-        Some(Kind::ProjectSet(p)) => {
-            const W: &str = "ProjectSet";
-            if p.version.is_empty() || p.version.len() > MAX_VERSION_LEN {
-                return Err(malformed(
-                    W,
-                    format!("version empty or over {MAX_VERSION_LEN} characters"),
-                ));
-            }
-            if p.objects_json.len() > MAX_PROJECT_SET_OBJECTS {
-                return Err(malformed(
-                    W,
-                    format!("over {MAX_PROJECT_SET_OBJECTS} objects"),
-                ));
-            }
-            Ok(())
-        }
+        Some(Kind::ProjectSet(p)) => project_set(p),
     }
+}
+
+/// A hub's ApplicationUpsert: a key, a seq, a content version, and a body
+/// (whose JSON is checked where it is applied).
+fn application_upsert(u: &crate::v1::ApplicationUpsert) -> Result<(), Malformed> {
+    const W: &str = "ApplicationUpsert";
+    key(W, u.key.as_ref())?;
+    seq(W, u.seq)?;
+    let Some(meta) = &u.meta else {
+        return Err(malformed(W, "meta is missing"));
+    };
+    if meta.version.is_empty() {
+        return Err(malformed(W, "meta.version is empty"));
+    }
+    if u.application_json.is_empty() {
+        return Err(malformed(W, "application_json is empty"));
+    }
+    Ok(())
+}
+
+/// A hub's ApplicationDelete: a key, a seq, and the uid of the hub
+/// Application whose copy is to go.
+fn application_delete(d: &crate::v1::ApplicationDelete) -> Result<(), Malformed> {
+    const W: &str = "ApplicationDelete";
+    key(W, d.key.as_ref())?;
+    seq(W, d.seq)?;
+    if d.hub_uid.is_empty() {
+        return Err(malformed(W, "hub_uid is empty"));
+    }
+    uid(W, "hub_uid", &d.hub_uid)
+}
+
+/// A hub's OperationRequest: an id, a key, and a sync with an operation, a
+/// refresh of a known kind, or a terminate.
+fn operation(o: &crate::v1::OperationRequest) -> Result<(), Malformed> {
+    const W: &str = "OperationRequest";
+    operation_id(W, &o.operation_id)?;
+    key(W, o.key.as_ref())?;
+    uid(W, "hub_uid", &o.hub_uid)?;
+    match &o.kind {
+        None => Err(malformed(W, "no kind (sync, refresh or terminate)")),
+        Some(operation_request::Kind::Sync(s)) if s.operation_json.is_empty() => {
+            Err(malformed(W, "sync.operation_json is empty"))
+        }
+        Some(operation_request::Kind::Refresh(r)) => match RefreshKind::try_from(r.kind) {
+            Ok(RefreshKind::Normal | RefreshKind::Hard) => Ok(()),
+            _ => Err(malformed(
+                W,
+                format!("refresh.kind {} is not normal or hard", r.kind),
+            )),
+        },
+        Some(_) => Ok(()),
+    }
+}
+
+/// A hub's ProjectSet: a version of bounded length and a bounded number of
+/// objects (each checked where it is applied).
+fn project_set(p: &crate::v1::ProjectSet) -> Result<(), Malformed> {
+    const W: &str = "ProjectSet";
+    if p.version.is_empty() || p.version.len() > MAX_VERSION_LEN {
+        return Err(malformed(
+            W,
+            format!("version empty or over {MAX_VERSION_LEN} characters"),
+        ));
+    }
+    if p.objects_json.len() > MAX_PROJECT_SET_OBJECTS {
+        return Err(malformed(
+            W,
+            format!("over {MAX_PROJECT_SET_OBJECTS} objects"),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `s` is a namespace name the API server accepts: an RFC 1123

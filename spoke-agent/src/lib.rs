@@ -210,20 +210,7 @@ pub async fn run_agent(
 ) {
     readiness.set(session::HUB_CONNECTED, false);
     let ar = application_resource();
-    let (api, watch_config, watched) = match config.mode {
-        // Only what it manages for the hub.
-        Mode::Managed => (
-            Api::<Application>::all_with(client.clone(), &ar),
-            watcher::Config::default().labels(&format!("{}=true", keys::HUB_MANAGED)),
-            Watched::Managed,
-        ),
-        // Everything the cluster's Argo CD reconciles.
-        Mode::Autonomous => (
-            Api::<Application>::namespaced_with(client.clone(), &config.argocd_namespace, &ar),
-            watcher::Config::default(),
-            Watched::Namespace,
-        ),
-    };
+    let (api, watch_config, watched) = watched_applications(&config, &client, &ar);
     tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, "starting");
     let writer = reflector::store::Writer::new(ar);
     let store = writer.as_reader();
@@ -238,35 +225,12 @@ pub async fn run_agent(
         queue: queue.clone(),
     });
     let mut tasks = tokio::task::JoinSet::new();
-    let q = queue.clone();
-    let (st, wk) = (store.clone(), worker.clone());
-    tasks.spawn(async move {
-        let events = reflector(writer, watcher::watcher(api, watch_config)).default_backoff();
-        tokio::pin!(events);
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(
-                    watcher::Event::Apply(a)
-                    | watcher::Event::InitApply(a)
-                    | watcher::Event::Delete(a),
-                ) => {
-                    q.add(apply::key_of(&a));
-                }
-                Ok(watcher::Event::InitDone) => {
-                    // Applications gone while the watch was down have no
-                    // delete event: look at everything known again.
-                    for key in wk.state.reported_keys() {
-                        q.add(key);
-                    }
-                    for a in st.state() {
-                        q.add(apply::key_of(&a));
-                    }
-                }
-                Ok(watcher::Event::Init) => {}
-                Err(e) => tracing::warn!(error = %e, "watch of Applications failed; retrying"),
-            }
-        }
-    });
+    tasks.spawn(queue_applications(
+        writer,
+        api,
+        watch_config,
+        worker.clone(),
+    ));
     tasks.spawn(worker.clone().run(config.workers));
     let _ = store.wait_until_ready().await;
     let projects = (config.mode == Mode::Managed).then(|| {
@@ -284,6 +248,65 @@ pub async fn run_agent(
     shutdown.wait().await;
     queue.close();
     tasks.abort_all();
+}
+
+/// Which Applications the agent watches, by mode: in managed mode only those
+/// it manages for the hub, anywhere; in autonomous mode everything in the
+/// namespace of this cluster's Argo CD.
+fn watched_applications(
+    config: &AgentConfig,
+    client: &kube::Client,
+    ar: &kube::core::ApiResource,
+) -> (Api<Application>, watcher::Config, Watched) {
+    match config.mode {
+        // Only what it manages for the hub.
+        Mode::Managed => (
+            Api::<Application>::all_with(client.clone(), ar),
+            watcher::Config::default().labels(&format!("{}=true", keys::HUB_MANAGED)),
+            Watched::Managed,
+        ),
+        // Everything the cluster's Argo CD reconciles.
+        Mode::Autonomous => (
+            Api::<Application>::namespaced_with(client.clone(), &config.argocd_namespace, ar),
+            watcher::Config::default(),
+            Watched::Namespace,
+        ),
+    }
+}
+
+/// Feeds the worker's store from the watch of Applications and queues every
+/// Application that changes, until the task is aborted. The worker holds the
+/// queue, the store and the state this reads.
+async fn queue_applications(
+    writer: reflector::store::Writer<Application>,
+    api: Api<Application>,
+    watch_config: watcher::Config,
+    worker: Arc<worker::Worker>,
+) {
+    let q = &worker.queue;
+    let events = reflector(writer, watcher::watcher(api, watch_config)).default_backoff();
+    tokio::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(
+                watcher::Event::Apply(a) | watcher::Event::InitApply(a) | watcher::Event::Delete(a),
+            ) => {
+                q.add(apply::key_of(&a));
+            }
+            Ok(watcher::Event::InitDone) => {
+                // Applications gone while the watch was down have no
+                // delete event: look at everything known again.
+                for key in worker.state.reported_keys() {
+                    q.add(key);
+                }
+                for a in worker.store.state() {
+                    q.add(apply::key_of(&a));
+                }
+            }
+            Ok(watcher::Event::Init) => {}
+            Err(e) => tracing::warn!(error = %e, "watch of Applications failed; retrying"),
+        }
+    }
 }
 
 #[cfg(test)]

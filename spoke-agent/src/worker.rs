@@ -241,26 +241,9 @@ impl Worker {
                     return applied();
                 }
             }
-            let precondition = match apply::ownership(current.as_ref(), &meta.uid, &config) {
-                apply::Ownership::Refuse(holder) => {
-                    let message = owner::conflict_message(key, &holder);
-                    tracing::warn!(namespace = %key.namespace, name = %key.name, hub_uid = %meta.uid, ?holder,
-                        "refused: the Application on this cluster is not this hub Application's; left alone");
-                    self.metrics
-                        .applies
-                        .get_or_create(&OutcomeLabel {
-                            outcome: "owner-conflict",
-                        })
-                        .inc();
-                    return (AckOutcome::Rejected, message);
-                }
-                apply::Ownership::Free => Precondition::Absent,
-                apply::Ownership::Ours | apply::Ownership::Adopt => Precondition::Version(
-                    current
-                        .as_ref()
-                        .and_then(|c| c.resource_version())
-                        .unwrap_or_default(),
-                ),
+            let precondition = match self.precondition(key, &meta.uid, current.as_ref(), &config) {
+                Ok(p) => p,
+                Err(refused) => return refused,
             };
             match self.write(api, key, &config, precondition).await {
                 Err(Stale) => {
@@ -283,6 +266,39 @@ impl Worker {
             AckOutcome::Retry,
             "the Application keeps changing on the cluster".into(),
         ))
+    }
+
+    /// What the write of `config` for hub Application `hub_uid` requires of
+    /// the Application now at `key`, from who holds it: that it is still
+    /// absent, or still at the version read. Refused (and counted as an
+    /// owner conflict) when it is someone else's.
+    fn precondition(
+        &self,
+        key: &ObjectKey,
+        hub_uid: &str,
+        current: Option<&Application>,
+        config: &Value,
+    ) -> Result<Precondition, Outcome> {
+        Ok(match apply::ownership(current, hub_uid, config) {
+            apply::Ownership::Refuse(holder) => {
+                let message = owner::conflict_message(key, &holder);
+                tracing::warn!(namespace = %key.namespace, name = %key.name, %hub_uid, ?holder,
+                    "refused: the Application on this cluster is not this hub Application's; left alone");
+                self.metrics
+                    .applies
+                    .get_or_create(&OutcomeLabel {
+                        outcome: "owner-conflict",
+                    })
+                    .inc();
+                return Err((AckOutcome::Rejected, message));
+            }
+            apply::Ownership::Free => Precondition::Absent,
+            apply::Ownership::Ours | apply::Ownership::Adopt => Precondition::Version(
+                current
+                    .and_then(|c| c.resource_version())
+                    .unwrap_or_default(),
+            ),
+        })
     }
 
     fn counted(&self, outcome: Outcome) -> Outcome {
@@ -319,7 +335,7 @@ impl Worker {
                 (PatchParams::apply(MANAGER).force(), body)
             }
         };
-        let mut stored = match api.patch(&key.name, &params, &Patch::Apply(&body)).await {
+        let stored = match api.patch(&key.name, &params, &Patch::Apply(&body)).await {
             Ok(a) => a,
             Err(kube::Error::Api(s)) if s.code == 409 => return Err(Stale),
             Err(e) => return Ok(write_error(e)),
@@ -344,43 +360,12 @@ impl Worker {
                 .await;
             return Err(Stale);
         }
-        let wanted = config.get("spec").cloned().unwrap_or(Value::Null);
-        if let Some(diff) =
-            content::merge_diff(stored.data.get("spec").unwrap_or(&Value::Null), &wanted)
-        {
-            let patch = serde_json::json!({
-                "metadata": { "resourceVersion": stored.resource_version() },
-                "spec": diff,
-            });
-            match api
-                .patch(
-                    &key.name,
-                    &PatchParams::apply(MANAGER),
-                    &Patch::Merge(patch),
-                )
-                .await
-            {
-                Ok(a) => stored = a,
-                Err(e) => return Ok(write_error(e)),
-            }
-        }
-        let hash = content::hash(stored.data.get("spec").unwrap_or(&Value::Null));
-        if stored.annotations().get(keys::SPEC_HASH) != Some(&hash) {
-            // The API server changed the spec (a field this cluster's Argo CD
-            // does not know): remember what it keeps, or the agent would
-            // take its own write for a local edit forever.
-            let patch =
-                serde_json::json!({ "metadata": { "annotations": { keys::SPEC_HASH: hash } } });
-            if let Err(e) = api
-                .patch(
-                    &key.name,
-                    &PatchParams::apply(MANAGER),
-                    &Patch::Merge(patch),
-                )
-                .await
-            {
-                return Ok(write_error(e));
-            }
+        let stored = match take_out_others_spec_fields(api, key, config, stored).await {
+            Ok(a) => a,
+            Err(e) => return Ok(write_error(e)),
+        };
+        if let Err(e) = record_spec_hash(api, key, &stored).await {
+            return Ok(write_error(e));
         }
         tracing::debug!(namespace = %key.namespace, name = %key.name, "applied");
         Ok(applied())
@@ -506,6 +491,56 @@ impl Worker {
         applied()
     }
 
+    /// The Application at `key` as it is now, if a command `op` from the hub
+    /// may run on it; otherwise the answer to the hub: not there (yet), or
+    /// not the agent's to run commands on.
+    async fn commanded(
+        &self,
+        api: &Api<Application>,
+        key: &ObjectKey,
+        op: &OperationRequest,
+    ) -> Result<Application, Outcome> {
+        let current = match api.get_opt(&key.name).await {
+            Ok(Some(c)) => c,
+            Ok(None) if self.mode == Mode::Autonomous => {
+                return Err((
+                    AckOutcome::Rejected,
+                    format!(
+                        "no Application {}/{} on the cluster",
+                        key.namespace, key.name
+                    ),
+                ));
+            }
+            Ok(None) => {
+                return Err((
+                    AckOutcome::Retry,
+                    "the Application is not applied yet".into(),
+                ));
+            }
+            Err(e) => return Err(write_error(e)),
+        };
+        if self.mode == Mode::Managed && !apply::is_managed(&current) {
+            // A command from the hub only ever concerns what the agent
+            // manages for it.
+            let holder = Holder::NotArgocdPull;
+            return Err((AckOutcome::Rejected, owner::conflict_message(key, &holder)));
+        }
+        // And only the copy it applied for the hub Application the
+        // command is for (a hub of the release before names none: any
+        // copy it manages, as then).
+        if self.mode == Mode::Managed
+            && !op.hub_uid.is_empty()
+            && !apply::is_delivered_for(&current, &op.hub_uid)
+        {
+            let holder =
+                Holder::HubApplication(apply::hub_uid(&current).unwrap_or_default().to_string());
+            tracing::warn!(namespace = %key.namespace, name = %key.name, hub_uid = %op.hub_uid, holder = ?apply::hub_uid(&current),
+                "refused a command for a copy applied for another hub Application");
+            return Err((AckOutcome::Rejected, owner::conflict_message(key, &holder)));
+        }
+        Ok(current)
+    }
+
     async fn run_op(
         &self,
         api: &Api<Application>,
@@ -517,45 +552,10 @@ impl Worker {
             Err(refused) => return Answer::Now(refused),
         };
         for _ in 0..5 {
-            let current = match api.get_opt(&key.name).await {
-                Ok(Some(c)) => c,
-                Ok(None) if self.mode == Mode::Autonomous => {
-                    return Answer::Now((
-                        AckOutcome::Rejected,
-                        format!(
-                            "no Application {}/{} on the cluster",
-                            key.namespace, key.name
-                        ),
-                    ));
-                }
-                Ok(None) => {
-                    return Answer::Now((
-                        AckOutcome::Retry,
-                        "the Application is not applied yet".into(),
-                    ));
-                }
-                Err(e) => return Answer::Now(write_error(e)),
+            let current = match self.commanded(api, key, op).await {
+                Ok(c) => c,
+                Err(refused) => return Answer::Now(refused),
             };
-            if self.mode == Mode::Managed && !apply::is_managed(&current) {
-                // A command from the hub only ever concerns what the agent
-                // manages for it.
-                let holder = Holder::NotArgocdPull;
-                return Answer::Now((AckOutcome::Rejected, owner::conflict_message(key, &holder)));
-            }
-            // And only the copy it applied for the hub Application the
-            // command is for (a hub of the release before names none: any
-            // copy it manages, as then).
-            if self.mode == Mode::Managed
-                && !op.hub_uid.is_empty()
-                && !apply::is_delivered_for(&current, &op.hub_uid)
-            {
-                let holder = Holder::HubApplication(
-                    apply::hub_uid(&current).unwrap_or_default().to_string(),
-                );
-                tracing::warn!(namespace = %key.namespace, name = %key.name, hub_uid = %op.hub_uid, holder = ?apply::hub_uid(&current),
-                    "refused a command for a copy applied for another hub Application");
-                return Answer::Now((AckOutcome::Rejected, owner::conflict_message(key, &holder)));
-            }
             let sync = matches!(command, Command::Sync(_));
             let uid = current.metadata.uid.clone().unwrap_or_default();
             match apply::run_command(&current, &op.operation_id, &command) {
@@ -589,6 +589,55 @@ impl Worker {
         }
         Answer::Now((AckOutcome::Retry, "the Application keeps changing".into()))
     }
+}
+
+/// Takes out of the `stored` Application the spec fields that are not in
+/// `config` (server-side apply leaves fields it does not own alone), at the
+/// version just written; the Application as stored afterwards.
+async fn take_out_others_spec_fields(
+    api: &Api<Application>,
+    key: &ObjectKey,
+    config: &Value,
+    stored: Application,
+) -> kube::Result<Application> {
+    let wanted = config.get("spec").cloned().unwrap_or(Value::Null);
+    let Some(diff) = content::merge_diff(stored.data.get("spec").unwrap_or(&Value::Null), &wanted)
+    else {
+        return Ok(stored);
+    };
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": stored.resource_version() },
+        "spec": diff,
+    });
+    api.patch(
+        &key.name,
+        &PatchParams::apply(MANAGER),
+        &Patch::Merge(patch),
+    )
+    .await
+}
+
+/// Records the hash of the spec as the API server stored it, when the
+/// annotation does not hold it already.
+async fn record_spec_hash(
+    api: &Api<Application>,
+    key: &ObjectKey,
+    stored: &Application,
+) -> kube::Result<()> {
+    let hash = content::hash(stored.data.get("spec").unwrap_or(&Value::Null));
+    if stored.annotations().get(keys::SPEC_HASH) != Some(&hash) {
+        // The API server changed the spec (a field this cluster's Argo CD
+        // does not know): remember what it keeps, or the agent would
+        // take its own write for a local edit forever.
+        let patch = serde_json::json!({ "metadata": { "annotations": { keys::SPEC_HASH: hash } } });
+        api.patch(
+            &key.name,
+            &PatchParams::apply(MANAGER),
+            &Patch::Merge(patch),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// How the agent answers one command.

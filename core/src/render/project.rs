@@ -184,50 +184,8 @@ pub fn project_work(
     if size > MAX_MANIFESTS_BYTES {
         return Err(WorkError::TooLarge { size });
     }
-    let configs = manifests
-        .iter()
-        .map(|m| {
-            let (group, resource) = match m["kind"].as_str() {
-                Some("Secret") => ("", "secrets"),
-                _ => ("argoproj.io", "appprojects"),
-            };
-            ManifestWorkManifestConfigs {
-                resource_identifier: ManifestWorkManifestConfigsResourceIdentifier {
-                    group: Some(group.into()),
-                    resource: resource.into(),
-                    namespace: m["metadata"]["namespace"].as_str().map(Into::into),
-                    name: m["metadata"]["name"].as_str().unwrap_or_default().into(),
-                },
-                update_strategy: Some(ManifestWorkManifestConfigsUpdateStrategy {
-                    r#type: ManifestWorkManifestConfigsUpdateStrategyType::ServerSideApply,
-                    server_side_apply: Some(
-                        ManifestWorkManifestConfigsUpdateStrategyServerSideApply {
-                            force: Some(true),
-                            ..Default::default()
-                        },
-                    ),
-                }),
-                ..Default::default()
-            }
-        })
-        .collect();
-    // The AppProject stays on the cluster when the work goes: Applications
-    // of it may still be finishing their deletion there (the cluster's Argo
-    // CD cannot run an Application's cascade finalizer without its
-    // project), and a project such as `default` belongs to the cluster's own
-    // Argo CD install. Credentials are deleted with the work.
-    let orphaning_rules = manifests
-        .iter()
-        .filter(|m| m["kind"].as_str() != Some("Secret"))
-        .map(
-            |m| ManifestWorkDeleteOptionSelectivelyOrphansOrphaningRules {
-                group: Some("argoproj.io".into()),
-                resource: "appprojects".into(),
-                namespace: m["metadata"]["namespace"].as_str().map(Into::into),
-                name: m["metadata"]["name"].as_str().unwrap_or_default().into(),
-            },
-        )
-        .collect();
+    let configs = manifests.iter().map(manifest_config).collect();
+    let orphaning_rules = orphaning_rules(&manifests);
     let manifests: Vec<BTreeMap<String, Value>> = manifests
         .into_iter()
         .map(|m| match m {
@@ -250,22 +208,78 @@ pub fn project_work(
         ..Default::default()
     };
     Ok(ManifestWork {
-        metadata: ObjectMeta {
-            name: Some(project_work_name(project)),
-            namespace: Some(cluster.into()),
-            labels: Some(BTreeMap::from([
-                (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
-                (PROJECT_LABEL.to_string(), label_value(project)),
-            ])),
-            annotations: Some(BTreeMap::from([(
-                PROJECT_SPEC_HASH.to_string(),
-                spec_hash(&spec),
-            )])),
-            ..Default::default()
-        },
+        metadata: project_work_metadata(cluster, project, &spec),
         spec,
         status: None,
     })
+}
+
+/// How the work agent applies one of a project work's manifests (the
+/// AppProject or a credential Secret): server-side, with force.
+fn manifest_config(m: &Value) -> ManifestWorkManifestConfigs {
+    let (group, resource) = match m["kind"].as_str() {
+        Some("Secret") => ("", "secrets"),
+        _ => ("argoproj.io", "appprojects"),
+    };
+    ManifestWorkManifestConfigs {
+        resource_identifier: ManifestWorkManifestConfigsResourceIdentifier {
+            group: Some(group.into()),
+            resource: resource.into(),
+            namespace: m["metadata"]["namespace"].as_str().map(Into::into),
+            name: m["metadata"]["name"].as_str().unwrap_or_default().into(),
+        },
+        update_strategy: Some(ManifestWorkManifestConfigsUpdateStrategy {
+            r#type: ManifestWorkManifestConfigsUpdateStrategyType::ServerSideApply,
+            server_side_apply: Some(ManifestWorkManifestConfigsUpdateStrategyServerSideApply {
+                force: Some(true),
+                ..Default::default()
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+/// What of a project work's `manifests` stays on the cluster when the work
+/// is deleted.
+fn orphaning_rules(
+    manifests: &[Value],
+) -> Vec<ManifestWorkDeleteOptionSelectivelyOrphansOrphaningRules> {
+    // The AppProject stays on the cluster when the work goes: Applications
+    // of it may still be finishing their deletion there (the cluster's Argo
+    // CD cannot run an Application's cascade finalizer without its
+    // project), and a project such as `default` belongs to the cluster's own
+    // Argo CD install. Credentials are deleted with the work.
+    manifests
+        .iter()
+        .filter(|m| m["kind"].as_str() != Some("Secret"))
+        .map(
+            |m| ManifestWorkDeleteOptionSelectivelyOrphansOrphaningRules {
+                group: Some("argoproj.io".into()),
+                resource: "appprojects".into(),
+                namespace: m["metadata"]["namespace"].as_str().map(Into::into),
+                name: m["metadata"]["name"].as_str().unwrap_or_default().into(),
+            },
+        )
+        .collect()
+}
+
+/// The name of the work carrying `project` to `cluster`, in the cluster's
+/// namespace, labelled as argocd-pull's and with its project, and
+/// annotated with the hash of `spec`.
+fn project_work_metadata(cluster: &str, project: &str, spec: &ManifestWorkSpec) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(project_work_name(project)),
+        namespace: Some(cluster.into()),
+        labels: Some(BTreeMap::from([
+            (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+            (PROJECT_LABEL.to_string(), label_value(project)),
+        ])),
+        annotations: Some(BTreeMap::from([(
+            PROJECT_SPEC_HASH.to_string(),
+            spec_hash(spec),
+        )])),
+        ..Default::default()
+    }
 }
 
 /// Annotation on a project work: a hash of the spec it was rendered with.

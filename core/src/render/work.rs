@@ -129,11 +129,33 @@ pub fn manifest_work(
     }
     let app_ns = app.metadata.namespace.clone().unwrap_or_default();
     let app_name = app.metadata.name.clone().unwrap_or_default();
+    let metadata = work_metadata(app, target, &app_ns, &app_name);
+    let rules = feedback_rules(options);
+    let manifest = match delivered {
+        Value::Object(map) => map.into_iter().collect(),
+        _ => BTreeMap::new(),
+    };
+    Ok(ManifestWork {
+        metadata,
+        spec: ManifestWorkSpec {
+            workload: Some(ManifestWorkWorkload {
+                manifests: Some(vec![manifest]),
+            }),
+            manifest_configs: Some(vec![application_config(target, app_name, rules)]),
+            ..Default::default()
+        },
+        status: None,
+    })
+}
 
+/// The work's name, in the cluster's namespace, and the labels and
+/// annotations that say it is argocd-pull's and which hub Application (of
+/// which ApplicationSet, if any) it was built for.
+fn work_metadata(app: &Application, target: &Target, app_ns: &str, app_name: &str) -> ObjectMeta {
     let mut labels = BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
     let mut annotations = BTreeMap::from([
-        (keys::HUB_APP_NAMESPACE.to_string(), app_ns.clone()),
-        (keys::HUB_APP_NAME.to_string(), app_name.clone()),
+        (keys::HUB_APP_NAMESPACE.to_string(), app_ns.to_string()),
+        (keys::HUB_APP_NAME.to_string(), app_name.to_string()),
         (
             HUB_APP_UID.to_string(),
             app.metadata.uid.clone().unwrap_or_default(),
@@ -143,8 +165,19 @@ pub fn manifest_work(
         labels.insert(keys::APPLICATION_SET_LABEL.into(), "true".into());
         annotations.insert(keys::HOSTING_APPLICATION_SET.into(), set);
     }
+    ObjectMeta {
+        name: Some(work_name(app_ns, app_name)),
+        namespace: Some(target.cluster.clone()),
+        labels: Some(labels),
+        annotations: Some(annotations),
+        ..Default::default()
+    }
+}
 
-    let rules = FEEDBACK_SCALARS
+/// The status fields the work agent sends back: the scalars always, the
+/// richer ones when `options` asks for them.
+fn feedback_rules(options: &WorkOptions) -> Vec<ManifestWorkManifestConfigsFeedbackRulesJsonPaths> {
+    FEEDBACK_SCALARS
         .iter()
         .chain(
             options
@@ -160,56 +193,46 @@ pub fn manifest_work(
                 ..Default::default()
             },
         )
-        .collect();
-    let manifest = match delivered {
-        Value::Object(map) => map.into_iter().collect(),
-        _ => BTreeMap::new(),
-    };
-    Ok(ManifestWork {
-        metadata: ObjectMeta {
-            name: Some(work_name(&app_ns, &app_name)),
-            namespace: Some(target.cluster.clone()),
-            labels: Some(labels),
-            annotations: Some(annotations),
-            ..Default::default()
+        .collect()
+}
+
+/// How the work agent treats the delivered Application named `app_name` on
+/// `target`: watched for the feedback `rules`, server-side applied with
+/// force, its `.operation` left to the cluster's Argo CD.
+fn application_config(
+    target: &Target,
+    app_name: String,
+    rules: Vec<ManifestWorkManifestConfigsFeedbackRulesJsonPaths>,
+) -> ManifestWorkManifestConfigs {
+    ManifestWorkManifestConfigs {
+        resource_identifier: ManifestWorkManifestConfigsResourceIdentifier {
+            group: Some("argoproj.io".into()),
+            resource: "applications".into(),
+            namespace: Some(target.app_namespace.clone()),
+            name: app_name,
         },
-        spec: ManifestWorkSpec {
-            workload: Some(ManifestWorkWorkload {
-                manifests: Some(vec![manifest]),
-            }),
-            manifest_configs: Some(vec![ManifestWorkManifestConfigs {
-                resource_identifier: ManifestWorkManifestConfigsResourceIdentifier {
-                    group: Some("argoproj.io".into()),
-                    resource: "applications".into(),
-                    namespace: Some(target.app_namespace.clone()),
-                    name: app_name,
-                },
-                feedback_rules: Some(vec![ManifestWorkManifestConfigsFeedbackRules {
-                    r#type: ManifestWorkManifestConfigsFeedbackRulesType::JsonPaths,
-                    json_paths: Some(rules),
-                }]),
-                feedback_scrape_type: Some(ManifestWorkManifestConfigsFeedbackScrapeType::Watch),
-                update_strategy: Some(ManifestWorkManifestConfigsUpdateStrategy {
-                    r#type: ManifestWorkManifestConfigsUpdateStrategyType::ServerSideApply,
-                    server_side_apply: Some(ManifestWorkManifestConfigsUpdateStrategyServerSideApply {
-                        force: Some(true),
-                        // Argo CD clears .operation once it has run it; without
-                        // this the work agent would re-apply it forever.
-                        ignore_fields: Some(vec![
-                            ManifestWorkManifestConfigsUpdateStrategyServerSideApplyIgnoreFields {
-                                condition: ManifestWorkManifestConfigsUpdateStrategyServerSideApplyIgnoreFieldsCondition::OnSpokeChange,
-                                json_paths: vec![".operation".into()],
-                            },
-                        ]),
-                        ..Default::default()
-                    }),
-                }),
+        feedback_rules: Some(vec![ManifestWorkManifestConfigsFeedbackRules {
+            r#type: ManifestWorkManifestConfigsFeedbackRulesType::JsonPaths,
+            json_paths: Some(rules),
+        }]),
+        feedback_scrape_type: Some(ManifestWorkManifestConfigsFeedbackScrapeType::Watch),
+        update_strategy: Some(ManifestWorkManifestConfigsUpdateStrategy {
+            r#type: ManifestWorkManifestConfigsUpdateStrategyType::ServerSideApply,
+            server_side_apply: Some(ManifestWorkManifestConfigsUpdateStrategyServerSideApply {
+                force: Some(true),
+                // Argo CD clears .operation once it has run it; without
+                // this the work agent would re-apply it forever.
+                ignore_fields: Some(vec![
+                    ManifestWorkManifestConfigsUpdateStrategyServerSideApplyIgnoreFields {
+                        condition: ManifestWorkManifestConfigsUpdateStrategyServerSideApplyIgnoreFieldsCondition::OnSpokeChange,
+                        json_paths: vec![".operation".into()],
+                    },
+                ]),
                 ..Default::default()
-            }]),
-            ..Default::default()
-        },
-        status: None,
-    })
+            }),
+        }),
+        ..Default::default()
+    }
 }
 
 /// The generation the work agent's `Applied=True` condition observed:

@@ -145,6 +145,12 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
         }
     };
     let (_, key) = slot(&target);
+    delivery(app, target, key)
+}
+
+/// Delivers `app` to `target` as `key`: the copy the agent gets, refused
+/// when its bytes are over the limit of one object.
+fn delivery(app: &Application, target: Target, key: ObjectKey) -> Assignment {
     let deleting = app.metadata.deletion_timestamp.is_some();
     let copy = grpc_copy(app, &target);
     let json = content::canonical(&copy);
@@ -159,9 +165,20 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
             message: e.to_string(),
         };
     }
+    Assignment::Deliver {
+        cluster: target.cluster,
+        key,
+        desired: Arc::new(desired(app, &json)),
+        deleting,
+    }
+}
+
+/// What the hub wants on the cluster for `app`, whose copy is `json`: the
+/// copy compressed, and the hub Application's uid, versions and age.
+fn desired(app: &Application, json: &[u8]) -> Desired {
     let uid = app.metadata.uid.clone().unwrap_or_default();
-    let version = format!("{uid}.{}", content::hash_bytes(&json));
-    let desired = Desired {
+    let version = format!("{uid}.{}", content::hash_bytes(json));
+    Desired {
         hub: HubRef::of(app),
         meta: ObjectMeta {
             uid,
@@ -169,18 +186,12 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
             generation: app.metadata.generation.unwrap_or_default(),
             version,
         },
-        json: CompactJson::new(&json),
+        json: CompactJson::new(json),
         created: app
             .metadata
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| t.0.as_second()),
-    };
-    Assignment::Deliver {
-        cluster: target.cluster,
-        key,
-        desired: Arc::new(desired),
-        deleting,
     }
 }
 
