@@ -141,110 +141,135 @@ impl GrpcMetrics {
         };
         let r = registry.sub_registry_with_prefix("grpc");
         if per_cluster {
-            r.register(
-                "agent_connected",
-                "1 while the cluster's agent has a stream open",
-                m.connected.clone(),
-            );
-            r.register(
-                "agent_last_seen_seconds",
-                "Unix time of the last message from the cluster's agent",
-                m.last_seen.clone(),
-            );
-            r.register(
-                "agent_lag_seconds",
-                "Age of the oldest message to the agent not yet acknowledged",
-                m.lag.clone(),
-            );
-            r.register(
-                "agent_pending_objects",
-                "Applications with a change for the agent not yet acknowledged",
-                m.pending.clone(),
-            );
-            r.register(
-                "agent_control_queue",
-                "Acknowledgements waiting to be sent to the cluster's agent",
-                m.control_queue.clone(),
-            );
-            r.register(
-                "messages",
-                "Messages exchanged with agents, by cluster, direction and kind",
-                m.cluster_messages.clone(),
-            );
-            r.register(
-                "resyncs",
-                "Digest mismatches that started a repair, by cluster",
-                m.cluster_resyncs.clone(),
-            );
-            r.register(
-                "refused",
-                "Streams, messages and objects refused, by cluster and reason",
-                m.cluster_refused.clone(),
-            );
+            m.register_per_cluster(r);
         } else {
-            r.register(
-                "messages",
-                "Messages exchanged with agents, by direction and kind",
-                m.messages.clone(),
-            );
-            r.register(
-                "resyncs",
-                "Digest mismatches that started a repair",
-                m.resyncs.clone(),
-            );
-            r.register(
-                "refused",
-                "Streams, messages and objects refused, by reason",
-                m.refused.clone(),
-            );
+            m.register_fleet_totals(r);
         }
+        m.register_delivery(r);
+        m.register_connections(r);
+        r.register_collector(Box::new(Fleet { hub: m.hub.clone() }));
+        m
+    }
+
+    /// The series by cluster (`--metrics-per-cluster`): each agent's
+    /// stream and backlog, and the message, resync and refusal counters
+    /// with a `cluster` label.
+    fn register_per_cluster(&self, r: &mut Registry) {
+        r.register(
+            "agent_connected",
+            "1 while the cluster's agent has a stream open",
+            self.connected.clone(),
+        );
+        r.register(
+            "agent_last_seen_seconds",
+            "Unix time of the last message from the cluster's agent",
+            self.last_seen.clone(),
+        );
+        r.register(
+            "agent_lag_seconds",
+            "Age of the oldest message to the agent not yet acknowledged",
+            self.lag.clone(),
+        );
+        r.register(
+            "agent_pending_objects",
+            "Applications with a change for the agent not yet acknowledged",
+            self.pending.clone(),
+        );
+        r.register(
+            "agent_control_queue",
+            "Acknowledgements waiting to be sent to the cluster's agent",
+            self.control_queue.clone(),
+        );
+        r.register(
+            "messages",
+            "Messages exchanged with agents, by cluster, direction and kind",
+            self.cluster_messages.clone(),
+        );
+        r.register(
+            "resyncs",
+            "Digest mismatches that started a repair, by cluster",
+            self.cluster_resyncs.clone(),
+        );
+        r.register(
+            "refused",
+            "Streams, messages and objects refused, by cluster and reason",
+            self.cluster_refused.clone(),
+        );
+    }
+
+    /// Without `--metrics-per-cluster`: the message, resync and refusal
+    /// counters of the whole fleet.
+    fn register_fleet_totals(&self, r: &mut Registry) {
+        r.register(
+            "messages",
+            "Messages exchanged with agents, by direction and kind",
+            self.messages.clone(),
+        );
+        r.register(
+            "resyncs",
+            "Digest mismatches that started a repair",
+            self.resyncs.clone(),
+        );
+        r.register(
+            "refused",
+            "Streams, messages and objects refused, by reason",
+            self.refused.clone(),
+        );
+    }
+
+    /// What reaches agents and the hub API server: delivery times, status
+    /// writes and failed writes.
+    fn register_delivery(&self, r: &mut Registry) {
         r.register(
             "delivery_seconds",
             "Time from an object message sent to an agent until the agent acknowledged it",
-            m.delivery.clone(),
+            self.delivery.clone(),
         );
         r.register(
             "status_writes",
             "Writes of reported status onto hub Applications and mirrors",
-            m.status_writes.clone(),
+            self.status_writes.clone(),
         );
         r.register(
             "write_errors",
             "Writes of status and mirrors to the hub API server that failed and are retried",
-            m.write_errors.clone(),
+            self.write_errors.clone(),
         );
+    }
+
+    /// The TLS layer's limits at work: handshakes, connections and denied
+    /// certificates.
+    fn register_connections(&self, r: &mut Registry) {
         r.register(
             "handshakes_in_flight",
             "TLS handshakes under way",
-            m.handshakes_in_flight.clone(),
+            self.handshakes_in_flight.clone(),
         );
         r.register(
             "handshakes_dropped",
             "Connections closed unanswered because --grpc-max-handshakes were under way",
-            m.handshakes_dropped.clone(),
+            self.handshakes_dropped.clone(),
         );
         r.register(
             "handshakes_paced",
             "Connections left waiting in the accept queue for their turn under --grpc-max-handshake-rate",
-            m.handshakes_paced.clone(),
+            self.handshakes_paced.clone(),
         );
         r.register(
             "connections_open",
             "Client connections open (handshaking or past it)",
-            m.connections_open.clone(),
+            self.connections_open.clone(),
         );
         r.register(
             "connections_dropped",
             "Connections closed unanswered because --grpc-max-connections were open",
-            m.connections_dropped.clone(),
+            self.connections_dropped.clone(),
         );
         r.register(
             "denied_certificates",
             "Client certificate fingerprints on the deny list",
-            m.denied_certificates.clone(),
+            self.denied_certificates.clone(),
         );
-        r.register_collector(Box::new(Fleet { hub: m.hub.clone() }));
-        m
     }
 
     /// The fleet figures come from `hub`'s clusters from now on.

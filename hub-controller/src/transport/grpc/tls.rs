@@ -290,30 +290,10 @@ pub fn incoming(
     metrics: GrpcMetrics,
 ) -> impl futures::Stream<Item = Result<Held, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let permits = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
-    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let mut rate = Bucket::new(
-        f64::from(limits.max_rate.max(1)),
-        limits.max_rate,
-        tokio::time::Instant::now(),
-    );
+    let mut gate = Gate::new(limits, metrics);
     tokio::spawn(async move {
-        let mut last_warning: Option<Instant> = None;
-        let mut last_full: Option<Instant> = None;
-        let mut last_rate: Option<Instant> = None;
         loop {
-            let wait = rate.take(tokio::time::Instant::now());
-            if !wait.is_zero() {
-                metrics.handshakes_paced.inc();
-                if last_rate.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                    last_rate = Some(Instant::now());
-                    tracing::info!(
-                        max = limits.max_rate,
-                        "more TLS handshakes a second than allowed; new connections wait their turn (--grpc-max-handshake-rate)"
-                    );
-                }
-                tokio::time::sleep(wait).await;
-            }
+            gate.pace().await;
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -325,22 +305,11 @@ pub fn incoming(
             if tx.is_closed() {
                 return;
             }
-            let Ok(place) = places.clone().try_acquire_owned() else {
-                metrics.connections_dropped.inc();
-                if last_full.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                    last_full = Some(Instant::now());
-                    tracing::warn!(%peer, max = limits.max_connections, "too many gRPC connections open; closing new ones until some close (--grpc-max-connections)");
-                }
+            let Some(place) = gate.place(peer) else {
                 drop(tcp);
                 continue;
             };
-            let place = Place::new(place, metrics.connections_open.clone());
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                metrics.handshakes_dropped.inc();
-                if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                    last_warning = Some(Instant::now());
-                    tracing::warn!(%peer, max = limits.max_in_flight, "too many TLS handshakes under way; closing new connections until some finish (--grpc-max-handshakes)");
-                }
+            let Some(permit) = gate.permit(peer) else {
                 drop(tcp);
                 continue;
             };
@@ -348,10 +317,11 @@ pub fn incoming(
             let _ = tcp.set_nodelay(true);
             let tls = acceptor.acceptor();
             let tx = tx.clone();
-            let in_flight = metrics.handshakes_in_flight.clone();
+            let timeout = limits.timeout;
+            let in_flight = gate.metrics.handshakes_in_flight.clone();
             in_flight.inc();
             tokio::spawn(async move {
-                let accepted = tokio::time::timeout(limits.timeout, tls.accept(tcp)).await;
+                let accepted = tokio::time::timeout(timeout, tls.accept(tcp)).await;
                 in_flight.dec();
                 drop(permit);
                 match accepted {
@@ -372,6 +342,91 @@ pub fn incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// What [`incoming`] lets through: the rate handshakes start at, the
+/// connection places and the handshakes under way, each limit logged at
+/// most every 10 s while it bites.
+struct Gate {
+    limits: HandshakeLimits,
+    metrics: GrpcMetrics,
+    rate: Bucket,
+    places: Arc<Semaphore>,
+    permits: Arc<Semaphore>,
+    last_rate: Option<Instant>,
+    last_full: Option<Instant>,
+    last_warning: Option<Instant>,
+}
+
+impl Gate {
+    fn new(limits: HandshakeLimits, metrics: GrpcMetrics) -> Self {
+        Self {
+            rate: Bucket::new(
+                f64::from(limits.max_rate.max(1)),
+                limits.max_rate,
+                tokio::time::Instant::now(),
+            ),
+            places: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            permits: Arc::new(Semaphore::new(limits.max_in_flight.max(1))),
+            limits,
+            metrics,
+            last_rate: None,
+            last_full: None,
+            last_warning: None,
+        }
+    }
+
+    /// Waits until the rate lets the next connection be accepted.
+    async fn pace(&mut self) {
+        let wait = self.rate.take(tokio::time::Instant::now());
+        if wait.is_zero() {
+            return;
+        }
+        self.metrics.handshakes_paced.inc();
+        if due(&mut self.last_rate) {
+            tracing::info!(
+                max = self.limits.max_rate,
+                "more TLS handshakes a second than allowed; new connections wait their turn (--grpc-max-handshake-rate)"
+            );
+        }
+        tokio::time::sleep(wait).await;
+    }
+
+    /// A place for the connection from `peer`; None (counted, and logged)
+    /// when `--grpc-max-connections` are open.
+    fn place(&mut self, peer: SocketAddr) -> Option<Place> {
+        let Ok(place) = self.places.clone().try_acquire_owned() else {
+            self.metrics.connections_dropped.inc();
+            if due(&mut self.last_full) {
+                tracing::warn!(%peer, max = self.limits.max_connections, "too many gRPC connections open; closing new ones until some close (--grpc-max-connections)");
+            }
+            return None;
+        };
+        Some(Place::new(place, self.metrics.connections_open.clone()))
+    }
+
+    /// A permit to handshake with `peer`; None (counted, and logged) when
+    /// `--grpc-max-handshakes` are under way.
+    fn permit(&mut self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            self.metrics.handshakes_dropped.inc();
+            if due(&mut self.last_warning) {
+                tracing::warn!(%peer, max = self.limits.max_in_flight, "too many TLS handshakes under way; closing new connections until some finish (--grpc-max-handshakes)");
+            }
+            return None;
+        };
+        Some(permit)
+    }
+}
+
+/// Whether a warning last given at `last` may be given again (at most
+/// every 10 s); if so, now is when it was last given.
+fn due(last: &mut Option<Instant>) -> bool {
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+        *last = Some(Instant::now());
+        return true;
+    }
+    false
 }
 
 /// One of the `--grpc-max-connections` places, taken until the connection

@@ -19,6 +19,16 @@ use crate::route::HubRef;
 
 impl Consumer for Context {
     fn event(&self, event: &Event) {
+        self.tell_project_works(event);
+        self.trigger_reconciles(event);
+    }
+
+    fn synced(&self) {}
+}
+
+impl Context {
+    /// Tells the AppProject works what `event` may have changed.
+    fn tell_project_works(&self, event: &Event) {
         // The AppProject works: an Application changing may change its own
         // cluster's projects; anything else that decides routes, any.
         match event {
@@ -38,6 +48,10 @@ impl Consumer for Context {
             Event::Cluster(E::Delete(_) | E::InitDone) => self.projects.everything_changed(),
             _ => {}
         }
+    }
+
+    /// Triggers the reconciles of the Applications `event` concerns.
+    fn trigger_reconciles(&self, event: &Event) {
         match event {
             Event::App(E::Apply(a) | E::InitApply(a) | E::Delete(a)) => {
                 if !matches!(event, Event::App(E::Delete(_))) {
@@ -105,10 +119,6 @@ impl Consumer for Context {
         }
     }
 
-    fn synced(&self) {}
-}
-
-impl Context {
     /// Whether `app` is the gRPC transport's with no work of ours left to
     /// hand over: nothing for this side to do. At 100,000 Applications on
     /// the gRPC transport every start reconciled each of them here (parsed,

@@ -306,64 +306,7 @@ impl Claims {
                 continue;
             }
             let notified = self.notify.notified();
-            let outcome: Result<bool, kube::Error> = async {
-                let _g = lock.lock().await;
-                if !current() {
-                    return Ok(false);
-                }
-                // No claim as far as the watch knows (an agent's first
-                // connection, the usual case): create it without reading
-                // first; one that exists after all answers 409.
-                if !self.view.lock().expect("never poisoned").claims.contains_key(cluster) {
-                    match self.api.create(&PostParams::default(), &self.claim_lease(cluster)).await {
-                        Ok(l) => {
-                            self.record(cluster, Some(&l), None);
-                            return Ok(true);
-                        }
-                        Err(kube::Error::Api(s)) if s.code == 409 => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                let read = self.api.get_opt(&name).await?;
-                self.record(cluster, read.as_ref(), None);
-                // The view now holds what was read (nothing, if nothing was).
-                let step = {
-                    let mut view = self.view.lock().expect("never poisoned");
-                    let claim = self.claim_view(&mut view, cluster, Instant::now());
-                    rule::step(claim, &self.config.identity)
-                };
-                match (step, read) {
-                    (Step::Held, _) => Ok(true),
-                    (Step::Create, _) => {
-                        let l = self
-                            .api
-                            .create(&PostParams::default(), &self.claim_lease(cluster))
-                            .await?;
-                        self.record(cluster, Some(&l), None);
-                        Ok(true)
-                    }
-                    (Step::Take, Some(old)) => {
-                        let mut l = self.claim_lease(cluster);
-                        l.metadata.resource_version = old.resource_version();
-                        let l = self.api.replace(&name, &PostParams::default(), &l).await?;
-                        tracing::info!(%cluster, previous = ?old.spec.and_then(|s| s.holder_identity), "took over the cluster's writes");
-                        self.record(cluster, Some(&l), None);
-                        Ok(true)
-                    }
-                    (Step::Ask { holder }, Some(mut old)) => {
-                        old.annotations_mut().insert(
-                            WANTED_BY_ANNOTATION.into(),
-                            self.config.identity.clone(),
-                        );
-                        let l = self.api.replace(&name, &PostParams::default(), &old).await?;
-                        tracing::info!(%cluster, %holder, "the cluster's agent moved here: asked its previous replica to let go");
-                        self.record(cluster, Some(&l), None);
-                        Ok(false)
-                    }
-                    _ => Ok(false),
-                }
-            }
-            .await;
+            let outcome = self.claim_once(cluster, &name, &lock, &current).await;
             match outcome {
                 Ok(true) => return true,
                 Ok(false) => {}
@@ -376,6 +319,98 @@ impl Claims {
                 _ = notified => {}
                 _ = tokio::time::sleep(self.config.renew_every / 2) => {}
             }
+        }
+    }
+
+    /// One attempt of [`Claims::claim`], under the cluster's `lock`: true
+    /// when the claim is held, false when it is not (yet).
+    async fn claim_once(
+        &self,
+        cluster: &str,
+        name: &str,
+        lock: &tokio::sync::Mutex<()>,
+        current: &impl Fn() -> bool,
+    ) -> Result<bool, kube::Error> {
+        let _g = lock.lock().await;
+        if !current() {
+            return Ok(false);
+        }
+        // No claim as far as the watch knows (an agent's first
+        // connection, the usual case): create it without reading
+        // first; one that exists after all answers 409.
+        let unseen = !self
+            .view
+            .lock()
+            .expect("never poisoned")
+            .claims
+            .contains_key(cluster);
+        if unseen && self.create_unread(cluster).await? {
+            return Ok(true);
+        }
+        let read = self.api.get_opt(name).await?;
+        self.record(cluster, read.as_ref(), None);
+        // The view now holds what was read (nothing, if nothing was).
+        let step = {
+            let mut view = self.view.lock().expect("never poisoned");
+            let claim = self.claim_view(&mut view, cluster, Instant::now());
+            rule::step(claim, &self.config.identity)
+        };
+        self.take_step(cluster, name, step, read).await
+    }
+
+    /// Creates `cluster`'s claim without having read it; false when it
+    /// exists after all.
+    async fn create_unread(&self, cluster: &str) -> Result<bool, kube::Error> {
+        match self
+            .api
+            .create(&PostParams::default(), &self.claim_lease(cluster))
+            .await
+        {
+            Ok(l) => {
+                self.record(cluster, Some(&l), None);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Does what [`rule::step`] decided for `cluster`'s claim, as `read`
+    /// (named `name`); true when it is held.
+    async fn take_step(
+        &self,
+        cluster: &str,
+        name: &str,
+        step: Step,
+        read: Option<Lease>,
+    ) -> Result<bool, kube::Error> {
+        match (step, read) {
+            (Step::Held, _) => Ok(true),
+            (Step::Create, _) => {
+                let l = self
+                    .api
+                    .create(&PostParams::default(), &self.claim_lease(cluster))
+                    .await?;
+                self.record(cluster, Some(&l), None);
+                Ok(true)
+            }
+            (Step::Take, Some(old)) => {
+                let mut l = self.claim_lease(cluster);
+                l.metadata.resource_version = old.resource_version();
+                let l = self.api.replace(name, &PostParams::default(), &l).await?;
+                tracing::info!(%cluster, previous = ?old.spec.and_then(|s| s.holder_identity), "took over the cluster's writes");
+                self.record(cluster, Some(&l), None);
+                Ok(true)
+            }
+            (Step::Ask { holder }, Some(mut old)) => {
+                old.annotations_mut()
+                    .insert(WANTED_BY_ANNOTATION.into(), self.config.identity.clone());
+                let l = self.api.replace(name, &PostParams::default(), &old).await?;
+                tracing::info!(%cluster, %holder, "the cluster's agent moved here: asked its previous replica to let go");
+                self.record(cluster, Some(&l), None);
+                Ok(false)
+            }
+            _ => Ok(false),
         }
     }
 

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use argocd_pull_apis::argocd::Application;
+use argocd_pull_apis::ocm::ManagedClusterAddOn;
 use argocd_pull_proto::v1::ObjectKey;
 use argocd_pull_runtime::workqueue::WorkQueue;
 use kube::ResourceExt;
@@ -173,20 +174,7 @@ impl Hub {
         use watcher::Event as E;
         let synced = self.is_synced();
         match ev {
-            Event::App(E::Delete(a)) => {
-                let r = HubRef::of(a);
-                self.writer.written().forget(&r.namespace, &r.name);
-                self.unassign(&r);
-            }
-            Event::App(E::InitDone) => {
-                // Applications deleted while the watch was down.
-                let known: Vec<HubRef> = self.index.lock().expect("never poisoned").refs();
-                for r in known {
-                    if self.caches.apps.get(&app_ref(&r)).is_none() {
-                        self.unassign(&r);
-                    }
-                }
-            }
+            Event::App(e) => self.app_event(e, synced),
             // Revocation (see `super::super::revoke`): a cluster that left
             // OCM is cut off at once; one whose addon was disabled once its
             // agent has let go of the Applications moving to ManifestWork.
@@ -198,22 +186,7 @@ impl Hub {
             {
                 self.allow(&mc.name_any())
             }
-            Event::Addon(E::Apply(a) | E::InitApply(a)) => {
-                let cluster = a.namespace().unwrap_or_default();
-                self.allow(&cluster);
-                if synced {
-                    self.reassign_targeting(&cluster);
-                }
-            }
-            Event::Addon(E::Delete(a)) => {
-                let cluster = a.namespace().unwrap_or_default();
-                if synced {
-                    self.reassign_targeting(&cluster);
-                }
-                if let Some(hub) = self.me.upgrade() {
-                    hub.revoke_once_released(cluster, "the argocd-pull addon was disabled");
-                }
-            }
+            Event::Addon(e) => self.addon_event(e, synced),
             Event::Mirror(E::Apply(m) | E::InitApply(m) | E::Delete(m)) => {
                 if let Some(work) = mirror_work(m) {
                     if let Work::Mirror { cluster, key } = &work {
@@ -224,19 +197,6 @@ impl Hub {
             }
             // Until then the index is not built at all.
             _ if !synced => {}
-            Event::App(E::Apply(a) | E::InitApply(a)) => {
-                // The echo of the first step of a two-step status write
-                // (`Progressing`, then what was reported) brings the second
-                // step: in the queue's second lane, in turn with new work,
-                // instead of behind every Application waiting for its first
-                // write (at a fleet's first start every copy showed
-                // `Progressing` before any showed more). The next event of
-                // the Application after that write is its echo, or a newer
-                // change that needs a decision as much.
-                let (r, assignment) = self.route(a);
-                let urgent = self.follow_ups.lock().expect("never poisoned").remove(&r);
-                self.apply(r, assignment, urgent);
-            }
             Event::Decision(E::Apply(d) | E::InitApply(d) | E::Delete(d)) => {
                 let ns = d.namespace();
                 self.reassign_where(|app| app.namespace() == ns);
@@ -252,9 +212,72 @@ impl Hub {
                 self.project_or_credential_changed()
             }
             // A list again after the watch was down: anything may have changed.
-            Event::Addon(E::InitDone)
-            | Event::Decision(E::InitDone)
-            | Event::Project(E::InitDone) => {
+            Event::Decision(E::InitDone) | Event::Project(E::InitDone) => {
+                self.reassign_all();
+                self.project_or_credential_changed();
+            }
+            _ => {}
+        }
+    }
+
+    /// An event of the hub Applications' watch (see [`Hub::handle`]).
+    fn app_event(&self, ev: &watcher::Event<CachedApp>, synced: bool) {
+        use watcher::Event as E;
+        match ev {
+            E::Delete(a) => {
+                let r = HubRef::of(a);
+                self.writer.written().forget(&r.namespace, &r.name);
+                self.unassign(&r);
+            }
+            E::InitDone => {
+                // Applications deleted while the watch was down.
+                let known: Vec<HubRef> = self.index.lock().expect("never poisoned").refs();
+                for r in known {
+                    if self.caches.apps.get(&app_ref(&r)).is_none() {
+                        self.unassign(&r);
+                    }
+                }
+            }
+            // Until then the index is not built at all.
+            E::Apply(a) | E::InitApply(a) if synced => {
+                // The echo of the first step of a two-step status write
+                // (`Progressing`, then what was reported) brings the second
+                // step: in the queue's second lane, in turn with new work,
+                // instead of behind every Application waiting for its first
+                // write (at a fleet's first start every copy showed
+                // `Progressing` before any showed more). The next event of
+                // the Application after that write is its echo, or a newer
+                // change that needs a decision as much.
+                let (r, assignment) = self.route(a);
+                let urgent = self.follow_ups.lock().expect("never poisoned").remove(&r);
+                self.apply(r, assignment, urgent);
+            }
+            _ => {}
+        }
+    }
+
+    /// An event of the ManagedClusterAddOns' watch (see [`Hub::handle`]).
+    fn addon_event(&self, ev: &watcher::Event<ManagedClusterAddOn>, synced: bool) {
+        use watcher::Event as E;
+        match ev {
+            E::Apply(a) | E::InitApply(a) => {
+                let cluster = a.namespace().unwrap_or_default();
+                self.allow(&cluster);
+                if synced {
+                    self.reassign_targeting(&cluster);
+                }
+            }
+            E::Delete(a) => {
+                let cluster = a.namespace().unwrap_or_default();
+                if synced {
+                    self.reassign_targeting(&cluster);
+                }
+                if let Some(hub) = self.me.upgrade() {
+                    hub.revoke_once_released(cluster, "the argocd-pull addon was disabled");
+                }
+            }
+            // A list again after the watch was down: anything may have changed.
+            E::InitDone if synced => {
                 self.reassign_all();
                 self.project_or_credential_changed();
             }

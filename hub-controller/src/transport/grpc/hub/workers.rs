@@ -69,6 +69,53 @@ impl Hub {
             return Ok(());
         }
         let app = cached.application();
+        let verdict = match self.acting_assignment(r) {
+            None | Some(Assignment::NotOurs { .. }) => return Ok(()),
+            Some(Assignment::Refused {
+                cluster,
+                key,
+                reason,
+                message,
+            }) => Verdict {
+                cluster,
+                key,
+                reason: Some(reason),
+                message,
+            },
+            Some(Assignment::Deliver {
+                cluster,
+                key,
+                deleting,
+                ..
+            }) => {
+                let cs = self.cluster(&cluster);
+                let owner = self.owner(&cluster, &key);
+                if deleting {
+                    return self.release_deleting(r, &app, &cs, &key, owner).await;
+                }
+                let (reason, message) = match self.delivery_refusal(r, &cluster, &key, &cs, owner) {
+                    Some((reason, message)) => (Some(reason), message),
+                    None => (None, String::new()),
+                };
+                Verdict {
+                    cluster,
+                    key,
+                    reason,
+                    message,
+                }
+            }
+        };
+        let cs = self.cluster(&verdict.cluster);
+        if verdict.reason.is_none() {
+            self.commands(&app, Work::App(r.clone()), &cs, &verdict.key)
+                .await?;
+        }
+        self.write_app_status(r, &app, &cs, &verdict).await
+    }
+
+    /// The assignment of `r`, unless its cluster is another replica's to
+    /// write for.
+    fn acting_assignment(&self, r: &HubRef) -> Option<Assignment> {
         let assignment = self
             .index
             .lock()
@@ -80,107 +127,95 @@ impl Hub {
             && !matches!(assignment, Some(Assignment::NotOurs { .. }))
             && !self.acts_for(cluster)
         {
-            return Ok(());
+            return None;
         }
-        let (cluster, key, reason, message) = match assignment {
-            None | Some(Assignment::NotOurs { .. }) => return Ok(()),
-            Some(Assignment::Refused {
-                cluster,
-                key,
-                reason,
-                message,
-            }) => (cluster, key, Some(reason), message),
-            Some(Assignment::Deliver {
-                cluster,
-                key,
-                deleting,
-                ..
-            }) => {
-                let cs = self.cluster(&cluster);
-                let owner = self.owner(&cluster, &key);
-                if deleting {
-                    if owner.as_ref().is_some_and(|o| o != r)
-                        && !self.copy_is(&cs, &key, app.metadata.uid.as_deref())
-                    {
-                        // Refused: nothing of its own is on the spoke, and
-                        // the owner's copy is never touched.
-                        if !holds_argocd_finalizer(&app) {
-                            return Ok(());
-                        }
-                        return self.writer.release_finalizers(&app).await;
-                    }
-                    return self.finalize(&app, &cs, &key).await;
-                }
-                if owner.as_ref() != Some(r) {
-                    let other = owner.map(|w| w.to_string()).unwrap_or_default();
-                    let msg = format!(
-                        "Application {}/{} on cluster {cluster} is already delivered for {other}: rename this Application or change its {} annotation",
-                        key.namespace,
-                        key.name,
-                        keys::MANAGED_CLUSTER_APP_NAMESPACE
-                    );
-                    (cluster, key, Some(Reason::SpokeConflict), msg)
-                } else if cs.mode() == Some(AgentMode::Autonomous) {
-                    let msg = format!(
-                        "the agent of cluster {cluster} runs in autonomous mode: its Applications are defined on the cluster; deliver this one by ManifestWork (annotation {}: manifestwork) or run the agent in managed mode",
-                        keys::TRANSPORT
-                    );
-                    (cluster, key, Some(Reason::AutonomousCluster), msg)
-                } else {
-                    let rejected = cs.lock().rejected.get(&key).cloned();
-                    match rejected {
-                        Some(m) => {
-                            let (reason, message) = self.rejection(&cluster, &key, &m);
-                            (cluster, key, Some(reason), message)
-                        }
-                        None => (cluster, key, None, String::new()),
-                    }
-                }
+        assignment
+    }
+
+    /// A deleting hub Application delivered to `key`: one that does not own
+    /// the spoke copy only has its finalizers released, else it is
+    /// [finalized](Self::finalize).
+    async fn release_deleting(
+        &self,
+        r: &HubRef,
+        app: &Application,
+        cs: &ClusterState,
+        key: &ObjectKey,
+        owner: Option<HubRef>,
+    ) -> Result<(), kube::Error> {
+        if owner.as_ref().is_some_and(|o| o != r)
+            && !self.copy_is(cs, key, app.metadata.uid.as_deref())
+        {
+            // Refused: nothing of its own is on the spoke, and
+            // the owner's copy is never touched.
+            if !holds_argocd_finalizer(app) {
+                return Ok(());
             }
-        };
-        let cs = self.cluster(&cluster);
-        if reason.is_none() {
-            self.commands(&app, Work::App(r.clone()), &cs, &key).await?;
+            return self.writer.release_finalizers(app).await;
         }
-        // Only the holder of the spoke Application shows its status: a
-        // refused or conflicting one never sees another team's.
-        let holds = self.winner(&cluster, &key).as_ref() == Some(r);
-        let observed = match cs.lock().observed.get(&key) {
-            // A report names the hub Application it was delivered for
-            // (agents before `owner-check` leave it empty).
-            Some(Observation::Observed { report, .. })
-                if holds
-                    && (report.hub_uid.is_empty()
-                        || app.metadata.uid.as_deref() == Some(report.hub_uid.as_str())) =>
-            {
-                report.status.parse::<Value>().ok()
-            }
-            _ => None,
-        };
+        self.finalize(app, cs, key).await
+    }
+
+    /// Why a hub Application assigned for delivery to `key` is not
+    /// delivered, if it is not: another one owns the spoke copy, the agent
+    /// runs autonomous, or the agent refused the upsert.
+    fn delivery_refusal(
+        &self,
+        r: &HubRef,
+        cluster: &str,
+        key: &ObjectKey,
+        cs: &ClusterState,
+        owner: Option<HubRef>,
+    ) -> Option<(Reason, String)> {
+        if owner.as_ref() != Some(r) {
+            let other = owner.map(|w| w.to_string()).unwrap_or_default();
+            let msg = format!(
+                "Application {}/{} on cluster {cluster} is already delivered for {other}: rename this Application or change its {} annotation",
+                key.namespace,
+                key.name,
+                keys::MANAGED_CLUSTER_APP_NAMESPACE
+            );
+            Some((Reason::SpokeConflict, msg))
+        } else if cs.mode() == Some(AgentMode::Autonomous) {
+            let msg = format!(
+                "the agent of cluster {cluster} runs in autonomous mode: its Applications are defined on the cluster; deliver this one by ManifestWork (annotation {}: manifestwork) or run the agent in managed mode",
+                keys::TRANSPORT
+            );
+            Some((Reason::AutonomousCluster, msg))
+        } else {
+            let rejected = cs.lock().rejected.get(key).cloned();
+            rejected.map(|m| self.rejection(cluster, key, &m))
+        }
+    }
+
+    /// Writes the status of the hub Application `r`: the agent's report
+    /// when it holds the spoke copy, and the condition of `verdict`; a new
+    /// refusal is also logged, counted and a Warning Event.
+    async fn write_app_status(
+        &self,
+        r: &HubRef,
+        app: &Application,
+        cs: &ClusterState,
+        verdict: &Verdict,
+    ) -> Result<(), kube::Error> {
+        let Verdict {
+            cluster,
+            key,
+            reason,
+            message,
+        } = verdict;
+        let observed = self.observed_status(r, app, cs, verdict);
         let condition = reason.map(|r| format!("{r}: {message}"));
         let current = app.data.get("status").cloned().unwrap_or(Value::Null);
-        // A spoke Application its Argo CD has not looked at yet reports an
-        // empty status: onto a hub copy that shows none either, that is
-        // nothing reported yet (it was written as `{conditions: []}`, one
-        // more PATCH per new Application).
-        let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.is_empty());
-        let reported = observed
-            .as_ref()
-            .is_some_and(|o| !(empty(o) && empty(&current)));
-        if !reported && condition.is_none() && condition_of(&current).is_none() {
-            // Nothing reported yet and nothing wrong: nothing to write.
+        let Some(status) = status_to_write(&current, observed.as_ref(), &condition) else {
             return Ok(());
-        }
-        let status = hub_status(&current, observed.as_ref(), condition.clone());
-        if status == current {
-            return Ok(());
-        }
+        };
         let newly_refused = condition.is_some() && condition_of(&current) != condition.as_deref();
         // The trace of the report this writes, when there is one.
-        let span = match cs.take_report_trace(&key) {
+        let span = match cs.take_report_trace(key) {
             Some(parent) => {
                 let span =
-                    telemetry::span(SpanName::StatusWrite, None, &cluster, &r.namespace, &r.name);
+                    telemetry::span(SpanName::StatusWrite, None, cluster, &r.namespace, &r.name);
                 telemetry::continue_from(&span, &parent);
                 span
             }
@@ -188,7 +223,7 @@ impl Hub {
         };
         if self
             .writer
-            .write_status(&app, &status, None)
+            .write_status(app, &status, None)
             .instrument(span)
             .await?
             .is_none()
@@ -205,12 +240,37 @@ impl Hub {
         }
         if let (true, Some(reason)) = (newly_refused, reason) {
             tracing::warn!(%cluster, namespace = %r.namespace, name = %r.name, %reason, %message, "not delivered");
-            self.metrics.refuse(&cluster, reason.as_str());
+            self.metrics.refuse(cluster, reason.as_str());
             self.writer
-                .event(&app, EventType::Warning, reason.as_str(), &message)
+                .event(app, EventType::Warning, reason.as_str(), message)
                 .await;
         }
         Ok(())
+    }
+
+    /// The status the agent reported for the spoke copy of `r`, parsed.
+    fn observed_status(
+        &self,
+        r: &HubRef,
+        app: &Application,
+        cs: &ClusterState,
+        verdict: &Verdict,
+    ) -> Option<Value> {
+        // Only the holder of the spoke Application shows its status: a
+        // refused or conflicting one never sees another team's.
+        let holds = self.winner(&verdict.cluster, &verdict.key).as_ref() == Some(r);
+        match cs.lock().observed.get(&verdict.key) {
+            // A report names the hub Application it was delivered for
+            // (agents before `owner-check` leave it empty).
+            Some(Observation::Observed { report, .. })
+                if holds
+                    && (report.hub_uid.is_empty()
+                        || app.metadata.uid.as_deref() == Some(report.hub_uid.as_str())) =>
+            {
+                report.status.parse::<Value>().ok()
+            }
+            _ => None,
+        }
     }
 
     /// The condition for an upsert the agent refused: a spoke Application
@@ -294,33 +354,7 @@ impl Hub {
         cs: &ClusterState,
         key: &ObjectKey,
     ) -> Result<(), kube::Error> {
-        let in_flight = |sync: bool| {
-            cs.lock()
-                .ops
-                .iter()
-                .find(|(_, op)| {
-                    op.owner == owner
-                        && match op.request.kind {
-                            Some(operation_request::Kind::Sync(_)) => sync,
-                            Some(operation_request::Kind::Refresh(_)) => !sync,
-                            _ => false,
-                        }
-                })
-                .map(|(id, _)| id.clone())
-        };
-        let (sync_id, refresh_id) = (in_flight(true), in_flight(false));
-        let mut plan = commands::commands(
-            app,
-            commands::InFlight {
-                sync: sync_id.as_deref(),
-                refresh: refresh_id.as_deref(),
-            },
-        );
-        // A mirror's status is the agent's report, written whole: a
-        // terminate-op on it is not carried (see `status::terminating`).
-        if !matches!(owner, Work::App(_)) {
-            plan.ready.retain(|(_, c)| *c != Command::Terminate);
-        }
+        let plan = command_plan(app, &owner, cs);
         if let Some(patch) = plan.stamp {
             // Our own write brings the Application back here.
             self.writer.patch(app, COMMAND_MANAGER, &patch).await?;
@@ -337,44 +371,11 @@ impl Hub {
                 .unwrap_or_default();
             match outcome {
                 None => {
-                    let kind = match &command {
-                        Command::Sync(op) => operation_request::Kind::Sync(SyncOperation {
-                            operation_json: content::canonical(op),
-                        }),
-                        Command::Refresh(kind) => operation_request::Kind::Refresh(
-                            argocd_pull_proto::v1::RefreshRequest { kind: *kind as i32 },
-                        ),
-                        Command::Terminate => {
-                            operation_request::Kind::Terminate(TerminateOperation {})
-                        }
-                    };
-                    let request = OperationRequest {
-                        operation_id: id.clone(),
-                        key: Some(key.clone()),
-                        kind: Some(kind),
-                        // The owner: the agent runs it only on the copy it
-                        // applied for this hub Application.
-                        hub_uid: match &owner {
-                            Work::App(_) => app.metadata.uid.clone().unwrap_or_default(),
-                            _ => String::new(),
-                        },
-                    };
+                    let request = operation_request(app, &owner, key, &id, &command);
                     if command == Command::Terminate
                         && !cs.agent_offers(CAPABILITY_TERMINATE_OPERATION)
                     {
-                        let message = format!(
-                            "it does not offer {CAPABILITY_TERMINATE_OPERATION}: upgrade the agent to terminate a sync from the hub"
-                        );
-                        cs.add_refused_op(request, owner.clone(), &message);
-                        self.report_answer(
-                            app,
-                            cs,
-                            &id,
-                            "terminate",
-                            AckOutcome::Rejected,
-                            &message,
-                        )
-                        .await;
+                        self.refuse_terminate(app, &owner, cs, &id, request).await;
                     } else if cs.add_op(request, owner.clone()) {
                         tracing::debug!(cluster = %cs.name, id, "command queued for the agent");
                     }
@@ -400,36 +401,73 @@ impl Hub {
                         tracing::debug!(cluster = %cs.name, id, start, "sync settled; waiting for its status");
                         continue;
                     }
-                    let Some(patch) = commands::completion_patch(app, &id, &command) else {
-                        cs.op_done(&id);
-                        continue;
-                    };
-                    // Changed meanwhile (None): decided again from its next version.
                     if self
-                        .writer
-                        .patch(app, COMMAND_MANAGER, &patch)
+                        .complete(app, cs, &id, &command, (outcome, message))
                         .await?
-                        .is_some()
                     {
-                        cs.op_done(&id);
-                        let what = match command {
-                            Command::Sync(_) => {
-                                // Its terminate, if any, ends with it.
-                                cs.op_done(&commands::terminate_id(&id));
-                                "sync"
-                            }
-                            Command::Refresh(_) => "refresh",
-                            Command::Terminate => "terminate",
-                        };
-                        self.report_answer(app, cs, &id, what, outcome, &message)
-                            .await;
+                        // One write per pass: the next one reads the new version.
+                        return Ok(());
                     }
-                    // One write per pass: the next one reads the new version.
-                    return Ok(());
                 }
             }
         }
         Ok(())
+    }
+
+    /// A terminate the agent cannot run, as it does not offer it: recorded
+    /// as refused, so that it is not sent, and reported as such.
+    async fn refuse_terminate(
+        &self,
+        app: &Application,
+        owner: &Work,
+        cs: &ClusterState,
+        id: &str,
+        request: OperationRequest,
+    ) {
+        let message = format!(
+            "it does not offer {CAPABILITY_TERMINATE_OPERATION}: upgrade the agent to terminate a sync from the hub"
+        );
+        cs.add_refused_op(request, owner.clone(), &message);
+        self.report_answer(app, cs, id, "terminate", AckOutcome::Rejected, &message)
+            .await;
+    }
+
+    /// Takes the command `id` the agent answered off `app` and reports the
+    /// answer; true when it wrote (or tried to write) `app`, which ends
+    /// the pass. One with nothing to take off is just done.
+    async fn complete(
+        &self,
+        app: &Application,
+        cs: &ClusterState,
+        id: &str,
+        command: &Command,
+        (outcome, message): (AckOutcome, String),
+    ) -> Result<bool, kube::Error> {
+        let Some(patch) = commands::completion_patch(app, id, command) else {
+            cs.op_done(id);
+            return Ok(false);
+        };
+        // Changed meanwhile (None): decided again from its next version.
+        if self
+            .writer
+            .patch(app, COMMAND_MANAGER, &patch)
+            .await?
+            .is_some()
+        {
+            cs.op_done(id);
+            let what = match command {
+                Command::Sync(_) => {
+                    // Its terminate, if any, ends with it.
+                    cs.op_done(&commands::terminate_id(id));
+                    "sync"
+                }
+                Command::Refresh(_) => "refresh",
+                Command::Terminate => "terminate",
+            };
+            self.report_answer(app, cs, id, what, outcome, &message)
+                .await;
+        }
+        Ok(true)
     }
 
     /// Logs the agent's answer to a command; a refusal is also a Warning
@@ -459,5 +497,103 @@ impl Hub {
         } else {
             tracing::info!(cluster = %cs.name, id, ?outcome, "{what} handed over to the spoke");
         }
+    }
+}
+
+/// Where a hub Application is delivered and, when it is not, why: what its
+/// status shows.
+struct Verdict {
+    cluster: String,
+    key: ObjectKey,
+    reason: Option<Reason>,
+    /// Empty when `reason` is None.
+    message: String,
+}
+
+/// The status to write onto a hub Application whose status is `current`,
+/// from the agent's report `observed` and the `condition`; None when there
+/// is nothing to write.
+fn status_to_write(
+    current: &Value,
+    observed: Option<&Value>,
+    condition: &Option<String>,
+) -> Option<Value> {
+    // A spoke Application its Argo CD has not looked at yet reports an
+    // empty status: onto a hub copy that shows none either, that is
+    // nothing reported yet (it was written as `{conditions: []}`, one
+    // more PATCH per new Application).
+    let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.is_empty());
+    let reported = observed.is_some_and(|o| !(empty(o) && empty(current)));
+    if !reported && condition.is_none() && condition_of(current).is_none() {
+        // Nothing reported yet and nothing wrong: nothing to write.
+        return None;
+    }
+    let status = hub_status(current, observed, condition.clone());
+    (status != *current).then_some(status)
+}
+
+/// The commands `app` carries for `owner`, given those `cs` has in flight
+/// for it.
+fn command_plan(app: &Application, owner: &Work, cs: &ClusterState) -> commands::CommandPlan {
+    let in_flight = |sync: bool| {
+        cs.lock()
+            .ops
+            .iter()
+            .find(|(_, op)| {
+                op.owner == *owner
+                    && match op.request.kind {
+                        Some(operation_request::Kind::Sync(_)) => sync,
+                        Some(operation_request::Kind::Refresh(_)) => !sync,
+                        _ => false,
+                    }
+            })
+            .map(|(id, _)| id.clone())
+    };
+    let (sync_id, refresh_id) = (in_flight(true), in_flight(false));
+    let mut plan = commands::commands(
+        app,
+        commands::InFlight {
+            sync: sync_id.as_deref(),
+            refresh: refresh_id.as_deref(),
+        },
+    );
+    // A mirror's status is the agent's report, written whole: a
+    // terminate-op on it is not carried (see `status::terminating`).
+    if !matches!(owner, Work::App(_)) {
+        plan.ready.retain(|(_, c)| *c != Command::Terminate);
+    }
+    plan
+}
+
+/// The request that sends `command` (of `app`, for `owner`) to the agent
+/// as operation `id` on its copy `key`.
+fn operation_request(
+    app: &Application,
+    owner: &Work,
+    key: &ObjectKey,
+    id: &str,
+    command: &Command,
+) -> OperationRequest {
+    let kind = match command {
+        Command::Sync(op) => operation_request::Kind::Sync(SyncOperation {
+            operation_json: content::canonical(op),
+        }),
+        Command::Refresh(kind) => {
+            operation_request::Kind::Refresh(argocd_pull_proto::v1::RefreshRequest {
+                kind: *kind as i32,
+            })
+        }
+        Command::Terminate => operation_request::Kind::Terminate(TerminateOperation {}),
+    };
+    OperationRequest {
+        operation_id: id.to_string(),
+        key: Some(key.clone()),
+        kind: Some(kind),
+        // The owner: the agent runs it only on the copy it
+        // applied for this hub Application.
+        hub_uid: match owner {
+            Work::App(_) => app.metadata.uid.clone().unwrap_or_default(),
+            _ => String::new(),
+        },
     }
 }

@@ -29,6 +29,7 @@ use argocd_pull_runtime::client::limit::Bucket;
 
 use super::hub::Hub;
 use super::identity::Peer;
+use super::metrics::ClusterLabel;
 use super::revoke::Refusal;
 
 mod inbound;
@@ -314,7 +315,6 @@ enum End {
     Error(&'static str, Status),
 }
 
-/// Ends the stream with `status`, logged with the cluster.
 /// The hub, not the agent, decides the mode: the one the cluster's addon
 /// configuration deploys the agent with (`hub::mode`).
 fn configured_mode(hub: &Hub, cluster: &str, claimed: AgentMode) -> Result<(), Status> {
@@ -335,6 +335,7 @@ fn configured_mode(hub: &Hub, cluster: &str, claimed: AgentMode) -> Result<(), S
     }
 }
 
+/// Ends the stream with `status`, logged with the cluster.
 async fn refuse(hub: &Hub, cluster: &str, reason: &'static str, out: &Out, status: Status) {
     tracing::warn!(%cluster, reason, code = ?status.code(), message = %status.message(), "refused an agent's stream");
     hub.metrics.refuse(cluster, reason);
@@ -391,31 +392,17 @@ async fn send_loop(
         notified.as_mut().enable();
         let batch = cs.next_messages(id, BATCH);
         if let Some(p) = projects.as_mut() {
-            // An upsert or delete may change which projects are used.
-            if batch.iter().any(|m| {
-                matches!(
-                    m.kind,
-                    Some(hub_message::Kind::Upsert(_) | hub_message::Kind::Delete(_))
-                )
-            }) {
-                p.due = true;
-            }
+            p.note(&batch);
         }
         if batch.is_empty() {
             if let Some(m) = projects.as_mut().and_then(|p| p.message(&hub, &cs)) {
-                hub.metrics.message(&cs.name, "out", m.kind_name());
-                if out.send(Box::new(Ok(m))).await.is_err() {
+                if !send(&hub, &cs, &out, m).await {
                     return;
                 }
                 last_sent = tokio::time::Instant::now();
                 continue;
             }
-            let (lag, pending) = cs.lag();
-            hub.metrics.lag.get_or_create(&label).set(lag);
-            hub.metrics
-                .pending
-                .get_or_create(&label)
-                .set(pending as i64);
+            record_lag(&hub, &cs, &label);
             tokio::select! {
                 _ = &mut notified => {}
                 _ = digest.tick() => {
@@ -432,10 +419,7 @@ async fn send_loop(
                     }
                 }
                 _ = tokio::time::sleep_until(last_sent + heartbeat) => {
-                    let hb = HubMessage { kind: Some(hub_message::Kind::Heartbeat(Heartbeat {
-                        sent_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as i64,
-                    })) };
-                    if out.send(Box::new(Ok(hb))).await.is_err() {
+                    if out.send(Box::new(Ok(heartbeat_message()))).await.is_err() {
                         return;
                     }
                     last_sent = tokio::time::Instant::now();
@@ -446,12 +430,36 @@ async fn send_loop(
             continue;
         }
         for m in batch {
-            hub.metrics.message(&cs.name, "out", m.kind_name());
-            if out.send(Box::new(Ok(m))).await.is_err() {
+            if !send(&hub, &cs, &out, m).await {
                 return;
             }
         }
         last_sent = tokio::time::Instant::now();
+    }
+}
+
+/// Sends `m` to the agent, counted; false when the stream is gone.
+async fn send(hub: &Hub, cs: &ClusterState, out: &Out, m: HubMessage) -> bool {
+    hub.metrics.message(&cs.name, "out", m.kind_name());
+    out.send(Box::new(Ok(m))).await.is_ok()
+}
+
+/// With nothing to send: how far behind the cluster's agent is, as gauges.
+fn record_lag(hub: &Hub, cs: &ClusterState, label: &ClusterLabel) {
+    let (lag, pending) = cs.lag();
+    hub.metrics.lag.get_or_create(label).set(lag);
+    hub.metrics.pending.get_or_create(label).set(pending as i64);
+}
+
+/// A heartbeat stamped with the time it is sent.
+fn heartbeat_message() -> HubMessage {
+    HubMessage {
+        kind: Some(hub_message::Kind::Heartbeat(Heartbeat {
+            sent_at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as i64,
+        })),
     }
 }
 
@@ -472,6 +480,19 @@ impl Projects {
             changed,
             due: true,
             sent: None,
+        }
+    }
+
+    /// A batch about to be sent: an upsert or delete may change which
+    /// projects are used.
+    fn note(&mut self, batch: &[HubMessage]) {
+        if batch.iter().any(|m| {
+            matches!(
+                m.kind,
+                Some(hub_message::Kind::Upsert(_) | hub_message::Kind::Delete(_))
+            )
+        }) {
+            self.due = true;
         }
     }
 
@@ -557,15 +578,7 @@ async fn receive_loop(
         fingerprint,
         closed,
     } = ends;
-    let expires_in = Duration::from_secs(
-        (not_after
-            - SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs() as i64)
-            .max(0) as u64,
-    );
-    let expiry = tokio::time::sleep(expires_in);
+    let expiry = tokio::time::sleep(until(not_after));
     tokio::pin!(expiry);
     let bound = hub.config.limits.control_queue.max(1);
     let mut refusals = Bucket::new(
@@ -578,17 +591,7 @@ async fn receive_loop(
         let next = tokio::select! {
             s = stop.wait_for(Option::is_some) => {
                 let why = s.ok().and_then(|s| s.clone()).unwrap_or(Stop::Replaced);
-                return match why {
-                    Stop::Replaced => End::Replaced,
-                    Stop::Revoked(why) => {
-                        let r = Refusal::revoked(&cs.name, &why);
-                        End::Error(r.reason, r.status)
-                    }
-                    Stop::Denied(note) => {
-                        let r = Refusal::denied(&hub.config.deny_list, fingerprint, &note);
-                        End::Error(r.reason, r.status)
-                    }
-                };
+                return stopped(hub, cs, fingerprint, why);
             }
             _ = shutdown.wait_for(|s| *s) => return End::Shutdown,
             _ = &mut expiry => {
@@ -607,46 +610,98 @@ async fn receive_loop(
             }
             m = tokio::time::timeout(heartbeat * 3, inbound.message()), if !full => m,
         };
-        let m = match next {
-            Err(_) => {
-                return End::Error(
-                    "silent",
-                    Status::deadline_exceeded(format!(
-                        "nothing received for {:?} (three heartbeat intervals)",
-                        heartbeat * 3
-                    )),
-                );
-            }
-            Ok(Ok(Some(m))) => m,
-            Ok(Ok(None)) => return End::Closed,
-            Ok(Err(status)) => {
-                if status.code() == tonic::Code::Cancelled || status.code() == tonic::Code::Unknown
-                {
-                    return End::Closed;
-                }
-                let status = inbound_error(status);
-                let reason = if status.code() == tonic::Code::ResourceExhausted {
-                    "oversized"
-                } else {
-                    "stream-error"
-                };
-                return End::Error(reason, status);
-            }
+        let m = match received(next, heartbeat) {
+            Ok(m) => m,
+            Err(end) => return end,
         };
-        seen(hub, &cs.name);
-        hub.metrics.message(&cs.name, "in", m.kind_name());
-        if let Err(e) = validate::agent_message(&m) {
-            return End::Error("malformed", e.into());
-        }
-        let refused = cs.refused_reports.load(Ordering::Relaxed);
-        if let Err(status) = handle(hub, cs, mode, m) {
-            return End::Error("malformed", status);
-        }
-        if cs.refused_reports.load(Ordering::Relaxed) != refused {
-            let wait = refusals.take(tokio::time::Instant::now());
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
-            }
+        if let Err(end) = take_in(hub, cs, mode, m, &mut refusals).await {
+            return end;
         }
     }
+}
+
+/// How long until `not_after` (seconds since the epoch), none once past.
+fn until(not_after: i64) -> Duration {
+    Duration::from_secs(
+        (not_after
+            - SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs() as i64)
+            .max(0) as u64,
+    )
+}
+
+/// How a session told to stop (`why`) ends.
+fn stopped(hub: &Hub, cs: &ClusterState, fingerprint: &str, why: Stop) -> End {
+    match why {
+        Stop::Replaced => End::Replaced,
+        Stop::Revoked(why) => {
+            let r = Refusal::revoked(&cs.name, &why);
+            End::Error(r.reason, r.status)
+        }
+        Stop::Denied(note) => {
+            let r = Refusal::denied(&hub.config.deny_list, fingerprint, &note);
+            End::Error(r.reason, r.status)
+        }
+    }
+}
+
+/// The message read from the agent, or how the session ends: nothing
+/// within three heartbeat intervals (`next` timed out), the stream closed,
+/// or a receive error.
+fn received(
+    next: Result<Result<Option<AgentMessage>, Status>, tokio::time::error::Elapsed>,
+    heartbeat: Duration,
+) -> Result<AgentMessage, End> {
+    match next {
+        Err(_) => Err(End::Error(
+            "silent",
+            Status::deadline_exceeded(format!(
+                "nothing received for {:?} (three heartbeat intervals)",
+                heartbeat * 3
+            )),
+        )),
+        Ok(Ok(Some(m))) => Ok(m),
+        Ok(Ok(None)) => Err(End::Closed),
+        Ok(Err(status)) => {
+            if status.code() == tonic::Code::Cancelled || status.code() == tonic::Code::Unknown {
+                return Err(End::Closed);
+            }
+            let status = inbound_error(status);
+            let reason = if status.code() == tonic::Code::ResourceExhausted {
+                "oversized"
+            } else {
+                "stream-error"
+            };
+            Err(End::Error(reason, status))
+        }
+    }
+}
+
+/// Validates and handles one message of the agent; a stream whose reports
+/// are refused is read more slowly (see [`REFUSED_PER_SECOND`]).
+async fn take_in(
+    hub: &Arc<Hub>,
+    cs: &Arc<ClusterState>,
+    mode: AgentMode,
+    m: AgentMessage,
+    refusals: &mut Bucket,
+) -> Result<(), End> {
+    seen(hub, &cs.name);
+    hub.metrics.message(&cs.name, "in", m.kind_name());
+    if let Err(e) = validate::agent_message(&m) {
+        return Err(End::Error("malformed", e.into()));
+    }
+    let refused = cs.refused_reports.load(Ordering::Relaxed);
+    if let Err(status) = handle(hub, cs, mode, m) {
+        return Err(End::Error("malformed", status));
+    }
+    if cs.refused_reports.load(Ordering::Relaxed) != refused {
+        let wait = refusals.take(tokio::time::Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    Ok(())
 }
