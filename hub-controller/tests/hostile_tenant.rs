@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
-use argocd_pull_apis::ocm::ManifestWork;
+use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork};
 use argocd_pull_hub_controller::render::work::work_name;
 use argocd_pull_hub_controller::status::CONDITION;
 use argocd_pull_spoke_agent::Mode;
@@ -463,4 +463,12 @@ async fn held_over_grpc_is_kept(env: &Env) {
         Some(&holder_uid),
         "the agent's copy stays the holder's"
     );
+
+    // A cluster that leaves OCM takes its record along.
+    let clusters: Api<ManagedCluster> = Api::all(env.hub_client.clone());
+    clusters
+        .delete("cluster1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::gone(&leases, "argocd-pull-holders-cluster1", TIMEOUT).await;
 }

@@ -144,7 +144,10 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
             };
         }
     };
-    let (_, key) = slot(&target);
+    let key = ObjectKey {
+        namespace: target.app_namespace.clone(),
+        name: app.name_any(),
+    };
     delivery(app, target, key)
 }
 

@@ -181,6 +181,19 @@ impl Holders {
         }
     }
 
+    /// Deletes `cluster`'s record (nothing there is fine).
+    pub async fn delete(&self, cluster: &str) -> Result<(), kube::Error> {
+        match self
+            .api
+            .delete(&record::lease_name(cluster), &Default::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes `cluster`'s record: over the version `version` of its Lease
     /// (a replica that wrote in between makes it fail with a conflict: the
     /// caller merges again with what the watch then shows), or as a new

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use argocd_pull_proto::v1::ObjectKey;
 
-use super::super::cluster::Work;
+use super::super::cluster::{ClusterState, Work};
 use super::super::holders::{Holders, record};
 use super::Hub;
 
@@ -74,6 +74,21 @@ impl Hub {
         }
     }
 
+    /// `cluster` left OCM: its record goes (a cluster joined again under
+    /// the same name starts from its agent's reports). Every replica asks;
+    /// the first delete wins, the others find nothing.
+    pub(super) fn forget_holders(&self, cluster: &str) {
+        let Some(holders) = self.holders.get().cloned() else {
+            return;
+        };
+        let cluster = cluster.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = holders.delete(&cluster).await {
+                tracing::warn!(%cluster, error = %e, "cannot delete the record of what a deleted cluster's agent held");
+            }
+        });
+    }
+
     /// Writes the record of every cluster this replica acts for whose
     /// agent's holdings changed, until the process ends.
     pub async fn keep_holders(self: Arc<Self>) {
@@ -98,21 +113,41 @@ impl Hub {
                 {
                     continue;
                 }
-                if let Err(e) = self.write_holders(&holders, &cs.name).await {
-                    cs.mark_holders_dirty();
-                    failed.insert(cs.name.clone(), Instant::now());
-                    if warned.is_none_or(|w| w.elapsed() >= RETRY_AFTER) {
-                        warned = Some(Instant::now());
-                        tracing::warn!(cluster = %cs.name, error = %e, failing = failed.len(), "cannot record what clusters' agents hold (a Lease in the hub-controller's namespace); retrying each in 30 s, until then their keys are decided without it");
-                    }
+                match self.write_holders(&holders, &cs.name).await {
+                    Ok(()) => {}
+                    // Another replica wrote it meanwhile (a claim moving):
+                    // merged again with what the watch shows, next tick.
+                    Err(kube::Error::Api(e)) if e.code == 409 => cs.mark_holders_dirty(),
+                    Err(e) => self.holders_write_failed(&cs, e, &mut failed, &mut warned),
                 }
             }
+        }
+    }
+
+    /// A write of `cs`'s record failed: tried again after [`RETRY_AFTER`],
+    /// with one warning per such period.
+    fn holders_write_failed(
+        &self,
+        cs: &ClusterState,
+        e: kube::Error,
+        failed: &mut HashMap<String, Instant>,
+        warned: &mut Option<Instant>,
+    ) {
+        cs.mark_holders_dirty();
+        failed.insert(cs.name.clone(), Instant::now());
+        if warned.is_none_or(|w| w.elapsed() >= RETRY_AFTER) {
+            *warned = Some(Instant::now());
+            tracing::warn!(cluster = %cs.name, error = %e, failing = failed.len(), "cannot record what clusters' agents hold (a Lease in the hub-controller's namespace); retrying each in 30 s, until then their keys are decided without it");
         }
     }
 
     /// Merges `cluster`'s record with its agent's latest reports and
     /// writes it when that changed it.
     async fn write_holders(&self, holders: &Holders, cluster: &str) -> Result<(), kube::Error> {
+        if !self.caches.cluster_exists(cluster) {
+            // Gone from OCM: its record was deleted ([`Hub::forget_holders`]).
+            return Ok(());
+        }
         let (old, version) = holders.record(cluster);
         let reports = self.cluster(cluster).holders_reported();
         let (next, left_out) = {

@@ -179,7 +179,8 @@ impl Hub {
             // OCM is cut off at once; one whose addon was disabled once its
             // agent has let go of the Applications moving to ManifestWork.
             Event::Cluster(E::Delete(mc)) => {
-                self.revoke(&mc.name_any(), "its ManagedCluster was deleted")
+                self.revoke(&mc.name_any(), "its ManagedCluster was deleted");
+                self.forget_holders(&mc.name_any());
             }
             Event::Cluster(E::Apply(mc) | E::InitApply(mc))
                 if self.caches.addon_enabled(&mc.name_any()) =>
