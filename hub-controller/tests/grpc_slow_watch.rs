@@ -104,6 +104,7 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
         watches.caches(),
     );
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    let caches = watches.caches();
     tokio::spawn(watches.run(slow.clone(), vec![hub.clone()], shutdown.clone().wait()));
     let served = grpc::start(hub.clone(), shutdown.wait()).await.unwrap();
     hub.wait_synced().await;
@@ -181,14 +182,13 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
     // write's echo has reached a reconcile and nothing is queued: no more
     // writes can follow, the counts below are final.
     wait::until("the hub to see its own writes", TIMEOUT, || async {
-        let stale = hub
-            .caches
+        let stale = caches
             .apps
             .state()
             .iter()
             .filter(|a| status(&a.application()) != healthy())
             .count();
-        let (unseen, queued) = (hub.writer.written().len(), hub.queue.len());
+        let (unseen, queued) = (hub.writer.written().len(), hub.queued());
         if stale + unseen + queued == 0 {
             Ok(())
         } else {

@@ -479,7 +479,7 @@ pub async fn start(
     Ok(tokio::spawn(async move {
         shutdown.await;
         let _ = stop.send(true);
-        hub.queue.close();
+        hub.close_queue();
         // Streams end on their own once told; do not wait for slow peers.
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         let _ = deny_list.await;

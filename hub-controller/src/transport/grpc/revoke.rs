@@ -185,14 +185,14 @@ impl Hub {
         // refuses it too. While its agent still has releases to acknowledge
         // (the addon just disabled, see `revoke_once_released`) it may come
         // back for them.
-        if self.caches.is_synced() {
-            if !self.caches.cluster_exists(&peer.cluster) {
+        if self.caches_synced() {
+            if !self.cluster_exists(&peer.cluster) {
                 return Err(Refusal::revoked(
                     &peer.cluster,
                     "there is no ManagedCluster of that name on this hub",
                 ));
             }
-            if !self.caches.addon_enabled(&peer.cluster) && cs.lag().1 == 0 {
+            if !self.addon_enabled(&peer.cluster) && cs.lag().1 == 0 {
                 return Err(Refusal::revoked(
                     &peer.cluster,
                     "the argocd-pull addon is not enabled for it (no ManagedClusterAddOn argocd-pull in its namespace)",
@@ -224,7 +224,7 @@ impl Hub {
             while cs.lag().1 > 0 && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             }
-            if !self.caches.addon_enabled(&cluster) {
+            if !self.addon_enabled(&cluster) {
                 self.revoke(&cluster, why);
             }
         });

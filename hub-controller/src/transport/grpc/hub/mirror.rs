@@ -271,6 +271,21 @@ pub(super) fn mirror_work(m: &CachedApp) -> Option<Work> {
     })
 }
 
+impl Hub {
+    /// Whether the hub's mirror named `key.name` in `cluster`'s namespace
+    /// mirrors an Application of another namespace on the spoke (two
+    /// spoke Applications of one name cannot both be mirrored).
+    pub fn mirror_taken(&self, cluster: &str, key: &ObjectKey) -> bool {
+        self.caches
+            .mirrors
+            .get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(cluster))
+            .is_some_and(|m| {
+                m.annotations().get(argocd_pull_apis::keys::MIRROR_SOURCE)
+                    != Some(format!("{}/{}", key.namespace, key.name).as_str())
+            })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

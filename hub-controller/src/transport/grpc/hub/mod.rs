@@ -51,11 +51,14 @@ pub struct Hub {
     pub config: GrpcConfig,
     pub client: kube::Client,
     pub metrics: GrpcMetrics,
-    pub index: Mutex<Index>,
+    /// Private to the hub: sessions and the rest read it through methods
+    /// ([`Hub::winner`], [`Hub::owner`], [`Hub::removal`], ...).
+    index: Mutex<Index>,
     clusters: Mutex<HashMap<String, Arc<ClusterState>>>,
     /// The hub's one set of caches, shared with the ManifestWork transport.
-    pub caches: Caches,
-    pub queue: WorkQueue<Work>,
+    caches: Caches,
+    /// What the workers write; sessions add to it with [`Hub::enqueue`].
+    queue: WorkQueue<Work>,
     /// Applications whose last status write was the first of two steps
     /// (`Progressing` before the reported health): the echo of that write
     /// goes in the queue's second lane ([`WorkQueue::add_urgent`]).
@@ -111,6 +114,46 @@ impl Hub {
                 holders: std::sync::OnceLock::new(),
             }
         })
+    }
+
+    /// Queues `work` for the writers (a hub Application to look at again,
+    /// or a mirror).
+    pub fn enqueue(&self, work: Work) {
+        self.queue.add(work);
+    }
+
+    /// How much work waits for the writers.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Stops the writers once what is queued is done (the server's end).
+    pub fn close_queue(&self) {
+        self.queue.close();
+    }
+
+    /// The agent mode `cluster` is configured for (its
+    /// AddOnDeploymentConfig), as the caches show it.
+    pub fn configured_mode(
+        &self,
+        cluster: &str,
+    ) -> Option<Result<crate::hub::mode::Configured, String>> {
+        self.caches.configured_mode(cluster)
+    }
+
+    /// Whether `cluster`'s ManagedCluster exists, as the caches show it.
+    pub fn cluster_exists(&self, cluster: &str) -> bool {
+        self.caches.cluster_exists(cluster)
+    }
+
+    /// Whether the argocd-pull addon is enabled on `cluster`.
+    pub fn addon_enabled(&self, cluster: &str) -> bool {
+        self.caches.addon_enabled(cluster)
+    }
+
+    /// Whether the hub's caches have had their first full lists.
+    pub fn caches_synced(&self) -> bool {
+        self.caches.is_synced()
     }
 
     pub fn session_id(&self) -> u64 {

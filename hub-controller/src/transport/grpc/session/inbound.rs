@@ -120,7 +120,7 @@ impl Inbound<'_> {
         if let Some(item) = cs.object_acked(&key, ack.seq, outcome, &ack.message) {
             let winner = hub.winner(&cs.name, &key);
             match winner {
-                Some(r) => hub.queue.add(Work::App(r)),
+                Some(r) => hub.enqueue(Work::App(r)),
                 // A delete the agent had already reported gone is done.
                 None if matches!(item, Item::Delete { .. }) => cs.forget_if_idle(&key),
                 None => {}
@@ -137,7 +137,7 @@ impl Inbound<'_> {
             .cs
             .op_answered(&ack.operation_id, outcome, &ack.message, settled)
         {
-            self.hub.queue.add(owner);
+            self.hub.enqueue(owner);
         }
     }
 
@@ -213,14 +213,14 @@ impl Inbound<'_> {
         let (hub, cs) = (self.hub, self.cs);
         let completes = cs.observe(&key, Observation::Gone);
         if self.mode == AgentMode::Autonomous {
-            hub.queue.add(Work::Mirror {
+            hub.enqueue(Work::Mirror {
                 cluster: cs.name.clone(),
                 key,
             });
         } else if completes {
             let winner = hub.winner(&cs.name, &key);
             match winner {
-                Some(r) => hub.queue.add(Work::App(r)),
+                Some(r) => hub.enqueue(Work::App(r)),
                 None => cs.forget_if_idle(&key),
             }
         } else if !cs.resend_desired(&key) {
@@ -288,7 +288,7 @@ impl Inbound<'_> {
             cs.report_trace(&key, trace_parent);
         }
         if let Some(r) = winner {
-            hub.queue.add(Work::App(r));
+            hub.enqueue(Work::App(r));
         }
         Ok(())
     }
@@ -343,7 +343,7 @@ impl Inbound<'_> {
                 report: Arc::new(Report::of(o)),
             },
         );
-        hub.queue.add(Work::Mirror {
+        hub.enqueue(Work::Mirror {
             cluster: cs.name.clone(),
             key,
         });
@@ -353,13 +353,6 @@ impl Inbound<'_> {
     /// Whether the hub's mirror of that name, in the cluster's namespace,
     /// mirrors an Application of another namespace on the spoke.
     fn mirror_taken(self, key: &ObjectKey) -> bool {
-        self.hub
-            .caches
-            .mirrors
-            .get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(&self.cs.name))
-            .is_some_and(|m| {
-                m.annotations().get(argocd_pull_apis::keys::MIRROR_SOURCE)
-                    != Some(format!("{}/{}", key.namespace, key.name).as_str())
-            })
+        self.hub.mirror_taken(&self.cs.name, key)
     }
 }

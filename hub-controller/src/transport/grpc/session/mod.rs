@@ -319,7 +319,7 @@ enum End {
 /// configuration deploys the agent with (`hub::mode`).
 fn configured_mode(hub: &Hub, cluster: &str, claimed: AgentMode) -> Result<(), Status> {
     let claimed = version::mode_name(claimed);
-    match hub.caches.configured_mode(cluster) {
+    match hub.configured_mode(cluster) {
         // Not enabled: `admit` refused it already, or it was disabled
         // since; the revocation ends it.
         None => Ok(()),
