@@ -323,9 +323,9 @@ async fn run_controllers(
 
     if let Some(hub) = &grpc {
         let gate = std::sync::Arc::downgrade(&gate);
-        hub.on_transport_switch(move |r| {
+        hub.on_transport_switch(move |r, trigger| {
             if let Some(g) = gate.upgrade() {
-                g.transport_switched(r);
+                g.transport_switched(r, trigger);
             }
         });
     }

@@ -72,7 +72,7 @@ impl Metrics {
         );
         registry.register(
             "reconciles",
-            "Reconciles by transport and trigger (application, work, cluster, placement, transport-switch, requeue-*, error-retry)",
+            "Reconciles by transport and trigger (application, work, cluster, placement, transport-switch, holder-change, requeue-*, error-retry)",
             m.triggers.clone(),
         );
         registry.register(

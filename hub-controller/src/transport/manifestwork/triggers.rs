@@ -203,12 +203,15 @@ impl Gate {
         self.ctx.end_term();
     }
 
-    /// `app` moved to or from the gRPC transport: while open, its work is
-    /// delivered or handed over.
-    pub fn transport_switched(&self, app: &HubRef) {
+    /// The gRPC side changed what `app` is to it: it moved to or from the
+    /// gRPC transport (`transport-switch`), or the agent's record of who
+    /// holds its spoke key changed (`holder-change`). While open, its work
+    /// is delivered, handed over or refused again; `trigger` is what the
+    /// reconcile is counted under.
+    pub fn transport_switched(&self, app: &HubRef, trigger: &'static str) {
         if self.open.load(std::sync::atomic::Ordering::SeqCst) {
             let r = ObjectRef::new(&app.name).within(&app.namespace);
-            self.ctx.trigger(r, "transport-switch");
+            self.ctx.trigger(r, trigger);
         }
     }
 }

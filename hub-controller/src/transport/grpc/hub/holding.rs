@@ -67,7 +67,7 @@ impl Hub {
             self.settle(cluster, key);
             for r in named {
                 if let Some(f) = self.on_switch.get() {
-                    f(&r);
+                    f(&r, "holder-change");
                 }
                 self.queue.add(Work::App(r));
             }

@@ -80,8 +80,9 @@ pub struct Hub {
     holders: std::sync::OnceLock<Arc<super::holders::Holders>>,
 }
 
-/// What [`Hub::on_transport_switch`] calls.
-type OnSwitch = Box<dyn Fn(&HubRef) + Send + Sync>;
+/// What [`Hub::on_transport_switch`] calls: the Application, and the
+/// trigger its ManifestWork reconcile is counted under.
+type OnSwitch = Box<dyn Fn(&HubRef, &'static str) + Send + Sync>;
 
 impl Hub {
     /// A transport reading `caches`, which must be fed by
@@ -355,7 +356,7 @@ impl Hub {
 
     /// Calls `f` with every Application that moves to or from the gRPC
     /// transport (set once).
-    pub fn on_transport_switch(&self, f: impl Fn(&HubRef) + Send + Sync + 'static) {
+    pub fn on_transport_switch(&self, f: impl Fn(&HubRef, &'static str) + Send + Sync + 'static) {
         let _ = self.on_switch.set(Box::new(f));
     }
 
@@ -375,7 +376,7 @@ impl Hub {
         // Told once the index shows it: the ManifestWork side skips what
         // the index says is this transport's ([`Hub::grpc_cluster`]).
         if switched && let Some(f) = self.on_switch.get() {
-            f(&r);
+            f(&r, "transport-switch");
         }
         for (cluster, key) in slots {
             self.settle(&cluster, &key);
