@@ -3,18 +3,46 @@
 //! claims its cluster, lets go when it ends, and everything the cluster's
 //! writes depend on is looked at again whenever who acts for it changes.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
 
 use argocd_pull_runtime::telemetry::{self, SpanName};
+use argocd_pull_runtime::workqueue::WorkQueue;
 use tracing::Instrument;
 
 use super::super::claims::Claims;
 use super::super::cluster::{ClusterState, Work};
-use super::Hub;
-use super::mirror::mirror_work;
-use crate::transport::grpc::assign::HubRef;
+use super::clusters::Clusters;
+use super::mirror::Mirrors;
+use super::routes::Routes;
 
-impl Hub {
+/// Which clusters this replica acts for, and what follows when that
+/// changes.
+pub struct Acting {
+    /// Set with several replicas: who writes for a cluster.
+    claims: OnceLock<Arc<Claims>>,
+    clusters: Arc<Clusters>,
+    routes: Arc<Routes>,
+    mirrors: Arc<Mirrors>,
+    queue: WorkQueue<Work>,
+}
+
+impl Acting {
+    pub fn new(
+        clusters: Arc<Clusters>,
+        routes: Arc<Routes>,
+        mirrors: Arc<Mirrors>,
+        queue: WorkQueue<Work>,
+    ) -> Self {
+        Self {
+            claims: OnceLock::new(),
+            clusters,
+            routes,
+            mirrors,
+            queue,
+        }
+    }
+
     /// From now on this replica writes for a cluster only while
     /// [`Claims::acts_for`] says so (several replicas serve gRPC).
     pub fn set_claims(&self, claims: Arc<Claims>) {
@@ -26,7 +54,7 @@ impl Hub {
     }
 
     /// Whether this replica writes for `cluster` (always, with one replica).
-    pub(super) fn acts_for(&self, cluster: &str) -> bool {
+    pub fn acts_for(&self, cluster: &str) -> bool {
         self.claims.get().is_none_or(|c| c.acts_for(cluster))
     }
 
@@ -58,16 +86,14 @@ impl Hub {
             return;
         };
         let (cluster, cs) = (cluster.to_string(), cs.clone());
-        let hub = self.me.upgrade();
+        let mirrors = self.mirrors.clone();
         tokio::spawn(async move {
             let free = || !cs.has_session();
             if !free() {
                 return;
             }
-            if cs.forget_reports()
-                && let Some(hub) = &hub
-            {
-                hub.reseed_mirrors(&cluster);
+            if cs.forget_reports() {
+                mirrors.seed_all(&cluster);
             }
             claims.release(&cluster, free).await;
         });
@@ -86,18 +112,18 @@ impl Hub {
         while let Some(first) = changes.recv().await {
             // Everything that changed meanwhile, in one pass over the index
             // (a fleet connecting changes thousands of claims at once).
-            let mut changed = std::collections::BTreeSet::from([first]);
+            let mut changed = BTreeSet::from([first]);
             while let Ok(c) = changes.try_recv() {
                 changed.insert(c);
             }
             for cluster in &changed {
-                let cs = self.cluster(cluster);
+                let cs = self.clusters.get(cluster);
                 if claims.asked_to_let_go(cluster) && !cs.moved_away() {
                     // No session here, yet held (a release that failed).
                     self.session_ended(cluster, &cs);
                 }
                 if !claims.holds(cluster) && !cs.has_session() && cs.forget_reports() {
-                    self.reseed_mirrors(cluster);
+                    self.mirrors.seed_all(cluster);
                 }
             }
             self.requeue_clusters(&changed);
@@ -106,7 +132,7 @@ impl Hub {
 
     /// Looks again at everything of `clusters`: their hub Applications and
     /// their mirrors.
-    pub fn requeue_clusters(&self, clusters: &std::collections::BTreeSet<String>) {
+    pub fn requeue_clusters(&self, clusters: &BTreeSet<String>) {
         self.requeue_where(|c| clusters.contains(c));
     }
 
@@ -119,40 +145,11 @@ impl Hub {
     /// Queues every hub Application assigned to, and every mirror of, a
     /// cluster `wanted` accepts: one pass over the index.
     fn requeue_where(&self, wanted: impl Fn(&str) -> bool) {
-        let refs: Vec<HubRef> = {
-            let index = self.index.lock().expect("never poisoned");
-            index
-                .refs()
-                .into_iter()
-                .filter(|r| {
-                    index
-                        .assignment(r)
-                        .and_then(|a| a.slot())
-                        .is_some_and(|(c, _)| wanted(c))
-                })
-                .collect()
-        };
-        for r in refs {
+        for r in self.routes.refs_where(&wanted) {
             self.queue.add(Work::App(r));
         }
-        for m in self.caches.mirrors.state() {
-            if let Some(work) = mirror_work(&m)
-                && matches!(&work, Work::Mirror { cluster, .. } if wanted(cluster))
-            {
-                self.queue.add(work);
-            }
-        }
-    }
-
-    /// What the hub's mirrors of `cluster` show, as the observations a
-    /// fresh replica starts from.
-    fn reseed_mirrors(&self, cluster: &str) {
-        for m in self.caches.mirrors.state() {
-            if let Some(Work::Mirror { cluster: c, key }) = mirror_work(&m)
-                && c == cluster
-            {
-                self.seed_mirror(&c, &key, &m);
-            }
+        for work in self.mirrors.works_where(&wanted) {
+            self.queue.add(work);
         }
     }
 }

@@ -4,14 +4,17 @@
 //! keep it; a change of the record decides the key again.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use argocd_pull_proto::v1::ObjectKey;
 
-use super::super::cluster::{ClusterState, Work};
+use super::super::cluster::ClusterState;
 use super::super::holders::{Holders, record};
-use super::Hub;
+use super::claimed::Acting;
+use super::clusters::Clusters;
+use super::routes::Routes;
+use crate::hub::caches::Caches;
 
 /// How often the replica looks for clusters whose agent's holdings
 /// changed: one write per cluster at most this often, however many
@@ -21,7 +24,31 @@ const WRITE_EVERY: Duration = Duration::from_secs(1);
 /// again.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
-impl Hub {
+/// The record of what each agent holds, kept and followed.
+pub struct Holding {
+    holders: OnceLock<Arc<Holders>>,
+    routes: Arc<Routes>,
+    clusters: Arc<Clusters>,
+    caches: Caches,
+    acting: Arc<Acting>,
+}
+
+impl Holding {
+    pub fn new(
+        routes: Arc<Routes>,
+        clusters: Arc<Clusters>,
+        caches: Caches,
+        acting: Arc<Acting>,
+    ) -> Self {
+        Self {
+            holders: OnceLock::new(),
+            routes,
+            clusters,
+            caches,
+            acting,
+        }
+    }
+
     /// From now on keys are decided with `holders` (set once), and a change
     /// of it decides them again.
     pub fn set_holders(&self, holders: Arc<Holders>) {
@@ -29,14 +56,12 @@ impl Hub {
             return;
         }
         let lookup = holders.clone();
-        self.index
-            .lock()
-            .expect("never poisoned")
+        self.routes
             .set_held_by(Arc::new(move |c, k| lookup.held_by(c, k)));
-        let me = self.me.clone();
+        let routes = Arc::downgrade(&self.routes);
         holders.on_change(move |cluster, keys| {
-            if let Some(hub) = me.upgrade() {
-                hub.holders_changed(cluster, keys);
+            if let Some(routes) = routes.upgrade() {
+                holders_changed(&routes, cluster, keys);
             }
         });
     }
@@ -47,37 +72,10 @@ impl Hub {
         self.holders.get()?.held_by(cluster, key)
     }
 
-    /// The recorded holder of `keys` changed: each is decided again, and
-    /// every Application that names one whose owner changed is looked at
-    /// again (by the ManifestWork transport too).
-    fn holders_changed(&self, cluster: &str, keys: &[ObjectKey]) {
-        if !self.is_synced() {
-            // The index is built from scratch once synced, with the record.
-            return;
-        }
-        for key in keys {
-            let named = self
-                .index
-                .lock()
-                .expect("never poisoned")
-                .reelect(cluster, key);
-            if named.is_empty() {
-                continue;
-            }
-            self.settle(cluster, key);
-            for r in named {
-                if let Some(f) = self.on_switch.get() {
-                    f(&r, "holder-change");
-                }
-                self.queue.add(Work::App(r));
-            }
-        }
-    }
-
     /// `cluster` left OCM: its record goes (a cluster joined again under
     /// the same name starts from its agent's reports). Every replica asks;
     /// the first delete wins, the others find nothing.
-    pub(super) fn forget_holders(&self, cluster: &str) {
+    pub fn forget_holders(&self, cluster: &str) {
         let Some(holders) = self.holders.get().cloned() else {
             return;
         };
@@ -95,7 +93,7 @@ impl Hub {
         let Some(holders) = self.holders.get().cloned() else {
             return;
         };
-        self.wait_synced().await;
+        self.routes.wait_built().await;
         let mut tick = tokio::time::interval(WRITE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A cluster whose write failed is tried again after RETRY_AFTER,
@@ -106,9 +104,9 @@ impl Hub {
         loop {
             tick.tick().await;
             failed.retain(|_, at| at.elapsed() < RETRY_AFTER);
-            for cs in self.clusters() {
+            for cs in self.clusters.all() {
                 if failed.contains_key(&cs.name)
-                    || !self.acts_for(&cs.name)
+                    || !self.acting.acts_for(&cs.name)
                     || !cs.take_holders_dirty()
                 {
                     continue;
@@ -145,17 +143,15 @@ impl Hub {
     /// writes it when that changed it.
     async fn write_holders(&self, holders: &Holders, cluster: &str) -> Result<(), kube::Error> {
         if !self.caches.cluster_exists(cluster) {
-            // Gone from OCM: its record was deleted ([`Hub::forget_holders`]).
+            // Gone from OCM: its record was deleted ([`Holding::forget_holders`]).
             return Ok(());
         }
         let (old, version) = holders.record(cluster);
-        let reports = self.cluster(cluster).holders_reported();
-        let (next, left_out) = {
-            let index = self.index.lock().expect("never poisoned");
+        let reports = self.clusters.get(cluster).holders_reported();
+        let (next, left_out) =
             record::merge(&old, reports.iter().map(|(k, h)| (k, h.as_deref())), |k| {
-                index.has_slot(cluster, k)
-            })
-        };
+                self.routes.has_slot(cluster, k)
+            });
         if left_out > 0 {
             tracing::warn!(
                 %cluster,
@@ -168,5 +164,18 @@ impl Hub {
             return Ok(());
         }
         holders.write(cluster, next, &version).await
+    }
+}
+
+/// The recorded holder of `keys` changed: each is decided again, and every
+/// Application that names one whose owner changed is looked at again (by
+/// the ManifestWork transport too).
+fn holders_changed(routes: &Routes, cluster: &str, keys: &[ObjectKey]) {
+    if !routes.is_built() {
+        // The index is built from scratch once synced, with the record.
+        return;
+    }
+    for key in keys {
+        routes.holder_changed(cluster, key);
     }
 }

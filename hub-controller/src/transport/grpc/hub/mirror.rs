@@ -17,18 +17,33 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 
 use super::super::cluster::{ClusterState, Observation, Report, Work};
-use super::{Hub, MIRROR_MANAGER};
+use super::super::metrics::GrpcMetrics;
+use super::MIRROR_MANAGER;
+use super::clusters::Clusters;
+use super::relay::CommandRelay;
 use crate::hub::cached::CachedApp;
+use crate::hub::caches::Caches;
+use crate::status::AppWriter;
 use crate::transport::grpc::render;
 
-impl Hub {
+/// Writes the mirrors, from what the agents reported.
+pub struct Mirrors {
+    pub(super) client: kube::Client,
+    pub(super) caches: Caches,
+    pub(super) writer: Arc<AppWriter>,
+    pub(super) metrics: GrpcMetrics,
+    pub(super) clusters: Arc<Clusters>,
+    pub(super) relay: Arc<CommandRelay>,
+}
+
+impl Mirrors {
     /// A mirror seen on the hub is part of the hub's replica of the
     /// observed set until the agent reports it again (after a restart).
-    pub(super) fn seed_mirror(&self, cluster: &str, key: &ObjectKey, mirror: &CachedApp) {
+    pub fn seed(&self, cluster: &str, key: &ObjectKey, mirror: &CachedApp) {
         let Some(version) = mirror.annotations().get(render::MIRROR_VERSION) else {
             return;
         };
-        let cs = self.cluster(cluster);
+        let cs = self.clusters.get(cluster);
         let mut inner = cs.lock();
         inner
             .observed
@@ -38,15 +53,33 @@ impl Hub {
             });
     }
 
-    pub(super) async fn reconcile_mirror(
-        &self,
-        cluster: &str,
-        key: &ObjectKey,
-    ) -> Result<(), kube::Error> {
-        if !self.acts_for(cluster) {
-            return Ok(());
+    /// What the hub's mirrors of `cluster` show, as the observations a
+    /// fresh replica starts from.
+    pub fn seed_all(&self, cluster: &str) {
+        for m in self.caches.mirrors.state() {
+            if let Some(Work::Mirror { cluster: c, key }) = mirror_work(&m)
+                && c == cluster
+            {
+                self.seed(&c, &key, &m);
+            }
         }
-        let cs = self.cluster(cluster);
+    }
+
+    /// The work of every mirror of a cluster `wanted` accepts.
+    pub fn works_where(&self, wanted: impl Fn(&str) -> bool) -> Vec<Work> {
+        self.caches
+            .mirrors
+            .state()
+            .iter()
+            .filter_map(|m| mirror_work(m))
+            .filter(|w| matches!(w, Work::Mirror { cluster, .. } if wanted(cluster)))
+            .collect()
+    }
+
+    /// Writes, deletes or rechecks the mirror of `key` on `cluster`, as its
+    /// agent's latest report says.
+    pub async fn reconcile(&self, cluster: &str, key: &ObjectKey) -> Result<(), kube::Error> {
+        let cs = self.clusters.get(cluster);
         let cached = self
             .caches
             .mirrors
@@ -103,6 +136,7 @@ impl Hub {
             && render::mirror_matches(m, &wanted)
         {
             return self
+                .relay
                 .commands(m, mirror.work(), &mirror.cs, mirror.key)
                 .await;
         }
@@ -212,7 +246,7 @@ impl Hub {
                 cs.lock().observed.remove(key);
                 cs.request_resync(bucket_of(key));
             }
-            self.commands(m, mirror.work(), cs, key).await?;
+            self.relay.commands(m, mirror.work(), cs, key).await?;
         }
         Ok(())
     }
@@ -271,11 +305,11 @@ pub(super) fn mirror_work(m: &CachedApp) -> Option<Work> {
     })
 }
 
-impl Hub {
+impl Mirrors {
     /// Whether the hub's mirror named `key.name` in `cluster`'s namespace
     /// mirrors an Application of another namespace on the spoke (two
     /// spoke Applications of one name cannot both be mirrored).
-    pub fn mirror_taken(&self, cluster: &str, key: &ObjectKey) -> bool {
+    pub fn taken(&self, cluster: &str, key: &ObjectKey) -> bool {
         self.caches
             .mirrors
             .get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(cluster))

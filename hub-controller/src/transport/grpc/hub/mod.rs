@@ -1,45 +1,64 @@
-//! The hub's side of the gRPC transport, apart from the streams: the index
-//! fed by watches (which hub Application goes to which cluster and key), the
-//! per-cluster state, and the workers that write to the hub API server
-//! (status, mirrors, command completion, finalizer release).
+//! The hub's side of the gRPC transport, apart from the streams, as parts
+//! that each own their state:
 //!
-//! The desired set of each cluster is computed from the watch caches as the
-//! events arrive, without any API call, so a session can compare digests as
-//! soon as the caches are synced; everything that writes goes through a
-//! keyed work queue whose workers run in parallel across objects.
+//! - [`Routes`]: the index fed by watches (which hub Application goes to
+//!   which cluster and key) and each cluster's desired set, computed from
+//!   the watch caches as the events arrive, without any API call, so a
+//!   session can compare digests as soon as the caches are synced;
+//! - [`Clusters`]: the per-cluster state the sessions move messages in
+//!   and out of;
+//! - [`Workers`]: everything that writes to the hub API server (status,
+//!   commands through the [`CommandRelay`], finalizer release, the
+//!   [`Mirrors`]), one keyed work queue whose workers run in parallel
+//!   across objects;
+//! - [`Acting`]: with several replicas, which clusters this one writes for;
+//! - [`Holding`]: the record of what each agent holds.
+//!
+//! [`Hub`] puts them together, feeds them the watch events and is what
+//! sessions, revocation and the server talk to.
 
-use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::ocm::ManagedClusterAddOn;
 use argocd_pull_proto::v1::ObjectKey;
 use argocd_pull_runtime::workqueue::WorkQueue;
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
 mod claimed;
+mod clusters;
 mod fleet;
 mod holding;
 mod index;
 mod mirror;
 mod projects;
+mod relay;
+mod routes;
 mod workers;
 
+pub use claimed::Acting;
+pub use clusters::Clusters;
+pub use holding::Holding;
 pub use index::{Decision, Index};
+pub use mirror::Mirrors;
+pub use relay::CommandRelay;
+pub use routes::Routes;
+pub use workers::Workers;
+
 use mirror::mirror_work;
+use routes::app_ref;
 
 use super::GrpcConfig;
+use super::claims::Claims;
 use super::cluster::{ClusterState, Item, Work};
+use super::holders::Holders;
 use super::metrics::GrpcMetrics;
-use crate::hub::cached::CachedApp;
 use crate::hub::caches::{self, Caches};
 use crate::hub::watches::{Consumer, Event};
 use crate::status::AppWriter;
-use crate::transport::grpc::assign::{self, Assignment, Facts, HubRef};
+use crate::transport::grpc::assign::HubRef;
 
 /// Field manager of the read-only mirrors.
 pub const MIRROR_MANAGER: &str = "argocd-pull-mirror";
@@ -51,38 +70,23 @@ pub struct Hub {
     pub config: GrpcConfig,
     pub client: kube::Client,
     pub metrics: GrpcMetrics,
-    /// Private to the hub: sessions and the rest read it through methods
-    /// ([`Hub::winner`], [`Hub::owner`], [`Hub::removal`], ...).
-    index: Mutex<Index>,
-    clusters: Mutex<HashMap<String, Arc<ClusterState>>>,
     /// The hub's one set of caches, shared with the ManifestWork transport.
     caches: Caches,
     /// What the workers write; sessions add to it with [`Hub::enqueue`].
     queue: WorkQueue<Work>,
-    /// Applications whose last status write was the first of two steps
-    /// (`Progressing` before the reported health): the echo of that write
-    /// goes in the queue's second lane ([`WorkQueue::add_urgent`]).
-    follow_ups: Mutex<HashSet<HubRef>>,
-    synced: watch::Sender<bool>,
     /// The one writer of hub Applications, shared with the ManifestWork
     /// transport.
     pub writer: Arc<AppWriter>,
     next_session: AtomicU64,
-    /// Told of Applications that move to or from this transport, for the
-    /// ManifestWork controller to look at again (while it runs).
-    on_switch: std::sync::OnceLock<OnSwitch>,
-    /// With several replicas: which one writes for a cluster.
-    claims: std::sync::OnceLock<Arc<super::claims::Claims>>,
+    routes: Arc<Routes>,
+    clusters: Arc<Clusters>,
+    workers: Arc<Workers>,
+    acting: Arc<Acting>,
+    holding: Arc<Holding>,
     /// Counts the changes of AppProjects and credential Secrets, for the
     /// sessions that keep them on their clusters ([`Hub::project_set`]).
     projects_epoch: watch::Sender<u64>,
-    /// The record of what each agent holds ([`Hub::set_holders`]).
-    holders: std::sync::OnceLock<Arc<super::holders::Holders>>,
 }
-
-/// What [`Hub::on_transport_switch`] calls: the Application, and the
-/// trigger its ManifestWork reconcile is counted under.
-type OnSwitch = Box<dyn Fn(&HubRef, &'static str) + Send + Sync>;
 
 impl Hub {
     /// A transport reading `caches`, which must be fed by
@@ -94,25 +98,64 @@ impl Hub {
         metrics: GrpcMetrics,
         caches: Caches,
     ) -> Arc<Self> {
+        let queue = WorkQueue::new();
+        let writer = AppWriter::new(client.clone());
+        let clusters = Arc::new(Clusters::new(metrics.delivery.clone()));
+        let routes = Arc::new(Routes::new(
+            caches.clone(),
+            config.authorization.clone(),
+            clusters.clone(),
+            queue.clone(),
+        ));
+        let relay = Arc::new(CommandRelay::new(writer.clone()));
+        let mirrors = Arc::new(Mirrors {
+            client: client.clone(),
+            caches: caches.clone(),
+            writer: writer.clone(),
+            metrics: metrics.clone(),
+            clusters: clusters.clone(),
+            relay: relay.clone(),
+        });
+        let acting = Arc::new(Acting::new(
+            clusters.clone(),
+            routes.clone(),
+            mirrors.clone(),
+            queue.clone(),
+        ));
+        let holding = Arc::new(Holding::new(
+            routes.clone(),
+            clusters.clone(),
+            caches.clone(),
+            acting.clone(),
+        ));
+        let workers = Arc::new(Workers {
+            routes: routes.clone(),
+            clusters: clusters.clone(),
+            caches: caches.clone(),
+            writer: writer.clone(),
+            metrics: metrics.clone(),
+            queue: queue.clone(),
+            acting: acting.clone(),
+            relay,
+            mirrors,
+        });
         Arc::new_cyclic(|me| {
             metrics.bind(me.clone());
             Self {
                 me: me.clone(),
-                writer: AppWriter::new(client.clone()),
+                writer,
                 caches,
                 config,
                 client,
                 metrics,
-                index: Mutex::default(),
-                clusters: Mutex::default(),
-                queue: WorkQueue::new(),
-                follow_ups: Mutex::default(),
-                synced: watch::channel(false).0,
+                queue,
                 next_session: AtomicU64::new(1),
-                claims: std::sync::OnceLock::new(),
-                on_switch: std::sync::OnceLock::new(),
+                routes,
+                clusters,
+                workers,
+                acting,
+                holding,
                 projects_epoch: watch::channel(0).0,
-                holders: std::sync::OnceLock::new(),
             }
         })
     }
@@ -163,68 +206,51 @@ impl Hub {
 
     /// The state of `cluster`, created on first use.
     pub fn cluster(&self, cluster: &str) -> Arc<ClusterState> {
-        self.clusters
-            .lock()
-            .expect("never poisoned")
-            .entry(cluster.to_string())
-            .or_insert_with(|| {
-                Arc::new(ClusterState::counting_delivery(
-                    cluster,
-                    self.metrics.delivery.clone(),
-                ))
-            })
-            .clone()
+        self.clusters.get(cluster)
     }
 
     pub fn clusters(&self) -> Vec<Arc<ClusterState>> {
-        self.clusters
-            .lock()
-            .expect("never poisoned")
-            .values()
-            .cloned()
-            .collect()
+        self.clusters.all()
     }
 
-    /// Resolves once every watch has its first full list.
+    /// Resolves once every watch has its first full list (and the index is
+    /// built from them).
     pub async fn wait_synced(&self) {
-        let mut rx = self.synced.subscribe();
-        let _ = rx.wait_for(|s| *s).await;
+        self.routes.wait_built().await;
     }
 
     pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
+        self.routes.is_built()
     }
 
-    fn assign(&self, app: &Application) -> Assignment {
-        assign::assign(
-            app,
-            &Facts {
-                grpc_served: true,
-                authorization: &self.config.authorization,
-                world: &self.caches,
-            },
-        )
+    /// Runs `n` workers until the queue is closed.
+    pub async fn run_workers(self: Arc<Self>, n: usize) {
+        self.workers.clone().run(n).await;
     }
 
     // -----------------------------------------------------------------------
-    // The hub's watch events -> index -> desired sets
+    // The hub's watch events -> the parts
 
     /// Applies one event of the hub's watches. Until every watch has had
     /// its first full list the index is not built (nothing reads it yet):
-    /// [`Consumer::synced`] builds it once then, instead of once per event
-    /// and per list (with 10,000 Applications and 1,000 clusters, tens of
-    /// thousands of passes).
+    /// [`Consumer::synced`] builds it once then.
     fn handle(&self, ev: &Event) {
         use watcher::Event as E;
         let synced = self.is_synced();
         match ev {
-            Event::App(e) => self.app_event(e, synced),
+            Event::App(e) => {
+                if let E::Delete(a) = e {
+                    let r = HubRef::of(a);
+                    self.writer.written().forget(&r.namespace, &r.name);
+                }
+                self.routes.app_event(e);
+            }
             // Revocation (see `super::super::revoke`): a cluster that left
             // OCM is cut off at once; one whose addon was disabled once its
             // agent has let go of the Applications moving to ManifestWork.
             Event::Cluster(E::Delete(mc)) => {
                 self.revoke(&mc.name_any(), "its ManagedCluster was deleted");
-                self.forget_holders(&mc.name_any());
+                self.holding.forget_holders(&mc.name_any());
             }
             Event::Cluster(E::Apply(mc) | E::InitApply(mc))
                 if self.caches.addon_enabled(&mc.name_any()) =>
@@ -235,7 +261,7 @@ impl Hub {
             Event::Mirror(E::Apply(m) | E::InitApply(m) | E::Delete(m)) => {
                 if let Some(work) = mirror_work(m) {
                     if let Work::Mirror { cluster, key } = &work {
-                        self.seed_mirror(cluster, key, m);
+                        self.workers.mirrors.seed(cluster, key, m);
                     }
                     self.queue.add(work);
                 }
@@ -244,13 +270,14 @@ impl Hub {
             _ if !synced => {}
             Event::Decision(E::Apply(d) | E::InitApply(d) | E::Delete(d)) => {
                 let ns = d.namespace();
-                self.reassign_where(|app| app.namespace() == ns);
+                self.routes.reassign_where(|app| app.namespace() == ns);
             }
             // A project changed: each of its Applications is decided again
             // (one no longer allowed keeps its copy on the cluster as it was).
             Event::Project(E::Apply(p) | E::InitApply(p) | E::Delete(p)) => {
                 let name = p.name_any();
-                self.reassign_where(|app| caches::uses_project(app, &name));
+                self.routes
+                    .reassign_where(|app| caches::uses_project(app, &name));
                 self.project_or_credential_changed();
             }
             Event::Credential(E::Apply(_) | E::Delete(_) | E::InitDone) => {
@@ -258,44 +285,8 @@ impl Hub {
             }
             // A list again after the watch was down: anything may have changed.
             Event::Decision(E::InitDone) | Event::Project(E::InitDone) => {
-                self.reassign_all();
+                self.routes.reassign_all();
                 self.project_or_credential_changed();
-            }
-            _ => {}
-        }
-    }
-
-    /// An event of the hub Applications' watch (see [`Hub::handle`]).
-    fn app_event(&self, ev: &watcher::Event<CachedApp>, synced: bool) {
-        use watcher::Event as E;
-        match ev {
-            E::Delete(a) => {
-                let r = HubRef::of(a);
-                self.writer.written().forget(&r.namespace, &r.name);
-                self.unassign(&r);
-            }
-            E::InitDone => {
-                // Applications deleted while the watch was down.
-                let known: Vec<HubRef> = self.index.lock().expect("never poisoned").refs();
-                for r in known {
-                    if self.caches.apps.get(&app_ref(&r)).is_none() {
-                        self.unassign(&r);
-                    }
-                }
-            }
-            // Until then the index is not built at all.
-            E::Apply(a) | E::InitApply(a) if synced => {
-                // The echo of the first step of a two-step status write
-                // (`Progressing`, then what was reported) brings the second
-                // step: in the queue's second lane, in turn with new work,
-                // instead of behind every Application waiting for its first
-                // write (at a fleet's first start every copy showed
-                // `Progressing` before any showed more). The next event of
-                // the Application after that write is its echo, or a newer
-                // change that needs a decision as much.
-                let (r, assignment) = self.route(a);
-                let urgent = self.follow_ups.lock().expect("never poisoned").remove(&r);
-                self.apply(r, assignment, urgent);
             }
             _ => {}
         }
@@ -309,13 +300,13 @@ impl Hub {
                 let cluster = a.namespace().unwrap_or_default();
                 self.allow(&cluster);
                 if synced {
-                    self.reassign_targeting(&cluster);
+                    self.routes.reassign_targeting(&cluster);
                 }
             }
             E::Delete(a) => {
                 let cluster = a.namespace().unwrap_or_default();
                 if synced {
-                    self.reassign_targeting(&cluster);
+                    self.routes.reassign_targeting(&cluster);
                 }
                 if let Some(hub) = self.me.upgrade() {
                     hub.revoke_once_released(cluster, "the argocd-pull addon was disabled");
@@ -323,147 +314,99 @@ impl Hub {
             }
             // A list again after the watch was down: anything may have changed.
             E::InitDone if synced => {
-                self.reassign_all();
+                self.routes.reassign_all();
                 self.project_or_credential_changed();
             }
             _ => {}
         }
     }
 
-    fn reassign_all(&self) {
-        self.reassign_where(|_| true);
-    }
-
-    fn reassign_targeting(&self, cluster: &str) {
-        self.reassign_where(|app| caches::targets(app, cluster));
-    }
-
-    fn reassign_where(&self, filter: impl Fn(&CachedApp) -> bool) {
-        let apps: Vec<Arc<CachedApp>> = self
-            .caches
-            .apps
-            .state()
-            .into_iter()
-            .filter(|a| filter(a))
-            .collect();
-        // Parsing and routing are pure, and most of the index build at a
-        // start (100,000 Applications: several seconds before any agent is
-        // welcomed): on every core. The index takes the results in turn.
-        for (r, a) in parallel_map(&apps, |app| self.route(app)) {
-            self.apply(r, a, false);
-        }
-    }
+    // -----------------------------------------------------------------------
+    // What the sessions and the ManifestWork transport ask
 
     /// Calls `f` with every Application that moves to or from the gRPC
-    /// transport (set once).
+    /// transport (set once), and the trigger its ManifestWork reconcile is
+    /// counted under.
     pub fn on_transport_switch(&self, f: impl Fn(&HubRef, &'static str) + Send + Sync + 'static) {
-        let _ = self.on_switch.set(Box::new(f));
+        self.routes.on_transport_switch(f);
     }
 
-    /// Where `cached` goes (pure: reads the caches, changes nothing).
-    fn route(&self, cached: &CachedApp) -> (HubRef, Assignment) {
-        let app = cached.application();
-        (HubRef::of(&app), self.assign(&app))
-    }
-
-    /// Puts `a` in the index, settles the keys it touches and queues `r`
-    /// (in the urgent lane when `urgent`).
-    fn apply(&self, r: HubRef, a: Assignment, urgent: bool) {
-        let ours = |a: Option<&Assignment>| !matches!(a, None | Some(Assignment::NotOurs { .. }));
-        let was = ours(self.index.lock().expect("never poisoned").assignment(&r));
-        let switched = was != ours(Some(&a));
-        let slots = self.index.lock().expect("never poisoned").set(&r, Some(a));
-        // Told once the index shows it: the ManifestWork side skips what
-        // the index says is this transport's ([`Hub::grpc_cluster`]).
-        if switched && let Some(f) = self.on_switch.get() {
-            f(&r, "transport-switch");
-        }
-        for (cluster, key) in slots {
-            self.settle(&cluster, &key);
-        }
-        if urgent {
-            self.queue.add_urgent(Work::App(r));
-        } else {
-            self.queue.add(Work::App(r));
-        }
-    }
-
-    fn unassign(&self, r: &HubRef) {
-        self.follow_ups.lock().expect("never poisoned").remove(r);
-        let slots = self.index.lock().expect("never poisoned").set(r, None);
-        for (cluster, key) in slots {
-            self.settle(&cluster, &key);
-        }
-    }
-
-    /// Decides what the cluster's agent must have under `key`, from every
-    /// hub Application that names it (see [`Index::decide`]).
-    fn settle(&self, cluster: &str, key: &ObjectKey) {
-        let cs = self.cluster(cluster);
-        let (decision, others) = self
-            .index
-            .lock()
-            .expect("never poisoned")
-            .decide(cluster, key);
-        match decision {
-            Decision::Deliver(desired) => cs.set_desired(key, desired),
-            Decision::Delete { hub_uid } => cs.set_deleting(key, &hub_uid),
-            Decision::Keep => {}
-            Decision::Release => cs.release(key),
-            Decision::Remove => {
-                cs.remove(key);
-                cs.forget_if_idle(key);
-            }
-        }
-        // The others show the conflict (or its end).
-        for r in others {
-            self.queue.add(Work::App(r));
-        }
-    }
-
-    /// The cluster the gRPC transport delivers `r` to, or refuses it for;
-    /// `None` when `r` is not this transport's (as far as the index knows:
-    /// a change of transport is told through [`Hub::on_transport_switch`]
-    /// once the index shows it).
+    /// See [`Routes::grpc_cluster`].
     pub fn grpc_cluster(&self, r: &HubRef) -> Option<String> {
-        match self.index.lock().expect("never poisoned").assignment(r) {
-            Some(Assignment::Deliver { cluster, .. } | Assignment::Refused { cluster, .. }) => {
-                Some(cluster.clone())
-            }
-            Some(Assignment::NotOurs { .. }) | None => None,
-        }
+        self.routes.grpc_cluster(r)
     }
 
-    /// The hub Application that holds `key` on `cluster` (see
-    /// [`Index::winner`]).
+    /// See [`Routes::winner`].
     pub fn winner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
-        self.index
-            .lock()
-            .expect("never poisoned")
-            .winner(cluster, key)
+        self.routes.winner(cluster, key)
     }
 
-    /// The hub Application that owns `key` on `cluster`, whichever
-    /// transport delivers it (see [`Index::owner`]).
+    /// See [`Routes::owner`].
     pub fn owner(&self, cluster: &str, key: &ObjectKey) -> Option<HubRef> {
-        self.index
-            .lock()
-            .expect("never poisoned")
-            .owner(cluster, key)
+        self.routes.owner(cluster, key)
     }
 
-    /// What a key the hub does not want becomes, when the agent still has
-    /// it (see [`Index::removal`]).
+    /// See [`Routes::removal`].
     pub fn removal(&self, cluster: &str, key: &ObjectKey, version: &str) -> Option<Item> {
-        self.index
-            .lock()
-            .expect("never poisoned")
-            .removal(cluster, key, version)
+        self.routes.removal(cluster, key, version)
     }
-}
 
-fn app_ref(r: &HubRef) -> ObjectRef<CachedApp> {
-    ObjectRef::new(&r.name).within(&r.namespace)
+    /// See [`Mirrors::taken`].
+    pub fn mirror_taken(&self, cluster: &str, key: &ObjectKey) -> bool {
+        self.workers.mirrors.taken(cluster, key)
+    }
+
+    // -----------------------------------------------------------------------
+    // Several replicas: see [`Acting`] and [`Holding`]
+
+    /// See [`Acting::set_claims`].
+    pub fn set_claims(&self, claims: Arc<Claims>) {
+        self.acting.set_claims(claims);
+    }
+
+    pub fn claims(&self) -> Option<&Arc<Claims>> {
+        self.acting.claims()
+    }
+
+    /// Whether this replica writes for `cluster` (always, with one replica).
+    fn acts_for(&self, cluster: &str) -> bool {
+        self.acting.acts_for(cluster)
+    }
+
+    /// See [`Acting::claim_for`].
+    pub fn claim_for(&self, cluster: &str, cs: &Arc<ClusterState>, id: u64) {
+        self.acting.claim_for(cluster, cs, id);
+    }
+
+    /// See [`Acting::session_ended`].
+    pub fn session_ended(&self, cluster: &str, cs: &Arc<ClusterState>) {
+        self.acting.session_ended(cluster, cs);
+    }
+
+    /// See [`Acting::follow_claims`].
+    pub async fn follow_claims(self: Arc<Self>) {
+        self.acting.clone().follow_claims().await;
+    }
+
+    /// See [`Acting::requeue_all`].
+    pub fn requeue_all(&self) {
+        self.acting.requeue_all();
+    }
+
+    /// See [`Holding::set_holders`].
+    pub fn set_holders(&self, holders: Arc<Holders>) {
+        self.holding.set_holders(holders);
+    }
+
+    /// See [`Holding::held_by`].
+    pub fn held_by(&self, cluster: &str, key: &ObjectKey) -> Option<String> {
+        self.holding.held_by(cluster, key)
+    }
+
+    /// See [`Holding::keep_holders`].
+    pub async fn keep_holders(self: Arc<Self>) {
+        self.holding.clone().keep_holders().await;
+    }
 }
 
 impl Consumer for Hub {
@@ -472,52 +415,7 @@ impl Consumer for Hub {
     }
 
     fn synced(&self) {
-        self.reassign_all();
+        self.routes.build();
         tracing::info!("gRPC transport: index built from the hub's caches");
-        self.synced.send_replace(true);
-    }
-}
-
-/// `f` over `items` on up to as many threads as there are cores, the
-/// results in the order of `items`. The calling thread takes a share too.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // Below this a thread costs more than it saves.
-    const MIN_PER_THREAD: usize = 512;
-    let threads = threads.min(items.len() / MIN_PER_THREAD).max(1);
-    if threads == 1 {
-        return items.iter().map(&f).collect();
-    }
-    let per = items.len().div_ceil(threads);
-    let f = &f;
-    std::thread::scope(|scope| {
-        let mut chunks = items.chunks(per);
-        let first = chunks.next().unwrap_or_default();
-        let others: Vec<_> = chunks
-            .map(|c| scope.spawn(move || c.iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        let mut out: Vec<R> = first.iter().map(f).collect();
-        for h in others {
-            out.extend(h.join().expect("routing does not panic"));
-        }
-        out
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parallel_map;
-
-    #[test]
-    fn parallel_map_keeps_every_item_in_order() {
-        for n in [0, 1, 511, 512, 1024, 5000] {
-            let items: Vec<usize> = (0..n).collect();
-            let out = parallel_map(&items, |i| i * 2);
-            assert_eq!(
-                out,
-                items.iter().map(|i| i * 2).collect::<Vec<_>>(),
-                "n = {n}"
-            );
-        }
     }
 }

@@ -3,35 +3,50 @@
 //! completion, finalizer release), one keyed work queue, parallel across
 //! Applications, each through the one writer ([`crate::status::writer`]).
 
-use argocd_pull_runtime::telemetry::{self, SpanName};
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument;
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
-use argocd_pull_proto::content;
-use argocd_pull_proto::v1::{
-    AckOutcome, AgentMode, ObjectKey, OperationRequest, SyncOperation, TerminateOperation,
-    operation_request,
-};
-use argocd_pull_proto::version::CAPABILITY_TERMINATE_OPERATION;
+use argocd_pull_proto::owner::{Holder, parse_conflict};
+use argocd_pull_proto::v1::{AgentMode, ObjectKey};
+use argocd_pull_runtime::telemetry::{self, SpanName};
+use argocd_pull_runtime::workqueue::WorkQueue;
 use kube::runtime::events::EventType;
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::super::cluster::{ClusterState, Observation, Work};
-use super::super::commands::{self, Command};
-use super::{Hub, app_ref};
-use crate::status::Reason;
+use super::super::metrics::GrpcMetrics;
+use super::claimed::Acting;
+use super::clusters::Clusters;
+use super::mirror::Mirrors;
+use super::relay::CommandRelay;
+use super::routes::{Routes, app_ref};
+use crate::hub::caches::Caches;
 use crate::status::condition::condition_of;
 use crate::status::observed::hub_status;
-use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
+use crate::status::writer::holds_argocd_finalizer;
+use crate::status::{AppWriter, Reason};
 use crate::transport::grpc::assign::{Assignment, HubRef};
-use argocd_pull_proto::owner::{Holder, parse_conflict};
 
-impl Hub {
+/// The workers and what they read: the index, the clusters' state and the
+/// caches; what they write goes through the one writer.
+pub struct Workers {
+    pub(super) routes: Arc<Routes>,
+    pub(super) clusters: Arc<Clusters>,
+    pub(super) caches: Caches,
+    pub(super) writer: Arc<AppWriter>,
+    pub(super) metrics: GrpcMetrics,
+    pub(super) queue: WorkQueue<Work>,
+    pub(super) acting: Arc<Acting>,
+    pub(super) relay: Arc<CommandRelay>,
+    pub(super) mirrors: Arc<Mirrors>,
+}
+
+impl Workers {
     /// Runs `n` workers until the queue is closed.
-    pub async fn run_workers(self: Arc<Self>, n: usize) {
+    pub async fn run(self: Arc<Self>, n: usize) {
         let workers: Vec<_> = (0..n.max(1))
             .map(|_| {
                 let hub = self.clone();
@@ -53,10 +68,12 @@ impl Hub {
     }
 
     async fn reconcile(&self, work: &Work) -> Result<(), kube::Error> {
-        self.wait_synced().await;
+        self.routes.wait_built().await;
         match work {
             Work::App(r) => self.reconcile_app(r).await,
-            Work::Mirror { cluster, key } => self.reconcile_mirror(cluster, key).await,
+            // With several replicas, one writes for a cluster.
+            Work::Mirror { cluster, .. } if !self.acting.acts_for(cluster) => Ok(()),
+            Work::Mirror { cluster, key } => self.mirrors.reconcile(cluster, key).await,
         }
     }
 
@@ -88,8 +105,8 @@ impl Hub {
                 deleting,
                 ..
             }) => {
-                let cs = self.cluster(&cluster);
-                let owner = self.owner(&cluster, &key);
+                let cs = self.clusters.get(&cluster);
+                let owner = self.routes.owner(&cluster, &key);
                 if deleting {
                     return self.release_deleting(r, &app, &cs, &key, owner).await;
                 }
@@ -105,9 +122,10 @@ impl Hub {
                 }
             }
         };
-        let cs = self.cluster(&verdict.cluster);
+        let cs = self.clusters.get(&verdict.cluster);
         if verdict.reason.is_none() {
-            self.commands(&app, Work::App(r.clone()), &cs, &verdict.key)
+            self.relay
+                .commands(&app, Work::App(r.clone()), &cs, &verdict.key)
                 .await?;
         }
         self.write_app_status(r, &app, &cs, &verdict).await
@@ -116,16 +134,11 @@ impl Hub {
     /// The assignment of `r`, unless its cluster is another replica's to
     /// write for.
     fn acting_assignment(&self, r: &HubRef) -> Option<Assignment> {
-        let assignment = self
-            .index
-            .lock()
-            .expect("never poisoned")
-            .assignment(r)
-            .cloned();
+        let assignment = self.routes.assignment(r);
         // With several replicas, one writes for a cluster (see `claims`).
         if let Some((cluster, _)) = assignment.as_ref().and_then(|a| a.slot())
             && !matches!(assignment, Some(Assignment::NotOurs { .. }))
-            && !self.acts_for(cluster)
+            && !self.acting.acts_for(cluster)
         {
             return None;
         }
@@ -232,11 +245,8 @@ impl Hub {
         }
         self.metrics.status_writes.inc();
         if hub_status(&status, observed.as_ref(), condition.clone()) != status {
-            // A first step: its echo brings the second ([`Hub::follow_ups`]).
-            self.follow_ups
-                .lock()
-                .expect("never poisoned")
-                .insert(r.clone());
+            // A first step: its echo brings the second ([`Routes::follow_up`]).
+            self.routes.follow_up(r);
         }
         if let (true, Some(reason)) = (newly_refused, reason) {
             tracing::warn!(%cluster, namespace = %r.namespace, name = %r.name, %reason, %message, "not delivered");
@@ -258,7 +268,7 @@ impl Hub {
     ) -> Option<Value> {
         // Only the holder of the spoke Application shows its status: a
         // refused or conflicting one never sees another team's.
-        let holds = self.winner(&verdict.cluster, &verdict.key).as_ref() == Some(r);
+        let holds = self.routes.winner(&verdict.cluster, &verdict.key).as_ref() == Some(r);
         match cs.lock().observed.get(&verdict.key) {
             // A report names the hub Application it was delivered for
             // (agents before `owner-check` leave it empty).
@@ -344,160 +354,6 @@ impl Hub {
         }
         self.writer.release_finalizers(app).await
     }
-
-    /// Stamps, sends and completes the sync and refresh commands `app`
-    /// (a hub Application or a mirror) carries.
-    pub(super) async fn commands(
-        &self,
-        app: &Application,
-        owner: Work,
-        cs: &ClusterState,
-        key: &ObjectKey,
-    ) -> Result<(), kube::Error> {
-        let plan = command_plan(app, &owner, cs);
-        if let Some(patch) = plan.stamp {
-            // Our own write brings the Application back here.
-            self.writer.patch(app, COMMAND_MANAGER, &patch).await?;
-            return Ok(());
-        }
-        let ids: Vec<String> = plan.ready.iter().map(|(id, _)| id.clone()).collect();
-        cs.retain_ops(&owner, &ids);
-        for (id, command) in plan.ready {
-            let (outcome, settled_started_at) = cs
-                .lock()
-                .ops
-                .get(&id)
-                .map(|op| (op.outcome.clone(), op.settled_started_at.clone()))
-                .unwrap_or_default();
-            match outcome {
-                None => {
-                    let request = operation_request(app, &owner, key, &id, &command);
-                    if command == Command::Terminate
-                        && !cs.agent_offers(CAPABILITY_TERMINATE_OPERATION)
-                    {
-                        self.refuse_terminate(app, &owner, cs, &id, request).await;
-                    } else if cs.add_op(request, owner.clone()) {
-                        tracing::debug!(cluster = %cs.name, id, "command queued for the agent");
-                    }
-                }
-                Some((outcome, message)) => {
-                    if command == Command::Terminate {
-                        // Nothing to take off the hub copy: it stays until
-                        // its sync is completed.
-                        if cs.report_once(&id) {
-                            self.report_answer(app, cs, &id, "terminate", outcome, &message)
-                                .await;
-                        }
-                        continue;
-                    }
-                    if let Some(start) = &settled_started_at
-                        && !commands::status_shows_start(app, start)
-                    {
-                        // Taken off only once the status shows the sync ran,
-                        // as Argo CD clears `.operation` in the write that
-                        // records it: a reader that sees the operation gone
-                        // sees the start too. Our status write brings the
-                        // Application back here.
-                        tracing::debug!(cluster = %cs.name, id, start, "sync settled; waiting for its status");
-                        continue;
-                    }
-                    if self
-                        .complete(app, cs, &id, &command, (outcome, message))
-                        .await?
-                    {
-                        // One write per pass: the next one reads the new version.
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A terminate the agent cannot run, as it does not offer it: recorded
-    /// as refused, so that it is not sent, and reported as such.
-    async fn refuse_terminate(
-        &self,
-        app: &Application,
-        owner: &Work,
-        cs: &ClusterState,
-        id: &str,
-        request: OperationRequest,
-    ) {
-        let message = format!(
-            "it does not offer {CAPABILITY_TERMINATE_OPERATION}: upgrade the agent to terminate a sync from the hub"
-        );
-        cs.add_refused_op(request, owner.clone(), &message);
-        self.report_answer(app, cs, id, "terminate", AckOutcome::Rejected, &message)
-            .await;
-    }
-
-    /// Takes the command `id` the agent answered off `app` and reports the
-    /// answer; true when it wrote (or tried to write) `app`, which ends
-    /// the pass. One with nothing to take off is just done.
-    async fn complete(
-        &self,
-        app: &Application,
-        cs: &ClusterState,
-        id: &str,
-        command: &Command,
-        (outcome, message): (AckOutcome, String),
-    ) -> Result<bool, kube::Error> {
-        let Some(patch) = commands::completion_patch(app, id, command) else {
-            cs.op_done(id);
-            return Ok(false);
-        };
-        // Changed meanwhile (None): decided again from its next version.
-        if self
-            .writer
-            .patch(app, COMMAND_MANAGER, &patch)
-            .await?
-            .is_some()
-        {
-            cs.op_done(id);
-            let what = match command {
-                Command::Sync(_) => {
-                    // Its terminate, if any, ends with it.
-                    cs.op_done(&commands::terminate_id(id));
-                    "sync"
-                }
-                Command::Refresh(_) => "refresh",
-                Command::Terminate => "terminate",
-            };
-            self.report_answer(app, cs, id, what, outcome, &message)
-                .await;
-        }
-        Ok(true)
-    }
-
-    /// Logs the agent's answer to a command; a refusal is also a Warning
-    /// Event on the Application.
-    async fn report_answer(
-        &self,
-        app: &Application,
-        cs: &ClusterState,
-        id: &str,
-        what: &str,
-        outcome: AckOutcome,
-        message: &str,
-    ) {
-        if outcome == AckOutcome::Rejected {
-            tracing::warn!(cluster = %cs.name, id, %message, "the agent refused a {what}");
-            self.writer
-                .event(
-                    app,
-                    EventType::Warning,
-                    "CommandRejected",
-                    &format!(
-                        "the agent of cluster {} refused the {what}: {message}",
-                        cs.name
-                    ),
-                )
-                .await;
-        } else {
-            tracing::info!(cluster = %cs.name, id, ?outcome, "{what} handed over to the spoke");
-        }
-    }
 }
 
 /// Where a hub Application is delivered and, when it is not, why: what its
@@ -530,70 +386,4 @@ fn status_to_write(
     }
     let status = hub_status(current, observed, condition.clone());
     (status != *current).then_some(status)
-}
-
-/// The commands `app` carries for `owner`, given those `cs` has in flight
-/// for it.
-fn command_plan(app: &Application, owner: &Work, cs: &ClusterState) -> commands::CommandPlan {
-    let in_flight = |sync: bool| {
-        cs.lock()
-            .ops
-            .iter()
-            .find(|(_, op)| {
-                op.owner == *owner
-                    && match op.request.kind {
-                        Some(operation_request::Kind::Sync(_)) => sync,
-                        Some(operation_request::Kind::Refresh(_)) => !sync,
-                        _ => false,
-                    }
-            })
-            .map(|(id, _)| id.clone())
-    };
-    let (sync_id, refresh_id) = (in_flight(true), in_flight(false));
-    let mut plan = commands::commands(
-        app,
-        commands::InFlight {
-            sync: sync_id.as_deref(),
-            refresh: refresh_id.as_deref(),
-        },
-    );
-    // A mirror's status is the agent's report, written whole: a
-    // terminate-op on it is not carried (see `status::terminating`).
-    if !matches!(owner, Work::App(_)) {
-        plan.ready.retain(|(_, c)| *c != Command::Terminate);
-    }
-    plan
-}
-
-/// The request that sends `command` (of `app`, for `owner`) to the agent
-/// as operation `id` on its copy `key`.
-fn operation_request(
-    app: &Application,
-    owner: &Work,
-    key: &ObjectKey,
-    id: &str,
-    command: &Command,
-) -> OperationRequest {
-    let kind = match command {
-        Command::Sync(op) => operation_request::Kind::Sync(SyncOperation {
-            operation_json: content::canonical(op),
-        }),
-        Command::Refresh(kind) => {
-            operation_request::Kind::Refresh(argocd_pull_proto::v1::RefreshRequest {
-                kind: *kind as i32,
-            })
-        }
-        Command::Terminate => operation_request::Kind::Terminate(TerminateOperation {}),
-    };
-    OperationRequest {
-        operation_id: id.to_string(),
-        key: Some(key.clone()),
-        kind: Some(kind),
-        // The owner: the agent runs it only on the copy it
-        // applied for this hub Application.
-        hub_uid: match owner {
-            Work::App(_) => app.metadata.uid.clone().unwrap_or_default(),
-            _ => String::new(),
-        },
-    }
 }
