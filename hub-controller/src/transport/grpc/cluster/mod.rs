@@ -8,6 +8,12 @@
 //! queue the session bounds (it stops reading the agent while the queue is
 //! full), digests and resync requests are flags and bucket numbers turned
 //! into messages when sent, and a retry is scheduled once per message.
+//!
+//! Two layers: [`Inner`] is the state machine, without locks or wakeups
+//! (`delivery` for the deliveries and reports, `sessions` for what a
+//! session sends, [`Ops`] for the commands); [`ClusterState`] holds it
+//! under one lock and wakes the session's sender and receiver when it
+//! changes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +23,7 @@ use std::time::{Instant, SystemTime};
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::digest::{Entries, Repair, SetDigest, resync_requests};
 use argocd_pull_proto::v1::{
-    AckOutcome, AgentMode, DigestSet, HubMessage, ObjectKey, ObservedApplication, OperationRequest,
+    AckOutcome, AgentMode, DigestSet, HubMessage, ObjectKey, ObservedApplication,
 };
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -27,8 +33,10 @@ use crate::compact::CompactJson;
 use crate::transport::grpc::assign::{Desired, HubRef};
 
 mod control;
+mod delivery;
 pub mod held;
 mod ops;
+pub use ops::{Ops, PendingOp};
 mod sessions;
 mod traces;
 
@@ -126,24 +134,6 @@ pub enum Work {
     Mirror { cluster: String, key: ObjectKey },
 }
 
-#[derive(Clone, Debug)]
-pub struct PendingOp {
-    pub request: OperationRequest,
-    pub owner: Work,
-    /// The session it was last sent on.
-    sent_in: Option<u64>,
-    not_before: Option<Instant>,
-    pub outcome: Option<(AckOutcome, String)>,
-    /// A sync answered once settled on the cluster: the spoke's
-    /// `operationState.startedAt` then (empty: none). The hub copy keeps
-    /// `.operation` until its status shows a start at least this late.
-    pub settled_started_at: Option<String>,
-    /// Its answer was logged (and, when refused, made an Event): for a
-    /// command with nothing to take off the hub copy (a terminate), which
-    /// stays until its sync is completed.
-    reported: bool,
-}
-
 /// Why the hub ends a session from outside its stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -166,6 +156,7 @@ struct Session {
     stop: watch::Sender<Option<Stop>>,
 }
 
+/// One cluster's state machine (see the module documentation).
 #[derive(Default)]
 pub struct Inner {
     /// Managed mode: what the hub wants on the cluster, live objects only
@@ -179,7 +170,7 @@ pub struct Inner {
     in_flight: HashMap<ObjectKey, (u64, Item, Instant)>,
     /// The latest report per key: the hub's replica of the observed set.
     pub observed: HashMap<ObjectKey, Observation>,
-    pub ops: BTreeMap<String, PendingOp>,
+    pub ops: Ops,
     session: Option<Session>,
     /// Acknowledgements, sent ahead of object messages; the session bounds
     /// it (`--grpc-control-queue`).
@@ -299,6 +290,7 @@ pub struct Agent {
     pub capabilities: Vec<String>,
 }
 
+/// [`Inner`] under its lock, and the notifications its changes wake.
 pub struct ClusterState {
     pub name: String,
     inner: Mutex<Inner>,
@@ -377,42 +369,6 @@ impl ClusterState {
             .expect("never poisoned: no code panics holding it")
     }
 
-    fn enqueue(&self, inner: &mut Inner, key: &ObjectKey, item: Item) {
-        // The hub's own decision from now on, not the agent's request.
-        inner.removals.remove(key);
-        if inner.enqueued.get(key) == Some(&item) {
-            return;
-        }
-        inner.enqueued.insert(key.clone(), item.clone());
-        inner.outbox().upsert(key.clone(), item);
-        self.wake.notify_one();
-    }
-
-    /// The hub wants `desired` on the cluster under `key`.
-    pub fn set_desired(&self, key: &ObjectKey, desired: Arc<Desired>) {
-        let mut inner = self.lock();
-        inner.gone.remove(key);
-        inner.delete_acked.remove(key);
-        inner.gone_before_ack.remove(key);
-        if inner
-            .desired
-            .get(key)
-            .is_none_or(|d| d.version() != desired.version())
-        {
-            inner.rejected.remove(key);
-        }
-        if inner
-            .desired
-            .get(key)
-            .is_none_or(|d| d.version() != desired.version())
-            && let Some(t) = traces::Trace::queued(&self.name, key)
-        {
-            inner.traces.insert(key.clone(), t);
-        }
-        inner.desired.insert(key.clone(), desired.clone());
-        self.enqueue(&mut inner, key, Item::Upsert(desired));
-    }
-
     /// The trace a report of `key` continues, to write its status in
     /// ([`ClusterState::take_report_trace`]).
     pub fn report_trace(&self, key: &ObjectKey, traceparent: &str) {
@@ -426,70 +382,6 @@ impl ClusterState {
     /// The trace the last report of `key` continues, once.
     pub fn take_report_trace(&self, key: &ObjectKey) -> Option<String> {
         self.lock().report_traces.remove(key)
-    }
-
-    /// The hub Application of `key` is being deleted: delete it on the spoke.
-    pub fn set_deleting(&self, key: &ObjectKey, hub_uid: &str) {
-        let mut inner = self.lock();
-        inner.desired.remove(key);
-        inner.traces.remove(key);
-        let item = Item::Delete {
-            hub_uid: hub_uid.into(),
-        };
-        self.enqueue(&mut inner, key, item);
-    }
-
-    /// No hub Application wants `key` any more: delete what was delivered.
-    pub fn remove(&self, key: &ObjectKey) {
-        let mut inner = self.lock();
-        if let Some(d) = inner.desired.remove(key) {
-            let item = Item::Delete {
-                hub_uid: d.hub_uid().to_string(),
-            };
-            self.enqueue(&mut inner, key, item);
-        }
-    }
-
-    /// `key` moved to the ManifestWork transport: the agent lets go of it.
-    pub fn release(&self, key: &ObjectKey) {
-        let mut inner = self.lock();
-        if let Some(d) = inner.desired.remove(key) {
-            let item = Item::Release {
-                hub_uid: d.hub_uid().to_string(),
-            };
-            self.enqueue(&mut inner, key, item);
-        }
-    }
-
-    /// Sends `item` for `key` again whatever was sent before (a repair).
-    pub fn resend(&self, key: &ObjectKey, item: Item) {
-        let mut inner = self.lock();
-        inner.enqueued.insert(key.clone(), item.clone());
-        inner.outbox().upsert(key.clone(), item);
-        self.wake.notify_one();
-    }
-
-    /// Forgets everything about `key` once nothing is desired or pending
-    /// for it (the Application is gone on both sides), so that memory
-    /// follows the Applications there are.
-    pub fn forget_if_idle(&self, key: &ObjectKey) {
-        let mut inner = self.lock();
-        if inner.desired.contains_key(key)
-            || inner.enqueued.contains_key(key)
-            || inner.in_flight.contains_key(key)
-        {
-            return;
-        }
-        inner.gone.remove(key);
-        inner.delete_acked.remove(key);
-        inner.gone_before_ack.remove(key);
-        inner.rejected.remove(key);
-        inner.removals.remove(key);
-        inner.traces.remove(key);
-        inner.report_traces.remove(key);
-        if matches!(inner.observed.get(key), Some(Observation::Gone)) {
-            inner.observed.remove(key);
-        }
     }
 
     /// Sends the desired value of `key` again, if there is one.
@@ -520,39 +412,6 @@ impl ClusterState {
         self.lock().observed_entries()
     }
 
-    /// Records a report. Returns true when it is a `gone` that completes a
-    /// delete the agent had acknowledged.
-    pub fn observe(&self, key: &ObjectKey, observation: Observation) -> bool {
-        let mut inner = self.lock();
-        let completes = matches!(observation, Observation::Gone)
-            && match inner.delete_acked.get(key).cloned() {
-                Some(uid) => {
-                    inner.gone.insert(key.clone(), uid);
-                    inner.enqueued.remove(key);
-                    true
-                }
-                None => false,
-            };
-        match &observation {
-            Observation::Gone if !completes => {
-                if let Some((_, Item::Delete { hub_uid }, _)) = inner.in_flight.get(key) {
-                    let hub_uid = hub_uid.clone();
-                    inner.gone_before_ack.insert(key.clone(), hub_uid);
-                }
-            }
-            Observation::Observed { .. } => {
-                inner.gone_before_ack.remove(key);
-            }
-            _ => {}
-        }
-        let old = inner.observed.insert(key.clone(), observation);
-        let holder = inner.observed.get(key).and_then(Observation::holder);
-        if holder.is_some() && old.as_ref().and_then(Observation::holder) != holder {
-            self.holders_dirty.store(true, Ordering::Relaxed);
-        }
-        completes
-    }
-
     /// Whether what the agent holds changed since the last call (see
     /// [`super::holders`]).
     pub fn take_holders_dirty(&self) -> bool {
@@ -571,75 +430,6 @@ impl ClusterState {
             .iter()
             .filter_map(|(k, o)| o.holder().map(|h| (k.clone(), h.map(str::to_string))))
             .collect()
-    }
-
-    /// The agent acknowledged (key, seq). Returns the acknowledged item when
-    /// it matched what was in flight. A delete acknowledged after the agent
-    /// reported the Application gone (while the delete was on its way) is
-    /// complete.
-    pub fn object_acked(
-        &self,
-        key: &ObjectKey,
-        seq: u64,
-        outcome: AckOutcome,
-        message: &str,
-    ) -> Option<Item> {
-        let mut inner = self.lock();
-        let (s, item, sent) = inner.in_flight.get(key).cloned()?;
-        if s != seq {
-            return None;
-        }
-        match outcome {
-            AckOutcome::Retry => {
-                // Sent again by `retry` after a pause, not at once.
-                return None;
-            }
-            AckOutcome::Rejected => {
-                inner.rejected.insert(key.clone(), message.to_string());
-            }
-            _ => {
-                if matches!(item, Item::Upsert(_)) {
-                    inner.rejected.remove(key);
-                }
-            }
-        }
-        inner.in_flight.remove(key);
-        inner.outbox().ack(key, seq);
-        self.delivery.observe(sent.elapsed().as_secs_f64());
-        if matches!(item, Item::Upsert(_)) {
-            // Ends the delivery's `send` and `deliver` spans.
-            inner.traces.remove(key);
-        }
-        match &item {
-            Item::Delete { hub_uid } if outcome == AckOutcome::Applied => {
-                inner.delete_acked.insert(key.clone(), hub_uid.clone());
-                if inner.gone_before_ack.remove(key).as_ref() == Some(hub_uid) {
-                    inner.gone.insert(key.clone(), hub_uid.clone());
-                    if inner.enqueued.get(key) == Some(&item) {
-                        inner.enqueued.remove(key);
-                    }
-                }
-            }
-            Item::Release { .. } if inner.enqueued.get(key) == Some(&item) => {
-                inner.enqueued.remove(key);
-            }
-            _ => {}
-        }
-        drop(inner);
-        self.wake.notify_one();
-        Some(item)
-    }
-
-    /// Sends (key, seq) again: the agent could not apply it now.
-    pub fn retry(&self, key: &ObjectKey, seq: u64) {
-        let mut inner = self.lock();
-        inner.retrying.remove(key);
-        if inner.in_flight.get(key).is_some_and(|(s, _, _)| *s == seq) {
-            inner.in_flight.remove(key);
-            inner.outbox().nack(key, seq);
-            drop(inner);
-            self.wake.notify_one();
-        }
     }
 
     /// Seconds the oldest unacknowledged object message has waited, and the
@@ -671,24 +461,12 @@ impl ClusterState {
                     self.resend_desired(&key);
                 }
                 Repair::Remove(key) => {
-                    {
-                        let inner = self.lock();
-                        if inner.removals.len() >= MAX_REPAIR_REMOVALS
-                            && !inner.removals.contains(&key)
-                        {
-                            deferred += 1;
-                            continue;
-                        }
+                    if self.lock().removals_full(&key) {
+                        deferred += 1;
+                        continue;
                     }
                     if let Some(item) = remove(&key) {
-                        let mut inner = self.lock();
-                        let unknown = !inner.desired.contains_key(&key);
-                        inner.enqueued.insert(key.clone(), item.clone());
-                        inner.outbox().upsert(key.clone(), item);
-                        if unknown {
-                            inner.removals.insert(key);
-                        }
-                        drop(inner);
+                        self.lock().queue_removal(key, item);
                         self.wake.notify_one();
                     }
                 }

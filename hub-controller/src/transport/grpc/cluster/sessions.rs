@@ -12,7 +12,9 @@ use argocd_pull_proto::v1::{
 };
 use tokio::sync::watch;
 
-use super::{Agent, ClusterState, DigestSet, Item, Session, SetDigest, Stop, resync_requests};
+use super::{
+    Agent, ClusterState, DigestSet, Inner, Item, Session, SetDigest, Stop, resync_requests,
+};
 
 impl ClusterState {
     /// Attaches a new session; a previous one is told to stop. What was in
@@ -40,9 +42,7 @@ impl ClusterState {
             let _ = old.stop.send(Some(Stop::Replaced));
         }
         inner.clear_session_queues();
-        for op in inner.ops.values_mut() {
-            op.sent_in = None;
-        }
+        inner.ops.unsend();
         let (stop, stopped) = watch::channel(None);
         inner.session = Some(Session {
             id,
@@ -125,22 +125,7 @@ impl ClusterState {
     /// the hub's mirrors show (read from the hub). Returns whether anything
     /// was forgotten.
     pub fn forget_reports(&self) -> bool {
-        let mut inner = self.lock();
-        let observed = inner.observed.len();
-        inner
-            .observed
-            .retain(|_, o| matches!(o, super::Observation::Mirrored { .. }));
-        let forgot = inner.observed.len() != observed
-            || !inner.rejected.is_empty()
-            || !inner.gone.is_empty()
-            || !inner.delete_acked.is_empty()
-            || !inner.ops.is_empty();
-        inner.rejected.clear();
-        inner.gone.clear();
-        inner.delete_acked.clear();
-        inner.gone_before_ack.clear();
-        inner.ops.clear();
-        forgot
+        self.lock().forget_reports()
     }
 
     /// The mode of the connected agent, if one is connected.
@@ -160,98 +145,113 @@ impl ClusterState {
     /// requests first (however many those take), then acknowledgements,
     /// commands, and object messages (managed mode only).
     pub fn next_messages(&self, id: u64, max: usize) -> Vec<HubMessage> {
-        let mut inner = self.lock();
-        let Some(session) = inner.session.as_ref() else {
-            return Vec::new();
-        };
-        if session.id != id {
-            return Vec::new();
-        }
-        let managed = session.mode == AgentMode::Managed;
-        let mut out = Vec::new();
-        if std::mem::take(&mut inner.digest_due) {
-            let digest = SetDigest::of(&inner.desired_entries()).to_proto(DigestSet::Desired);
-            out.push(HubMessage {
-                kind: Some(hub_message::Kind::Digest(digest)),
-            });
-        }
-        if !inner.resync_buckets.is_empty() {
-            let buckets: Vec<u32> = std::mem::take(&mut inner.resync_buckets)
-                .into_iter()
-                .collect();
-            let replica = inner.observed_entries();
-            for r in resync_requests(DigestSet::Observed, &replica, &buckets) {
-                out.push(HubMessage {
-                    kind: Some(hub_message::Kind::ResyncRequest(r)),
-                });
-            }
-        }
-        let before = inner.control.len();
-        while out.len() < max {
-            match inner.control.pop_front() {
-                Some(m) => out.push(m),
-                None => break,
-            }
-        }
-        if inner.control.len() != before {
-            inner.count_control();
+        let (out, drained) = self.lock().next_messages(&self.name, id, max);
+        if drained {
             self.room.notify_one();
-        }
-        let now = Instant::now();
-        for op in inner.ops.values_mut() {
-            if out.len() >= max {
-                break;
-            }
-            if op.sent_in == Some(id)
-                || op.outcome.is_some()
-                || op.not_before.is_some_and(|t| t > now)
-            {
-                continue;
-            }
-            op.sent_in = Some(id);
-            op.not_before = None;
-            out.push(HubMessage {
-                kind: Some(hub_message::Kind::Operation(op.request.clone())),
-            });
-        }
-        while managed && out.len() < max {
-            let Some(m) = inner.outbox().next_ready() else {
-                break;
-            };
-            inner
-                .in_flight
-                .insert(m.key.clone(), (m.seq, m.value.clone(), now));
-            let mut message = object_message(m.key.clone(), m.seq, &m.value);
-            if let (Some(hub_message::Kind::Upsert(u)), Some(t)) =
-                (&mut message.kind, inner.traces.get_mut(&m.key))
-            {
-                u.trace_parent = t.sent(&self.name, &m.key);
-            }
-            out.push(message);
         }
         out
     }
 
     /// Whether a sender has something to send right now.
     pub fn has_ready(&self, id: u64) -> bool {
-        let mut inner = self.lock();
-        let Some(session) = inner.session.as_ref() else {
+        self.lock().has_ready(id)
+    }
+}
+
+/// The session's side of the state machine, without locks or wakeups.
+impl Inner {
+    fn forget_reports(&mut self) -> bool {
+        let observed = self.observed.len();
+        self.observed
+            .retain(|_, o| matches!(o, super::Observation::Mirrored { .. }));
+        let forgot = self.observed.len() != observed
+            || !self.rejected.is_empty()
+            || !self.gone.is_empty()
+            || !self.delete_acked.is_empty()
+            || !self.ops.is_empty();
+        self.rejected.clear();
+        self.gone.clear();
+        self.delete_acked.clear();
+        self.gone_before_ack.clear();
+        self.ops.clear();
+        forgot
+    }
+
+    /// See [`ClusterState::next_messages`]; also returns whether
+    /// acknowledgements were taken (the receiver may read again).
+    fn next_messages(&mut self, cluster: &str, id: u64, max: usize) -> (Vec<HubMessage>, bool) {
+        let Some(session) = self.session.as_ref() else {
+            return (Vec::new(), false);
+        };
+        if session.id != id {
+            return (Vec::new(), false);
+        }
+        let managed = session.mode == AgentMode::Managed;
+        let mut out = Vec::new();
+        if std::mem::take(&mut self.digest_due) {
+            let digest = SetDigest::of(&self.desired_entries()).to_proto(DigestSet::Desired);
+            out.push(HubMessage {
+                kind: Some(hub_message::Kind::Digest(digest)),
+            });
+        }
+        if !self.resync_buckets.is_empty() {
+            let buckets: Vec<u32> = std::mem::take(&mut self.resync_buckets)
+                .into_iter()
+                .collect();
+            let replica = self.observed_entries();
+            for r in resync_requests(DigestSet::Observed, &replica, &buckets) {
+                out.push(HubMessage {
+                    kind: Some(hub_message::Kind::ResyncRequest(r)),
+                });
+            }
+        }
+        let before = self.control.len();
+        while out.len() < max {
+            match self.control.pop_front() {
+                Some(m) => out.push(m),
+                None => break,
+            }
+        }
+        let drained = self.control.len() != before;
+        if drained {
+            self.count_control();
+        }
+        for request in self.ops.send(id, max.saturating_sub(out.len())) {
+            out.push(HubMessage {
+                kind: Some(hub_message::Kind::Operation(request)),
+            });
+        }
+        let now = Instant::now();
+        while managed && out.len() < max {
+            let Some(m) = self.outbox().next_ready() else {
+                break;
+            };
+            self.in_flight
+                .insert(m.key.clone(), (m.seq, m.value.clone(), now));
+            let mut message = object_message(m.key.clone(), m.seq, &m.value);
+            if let (Some(hub_message::Kind::Upsert(u)), Some(t)) =
+                (&mut message.kind, self.traces.get_mut(&m.key))
+            {
+                u.trace_parent = t.sent(cluster, &m.key);
+            }
+            out.push(message);
+        }
+        (out, drained)
+    }
+
+    fn has_ready(&mut self, id: u64) -> bool {
+        let Some(session) = self.session.as_ref() else {
             return false;
         };
         if session.id != id {
             return false;
         }
         let managed = session.mode == AgentMode::Managed;
-        let now = Instant::now();
-        inner.digest_due
-            || !inner.resync_buckets.is_empty()
-            || !inner.control.is_empty()
-            || inner.ops.values().any(|op| {
-                op.sent_in != Some(id)
-                    && op.outcome.is_none()
-                    && op.not_before.is_none_or(|t| t <= now)
-            })
-            || (managed && inner.outbox().has_ready())
+        self.digest_due
+            || !self.resync_buckets.is_empty()
+            || !self.control.is_empty()
+            || self.ops.any_ready(id)
+            || (managed && self.outbox().has_ready())
     }
 }
 

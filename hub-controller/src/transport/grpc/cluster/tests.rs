@@ -1,6 +1,6 @@
 //! Unit tests of the per-cluster state.
 use super::*;
-use argocd_pull_proto::v1::{ObjectMeta, hub_message};
+use argocd_pull_proto::v1::{ObjectMeta, OperationRequest, hub_message};
 
 fn key(name: &str) -> ObjectKey {
     ObjectKey {
@@ -224,14 +224,19 @@ fn commands_go_once_per_session_until_answered() {
         ["op op-1"],
         "resent after reconnect"
     );
-    assert_eq!(c.op_answered("op-1", AckOutcome::Retry, "", None), None);
+    assert_eq!(
+        c.lock().ops.answered("op-1", AckOutcome::Retry, "", None),
+        None
+    );
     assert!(!c.has_ready(2), "a retry waits a moment");
     assert_eq!(
-        c.op_answered("op-1", AckOutcome::Duplicate, "", None),
+        c.lock()
+            .ops
+            .answered("op-1", AckOutcome::Duplicate, "", None),
         Some(owner.clone())
     );
     assert!(c.next_messages(2, 10).is_empty());
-    c.op_done("op-1");
+    c.lock().ops.done("op-1");
     assert!(c.lock().ops.is_empty());
 }
 
@@ -258,16 +263,18 @@ fn a_command_the_agent_cannot_run_is_never_sent_and_each_answer_is_reported_once
         hub_uid: "uid-a".into(),
     };
     // Refused here, reported by the caller: never sent, never again.
-    c.add_refused_op(op("t-1"), owner.clone(), "upgrade the agent");
+    c.lock()
+        .ops
+        .add_refused(op("t-1"), owner.clone(), "upgrade the agent");
     assert!(c.next_messages(1, 10).is_empty());
-    assert!(!c.report_once("t-1"));
+    assert!(!c.lock().ops.report_once("t-1"));
     // Answered by the agent: reported once, kept until done.
     assert!(c.add_op(op("t-2"), owner.clone()));
-    assert!(!c.report_once("t-2"), "not answered yet");
+    assert!(!c.lock().ops.report_once("t-2"), "not answered yet");
     assert_eq!(kinds(&c.next_messages(1, 10)), ["op t-2"]);
-    c.op_answered("t-2", AckOutcome::Applied, "", None);
-    assert!(c.report_once("t-2"));
-    assert!(!c.report_once("t-2"));
+    c.lock().ops.answered("t-2", AckOutcome::Applied, "", None);
+    assert!(c.lock().ops.report_once("t-2"));
+    assert!(!c.lock().ops.report_once("t-2"));
     assert!(c.next_messages(1, 10).is_empty());
 }
 

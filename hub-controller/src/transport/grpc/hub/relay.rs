@@ -45,7 +45,7 @@ impl CommandRelay {
             return Ok(());
         }
         let ids: Vec<String> = plan.ready.iter().map(|(id, _)| id.clone()).collect();
-        cs.retain_ops(&owner, &ids);
+        cs.lock().ops.retain(&owner, &ids);
         for (id, command) in plan.ready {
             let (outcome, settled_started_at) = cs
                 .lock()
@@ -68,7 +68,7 @@ impl CommandRelay {
                     if command == Command::Terminate {
                         // Nothing to take off the hub copy: it stays until
                         // its sync is completed.
-                        if cs.report_once(&id) {
+                        if cs.lock().ops.report_once(&id) {
                             self.report_answer(app, cs, &id, "terminate", outcome, &message)
                                 .await;
                         }
@@ -111,7 +111,7 @@ impl CommandRelay {
         let message = format!(
             "it does not offer {CAPABILITY_TERMINATE_OPERATION}: upgrade the agent to terminate a sync from the hub"
         );
-        cs.add_refused_op(request, owner.clone(), &message);
+        cs.lock().ops.add_refused(request, owner.clone(), &message);
         self.report_answer(app, cs, id, "terminate", AckOutcome::Rejected, &message)
             .await;
     }
@@ -128,7 +128,7 @@ impl CommandRelay {
         (outcome, message): (AckOutcome, String),
     ) -> Result<bool, kube::Error> {
         let Some(patch) = commands::completion_patch(app, id, command) else {
-            cs.op_done(id);
+            cs.lock().ops.done(id);
             return Ok(false);
         };
         // Changed meanwhile (None): decided again from its next version.
@@ -138,11 +138,11 @@ impl CommandRelay {
             .await?
             .is_some()
         {
-            cs.op_done(id);
+            cs.lock().ops.done(id);
             let what = match command {
                 Command::Sync(_) => {
                     // Its terminate, if any, ends with it.
-                    cs.op_done(&commands::terminate_id(id));
+                    cs.lock().ops.done(&commands::terminate_id(id));
                     "sync"
                 }
                 Command::Refresh(_) => "refresh",
@@ -187,21 +187,10 @@ impl CommandRelay {
 /// The commands `app` carries for `owner`, given those `cs` has in flight
 /// for it.
 fn command_plan(app: &Application, owner: &Work, cs: &ClusterState) -> commands::CommandPlan {
-    let in_flight = |sync: bool| {
-        cs.lock()
-            .ops
-            .iter()
-            .find(|(_, op)| {
-                op.owner == *owner
-                    && match op.request.kind {
-                        Some(operation_request::Kind::Sync(_)) => sync,
-                        Some(operation_request::Kind::Refresh(_)) => !sync,
-                        _ => false,
-                    }
-            })
-            .map(|(id, _)| id.clone())
+    let (sync_id, refresh_id) = {
+        let inner = cs.lock();
+        (inner.ops.of(owner, true), inner.ops.of(owner, false))
     };
-    let (sync_id, refresh_id) = (in_flight(true), in_flight(false));
     let mut plan = commands::commands(
         app,
         commands::InFlight {

@@ -133,10 +133,9 @@ impl Inbound<'_> {
     fn operation_ack(self, ack: OperationAck) {
         let outcome = AckOutcome::try_from(ack.outcome).unwrap_or(AckOutcome::Retry);
         let settled = ack.settled.then_some(ack.settled_started_at.as_str());
-        if let Some(owner) = self
-            .cs
-            .op_answered(&ack.operation_id, outcome, &ack.message, settled)
-        {
+        let answered =
+            (self.cs.lock().ops).answered(&ack.operation_id, outcome, &ack.message, settled);
+        if let Some(owner) = answered {
             self.hub.enqueue(owner);
         }
     }
