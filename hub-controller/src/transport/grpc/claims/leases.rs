@@ -11,8 +11,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use argocd_pull_runtime::lease::Observer;
-
 use super::{CLUSTER_ANNOTATION, Claims, ROLE_LABEL, version_of};
 
 impl Claims {
@@ -47,16 +45,7 @@ impl Claims {
                 }
                 E::InitDone => {
                     if let Some((claims, presences)) = listing.take() {
-                        let gone: Vec<String> = {
-                            let mut view = self.view.lock().expect("never poisoned");
-                            view.presences.retain(|id, _| presences.contains(id));
-                            view.dead.retain(|id, _| presences.contains(id));
-                            view.claims
-                                .keys()
-                                .filter(|c| !claims.contains(*c))
-                                .cloned()
-                                .collect()
-                        };
+                        let gone = self.view().listed(&claims, &presences);
                         for c in gone {
                             self.record(&c, None, None);
                         }
@@ -68,11 +57,7 @@ impl Claims {
                 }
                 E::Delete(l) => match kind_of(&l) {
                     Some(Kind::Claim(c)) => self.record(&c, None, Some(version_of(&l))),
-                    Some(Kind::Presence(id)) => {
-                        let mut view = self.view.lock().expect("never poisoned");
-                        view.presences.remove(&id);
-                        view.dead.remove(&id);
-                    }
+                    Some(Kind::Presence(id)) => self.view().presence_gone(&id),
                     None => {}
                 },
             }
@@ -83,18 +68,12 @@ impl Claims {
         let kind = kind_of(l)?;
         match &kind {
             Kind::Claim(c) => self.record(c, Some(l), None),
-            Kind::Presence(id) => {
-                let spec = l.spec.clone().unwrap_or_default();
-                let mut view = self.view.lock().expect("never poisoned");
-                let entry = view
-                    .presences
-                    .entry(id.clone())
-                    .or_insert_with(|| (spec.clone(), Observer::default()));
-                entry.0 = spec.clone();
-                entry
-                    .1
-                    .observe(&spec, Instant::now(), self.config.presence_duration);
-            }
+            Kind::Presence(id) => self.view().presence_seen(
+                id,
+                l.spec.clone().unwrap_or_default(),
+                Instant::now(),
+                self.config.presence_duration,
+            ),
         }
         Some(kind)
     }

@@ -19,7 +19,9 @@
 //! a cluster is answered from memory.
 //!
 //! - [`rule`]: who writes, what a claimer does next (pure);
-//! - this file: the view, claiming and releasing a cluster;
+//! - `view`: what this replica knows of the claims and presences, and
+//!   what it concludes (alive, dead, abandoned), pure;
+//! - this file: claiming and releasing a cluster;
 //! - `presence`: renewing this replica's presence, suspending and resuming
 //!   its writes, noticing the dead;
 //! - `leases`: the watch that keeps the view.
@@ -27,6 +29,7 @@
 mod leases;
 mod presence;
 pub mod rule;
+mod view;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,8 +43,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use tokio::sync::{Notify, mpsc, watch};
 
-use argocd_pull_runtime::lease::Observer;
-use rule::{Claim, Step};
+use rule::Step;
+use view::{Me, View};
 
 /// Label on both kinds of Lease: `presence` or `claim`.
 pub const ROLE_LABEL: &str = "argocd-pull.io/lease";
@@ -83,25 +86,6 @@ impl ClaimsConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Record {
-    holder: Option<String>,
-    wanted_by: Option<String>,
-    version: u64,
-}
-
-#[derive(Default)]
-struct View {
-    /// Claims by cluster.
-    claims: HashMap<String, Record>,
-    /// Presences by identity: the Lease spec and when it last changed.
-    presences: HashMap<String, (LeaseSpec, Observer)>,
-    /// Identities found dead, since when.
-    dead: HashMap<String, Instant>,
-    /// Claims without a live holder, since when.
-    orphans: rule::Orphans,
-}
-
 /// This replica's view of the claims and presences, and its own writes.
 pub struct Claims {
     api: Api<Lease>,
@@ -120,7 +104,7 @@ pub struct Claims {
     /// and the claims are read back.
     suspended: watch::Sender<bool>,
     /// One claim or release at a time per cluster.
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    locks: ClusterLocks,
 }
 
 fn version_of(lease: &Lease) -> u64 {
@@ -128,6 +112,21 @@ fn version_of(lease: &Lease) -> u64 {
         .resource_version()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// One lock per cluster, for one claim or release at a time.
+#[derive(Default)]
+struct ClusterLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl ClusterLocks {
+    fn of(&self, cluster: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.0
+            .lock()
+            .expect("never poisoned")
+            .entry(cluster.to_string())
+            .or_default()
+            .clone()
+    }
 }
 
 /// Delete options that delete only the version given.
@@ -138,6 +137,23 @@ fn delete_at(version: u64) -> DeleteParams {
             uid: None,
         }),
         ..Default::default()
+    }
+}
+
+/// `cluster`'s claim, held by `identity`.
+fn claim_lease(cluster: &str, identity: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(rule::claim_name(cluster)),
+            labels: Some([(ROLE_LABEL.to_string(), "claim".to_string())].into()),
+            annotations: Some([(CLUSTER_ANNOTATION.to_string(), cluster.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(identity.to_string()),
+            acquire_time: Some(now()),
+            ..Default::default()
+        }),
     }
 }
 
@@ -159,7 +175,7 @@ impl Claims {
             synced: watch::channel(false).0,
             listed: AtomicBool::new(false),
             suspended: watch::channel(false).0,
-            locks: Mutex::default(),
+            locks: ClusterLocks::default(),
         })
     }
 
@@ -180,25 +196,17 @@ impl Claims {
         let _ = self.synced.subscribe().wait_for(|s| *s).await;
     }
 
-    fn alive(&self, view: &mut View, identity: &str, at: Instant) -> bool {
-        if identity == self.config.identity {
-            return !*self.suspended.borrow();
-        }
-        match view.presences.get_mut(identity) {
-            Some((spec, observer)) => !observer.observe(spec, at, self.config.presence_duration),
-            None => false,
+    /// Who asks the view.
+    fn me(&self) -> Me<'_> {
+        Me {
+            identity: &self.config.identity,
+            suspended: *self.suspended.borrow(),
+            presence_duration: self.config.presence_duration,
         }
     }
 
-    fn claim_view<'a>(&self, view: &'a mut View, cluster: &str, at: Instant) -> Option<Claim<'a>> {
-        let holder = view.claims.get(cluster)?.holder.clone();
-        let alive = holder.as_deref().is_some_and(|h| self.alive(view, h, at));
-        let r = view.claims.get(cluster)?;
-        Some(Claim {
-            holder: r.holder.as_deref(),
-            holder_alive: alive,
-            wanted_by: r.wanted_by.as_deref(),
-        })
+    fn view(&self) -> std::sync::MutexGuard<'_, View> {
+        self.view.lock().expect("never poisoned")
     }
 
     /// Whether this replica writes for `cluster` now.
@@ -207,86 +215,33 @@ impl Claims {
             return false;
         }
         let leader = self.leader.load(Ordering::SeqCst);
-        let mut view = self.view.lock().expect("never poisoned");
-        let claim = self.claim_view(&mut view, cluster, Instant::now());
-        rule::acts_for(claim, &self.config.identity, leader)
+        let me = self.me();
+        let mut view = self.view();
+        let claim = view.claim(&me, cluster, Instant::now());
+        rule::acts_for(claim, me.identity, leader)
     }
 
     /// Whether this replica holds `cluster`'s claim.
     pub fn holds(&self, cluster: &str) -> bool {
-        self.view
-            .lock()
-            .expect("never poisoned")
-            .claims
-            .get(cluster)
-            .is_some_and(|r| r.holder.as_deref() == Some(self.config.identity.as_str()))
+        self.view()
+            .held_version(&self.config.identity, cluster)
+            .is_some()
     }
 
     /// Whether another replica asked this one to let go of `cluster`.
     pub fn asked_to_let_go(&self, cluster: &str) -> bool {
-        let mut view = self.view.lock().expect("never poisoned");
-        self.claim_view(&mut view, cluster, Instant::now())
-            .is_some_and(|c| rule::must_let_go(c, &self.config.identity))
+        let me = self.me();
+        self.view()
+            .claim(&me, cluster, Instant::now())
+            .is_some_and(|c| rule::must_let_go(c, me.identity))
     }
 
     /// Records a claim as read or written; newer versions only. Tells the
     /// transport when the holder changed or someone asked for it.
     fn record(&self, cluster: &str, lease: Option<&Lease>, deleted_version: Option<u64>) {
-        let mut view = self.view.lock().expect("never poisoned");
-        let before = view.claims.get(cluster).cloned();
-        match lease {
-            Some(l) => {
-                let new = Record {
-                    holder: l.spec.as_ref().and_then(|s| s.holder_identity.clone()),
-                    wanted_by: l.annotations().get(WANTED_BY_ANNOTATION).cloned(),
-                    version: version_of(l),
-                };
-                if before.as_ref().is_some_and(|b| b.version > new.version) {
-                    return;
-                }
-                view.claims.insert(cluster.to_string(), new);
-            }
-            None => {
-                if before
-                    .as_ref()
-                    .is_some_and(|b| deleted_version.is_some_and(|d| b.version > d))
-                {
-                    return;
-                }
-                view.claims.remove(cluster);
-            }
-        }
-        let after = view.claims.get(cluster).cloned();
-        drop(view);
-        if before != after {
+        if self.view().record(cluster, lease, deleted_version) {
             let _ = self.changed.send(cluster.to_string());
             self.notify.notify_waiters();
-        }
-    }
-
-    fn lock_for(&self, cluster: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks
-            .lock()
-            .expect("never poisoned")
-            .entry(cluster.to_string())
-            .or_default()
-            .clone()
-    }
-
-    /// `cluster`'s claim, held by this replica.
-    fn claim_lease(&self, cluster: &str) -> Lease {
-        Lease {
-            metadata: ObjectMeta {
-                name: Some(rule::claim_name(cluster)),
-                labels: Some([(ROLE_LABEL.to_string(), "claim".to_string())].into()),
-                annotations: Some([(CLUSTER_ANNOTATION.to_string(), cluster.to_string())].into()),
-                ..Default::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(self.config.identity.clone()),
-                acquire_time: Some(now()),
-                ..Default::default()
-            }),
         }
     }
 
@@ -295,7 +250,7 @@ impl Claims {
     /// the session is over. Waits while writes are suspended.
     pub async fn claim(&self, cluster: &str, current: impl Fn() -> bool) -> bool {
         self.wait_synced().await;
-        let lock = self.lock_for(cluster);
+        let lock = self.locks.of(cluster);
         let name = rule::claim_name(cluster);
         loop {
             if !current() {
@@ -338,12 +293,7 @@ impl Claims {
         // No claim as far as the watch knows (an agent's first
         // connection, the usual case): create it without reading
         // first; one that exists after all answers 409.
-        let unseen = !self
-            .view
-            .lock()
-            .expect("never poisoned")
-            .claims
-            .contains_key(cluster);
+        let unseen = !self.view().knows(cluster);
         if unseen && self.create_unread(cluster).await? {
             return Ok(true);
         }
@@ -351,9 +301,9 @@ impl Claims {
         self.record(cluster, read.as_ref(), None);
         // The view now holds what was read (nothing, if nothing was).
         let step = {
-            let mut view = self.view.lock().expect("never poisoned");
-            let claim = self.claim_view(&mut view, cluster, Instant::now());
-            rule::step(claim, &self.config.identity)
+            let me = self.me();
+            let mut view = self.view();
+            rule::step(view.claim(&me, cluster, Instant::now()), me.identity)
         };
         self.take_step(cluster, name, step, read).await
     }
@@ -363,7 +313,10 @@ impl Claims {
     async fn create_unread(&self, cluster: &str) -> Result<bool, kube::Error> {
         match self
             .api
-            .create(&PostParams::default(), &self.claim_lease(cluster))
+            .create(
+                &PostParams::default(),
+                &claim_lease(cluster, &self.config.identity),
+            )
             .await
         {
             Ok(l) => {
@@ -389,13 +342,16 @@ impl Claims {
             (Step::Create, _) => {
                 let l = self
                     .api
-                    .create(&PostParams::default(), &self.claim_lease(cluster))
+                    .create(
+                        &PostParams::default(),
+                        &claim_lease(cluster, &self.config.identity),
+                    )
                     .await?;
                 self.record(cluster, Some(&l), None);
                 Ok(true)
             }
             (Step::Take, Some(old)) => {
-                let mut l = self.claim_lease(cluster);
+                let mut l = claim_lease(cluster, &self.config.identity);
                 l.metadata.resource_version = old.resource_version();
                 let l = self.api.replace(name, &PostParams::default(), &l).await?;
                 tracing::info!(%cluster, previous = ?old.spec.and_then(|s| s.holder_identity), "took over the cluster's writes");
@@ -417,7 +373,7 @@ impl Claims {
     /// Lets go of `cluster` if this replica holds it and `free` still
     /// says so (no new session came meanwhile); returns whether it did.
     pub async fn release(&self, cluster: &str, free: impl Fn() -> bool) -> bool {
-        let lock = self.lock_for(cluster);
+        let lock = self.locks.of(cluster);
         let _g = lock.lock().await;
         if !free() {
             return false;
@@ -425,14 +381,7 @@ impl Claims {
         let name = rule::claim_name(cluster);
         // First with the version the view has of this replica's own claim,
         // without reading: a claim changed since answers 409, and is read.
-        let known = self
-            .view
-            .lock()
-            .expect("never poisoned")
-            .claims
-            .get(cluster)
-            .filter(|r| r.holder.as_deref() == Some(self.config.identity.as_str()))
-            .map(|r| r.version);
+        let known = self.view().held_version(&self.config.identity, cluster);
         if let Some(version) = known {
             match self.api.delete(&name, &delete_at(version)).await {
                 Ok(_) => {

@@ -7,13 +7,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
-use super::{CLUSTER_ANNOTATION, Claims, ROLE_LABEL, delete_at, now, rule};
+use super::view::Deaths;
+use super::{CLUSTER_ANNOTATION, Claims, ClaimsConfig, ROLE_LABEL, delete_at, now, rule};
 
 impl Claims {
     /// Keeps this replica's presence and the view until `shutdown`
@@ -21,7 +22,7 @@ impl Claims {
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         let watching = tokio::spawn(self.clone().watch());
         tokio::pin!(shutdown);
-        let mut presence: Option<Lease> = None;
+        let mut presence = Presence::new(self.api.clone(), &self.config);
         let mut last_renewal = Instant::now();
         loop {
             let started = Instant::now();
@@ -32,7 +33,7 @@ impl Claims {
                 .renew_deadline
                 .saturating_sub(last_renewal.elapsed())
                 .max(self.config.renew_deadline / 2);
-            match tokio::time::timeout(patience, self.renew(&mut presence)).await {
+            match tokio::time::timeout(patience, presence.renew()).await {
                 Ok(Ok(())) => {
                     last_renewal = started;
                     if *self.suspended.borrow() {
@@ -77,12 +78,7 @@ impl Claims {
 
     /// When the first presence now alive would expire if not renewed.
     fn next_death(&self) -> Option<Instant> {
-        let view = self.view.lock().expect("never poisoned");
-        view.presences
-            .iter()
-            .filter(|(id, _)| **id != self.config.identity && !view.dead.contains_key(*id))
-            .filter_map(|(_, (_, observer))| observer.expires_at())
-            .min()
+        self.view().next_death(&self.config.identity)
     }
 
     /// The presence is renewed again after writes were suspended: reads
@@ -90,14 +86,7 @@ impl Claims {
     /// meanwhile, and the watch may lag), then writes again for those it
     /// still holds.
     async fn resume(&self) {
-        let held: Vec<String> = {
-            let view = self.view.lock().expect("never poisoned");
-            view.claims
-                .iter()
-                .filter(|(_, r)| r.holder.as_deref() == Some(self.config.identity.as_str()))
-                .map(|(c, _)| c.clone())
-                .collect()
-        };
+        let held = self.view().held_by(&self.config.identity);
         // One list, not a read per claim: under the slow API server that
         // suspended the writes, a thousand reads would slow it further.
         let params = ListParams::default().labels(&format!("{ROLE_LABEL}=claim"));
@@ -131,10 +120,85 @@ impl Claims {
     /// clusters it still holds are taken over at once, not after the
     /// presence's duration.
     pub async fn retire(&self) {
-        let name = rule::presence_name(&self.config.identity);
+        let presence = Presence::new(self.api.clone(), &self.config);
+        presence.delete(self.config.renew_deadline / 2).await;
+    }
+
+    /// Deletes `cluster`'s claim, as of `version` (a replica that took it
+    /// since changed the version: then nothing is deleted).
+    async fn delete_abandoned(&self, cluster: &str, version: u64) {
+        match self
+            .api
+            .delete(&rule::claim_name(cluster), &delete_at(version))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(%cluster, "deleted a claim no live replica has held for long");
+                self.record(cluster, None, Some(version));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            Err(e) => tracing::warn!(%cluster, error = %e, "cannot delete an abandoned claim"),
+        }
+    }
+
+    /// Replicas that died since the last check: their clusters are now
+    /// acted for by the leader (or taken by their agents' new replicas).
+    /// The leader also deletes Leases of replicas long dead.
+    async fn check_dead(&self) {
+        let Deaths {
+            newly_dead,
+            clusters,
+            stale,
+            abandoned,
+        } = {
+            let me = self.me();
+            self.view()
+                .check(&me, Instant::now(), self.config.abandoned_after)
+        };
+        for id in &newly_dead {
+            tracing::warn!(replica = %id, "a replica stopped renewing its presence: its clusters are taken over");
+        }
+        for c in clusters {
+            let _ = self.changed.send(c);
+        }
+        if !newly_dead.is_empty() {
+            self.notify.notify_waiters();
+        }
+        if self.leader.load(Ordering::SeqCst) {
+            for name in stale {
+                let _ = self.api.delete(&name, &DeleteParams::default()).await;
+            }
+            for (cluster, version) in abandoned {
+                self.delete_abandoned(&cluster, version).await;
+            }
+        }
+    }
+}
+
+/// This replica's presence Lease, as last written.
+struct Presence {
+    api: Api<Lease>,
+    identity: String,
+    duration: Duration,
+    lease: Option<Lease>,
+}
+
+impl Presence {
+    fn new(api: Api<Lease>, config: &ClaimsConfig) -> Self {
+        Self {
+            api,
+            identity: config.identity.clone(),
+            duration: config.presence_duration,
+            lease: None,
+        }
+    }
+
+    /// Deletes the presence, waiting `within` at most.
+    async fn delete(&self, within: Duration) {
+        let name = rule::presence_name(&self.identity);
         let params = DeleteParams::default();
         let call = self.api.delete(&name, &params);
-        match tokio::time::timeout(self.config.renew_deadline / 2, call).await {
+        match tokio::time::timeout(within, call).await {
             Ok(Ok(_)) => {
                 tracing::info!("this replica's presence is deleted: its clusters go to the others")
             }
@@ -143,11 +207,14 @@ impl Claims {
         }
     }
 
-    async fn renew(&self, presence: &mut Option<Lease>) -> Result<(), kube::Error> {
-        let name = rule::presence_name(&self.config.identity);
+    /// Writes the presence with a new renew time (created if there is
+    /// none); on a conflict it is read again, for the next renewal.
+    async fn renew(&mut self) -> Result<(), kube::Error> {
+        let name = rule::presence_name(&self.identity);
+        let presence = &mut self.lease;
         let spec = LeaseSpec {
-            holder_identity: Some(self.config.identity.clone()),
-            lease_duration_seconds: Some(self.config.presence_duration.as_secs() as i32),
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(self.duration.as_secs() as i32),
             renew_time: Some(now()),
             ..Default::default()
         };
@@ -188,102 +255,5 @@ impl Claims {
         };
         *presence = Some(written);
         Ok(())
-    }
-
-    /// Deletes `cluster`'s claim, as of `version` (a replica that took it
-    /// since changed the version: then nothing is deleted).
-    async fn delete_abandoned(&self, cluster: &str, version: u64) {
-        match self
-            .api
-            .delete(&rule::claim_name(cluster), &delete_at(version))
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(%cluster, "deleted a claim no live replica has held for long");
-                self.record(cluster, None, Some(version));
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
-            Err(e) => tracing::warn!(%cluster, error = %e, "cannot delete an abandoned claim"),
-        }
-    }
-
-    /// Replicas that died since the last check: their clusters are now
-    /// acted for by the leader (or taken by their agents' new replicas).
-    /// The leader also deletes Leases of replicas long dead.
-    async fn check_dead(&self) {
-        let at = Instant::now();
-        let (newly_dead, clusters, stale, abandoned) = {
-            let mut view = self.view.lock().expect("never poisoned");
-            let ids: Vec<String> = view.presences.keys().cloned().collect();
-            let mut newly = Vec::new();
-            let mut stale = Vec::new();
-            // Long dead: ten durations.
-            let long = self.config.presence_duration * 10;
-            for id in ids {
-                if self.alive(&mut view, &id, at) {
-                    view.dead.remove(&id);
-                    continue;
-                }
-                match view.dead.get(&id) {
-                    None => {
-                        view.dead.insert(id.clone(), at);
-                        newly.push(id);
-                    }
-                    Some(since) if at.duration_since(*since) > long => {
-                        stale.push(rule::presence_name(&id))
-                    }
-                    Some(_) => {}
-                }
-            }
-            let clusters: Vec<String> = view
-                .claims
-                .iter()
-                .filter(|(_, r)| r.holder.as_ref().is_some_and(|h| newly.contains(h)))
-                .map(|(c, _)| c.clone())
-                .collect();
-            // Claims whose holder has been gone as long: their agent never
-            // came back (its cluster was deleted, or moved to ManifestWork).
-            let holders: Vec<(String, Option<String>)> = view
-                .claims
-                .iter()
-                .map(|(c, r)| (c.clone(), r.holder.clone()))
-                .collect();
-            let live: Vec<bool> = holders
-                .iter()
-                .map(|(_, h)| {
-                    // Its own claims are never abandoned: its agents are here,
-                    // even while its writes are suspended.
-                    h.as_deref()
-                        .is_some_and(|h| h == self.config.identity || self.alive(&mut view, h, at))
-                })
-                .collect();
-            let orphans = view.orphans.update(
-                holders.iter().zip(live).map(|((c, _), l)| (c.as_str(), l)),
-                at,
-                self.config.abandoned_after,
-            );
-            let abandoned: Vec<(String, u64)> = orphans
-                .into_iter()
-                .filter_map(|c| view.claims.get(&c).map(|r| (c, r.version)))
-                .collect();
-            (newly, clusters, stale, abandoned)
-        };
-        for id in &newly_dead {
-            tracing::warn!(replica = %id, "a replica stopped renewing its presence: its clusters are taken over");
-        }
-        for c in clusters {
-            let _ = self.changed.send(c);
-        }
-        if !newly_dead.is_empty() {
-            self.notify.notify_waiters();
-        }
-        if self.leader.load(Ordering::SeqCst) {
-            for name in stale {
-                let _ = self.api.delete(&name, &DeleteParams::default()).await;
-            }
-            for (cluster, version) in abandoned {
-                self.delete_abandoned(&cluster, version).await;
-            }
-        }
     }
 }
