@@ -240,7 +240,8 @@ impl Inbound<'_> {
         trace_parent: &str,
     ) -> Result<(), Refused> {
         let (hub, cs) = (self.hub, self.cs);
-        let what = format!("Application {}/{}", key.namespace, key.name);
+        // Named only in a refusal: nothing is formatted per accepted report.
+        let what = || format!("Application {}/{}", key.namespace, key.name);
         // Whose it is before anything costs: a report of an Application
         // the hub never sent this agent is refused unread (a flooding
         // agent's reports cost no JSON parse).
@@ -252,7 +253,8 @@ impl Inbound<'_> {
                     return Err((
                         "not-this-agents",
                         format!(
-                            "{what} is not an Application the hub delivers to cluster {}",
+                            "{} is not an Application the hub delivers to cluster {}",
+                            what(),
                             cs.name
                         ),
                     ));
@@ -260,12 +262,17 @@ impl Inbound<'_> {
                 winner
             }
         };
-        limits::check_object_json(&format!("the status of {what}"), o.status_json.len())
-            .map_err(|e| ("too-large", e.to_string()))?;
-        serde_json::from_slice::<serde_json::Value>(&o.status_json).map_err(|e| {
+        let size = o.status_json.len();
+        if size > limits::MAX_OBJECT_JSON_BYTES {
+            let e = limits::check_object_json(&format!("the status of {}", what()), size)
+                .expect_err("over the limit");
+            return Err(("too-large", e.to_string()));
+        }
+        // Checked, not built: a whole value tree per report only to drop it.
+        serde_json::from_slice::<serde::de::IgnoredAny>(&o.status_json).map_err(|e| {
             (
                 "bad-json",
-                format!("status_json of {what} is not JSON: {e}"),
+                format!("status_json of {} is not JSON: {e}", what()),
             )
         })?;
         let version = o
@@ -274,6 +281,7 @@ impl Inbound<'_> {
             .map(|m| m.version.clone())
             .unwrap_or_default();
         if self.mode == AgentMode::Autonomous {
+            let what = what();
             return self.mirrored(key, &o, version, &what);
         }
         cs.observe(
