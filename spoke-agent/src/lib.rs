@@ -1,18 +1,31 @@
 //! The spoke-agent: dials the hub, applies the Applications it is sent for
 //! the local Argo CD, and streams their status back.
 //!
-//! - [`apply`]: what is applied, reported, and how commands run once (pure);
-//! - [`state`]: what the agent holds across connections;
-//! - [`worker`]: the writes to this cluster, parallel across Applications;
-//! - [`session`]: the connection to the hub;
-//! - [`tls`], [`backoff`]: certificates reloaded from disk, reconnect delays.
+//! An Application's way, from the hub and back:
+//!
+//! 1. [`session`]: the connection to the hub; what it receives goes to
+//! 2. [`worker`]: the passes over this cluster's Applications, parallel
+//!    across them: [`worker::Applier`] writes them, [`worker::Commands`]
+//!    runs the hub's commands on them;
+//! 3. [`cache`]: the watch of this cluster's Applications, which the
+//!    worker reads;
+//! 4. [`reports`]: their status reports and digest, queued in
+//! 5. [`state`]: what the agent holds across connections (instructions
+//!    in, reports and acknowledgements out), which the session sends.
+//!
+//! Besides: [`apply`], the pure decisions (what is applied and reported,
+//! how a command runs once); [`projects`], the AppProjects and credentials
+//! the hub sends; [`tls`], [`backoff`]: certificates reloaded from disk,
+//! reconnect delays.
 
 #![forbid(unsafe_code)]
 
 pub mod apply;
 pub mod backoff;
+pub mod cache;
 pub mod metrics;
 pub mod projects;
+pub mod reports;
 pub mod session;
 pub mod state;
 pub mod tls;
@@ -24,7 +37,6 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
-use argocd_pull_runtime::workqueue::WorkQueue;
 use argocd_pull_runtime::{AdminArgs, ClientArgs, LogArgs, Readiness, admin::Admin, shutdown};
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
@@ -215,15 +227,13 @@ pub async fn run_agent(
     let writer = reflector::store::Writer::new(ar);
     let store = writer.as_reader();
     let state = Arc::new(state::AgentState::default());
-    let queue = WorkQueue::new();
-    let worker = Arc::new(worker::Worker {
-        client: client.clone(),
-        state: state.clone(),
-        store: store.clone(),
-        mode: config.mode,
-        metrics,
-        queue: queue.clone(),
-    });
+    let worker = Arc::new(worker::Worker::new(
+        client.clone(),
+        state.clone(),
+        store.clone(),
+        config.mode,
+        metrics.clone(),
+    ));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(queue_applications(
         writer,
@@ -240,13 +250,15 @@ pub async fn run_agent(
     });
     let connection = Arc::new(session::Connection {
         config,
-        worker,
+        state,
+        worker: worker.clone(),
+        metrics,
         readiness,
         projects,
     });
     tasks.spawn(connection.run(shutdown.clone()));
     shutdown.wait().await;
-    queue.close();
+    worker.stop();
     tasks.abort_all();
 }
 
@@ -275,34 +287,23 @@ fn watched_applications(
 }
 
 /// Feeds the worker's store from the watch of Applications and queues every
-/// Application that changes, until the task is aborted. The worker holds the
-/// queue, the store and the state this reads.
+/// Application that changes, until the task is aborted.
 async fn queue_applications(
     writer: reflector::store::Writer<Application>,
     api: Api<Application>,
     watch_config: watcher::Config,
     worker: Arc<worker::Worker>,
 ) {
-    let q = &worker.queue;
     let events = reflector(writer, watcher::watcher(api, watch_config)).default_backoff();
     tokio::pin!(events);
     while let Some(event) = events.next().await {
         match event {
             Ok(
                 watcher::Event::Apply(a) | watcher::Event::InitApply(a) | watcher::Event::Delete(a),
-            ) => {
-                q.add(apply::key_of(&a));
-            }
-            Ok(watcher::Event::InitDone) => {
-                // Applications gone while the watch was down have no
-                // delete event: look at everything known again.
-                for key in worker.state.reported_keys() {
-                    q.add(key);
-                }
-                for a in worker.store.state() {
-                    q.add(apply::key_of(&a));
-                }
-            }
+            ) => worker.changed(apply::key_of(&a)),
+            // Applications gone while the watch was down have no delete
+            // event: look at everything known again.
+            Ok(watcher::Event::InitDone) => worker.look_again(),
             Ok(watcher::Event::Init) => {}
             Err(e) => tracing::warn!(error = %e, "watch of Applications failed; retrying"),
         }

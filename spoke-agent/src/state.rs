@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::v1::{
-    AgentMessage, ApplicationUpsert, Gone, ObjectKey, ObservedApplication, OperationRequest,
-    StatusReport, agent_message, status_report,
+    AckOutcome, AgentMessage, ApplicationUpsert, Gone, ObjectAck, ObjectKey, ObservedApplication,
+    OperationRequest, StatusReport, agent_message, status_report,
 };
 use tokio::sync::Notify;
 
@@ -32,6 +32,13 @@ pub enum Instruction {
 pub enum Report {
     Observed(Arc<ObservedApplication>),
     Gone { uid: String },
+}
+
+impl Report {
+    /// Nothing is there (the agent does not say whose uid is gone).
+    pub fn gone() -> Self {
+        Report::Gone { uid: String::new() }
+    }
 }
 
 #[derive(Default)]
@@ -212,6 +219,18 @@ impl AgentState {
     pub fn control(&self, m: AgentMessage) {
         self.lock().control.push_back(m);
         self.wake.notify_one();
+    }
+
+    /// Queues the acknowledgement of the hub's message `seq` about `key`.
+    pub fn object_ack(&self, key: ObjectKey, seq: u64, outcome: AckOutcome, message: String) {
+        self.control(AgentMessage {
+            kind: Some(agent_message::Kind::ObjectAck(ObjectAck {
+                key: Some(key),
+                seq,
+                outcome: outcome as i32,
+                message,
+            })),
+        });
     }
 
     // -- sessions -------------------------------------------------------------

@@ -16,7 +16,6 @@ use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, ApplicationUpsert, ObjectKey, ObjectMeta, OperationRequest,
     RefreshRequest, agent_message, operation_request, status_report,
 };
-use argocd_pull_runtime::workqueue::WorkQueue;
 use argocd_pull_spoke_agent::Mode;
 use argocd_pull_spoke_agent::metrics::AgentMetrics;
 use argocd_pull_spoke_agent::state::{AgentState, Instruction};
@@ -90,14 +89,13 @@ impl Agent {
         let state = Arc::new(AgentState::default());
         state.attach(1);
         let mut registry = prometheus_client::registry::Registry::default();
-        let worker = Arc::new(Worker {
+        let worker = Arc::new(Worker::new(
             client,
-            state: state.clone(),
+            state.clone(),
             store,
-            mode: Mode::Managed,
-            metrics: AgentMetrics::register(&mut registry),
-            queue: WorkQueue::new(),
-        });
+            Mode::Managed,
+            AgentMetrics::register(&mut registry),
+        ));
         Self {
             worker,
             state,
@@ -217,12 +215,7 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
     assert_eq!(outcome, AckOutcome::Applied, "{message}");
     let gb_rv = wait::until("the agent to see its own write", TIMEOUT, || async {
         let a = admin.get("gb").await.map_err(|e| e.to_string())?;
-        if agent
-            .worker
-            .store
-            .get(&reflector::ObjectRef::new_with("gb", application_resource()).within(ARGOCD))
-            .is_some()
-        {
+        if agent.worker.cache().get(&key("gb")).is_some() {
             Ok(a.resource_version().unwrap())
         } else {
             Err("not in the cache yet".to_string())
