@@ -127,7 +127,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// What [`run_agent`] needs, from the flags (or a test).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentConfig {
     pub cluster_name: String,
     pub hub_address: String,
@@ -328,29 +328,30 @@ mod tests {
             .config()
     }
 
+    /// What `parse(&[])` must give: the required flags, and the
+    /// documented defaults.
+    fn defaults() -> AgentConfig {
+        AgentConfig {
+            cluster_name: "c1".into(),
+            hub_address: "https://hub:8443".into(),
+            tls: tls::TlsFiles {
+                cert: "/managed/argocd-pull/tls.crt".into(),
+                key: "/managed/argocd-pull/tls.key".into(),
+                ca: "/managed/argocd-pull/ca.crt".into(),
+            },
+            argocd_namespace: "argocd".into(),
+            mode: Mode::Managed,
+            backoff_min: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            tls_reload_interval: Duration::from_secs(10),
+            workers: 16,
+        }
+    }
+
     #[test]
     fn flags_have_the_documented_defaults() {
         Args::command().debug_assert();
-        let config = parse(&[]);
-        assert_eq!(config.backoff_min, Duration::from_millis(500));
-        assert_eq!(config.backoff_max, Duration::from_secs(30));
-        assert_eq!(config.tls_reload_interval, Duration::from_secs(10));
-        assert_eq!(config.workers, 16);
-        assert_eq!(config.mode, Mode::Managed);
-        assert_eq!(config.argocd_namespace, "argocd");
-        assert_eq!(
-            config.tls.cert,
-            PathBuf::from("/managed/argocd-pull/tls.crt")
-        );
-        assert_eq!(
-            config.tls.key,
-            PathBuf::from("/managed/argocd-pull/tls.key")
-        );
-        assert_eq!(config.tls.ca, PathBuf::from("/managed/argocd-pull/ca.crt"));
-        assert_eq!(
-            (config.cluster_name.as_str(), config.hub_address.as_str()),
-            ("c1", "https://hub:8443")
-        );
+        assert_eq!(parse(&[]), defaults());
     }
 
     #[test]
@@ -375,20 +376,21 @@ mod tests {
             "--hub-ca",
             "/ca",
         ]);
-        assert_eq!(config.backoff_min, Duration::from_millis(250));
-        assert_eq!(config.backoff_max, Duration::from_secs(120));
-        assert_eq!(config.tls_reload_interval, Duration::from_secs(3600));
-        assert_eq!(config.workers, 4);
-        assert_eq!(config.mode, Mode::Autonomous);
-        assert_eq!(config.argocd_namespace, "gitops");
-        assert_eq!(
-            (config.tls.cert, config.tls.key, config.tls.ca),
-            (
-                PathBuf::from("/c"),
-                PathBuf::from("/k"),
-                PathBuf::from("/ca")
-            )
-        );
+        let overridden = AgentConfig {
+            tls: tls::TlsFiles {
+                cert: "/c".into(),
+                key: "/k".into(),
+                ca: "/ca".into(),
+            },
+            argocd_namespace: "gitops".into(),
+            mode: Mode::Autonomous,
+            backoff_min: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(120),
+            tls_reload_interval: Duration::from_secs(3600),
+            workers: 4,
+            ..defaults()
+        };
+        assert_eq!(config, overridden);
     }
 
     #[test]
