@@ -224,6 +224,15 @@ mod tests {
 
     use super::*;
 
+    /// An outbox of `window` holding a, b and c, at 0.
+    fn abc(window: usize) -> Outbox<&'static str, i32> {
+        let mut o = Outbox::new(window);
+        for k in ["a", "b", "c"] {
+            o.upsert(k, 0);
+        }
+        o
+    }
+
     #[test]
     fn latest_value_wins_before_sending() {
         let mut o = Outbox::new(10);
@@ -282,10 +291,7 @@ mod tests {
 
     #[test]
     fn window_bounds_messages_in_flight() {
-        let mut o = Outbox::new(2);
-        for k in ["a", "b", "c"] {
-            o.upsert(k, 0);
-        }
+        let mut o = abc(2);
         let a = o.next_ready().unwrap();
         o.next_ready().unwrap();
         assert!(!o.has_ready());
@@ -296,10 +302,7 @@ mod tests {
 
     #[test]
     fn requeue_after_a_lost_stream() {
-        let mut o = Outbox::new(10);
-        for k in ["a", "b", "c"] {
-            o.upsert(k, 0);
-        }
+        let mut o = abc(10);
         let a = o.next_ready().unwrap();
         let b = o.next_ready().unwrap();
         o.upsert("b", 1);

@@ -322,6 +322,13 @@ mod tests {
             .collect()
     }
 
+    /// `n` Applications `ns/app-<i>`, each at version 1.
+    fn apps(n: usize) -> Entries {
+        (0..n)
+            .map(|i| (key("ns", &format!("app-{i}")), "1".to_string()))
+            .collect()
+    }
+
     fn hex(h: &Hash) -> String {
         h.iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -384,9 +391,7 @@ mod tests {
 
     #[test]
     fn one_change_touches_one_bucket() {
-        let many: Entries = (0..500)
-            .map(|i| (key("ns", &format!("app-{i}")), "1".to_string()))
-            .collect();
+        let many = apps(500);
         let mut changed = many.clone();
         changed.insert(key("ns", "app-42"), "2".into());
         let differing = SetDigest::of(&many).differing_buckets(&SetDigest::of(&changed));
@@ -444,9 +449,7 @@ mod tests {
 
     #[test]
     fn round_trip_repairs_only_what_differs() {
-        let owner: Entries = (0..300)
-            .map(|i| (key("ns", &format!("app-{i}")), "1".to_string()))
-            .collect();
+        let owner = apps(300);
         let mut replica = owner.clone();
         replica.insert(key("ns", "app-7"), "0".into());
         replica.remove(&key("ns", "app-8"));

@@ -72,52 +72,63 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
                 Some(status_report::State::Gone(_)) => Ok(()),
             }
         }
-        Some(Kind::ObjectAck(a)) => {
-            const W: &str = "ObjectAck";
-            key(W, a.key.as_ref())?;
-            seq(W, a.seq)?;
-            match outcome(W, a.outcome)? {
-                AckOutcome::Duplicate => Err(malformed(W, "DUPLICATE is for operations only")),
-                _ => Ok(()),
-            }
-        }
-        Some(Kind::OperationAck(a)) => {
-            const W: &str = "OperationAck";
-            operation_id(W, &a.operation_id)?;
-            key(W, a.key.as_ref())?;
-            if a.settled_started_at.len() > MAX_TIMESTAMP_LEN {
-                return Err(malformed(
-                    W,
-                    format!("settled_started_at is longer than {MAX_TIMESTAMP_LEN} characters"),
-                ));
-            }
-            outcome(W, a.outcome).map(drop)
-        }
-        Some(Kind::Digest(d)) => SetDigest::from_proto(d)
-            .map(drop)
-            .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
+        Some(Kind::ObjectAck(a)) => object_ack(a),
+        Some(Kind::OperationAck(a)) => operation_ack(a),
+        Some(Kind::Digest(d)) => digest(d),
         Some(Kind::ResyncRequest(r)) => resync_request(r),
         Some(Kind::Heartbeat(_)) => Ok(()),
-        Some(Kind::ProjectSetAck(a)) => {
-            const W: &str = "ProjectSetAck";
-            if a.version.len() > MAX_VERSION_LEN {
-                return Err(malformed(
-                    W,
-                    format!("version over {MAX_VERSION_LEN} characters"),
-                ));
-            }
-            if a.message.len() > MAX_ACK_MESSAGE_LEN {
-                return Err(malformed(
-                    W,
-                    format!("message over {MAX_ACK_MESSAGE_LEN} bytes"),
-                ));
-            }
-            match outcome(W, a.outcome)? {
-                AckOutcome::Duplicate => Err(malformed(W, "DUPLICATE is for operations only")),
-                _ => Ok(()),
-            }
-        }
+        Some(Kind::ProjectSetAck(a)) => project_set_ack(a),
     }
+}
+
+/// An ObjectAck, either way: a key, a seq, and a known outcome that is
+/// not DUPLICATE.
+fn object_ack(a: &crate::v1::ObjectAck) -> Result<(), Malformed> {
+    const W: &str = "ObjectAck";
+    key(W, a.key.as_ref())?;
+    seq(W, a.seq)?;
+    not_duplicate(W, a.outcome)
+}
+
+/// An agent's OperationAck: an id, a key, a bounded start time and a known
+/// outcome.
+fn operation_ack(a: &crate::v1::OperationAck) -> Result<(), Malformed> {
+    const W: &str = "OperationAck";
+    operation_id(W, &a.operation_id)?;
+    key(W, a.key.as_ref())?;
+    if a.settled_started_at.len() > MAX_TIMESTAMP_LEN {
+        return Err(malformed(
+            W,
+            format!("settled_started_at is longer than {MAX_TIMESTAMP_LEN} characters"),
+        ));
+    }
+    outcome(W, a.outcome).map(drop)
+}
+
+/// An agent's ProjectSetAck: a version and a message of bounded length, and
+/// a known outcome that is not DUPLICATE.
+fn project_set_ack(a: &crate::v1::ProjectSetAck) -> Result<(), Malformed> {
+    const W: &str = "ProjectSetAck";
+    if a.version.len() > MAX_VERSION_LEN {
+        return Err(malformed(
+            W,
+            format!("version over {MAX_VERSION_LEN} characters"),
+        ));
+    }
+    if a.message.len() > MAX_ACK_MESSAGE_LEN {
+        return Err(malformed(
+            W,
+            format!("message over {MAX_ACK_MESSAGE_LEN} bytes"),
+        ));
+    }
+    not_duplicate(W, a.outcome)
+}
+
+/// A Digest, either way, as [`SetDigest::from_proto`] reads it.
+fn digest(d: &crate::v1::Digest) -> Result<(), Malformed> {
+    SetDigest::from_proto(d)
+        .map(drop)
+        .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into()))
 }
 
 /// The longest message of a ProjectSetAck accepted from an agent.
@@ -186,18 +197,8 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
         Some(Kind::Upsert(u)) => application_upsert(u),
         Some(Kind::Delete(d)) => application_delete(d),
         Some(Kind::Operation(o)) => operation(o),
-        Some(Kind::ObjectAck(a)) => {
-            const W: &str = "ObjectAck";
-            key(W, a.key.as_ref())?;
-            seq(W, a.seq)?;
-            match outcome(W, a.outcome)? {
-                AckOutcome::Duplicate => Err(malformed(W, "DUPLICATE is for operations only")),
-                _ => Ok(()),
-            }
-        }
-        Some(Kind::Digest(d)) => SetDigest::from_proto(d)
-            .map(drop)
-            .map_err(|e| Malformed(e.to_string().trim_start_matches("malformed ").into())),
+        Some(Kind::ObjectAck(a)) => object_ack(a),
+        Some(Kind::Digest(d)) => digest(d),
         Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
         Some(Kind::ProjectSet(p)) => project_set(p),
     }
@@ -372,6 +373,14 @@ fn outcome(what: &str, raw: i32) -> Result<AckOutcome, Malformed> {
     }
 }
 
+/// The outcome of an acknowledgement of anything but an operation.
+fn not_duplicate(what: &str, raw: i32) -> Result<(), Malformed> {
+    match outcome(what, raw)? {
+        AckOutcome::Duplicate => Err(malformed(what, "DUPLICATE is for operations only")),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,8 +388,8 @@ mod tests {
         digest::Entries,
         v1::{
             ApplicationDelete, ApplicationUpsert, DigestSet, Gone, Heartbeat, Hello, ObjectAck,
-            ObjectMeta, OperationAck, OperationRequest, RefreshRequest, StatusReport,
-            SyncOperation, TerminateOperation,
+            ObjectMeta, OperationAck, OperationRequest, ProjectSetAck, RefreshRequest,
+            StatusReport, SyncOperation, TerminateOperation,
         },
     };
 
@@ -451,12 +460,38 @@ mod tests {
             settled_started_at: "2026-11-24T01:00:00Z".into(),
         };
         let digest = crate::digest::SetDigest::of(&Entries::new()).to_proto(DigestSet::Observed);
+        // The valid messages above, with one change.
+        let status = |change: fn(&mut StatusReport)| {
+            let mut s = gone.clone();
+            change(&mut s);
+            agent(Kind::Status(s))
+        };
+        let object_ack = |change: fn(&mut ObjectAck)| {
+            let mut a = ack.clone();
+            change(&mut a);
+            agent(Kind::ObjectAck(a))
+        };
+        let operation_ack = |change: fn(&mut OperationAck)| {
+            let mut a = op_ack.clone();
+            change(&mut a);
+            agent(Kind::OperationAck(a))
+        };
+        let project_set_ack = |change: fn(&mut ProjectSetAck)| {
+            let mut a = ProjectSetAck {
+                version: "v1".into(),
+                outcome: AckOutcome::Rejected as i32,
+                message: "object 0: not JSON".into(),
+            };
+            change(&mut a);
+            agent(Kind::ProjectSetAck(a))
+        };
         let cases: Vec<(AgentMessage, Result<(), &str>)> = vec![
             (agent(Kind::Status(gone.clone())), Ok(())),
             (agent(Kind::ObjectAck(ack.clone())), Ok(())),
             (agent(Kind::OperationAck(op_ack.clone())), Ok(())),
             (agent(Kind::Digest(digest.clone())), Ok(())),
             (agent(Kind::Heartbeat(Heartbeat::default())), Ok(())),
+            (project_set_ack(|_| {}), Ok(())),
             (
                 AgentMessage { kind: None },
                 Err("malformed AgentMessage: no body (unknown to this protocol version)"),
@@ -466,72 +501,54 @@ mod tests {
                 Err("malformed AgentMessage: Hello after the handshake"),
             ),
             (
-                agent(Kind::Status(StatusReport {
-                    key: None,
-                    ..gone.clone()
-                })),
+                status(|s| s.key = None),
                 Err("malformed StatusReport: key is missing"),
             ),
             (
-                agent(Kind::Status(StatusReport {
-                    key: Some(ObjectKey {
-                        namespace: String::new(),
-                        name: "x".into(),
-                    }),
-                    ..gone.clone()
-                })),
+                status(|s| s.key.as_mut().unwrap().namespace.clear()),
                 Err(
                     "malformed StatusReport: key.namespace \"\" is not a namespace name (RFC 1123 label, at most 63 characters)",
                 ),
             ),
             (
-                agent(Kind::Status(StatusReport {
-                    seq: 0,
-                    ..gone.clone()
-                })),
+                status(|s| s.seq = 0),
                 Err("malformed StatusReport: seq is 0 (sequence numbers start at 1)"),
             ),
             (
-                agent(Kind::Status(StatusReport {
-                    state: None,
-                    ..gone.clone()
-                })),
+                status(|s| s.state = None),
                 Err("malformed StatusReport: no state (observed or gone)"),
             ),
             (
-                agent(Kind::Status(StatusReport {
-                    state: Some(status_report::State::Observed(Default::default())),
-                    ..gone.clone()
-                })),
+                status(|s| s.state = Some(status_report::State::Observed(Default::default()))),
                 Err("malformed StatusReport: observed.meta is missing"),
             ),
             (
-                agent(Kind::ObjectAck(ObjectAck {
-                    outcome: 0,
-                    ..ack.clone()
-                })),
+                object_ack(|a| a.outcome = 0),
                 Err("malformed ObjectAck: outcome 0 is not a known outcome"),
             ),
             (
-                agent(Kind::ObjectAck(ObjectAck {
-                    outcome: AckOutcome::Duplicate as i32,
-                    ..ack.clone()
-                })),
+                object_ack(|a| a.outcome = AckOutcome::Duplicate as i32),
                 Err("malformed ObjectAck: DUPLICATE is for operations only"),
             ),
             (
-                agent(Kind::OperationAck(OperationAck {
-                    operation_id: String::new(),
-                    ..op_ack.clone()
-                })),
+                operation_ack(|a| a.operation_id.clear()),
                 Err("malformed OperationAck: operation_id \"\" is empty or longer than 253"),
             ),
             (
-                agent(Kind::OperationAck(OperationAck {
-                    settled_started_at: "9".repeat(65),
-                    ..op_ack.clone()
-                })),
+                operation_ack(|a| a.settled_started_at = "9".repeat(65)),
                 Err("malformed OperationAck: settled_started_at is longer than 64 characters"),
+            ),
+            (
+                project_set_ack(|a| a.outcome = AckOutcome::Duplicate as i32),
+                Err("malformed ProjectSetAck: DUPLICATE is for operations only"),
+            ),
+            (
+                project_set_ack(|a| a.version = "v".repeat(257)),
+                Err("malformed ProjectSetAck: version over 256 characters"),
+            ),
+            (
+                project_set_ack(|a| a.message = "m".repeat(4097)),
+                Err("malformed ProjectSetAck: message over 4096 bytes"),
             ),
             (
                 agent(Kind::Digest(crate::v1::Digest {

@@ -33,6 +33,9 @@ use property::{Rng, apply_merge_patch, k8s_name, k8s_namespace};
 trait WireRng {
     fn key(&mut self) -> Option<ObjectKey>;
     fn seq(&mut self) -> u64;
+    fn outcome(&mut self) -> i32;
+    fn uid(&mut self, long_one_in: usize, max: usize) -> String;
+    fn object_ack(&mut self) -> ObjectAck;
 }
 
 impl WireRng for Rng {
@@ -52,6 +55,30 @@ impl WireRng for Rng {
             0
         } else {
             1 + self.u64() % 1000
+        }
+    }
+
+    /// Any outcome, and one past either end of the known ones.
+    fn outcome(&mut self) -> i32 {
+        self.below(6) as i32 - 1
+    }
+
+    /// Up to `max` characters, and one time in `long_one_in` longer than
+    /// any uid the protocol accepts.
+    fn uid(&mut self, long_one_in: usize, max: usize) -> String {
+        if self.chance(long_one_in) {
+            "u".repeat(200)
+        } else {
+            self.text(max)
+        }
+    }
+
+    fn object_ack(&mut self) -> ObjectAck {
+        ObjectAck {
+            key: self.key(),
+            seq: self.seq(),
+            outcome: self.outcome(),
+            message: self.text(20),
         }
     }
 }
@@ -88,19 +115,10 @@ fn hub_message(r: &mut Rng) -> HubMessage {
         1 => Some(Kind::Delete(ApplicationDelete {
             key: r.key(),
             seq: r.seq(),
-            hub_uid: if r.chance(20) {
-                "u".repeat(200)
-            } else {
-                r.text(40)
-            },
+            hub_uid: r.uid(20, 40),
             release: r.chance(2),
         })),
-        2 => Some(Kind::ObjectAck(ObjectAck {
-            key: r.key(),
-            seq: r.seq(),
-            outcome: r.below(6) as i32 - 1,
-            message: r.text(20),
-        })),
+        2 => Some(Kind::ObjectAck(r.object_ack())),
         3 => Some(Kind::Operation(v1::OperationRequest {
             operation_id: if r.chance(10) {
                 "o".repeat(300)
@@ -120,11 +138,7 @@ fn hub_message(r: &mut Rng) -> HubMessage {
                     v1::TerminateOperation {},
                 )),
             },
-            hub_uid: if r.chance(10) {
-                "u".repeat(200)
-            } else {
-                r.text(10)
-            },
+            hub_uid: r.uid(10, 10),
         })),
         4 => Some(Kind::Digest(v1::Digest {
             set: r.below(4) as i32,
@@ -151,25 +165,16 @@ fn agent_message(r: &mut Rng) -> AgentMessage {
                     status_json: r.bytes(32),
                     application_json: r.bytes(32),
                     last_operation_id: r.text(20),
-                    hub_uid: if r.chance(20) {
-                        "h".repeat(200)
-                    } else {
-                        r.text(40)
-                    },
+                    hub_uid: r.uid(20, 40),
                 })),
             },
             trace_parent: r.text(55),
         })),
-        1 => Some(Kind::ObjectAck(ObjectAck {
-            key: r.key(),
-            seq: r.seq(),
-            outcome: r.below(6) as i32 - 1,
-            message: r.text(20),
-        })),
+        1 => Some(Kind::ObjectAck(r.object_ack())),
         2 => Some(Kind::OperationAck(v1::OperationAck {
             operation_id: r.text(30),
             key: r.key(),
-            outcome: r.below(6) as i32 - 1,
+            outcome: r.outcome(),
             message: r.text(20),
             settled: r.below(2) == 1,
             settled_started_at: r.text(70),

@@ -1,18 +1,31 @@
 //! The spoke-agent: dials the hub, applies the Applications it is sent for
 //! the local Argo CD, and streams their status back.
 //!
-//! - [`apply`]: what is applied, reported, and how commands run once (pure);
-//! - [`state`]: what the agent holds across connections;
-//! - [`worker`]: the writes to this cluster, parallel across Applications;
-//! - [`session`]: the connection to the hub;
-//! - [`tls`], [`backoff`]: certificates reloaded from disk, reconnect delays.
+//! An Application's way, from the hub and back:
+//!
+//! 1. [`session`]: the connection to the hub; what it receives goes to
+//! 2. [`worker`]: the passes over this cluster's Applications, parallel
+//!    across them: [`worker::Applier`] writes them, [`worker::Commands`]
+//!    runs the hub's commands on them;
+//! 3. [`cache`]: the watch of this cluster's Applications, which the
+//!    worker reads;
+//! 4. [`reports`]: their status reports and digest, queued in
+//! 5. [`state`]: what the agent holds across connections (instructions
+//!    in, reports and acknowledgements out), which the session sends.
+//!
+//! Besides: [`apply`], the pure decisions (what is applied and reported,
+//! how a command runs once); [`projects`], the AppProjects and credentials
+//! the hub sends; [`tls`], [`backoff`]: certificates reloaded from disk,
+//! reconnect delays.
 
 #![forbid(unsafe_code)]
 
 pub mod apply;
 pub mod backoff;
+pub mod cache;
 pub mod metrics;
 pub mod projects;
+pub mod reports;
 pub mod session;
 pub mod state;
 pub mod tls;
@@ -24,7 +37,6 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
-use argocd_pull_runtime::workqueue::WorkQueue;
 use argocd_pull_runtime::{AdminArgs, ClientArgs, LogArgs, Readiness, admin::Admin, shutdown};
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
@@ -115,7 +127,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// What [`run_agent`] needs, from the flags (or a test).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentConfig {
     pub cluster_name: String,
     pub hub_address: String,
@@ -215,15 +227,13 @@ pub async fn run_agent(
     let writer = reflector::store::Writer::new(ar);
     let store = writer.as_reader();
     let state = Arc::new(state::AgentState::default());
-    let queue = WorkQueue::new();
-    let worker = Arc::new(worker::Worker {
-        client: client.clone(),
-        state: state.clone(),
-        store: store.clone(),
-        mode: config.mode,
-        metrics,
-        queue: queue.clone(),
-    });
+    let worker = Arc::new(worker::Worker::new(
+        client.clone(),
+        state.clone(),
+        store.clone(),
+        config.mode,
+        metrics.clone(),
+    ));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(queue_applications(
         writer,
@@ -240,13 +250,15 @@ pub async fn run_agent(
     });
     let connection = Arc::new(session::Connection {
         config,
-        worker,
+        state,
+        worker: worker.clone(),
+        metrics,
         readiness,
         projects,
     });
     tasks.spawn(connection.run(shutdown.clone()));
     shutdown.wait().await;
-    queue.close();
+    worker.stop();
     tasks.abort_all();
 }
 
@@ -275,34 +287,23 @@ fn watched_applications(
 }
 
 /// Feeds the worker's store from the watch of Applications and queues every
-/// Application that changes, until the task is aborted. The worker holds the
-/// queue, the store and the state this reads.
+/// Application that changes, until the task is aborted.
 async fn queue_applications(
     writer: reflector::store::Writer<Application>,
     api: Api<Application>,
     watch_config: watcher::Config,
     worker: Arc<worker::Worker>,
 ) {
-    let q = &worker.queue;
     let events = reflector(writer, watcher::watcher(api, watch_config)).default_backoff();
     tokio::pin!(events);
     while let Some(event) = events.next().await {
         match event {
             Ok(
                 watcher::Event::Apply(a) | watcher::Event::InitApply(a) | watcher::Event::Delete(a),
-            ) => {
-                q.add(apply::key_of(&a));
-            }
-            Ok(watcher::Event::InitDone) => {
-                // Applications gone while the watch was down have no
-                // delete event: look at everything known again.
-                for key in worker.state.reported_keys() {
-                    q.add(key);
-                }
-                for a in worker.store.state() {
-                    q.add(apply::key_of(&a));
-                }
-            }
+            ) => worker.changed(apply::key_of(&a)),
+            // Applications gone while the watch was down have no delete
+            // event: look at everything known again.
+            Ok(watcher::Event::InitDone) => worker.look_again(),
             Ok(watcher::Event::Init) => {}
             Err(e) => tracing::warn!(error = %e, "watch of Applications failed; retrying"),
         }
@@ -327,29 +328,30 @@ mod tests {
             .config()
     }
 
+    /// What `parse(&[])` must give: the required flags, and the
+    /// documented defaults.
+    fn defaults() -> AgentConfig {
+        AgentConfig {
+            cluster_name: "c1".into(),
+            hub_address: "https://hub:8443".into(),
+            tls: tls::TlsFiles {
+                cert: "/managed/argocd-pull/tls.crt".into(),
+                key: "/managed/argocd-pull/tls.key".into(),
+                ca: "/managed/argocd-pull/ca.crt".into(),
+            },
+            argocd_namespace: "argocd".into(),
+            mode: Mode::Managed,
+            backoff_min: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            tls_reload_interval: Duration::from_secs(10),
+            workers: 16,
+        }
+    }
+
     #[test]
     fn flags_have_the_documented_defaults() {
         Args::command().debug_assert();
-        let config = parse(&[]);
-        assert_eq!(config.backoff_min, Duration::from_millis(500));
-        assert_eq!(config.backoff_max, Duration::from_secs(30));
-        assert_eq!(config.tls_reload_interval, Duration::from_secs(10));
-        assert_eq!(config.workers, 16);
-        assert_eq!(config.mode, Mode::Managed);
-        assert_eq!(config.argocd_namespace, "argocd");
-        assert_eq!(
-            config.tls.cert,
-            PathBuf::from("/managed/argocd-pull/tls.crt")
-        );
-        assert_eq!(
-            config.tls.key,
-            PathBuf::from("/managed/argocd-pull/tls.key")
-        );
-        assert_eq!(config.tls.ca, PathBuf::from("/managed/argocd-pull/ca.crt"));
-        assert_eq!(
-            (config.cluster_name.as_str(), config.hub_address.as_str()),
-            ("c1", "https://hub:8443")
-        );
+        assert_eq!(parse(&[]), defaults());
     }
 
     #[test]
@@ -374,20 +376,21 @@ mod tests {
             "--hub-ca",
             "/ca",
         ]);
-        assert_eq!(config.backoff_min, Duration::from_millis(250));
-        assert_eq!(config.backoff_max, Duration::from_secs(120));
-        assert_eq!(config.tls_reload_interval, Duration::from_secs(3600));
-        assert_eq!(config.workers, 4);
-        assert_eq!(config.mode, Mode::Autonomous);
-        assert_eq!(config.argocd_namespace, "gitops");
-        assert_eq!(
-            (config.tls.cert, config.tls.key, config.tls.ca),
-            (
-                PathBuf::from("/c"),
-                PathBuf::from("/k"),
-                PathBuf::from("/ca")
-            )
-        );
+        let overridden = AgentConfig {
+            tls: tls::TlsFiles {
+                cert: "/c".into(),
+                key: "/k".into(),
+                ca: "/ca".into(),
+            },
+            argocd_namespace: "gitops".into(),
+            mode: Mode::Autonomous,
+            backoff_min: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(120),
+            tls_reload_interval: Duration::from_secs(3600),
+            workers: 4,
+            ..defaults()
+        };
+        assert_eq!(config, overridden);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use argocd_pull_proto::digest::{Entries, Repair, SetDigest, repairs_for, resync_requests};
+use argocd_pull_proto::digest::{Repair, SetDigest, repairs_for, resync_requests};
 use argocd_pull_proto::limits::{self, MAX_MESSAGE_BYTES};
 use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
@@ -23,9 +23,10 @@ use argocd_pull_runtime::task::AbortOnDrop;
 use tokio::sync::mpsc;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
-use crate::apply;
 use crate::backoff::Backoff;
-use crate::state::{AgentState, Instruction, RETRY_PAUSE, Report};
+use crate::metrics::AgentMetrics;
+use crate::reports::Reports;
+use crate::state::{AgentState, Instruction, RETRY_PAUSE};
 use crate::worker::Worker;
 use crate::{AgentConfig, Mode};
 
@@ -58,7 +59,11 @@ enum End {
 
 pub struct Connection {
     pub config: AgentConfig,
+    /// What the agent holds across connections: what this one sends from.
+    pub state: Arc<AgentState>,
+    /// Where the hub's instructions and commands go.
     pub worker: Arc<Worker>,
+    pub metrics: AgentMetrics,
     pub readiness: Readiness,
     /// Managed mode: the AppProjects and credentials the hub sends.
     pub projects: Option<Arc<crate::projects::Projects>>,
@@ -66,7 +71,7 @@ pub struct Connection {
 
 impl Connection {
     fn state(&self) -> &Arc<AgentState> {
-        &self.worker.state
+        &self.state
     }
 
     fn mode(&self) -> AgentMode {
@@ -79,7 +84,7 @@ impl Connection {
     /// Connects, and reconnects, until shutdown.
     pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
         let mut backoff = Backoff::new(self.config.backoff_min, self.config.backoff_max);
-        let metrics = self.worker.metrics.clone();
+        let metrics = &self.metrics;
         let mut attempts = 0u64;
         loop {
             if attempts > 0 {
@@ -147,12 +152,12 @@ impl Connection {
         let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
         self.state().attach(id);
         self.readiness.set(HUB_CONNECTED, true);
-        let metrics = &self.worker.metrics;
+        let metrics = &self.metrics;
         metrics.connected.set(1);
         tracing::info!(cluster = %self.config.cluster_name, hub = %self.config.hub_address, protocol = negotiated.version,
             subject = %loaded.subject, "connected to the hub");
         // Compare right away: whatever a broken stream lost is repaired now.
-        self.state().control(self.observed_digest());
+        self.state().control(self.worker.reports().digest());
         if let Some(p) = &self.projects {
             p.reconnected();
         }
@@ -161,12 +166,12 @@ impl Connection {
         // keeping the stream open and the hub believing we are connected.
         let sender = AbortOnDrop(tokio::spawn(send_loop(
             self.state().clone(),
-            self.worker.clone(),
+            self.worker.reports().clone(),
+            self.metrics.clone(),
             id,
             tx,
             heartbeat,
             digest_interval,
-            self.config.mode == Mode::Autonomous,
         )));
         let end = self
             .receive(&mut inbound, shutdown, heartbeat, &loaded.fingerprint)
@@ -204,7 +209,7 @@ impl Connection {
                 Ok(Ok(None)) => return End::Lost("the hub closed the stream".into()),
                 Ok(Err(status)) => return End::Lost(status_text(&status)),
             };
-            let metrics = &self.worker.metrics;
+            let metrics = &self.metrics;
             metrics.last_seen.set(
                 SystemTime::now()
                     .duration_since(UNIX_EPOCH)
@@ -236,11 +241,7 @@ impl Connection {
             },
             Kind::Upsert(u) => self.upsert(u),
             Kind::Delete(d) => self.delete(d),
-            Kind::Operation(op) => {
-                let key = op.key.clone().expect("validated");
-                self.state().add_op(key.clone(), op);
-                self.worker.queue.add(key);
-            }
+            Kind::Operation(op) => self.worker.command(op.key.clone().expect("validated"), op),
             Kind::ObjectAck(a) => self.object_ack(a),
             Kind::Digest(d) => self.digest(&d)?,
             Kind::ResyncRequest(r) => self.resync_request(&r)?,
@@ -268,10 +269,9 @@ impl Connection {
         };
         match refusal {
             Some(message) => reject(state, key, u.seq, message),
-            None => {
-                state.instruct(key.clone(), u.seq, Instruction::Upsert(Arc::new(u)));
-                self.worker.queue.add(key);
-            }
+            None => self
+                .worker
+                .instruct(key, u.seq, Instruction::Upsert(Arc::new(u))),
         }
     }
 
@@ -295,8 +295,7 @@ impl Connection {
         } else {
             Instruction::Delete { hub_uid: d.hub_uid }
         };
-        state.instruct(key.clone(), d.seq, instruction);
-        self.worker.queue.add(key);
+        self.worker.instruct(key, d.seq, instruction);
     }
 
     /// The hub's answer to a status report: the report is sent again
@@ -328,14 +327,14 @@ impl Connection {
         if set != DigestSet::Desired || self.config.mode != Mode::Managed {
             return Ok(());
         }
-        let ours = self.desired_replica();
+        let ours = self.worker.cache().desired_replica();
         let buckets = SetDigest::of(&ours).differing_buckets(&theirs);
         if !buckets.is_empty() {
             tracing::info!(
                 buckets = buckets.len(),
                 "the hub's desired set differs from what is applied; asking for repairs"
             );
-            self.worker.metrics.resyncs.inc();
+            self.metrics.resyncs.inc();
             for r in resync_requests(DigestSet::Desired, &ours, &buckets) {
                 self.state().control(AgentMessage {
                     kind: Some(agent_message::Kind::ResyncRequest(r)),
@@ -349,43 +348,22 @@ impl Connection {
     /// differs from the agent's: answered with the repairs (a report sent
     /// again, or one saying the Application is gone).
     fn resync_request(&self, r: &ResyncRequest) -> Result<(), String> {
-        let repairs = repairs_for(&self.observed_entries(), r).map_err(|e| e.to_string())?;
+        let reports = self.worker.reports();
+        let repairs = repairs_for(&reports.observed_entries(), r).map_err(|e| e.to_string())?;
         if !repairs.is_empty() {
             tracing::info!(
                 repairs = repairs.len(),
                 "the hub's view of this cluster differs; sending repairs"
             );
-            self.worker.metrics.resyncs.inc();
+            self.metrics.resyncs.inc();
         }
         for repair in repairs {
             match repair {
-                Repair::Send(key) => self.worker.report(&key, true),
-                Repair::Remove(key) => {
-                    self.state()
-                        .report(&key, Report::Gone { uid: String::new() }, true)
-                }
+                Repair::Send(key) => reports.report(&key, true),
+                Repair::Remove(key) => reports.gone(&key),
             }
         }
         Ok(())
-    }
-
-    /// The agent's replica of the hub's desired set, from its cache.
-    fn desired_replica(&self) -> Entries {
-        self.worker
-            .store
-            .state()
-            .iter()
-            .filter_map(|a| Some((apply::key_of(a), apply::replica_version(a)?)))
-            .collect()
-    }
-
-    /// The observed set the agent owns, from its cache.
-    fn observed_entries(&self) -> Entries {
-        observed_entries(&self.worker)
-    }
-
-    fn observed_digest(&self) -> AgentMessage {
-        observed_digest(&self.worker)
     }
 }
 
@@ -464,45 +442,19 @@ pub async fn open(address: &str, tls: ClientTlsConfig, mode: AgentMode) -> Resul
     })
 }
 
-fn observed_entries(worker: &Worker) -> Entries {
-    let autonomous = worker.mode == Mode::Autonomous;
-    worker
-        .store
-        .state()
-        .iter()
-        .filter(|a| autonomous || apply::is_managed(a))
-        .map(|a| (apply::key_of(a), apply::observed(a, autonomous).0))
-        .collect()
-}
-
-fn observed_digest(worker: &Worker) -> AgentMessage {
-    AgentMessage {
-        kind: Some(agent_message::Kind::Digest(
-            SetDigest::of(&observed_entries(worker)).to_proto(DigestSet::Observed),
-        )),
-    }
-}
-
 fn reject(state: &AgentState, key: ObjectKey, seq: u64, message: String) {
     tracing::warn!(namespace = %key.namespace, name = %key.name, %message, "refused the hub's message");
-    state.control(AgentMessage {
-        kind: Some(agent_message::Kind::ObjectAck(ObjectAck {
-            key: Some(key),
-            seq,
-            outcome: AckOutcome::Rejected as i32,
-            message,
-        })),
-    });
+    state.object_ack(key, seq, AckOutcome::Rejected, message);
 }
 
 async fn send_loop(
     state: Arc<AgentState>,
-    worker: Arc<Worker>,
+    reports: Reports,
+    metrics: AgentMetrics,
     id: u64,
     tx: mpsc::Sender<AgentMessage>,
     heartbeat: Duration,
     digest_interval: Duration,
-    _autonomous: bool,
 ) {
     let mut digest = tokio::time::interval(digest_interval);
     digest.tick().await;
@@ -514,11 +466,11 @@ async fn send_loop(
         let batch = state.next_messages(id, BATCH);
         if batch.is_empty() {
             let (lag, pending) = state.lag();
-            worker.metrics.lag.set(lag);
-            worker.metrics.pending.set(pending as i64);
+            metrics.lag.set(lag);
+            metrics.pending.set(pending as i64);
             tokio::select! {
                 _ = &mut notified => {}
-                _ = digest.tick() => state.control(observed_digest(&worker)),
+                _ = digest.tick() => state.control(reports.digest()),
                 _ = tokio::time::sleep_until(last_sent + heartbeat) => {
                     let hb = AgentMessage { kind: Some(agent_message::Kind::Heartbeat(Heartbeat {
                         sent_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as i64,
@@ -532,7 +484,7 @@ async fn send_loop(
             continue;
         }
         for m in batch {
-            worker.metrics.message("out", m.kind_name());
+            metrics.message("out", m.kind_name());
             if tx.send(m).await.is_err() {
                 return;
             }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::v1::{
-    AgentMessage, ApplicationUpsert, Gone, ObjectKey, ObservedApplication, OperationRequest,
-    StatusReport, agent_message, status_report,
+    AckOutcome, AgentMessage, ApplicationUpsert, Gone, ObjectAck, ObjectKey, ObservedApplication,
+    OperationRequest, StatusReport, agent_message, status_report,
 };
 use tokio::sync::Notify;
 
@@ -32,6 +32,13 @@ pub enum Instruction {
 pub enum Report {
     Observed(Arc<ObservedApplication>),
     Gone { uid: String },
+}
+
+impl Report {
+    /// Nothing is there (the agent does not say whose uid is gone).
+    pub fn gone() -> Self {
+        Report::Gone { uid: String::new() }
+    }
 }
 
 #[derive(Default)]
@@ -60,6 +67,14 @@ pub struct Inner {
 impl Inner {
     fn outbox(&mut self) -> &mut Outbox<ObjectKey, Report> {
         self.outbox.get_or_insert_with(|| Outbox::new(WINDOW))
+    }
+
+    /// A stream ended: the reports in flight on it go back to the outbox,
+    /// and the control messages not sent on it are dropped.
+    fn end_stream(&mut self) {
+        self.outbox().requeue_in_flight();
+        self.in_flight.clear();
+        self.control.clear();
     }
 }
 
@@ -214,24 +229,32 @@ impl AgentState {
         self.wake.notify_one();
     }
 
+    /// Queues the acknowledgement of the hub's message `seq` about `key`.
+    pub fn object_ack(&self, key: ObjectKey, seq: u64, outcome: AckOutcome, message: String) {
+        self.control(AgentMessage {
+            kind: Some(agent_message::Kind::ObjectAck(ObjectAck {
+                key: Some(key),
+                seq,
+                outcome: outcome as i32,
+                message,
+            })),
+        });
+    }
+
     // -- sessions -------------------------------------------------------------
 
     /// A new stream: reports in flight on the old one go back to the outbox.
     pub fn attach(&self, id: u64) {
         let mut inner = self.lock();
         inner.session = Some(id);
-        inner.outbox().requeue_in_flight();
-        inner.in_flight.clear();
-        inner.control.clear();
+        inner.end_stream();
     }
 
     pub fn detach(&self, id: u64) {
         let mut inner = self.lock();
         if inner.session == Some(id) {
             inner.session = None;
-            inner.outbox().requeue_in_flight();
-            inner.in_flight.clear();
-            inner.control.clear();
+            inner.end_stream();
         }
     }
 
@@ -281,18 +304,25 @@ impl AgentState {
 
     /// The hub took (key, seq), or refused it for good.
     pub fn acked(&self, key: &ObjectKey, seq: u64) {
-        let mut inner = self.lock();
-        if inner.outbox().ack(key, seq) {
-            inner.in_flight.remove(key);
-            drop(inner);
-            self.wake.notify_one();
-        }
+        self.answered(key, seq, true);
     }
 
     /// The hub could not take (key, seq) now: it goes again.
     pub fn retry(&self, key: &ObjectKey, seq: u64) {
+        self.answered(key, seq, false);
+    }
+
+    /// The hub answered (key, seq), which is in flight no more if it is
+    /// the report in flight for `key`: settled (`took`) or sent again.
+    fn answered(&self, key: &ObjectKey, seq: u64, took: bool) {
         let mut inner = self.lock();
-        if inner.outbox().nack(key, seq) {
+        let outbox = inner.outbox();
+        let in_flight = if took {
+            outbox.ack(key, seq)
+        } else {
+            outbox.nack(key, seq)
+        };
+        if in_flight {
             inner.in_flight.remove(key);
             drop(inner);
             self.wake.notify_one();

@@ -11,7 +11,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 /// Where the agent's TLS material is.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,

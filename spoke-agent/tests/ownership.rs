@@ -16,7 +16,6 @@ use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, ApplicationUpsert, ObjectKey, ObjectMeta, OperationRequest,
     RefreshRequest, agent_message, operation_request, status_report,
 };
-use argocd_pull_runtime::workqueue::WorkQueue;
 use argocd_pull_spoke_agent::Mode;
 use argocd_pull_spoke_agent::metrics::AgentMetrics;
 use argocd_pull_spoke_agent::state::{AgentState, Instruction};
@@ -30,10 +29,9 @@ use serde_json::{Value, json};
 use testenv::{CrdSet, wait};
 
 mod common;
-use common::{agent_kubeconfig, install_rbac};
+use common::{ARGOCD, agent_kubeconfig, install_rbac, managed_cluster};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
-const ARGOCD: &str = "argocd";
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> bool {
     let out = std::process::Command::new(testenv::paths::bin_dir().join("kubectl"))
@@ -73,6 +71,20 @@ struct Agent {
 }
 
 impl Agent {
+    /// The agent on the shared test cluster `cluster`, as its service
+    /// account (with a kubeconfig written as `kubeconfig`), and the
+    /// cluster's Applications as its admin sees them.
+    async fn on(cluster: &str, kubeconfig: &str) -> (Self, Api<Application>) {
+        let (cluster, kubeconfig) = managed_cluster(cluster, kubeconfig).await;
+        let admin = Api::namespaced_with(
+            cluster.client().await.unwrap(),
+            ARGOCD,
+            &application_resource(),
+        );
+        let agent = Self::start(testenv::client_for(&kubeconfig).await.unwrap()).await;
+        (agent, admin)
+    }
+
     /// The agent's worker and its watch of managed Applications, as
     /// `run_agent` wires them, on `client`.
     async fn start(client: kube::Client) -> Self {
@@ -90,14 +102,13 @@ impl Agent {
         let state = Arc::new(AgentState::default());
         state.attach(1);
         let mut registry = prometheus_client::registry::Registry::default();
-        let worker = Arc::new(Worker {
+        let worker = Arc::new(Worker::new(
             client,
-            state: state.clone(),
+            state.clone(),
             store,
-            mode: Mode::Managed,
-            metrics: AgentMetrics::register(&mut registry),
-            queue: WorkQueue::new(),
-        });
+            Mode::Managed,
+            AgentMetrics::register(&mut registry),
+        ));
         Self {
             worker,
             state,
@@ -150,6 +161,28 @@ impl Agent {
         self.instruct(name, Instruction::Upsert(Arc::new(u))).await
     }
 
+    /// Runs the refresh `id` from hub Application `hub_uid` on `name` and
+    /// returns the answer.
+    async fn refresh(&self, name: &str, id: &str, hub_uid: &str) -> (AckOutcome, String) {
+        let op = OperationRequest {
+            operation_id: id.into(),
+            key: Some(key(name)),
+            kind: Some(operation_request::Kind::Refresh(RefreshRequest { kind: 1 })),
+            hub_uid: hub_uid.into(),
+        };
+        self.state.add_op(key(name), op);
+        self.worker.reconcile(&key(name)).await;
+        self.acks()
+            .into_iter()
+            .find_map(|m| match m.kind {
+                Some(agent_message::Kind::OperationAck(a)) => {
+                    Some((AckOutcome::try_from(a.outcome).unwrap(), a.message))
+                }
+                _ => None,
+            })
+            .expect("an operation acknowledgement")
+    }
+
     /// Everything queued for the hub, status reports acknowledged as the
     /// hub does (one per key is in flight at a time).
     fn acks(&self) -> Vec<AgentMessage> {
@@ -169,25 +202,20 @@ impl Agent {
     }
 }
 
+/// The answer is a refusal naming `holder` as the holder of the Application.
+#[track_caller]
+fn assert_held_by((outcome, message): (AckOutcome, String), holder: Holder) {
+    assert_eq!(outcome, AckOutcome::Rejected, "{message}");
+    assert_eq!(owner::parse_conflict(&message), Some(holder), "{message}");
+}
+
 async fn resource_version(api: &Api<Application>, name: &str) -> String {
     api.get(name).await.unwrap().resource_version().unwrap()
 }
 
 #[tokio::test]
 async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() {
-    testenv::init_tracing();
-    let cluster = testenv::shared("agent-ownership", CrdSet::Managed)
-        .await
-        .unwrap();
-    cluster.ensure_namespace(ARGOCD).await.unwrap();
-    install_rbac(cluster, "managed").await;
-    let kubeconfig = agent_kubeconfig(cluster, "agent-managed.kubeconfig");
-    let admin = Api::<Application>::namespaced_with(
-        cluster.client().await.unwrap(),
-        ARGOCD,
-        &application_resource(),
-    );
-    let mut agent = Agent::start(testenv::client_for(&kubeconfig).await.unwrap()).await;
+    let (mut agent, admin) = Agent::on("agent-ownership", "agent-managed.kubeconfig").await;
 
     // An Application created on the cluster, not by argocd-pull.
     admin
@@ -198,12 +226,9 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
         .await
         .unwrap();
     let local_rv = resource_version(&admin, "local").await;
-    let (outcome, message) = agent.upsert("local", "hub-a", "theirs").await;
-    assert_eq!(outcome, AckOutcome::Rejected, "{message}");
-    assert_eq!(
-        owner::parse_conflict(&message),
-        Some(Holder::NotArgocdPull),
-        "{message}"
+    assert_held_by(
+        agent.upsert("local", "hub-a", "theirs").await,
+        Holder::NotArgocdPull,
     );
     assert_eq!(
         resource_version(&admin, "local").await,
@@ -217,24 +242,16 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
     assert_eq!(outcome, AckOutcome::Applied, "{message}");
     let gb_rv = wait::until("the agent to see its own write", TIMEOUT, || async {
         let a = admin.get("gb").await.map_err(|e| e.to_string())?;
-        if agent
-            .worker
-            .store
-            .get(&reflector::ObjectRef::new_with("gb", application_resource()).within(ARGOCD))
-            .is_some()
-        {
+        if agent.worker.cache().get(&key("gb")).is_some() {
             Ok(a.resource_version().unwrap())
         } else {
             Err("not in the cache yet".to_string())
         }
     })
     .await;
-    let (outcome, message) = agent.upsert("gb", "hub-b", "b").await;
-    assert_eq!(outcome, AckOutcome::Rejected, "{message}");
-    assert_eq!(
-        owner::parse_conflict(&message),
-        Some(Holder::HubApplication("hub-a".into())),
-        "{message}"
+    assert_held_by(
+        agent.upsert("gb", "hub-b", "b").await,
+        Holder::HubApplication("hub-a".into()),
     );
     let gb = admin.get("gb").await.unwrap();
     assert_eq!(gb.resource_version().unwrap(), gb_rv, "not touched");
@@ -294,22 +311,10 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
     }
 
     // A command never reaches an Application the agent does not manage.
-    agent.state.add_op(
-        key("local"),
-        OperationRequest {
-            operation_id: "op-1".into(),
-            key: Some(key("local")),
-            kind: Some(operation_request::Kind::Refresh(RefreshRequest { kind: 1 })),
-            hub_uid: "hub-a".into(),
-        },
+    assert_held_by(
+        agent.refresh("local", "op-1", "hub-a").await,
+        Holder::NotArgocdPull,
     );
-    agent.worker.reconcile(&key("local")).await;
-    let refused = agent.acks().into_iter().find_map(|m| match m.kind {
-        Some(agent_message::Kind::OperationAck(a)) => Some((a.outcome, a.message)),
-        _ => None,
-    });
-    let (outcome, message) = refused.expect("an operation acknowledgement");
-    assert_eq!(outcome, AckOutcome::Rejected as i32, "{message}");
     assert_eq!(resource_version(&admin, "local").await, local_rv);
 
     // Its own it deletes, as the service account.
@@ -336,60 +341,21 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
 /// release before names none, and any managed copy takes it, as then.
 #[tokio::test]
 async fn a_command_runs_only_on_the_copy_applied_for_its_hub_application() {
-    testenv::init_tracing();
-    let cluster = testenv::shared("agent-ownership", CrdSet::Managed)
-        .await
-        .unwrap();
-    cluster.ensure_namespace(ARGOCD).await.unwrap();
-    install_rbac(cluster, "managed").await;
-    let kubeconfig = agent_kubeconfig(cluster, "agent-commands.kubeconfig");
-    let admin = Api::<Application>::namespaced_with(
-        cluster.client().await.unwrap(),
-        ARGOCD,
-        &application_resource(),
-    );
-    let mut agent = Agent::start(testenv::client_for(&kubeconfig).await.unwrap()).await;
+    let (mut agent, admin) = Agent::on("agent-ownership", "agent-commands.kubeconfig").await;
     let (outcome, message) = agent.upsert("owned", "hub-owner", "app").await;
     assert_eq!(outcome, AckOutcome::Applied, "{message}");
     let rv = resource_version(&admin, "owned").await;
 
-    let refresh = |id: &str, hub_uid: &str| OperationRequest {
-        operation_id: id.into(),
-        key: Some(key("owned")),
-        kind: Some(operation_request::Kind::Refresh(RefreshRequest { kind: 1 })),
-        hub_uid: hub_uid.into(),
-    };
-    let answer = |agent: &Agent| {
-        agent
-            .acks()
-            .into_iter()
-            .find_map(|m| match m.kind {
-                Some(agent_message::Kind::OperationAck(a)) => Some((a.outcome, a.message)),
-                _ => None,
-            })
-            .expect("an operation acknowledgement")
-    };
     // For another hub Application (the hub's owner of the key changed, or
     // a replica decided from an older view): refused, nothing written.
-    agent
-        .state
-        .add_op(key("owned"), refresh("op-other", "hub-other"));
-    agent.worker.reconcile(&key("owned")).await;
-    let (outcome, message) = answer(&agent);
-    assert_eq!(outcome, AckOutcome::Rejected as i32, "{message}");
-    assert_eq!(
-        owner::parse_conflict(&message),
-        Some(Holder::HubApplication("hub-owner".into())),
-        "{message}"
+    assert_held_by(
+        agent.refresh("owned", "op-other", "hub-other").await,
+        Holder::HubApplication("hub-owner".into()),
     );
     assert_eq!(resource_version(&admin, "owned").await, rv, "not touched");
     // For its owner: run.
-    agent
-        .state
-        .add_op(key("owned"), refresh("op-owner", "hub-owner"));
-    agent.worker.reconcile(&key("owned")).await;
-    let (outcome, message) = answer(&agent);
-    assert_eq!(outcome, AckOutcome::Applied as i32, "{message}");
+    let (outcome, message) = agent.refresh("owned", "op-owner", "hub-owner").await;
+    assert_eq!(outcome, AckOutcome::Applied, "{message}");
     let refreshed = admin.get("owned").await.unwrap();
     assert_eq!(
         refreshed
@@ -409,10 +375,8 @@ async fn a_command_runs_only_on_the_copy_applied_for_its_hub_application() {
         )
         .await
         .unwrap();
-    agent.state.add_op(key("owned"), refresh("op-old-hub", ""));
-    agent.worker.reconcile(&key("owned")).await;
-    let (outcome, message) = answer(&agent);
-    assert_eq!(outcome, AckOutcome::Applied as i32, "{message}");
+    let (outcome, message) = agent.refresh("owned", "op-old-hub", "").await;
+    assert_eq!(outcome, AckOutcome::Applied, "{message}");
 }
 
 #[tokio::test]

@@ -15,13 +15,12 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testenv::{CrdSet, wait};
+use testenv::wait;
 
 mod common;
-use common::{agent_kubeconfig, install_rbac};
+use common::{ARGOCD, managed_cluster};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
-const ARGOCD: &str = "argocd";
 
 fn project(name: &str, repos: &[&str]) -> Value {
     json!({
@@ -71,13 +70,8 @@ async fn answer(state: &AgentState, version: &str) -> (AckOutcome, String) {
 
 #[tokio::test]
 async fn the_agent_keeps_what_the_hub_sends_reverts_edits_and_touches_nothing_else() {
-    testenv::init_tracing();
-    let cluster = testenv::shared("agent-projects", CrdSet::Managed)
-        .await
-        .unwrap();
-    cluster.ensure_namespace(ARGOCD).await.unwrap();
-    install_rbac(cluster, "managed").await;
-    let kubeconfig = agent_kubeconfig(cluster, "agent-projects.kubeconfig");
+    let (cluster, kubeconfig) =
+        managed_cluster("agent-projects", "agent-projects.kubeconfig").await;
     let admin = cluster.client().await.unwrap();
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), ARGOCD);
     let projects: Api<DynamicObject> =

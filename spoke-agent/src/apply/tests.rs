@@ -19,15 +19,29 @@ fn app(v: Value) -> Application {
     serde_json::from_value(v).unwrap()
 }
 
-#[test]
-fn the_applied_config_is_marked_and_hashed() {
-    let config = applied_config(
+/// The delivered Application as the agent applies it for hub Application
+/// `hub_uid` at `version`.
+fn config(hub_uid: &str, version: &str) -> Value {
+    applied_config(
         &key(),
         &serde_json::to_vec(&delivered()).unwrap(),
-        "u1",
-        "u1.abc",
+        hub_uid,
+        version,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// The delivered Application, changed by `change`, as it would be on the
+/// cluster.
+fn delivered_with(change: impl FnOnce(&mut Value)) -> Application {
+    let mut v = delivered();
+    change(&mut v);
+    app(v)
+}
+
+#[test]
+fn the_applied_config_is_marked_and_hashed() {
+    let config = config("u1", "u1.abc");
     assert_eq!(
         config["metadata"]["labels"],
         json!({ "team": "a", keys::HUB_MANAGED: "true" })
@@ -79,9 +93,7 @@ fn bad_deliveries_are_refused_with_a_reason() {
 
 #[test]
 fn commands_run_once_and_remember_a_bounded_history() {
-    let mut a = delivered();
-    a["metadata"]["resourceVersion"] = json!("5");
-    let a = app(a);
+    let a = delivered_with(|a| a["metadata"]["resourceVersion"] = json!("5"));
     let sync = Command::Sync(json!({ "sync": { "revision": "r" } }));
     let Run::Patch(p) = run_command(&a, "op-1", &sync) else {
         panic!()
@@ -90,10 +102,10 @@ fn commands_run_once_and_remember_a_bounded_history() {
     assert_eq!(p["metadata"]["annotations"][keys::OPERATION_IDS], "op-1");
     assert_eq!(p["metadata"]["resourceVersion"], "5");
 
-    let mut done = delivered();
     let ids: Vec<String> = (0..OPERATION_MEMORY).map(|i| format!("op-{i}")).collect();
-    done["metadata"]["annotations"] = json!({ keys::OPERATION_IDS: ids.join(",") });
-    let done = app(done);
+    let done = delivered_with(|d| {
+        d["metadata"]["annotations"] = json!({ keys::OPERATION_IDS: ids.join(",") })
+    });
     assert_eq!(run_command(&done, "op-3", &sync), Run::Duplicate);
     let Run::Patch(p) = run_command(&done, "new", &Command::Refresh(RefreshKind::Hard)) else {
         panic!()
@@ -109,13 +121,7 @@ fn commands_run_once_and_remember_a_bounded_history() {
 
 #[test]
 fn only_what_the_agent_delivered_for_this_hub_application_is_written() {
-    let config = applied_config(
-        &key(),
-        &serde_json::to_vec(&delivered()).unwrap(),
-        "hub-a",
-        "v1",
-    )
-    .unwrap();
+    let config = config("hub-a", "v1");
     let ours = app(config.clone());
     let with = |f: &dyn Fn(&mut Value)| {
         let mut v = config.clone();
@@ -131,27 +137,15 @@ fn only_what_the_agent_delivered_for_this_hub_application_is_written() {
     });
     // What a ManifestWork left on the cluster: the delivered copy as is.
     let left_by_a_work = app(delivered());
-    let marked_by_the_hub = {
-        let mut v = delivered();
+    let marked_by_the_hub = delivered_with(|v| {
         v["spec"]["source"]["path"] = json!("older");
         v["metadata"]["annotations"] = json!({ keys::HUB_UID: "hub-a" });
-        app(v)
-    };
-    let local = {
-        let mut v = delivered();
-        v["spec"]["source"]["path"] = json!("mine");
-        app(v)
-    };
-    let local_same_spec_other_labels = {
-        let mut v = delivered();
-        v["metadata"]["labels"] = json!({ "team": "b" });
-        app(v)
-    };
-    let local_marked_for_another = {
-        let mut v = delivered();
-        v["metadata"]["annotations"] = json!({ keys::HUB_UID: "hub-b" });
-        app(v)
-    };
+    });
+    let local = delivered_with(|v| v["spec"]["source"]["path"] = json!("mine"));
+    let local_same_spec_other_labels =
+        delivered_with(|v| v["metadata"]["labels"] = json!({ "team": "b" }));
+    let local_marked_for_another =
+        delivered_with(|v| v["metadata"]["annotations"] = json!({ keys::HUB_UID: "hub-b" }));
     let cases: [(&str, Option<&Application>, Ownership); 9] = [
         ("nothing there", None, Ownership::Free),
         ("delivered for it", Some(&ours), Ownership::Ours),
@@ -209,13 +203,7 @@ fn only_what_the_agent_delivered_for_this_hub_application_is_written() {
 
 #[test]
 fn reports_carry_the_hub_application_they_belong_to() {
-    let config = applied_config(
-        &key(),
-        &serde_json::to_vec(&delivered()).unwrap(),
-        "hub-a",
-        "v1",
-    )
-    .unwrap();
+    let config = config("hub-a", "v1");
     let (v_a, o) = observed(&app(config.clone()), false);
     assert_eq!(o.hub_uid, "hub-a");
     let mut b = config.clone();

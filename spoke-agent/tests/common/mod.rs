@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use argocd_pull_addon::{AGENT_NAME, AGENT_NAMESPACE, AddonConfig, agent_rbac};
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use testenv::Cluster;
+use testenv::{Cluster, CrdSet};
+
+/// The namespace of the cluster's Argo CD.
+pub const ARGOCD: &str = "argocd";
 
 /// The agent's service account, as the API server names its user.
 pub fn sa_user() -> String {
@@ -44,4 +47,15 @@ pub fn agent_kubeconfig(cluster: &Cluster, name: &str) -> PathBuf {
         .write_kubeconfig_as(&sa_user(), Some("system:serviceaccounts"), &kubeconfig)
         .unwrap();
     kubeconfig
+}
+
+/// The shared test cluster `name` with Argo CD's namespace and the agent's
+/// RBAC for managed mode, and a kubeconfig for it as the agent's service
+/// account, written as `kubeconfig`.
+pub async fn managed_cluster(name: &str, kubeconfig: &str) -> (&'static Cluster, PathBuf) {
+    testenv::init_tracing();
+    let cluster = testenv::shared(name, CrdSet::Managed).await.unwrap();
+    cluster.ensure_namespace(ARGOCD).await.unwrap();
+    install_rbac(cluster, "managed").await;
+    (cluster, agent_kubeconfig(cluster, kubeconfig))
 }
