@@ -98,6 +98,14 @@ pub fn parse_bool(value: &str) -> Option<bool> {
     }
 }
 
+/// The Secret in the hub-controller's namespace holding the gRPC serving CA
+/// (what agents trust the hub with).
+pub const SERVING_CA_SECRET: &str = "argocd-pull-serving-ca";
+
+/// The default ConfigMap of client certificates the hub refuses (the deny
+/// list, `--grpc-denied-certificates`).
+pub const DENY_LIST: &str = "argocd-pull-denied-certificates";
+
 #[cfg(test)]
 mod tests {
     use super::parse_bool;

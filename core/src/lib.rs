@@ -11,5 +11,7 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
 pub mod render;
+pub mod report;
 pub mod route;
 pub mod status;
+pub mod validity;

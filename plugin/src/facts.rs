@@ -1,13 +1,13 @@
 //! What the plugin read from the hub, as plain data (no I/O): the same
 //! facts the hub-controller routes with, so that `explain` decides with the
-//! hub's own rule ([`argocd_pull_hub_controller::route::decide`]).
+//! hub's own rule ([`argocd_pull_core::route::decide`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use argocd_pull_apis::argocd::ProjectSpec;
-use argocd_pull_hub_controller::report::Report;
-use argocd_pull_hub_controller::route::authz::Authorization;
-use argocd_pull_hub_controller::route::decide::World;
+use argocd_pull_core::report::Report;
+use argocd_pull_core::route::authz::Authorization;
+use argocd_pull_core::route::decide::World;
 
 /// One cluster's argocd-pull addon, as OCM reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use argocd_pull_hub_controller::report::AuthorizationReport;
+    use argocd_pull_core::report::AuthorizationReport;
 
     #[test]
     fn the_world_answers_from_what_was_read() {

@@ -9,9 +9,9 @@ mod view;
 use std::io::Write;
 use std::time::SystemTime;
 
-use argocd_pull_hub_controller::report::secs;
-use argocd_pull_hub_controller::route::decide::{Facts, Route, decide};
-use argocd_pull_hub_controller::route::transport::Transport;
+use argocd_pull_core::report::secs;
+use argocd_pull_core::route::decide::{Facts, Route, decide};
+use argocd_pull_core::route::transport::Transport;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -82,7 +82,7 @@ enum Command {
         note: String,
         /// The deny list ConfigMap (the hub-controller's
         /// --grpc-denied-certificates), in --hub-namespace.
-        #[arg(long, default_value = argocd_pull_hub_controller::transport::grpc::revoke::DENY_LIST)]
+        #[arg(long, default_value = argocd_pull_apis::keys::DENY_LIST)]
         deny_list: String,
     },
 }
@@ -209,7 +209,7 @@ async fn explain(hub: &Hub, application: &str, json: bool) -> anyhow::Result<()>
             transport: Transport::ManifestWork,
             target,
         } => {
-            let work_name = argocd_pull_hub_controller::render::work::work_name(ns, name);
+            let work_name = argocd_pull_core::render::work::work_name(ns, name);
             hub.work(&target.cluster, &work_name).await?
         }
         _ => None,

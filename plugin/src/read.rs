@@ -12,7 +12,7 @@ use argocd_pull_apis::ocm::{
     ManagedCluster, ManagedClusterAddOn, ManifestWork, decided_clusters,
     placement_decision_resource, placement_of,
 };
-use argocd_pull_hub_controller::report::{self, Certificate, Report};
+use argocd_pull_core::report::{self, Certificate, Report};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
@@ -264,7 +264,7 @@ impl Hub {
             ),
             (
                 "serving CA",
-                argocd_pull_hub_controller::certs::SERVING_CA_SECRET,
+                argocd_pull_apis::keys::SERVING_CA_SECRET,
                 "tls.crt",
             ),
         ];

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
-use argocd_pull_hub_controller::render::work::work_name;
-use argocd_pull_hub_controller::report::{AgentReport, Certificate};
-use argocd_pull_hub_controller::route::decide::Route;
-use argocd_pull_hub_controller::route::transport::Transport;
-use argocd_pull_hub_controller::status::condition::condition_of;
+use argocd_pull_core::render::work::work_name;
+use argocd_pull_core::report::{AgentReport, Certificate};
+use argocd_pull_core::route::decide::Route;
+use argocd_pull_core::route::transport::Transport;
+use argocd_pull_core::status::condition::condition_of;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -550,9 +550,9 @@ pub fn cert_table(rows: &[CertRow], now: i64) -> Table {
 mod tests {
     use super::*;
     use crate::facts::Addon;
-    use argocd_pull_hub_controller::report::Report;
-    use argocd_pull_hub_controller::route::authz::Authorization;
-    use argocd_pull_hub_controller::route::decide::{Facts, decide};
+    use argocd_pull_core::report::Report;
+    use argocd_pull_core::route::authz::Authorization;
+    use argocd_pull_core::route::decide::{Facts, decide};
     use serde_json::json;
 
     fn app(value: Value) -> Application {

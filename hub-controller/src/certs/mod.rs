@@ -32,8 +32,7 @@ use serde_json::json;
 
 use crate::transport::grpc::tls::TlsFiles;
 
-/// Secret with the serving CA.
-pub const SERVING_CA_SECRET: &str = "argocd-pull-serving-ca";
+pub use argocd_pull_apis::keys::SERVING_CA_SECRET;
 const SIGNING_CA_NAME: &str = "argocd-pull agent signing CA";
 const SERVING_CA_NAME: &str = "argocd-pull serving CA";
 const SIGNING_CA_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);

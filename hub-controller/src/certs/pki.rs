@@ -18,41 +18,7 @@ pub struct Issued {
     pub key_pem: String,
 }
 
-/// From when until when a certificate is valid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Validity {
-    pub not_before: SystemTime,
-    pub not_after: SystemTime,
-}
-
-impl Validity {
-    /// Due for renewal once less than a third of its lifetime is left (or
-    /// it is not valid at all at `now`).
-    pub fn due(&self, now: SystemTime) -> bool {
-        let lifetime = self
-            .not_after
-            .duration_since(self.not_before)
-            .unwrap_or_default();
-        match self.not_after.duration_since(now) {
-            Ok(left) => now < self.not_before || left < lifetime / 3,
-            Err(_) => true,
-        }
-    }
-
-    /// When [`Self::due`] becomes true: a third of the lifetime before
-    /// expiry.
-    pub fn renew_at(&self) -> SystemTime {
-        let lifetime = self
-            .not_after
-            .duration_since(self.not_before)
-            .unwrap_or_default();
-        self.not_after - lifetime / 3
-    }
-
-    pub fn expired(&self, now: SystemTime) -> bool {
-        now >= self.not_after
-    }
-}
+pub use argocd_pull_core::validity::{Validity, validity};
 
 fn set_validity(params: &mut CertificateParams, now: SystemTime, lifetime: Duration) {
     let epoch = rcgen::date_time_ymd(1970, 1, 1);
@@ -169,20 +135,6 @@ fn certs(pem: &str) -> Vec<CertificateDer<'static>> {
         .collect()
 }
 
-/// The validity of the first certificate in `pem`.
-pub fn validity(pem: &str) -> Option<Validity> {
-    validity_of(&certs(pem).into_iter().next()?)
-}
-
-fn validity_of(der: &CertificateDer<'_>) -> Option<Validity> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let secs = |t: i64| UNIX_EPOCH + Duration::from_secs(t.max(0) as u64);
-    Some(Validity {
-        not_before: secs(cert.validity().not_before.timestamp()),
-        not_after: secs(cert.validity().not_after.timestamp()),
-    })
-}
-
 /// Whether `issued` is a usable pair: a certificate and a key that parse.
 pub fn usable(issued: &Issued) -> bool {
     validity(&issued.cert_pem).is_some() && KeyPair::from_pem(&issued.key_pem).is_ok()
@@ -199,7 +151,7 @@ pub fn bundle(current: &str, previous: &str, now: SystemTime) -> String {
         if out.contains(&c) {
             continue;
         }
-        if validity_of(&c).is_some_and(|v| !v.expired(now)) {
+        if argocd_pull_core::validity::of_der(&c).is_some_and(|v| !v.expired(now)) {
             out.push(c);
         }
     }

@@ -30,8 +30,7 @@ use super::identity::Peer;
 /// its agent to acknowledge letting go of its Applications.
 pub const LEAVE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Default name of the deny list's ConfigMap.
-pub const DENY_LIST: &str = "argocd-pull-denied-certificates";
+pub use argocd_pull_apis::keys::DENY_LIST;
 
 /// Why a stream is refused, for the metric and for the agent.
 #[derive(Debug)]
