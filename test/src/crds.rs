@@ -66,7 +66,11 @@ pub async fn install(client: &kube::Client, set: CrdSet) -> Result<()> {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &pp, &Patch::Apply(crd)).await?;
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Generous: on a 2-core machine busy compiling, a fresh API server took
+    // over 30 s to establish the hub's CRDs (a CI run failed
+    // `CrdNotEstablished("applicationsets.argoproj.io")` that way). This
+    // waits for a positive signal; the deadline only bounds a hang.
+    let deadline = Instant::now() + Duration::from_secs(120);
     for crd in &crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         loop {
