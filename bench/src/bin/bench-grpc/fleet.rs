@@ -34,7 +34,7 @@ use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::time::Instant;
 
 use crate::fleet_load_generator::{LoadGenerator, simulated_status};
-use crate::hub::{self, HubOptions, HubProcess, Pki};
+use crate::hub::{self, HubOptions, HubProcess};
 use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
@@ -610,13 +610,8 @@ pub async fn one_run(
         created.as_secs_f64()
     );
 
-    let pki = Pki::new()?;
-    let grpc_addr = testenv::net::free_addr()?;
-    let address = format!("https://{grpc_addr}");
-    let fleet = LoadGenerator::for_clusters(
-        &pki,
+    let (pki, grpc_addr, fleet) = LoadGenerator::on_loopback(
         &clusters,
-        &address,
         AGENT_NAME,
         (args.reconnect_min, args.reconnect_max),
     )?;
