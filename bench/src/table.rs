@@ -353,29 +353,14 @@ mod tests {
     #[test]
     fn side_by_side_prints_and_counts_every_verdict() {
         let v = |x: &[f64]| x.iter().map(|v| Some(*v)).collect::<Vec<_>>();
+        let row = |name, ours: &[f64], peer: &[f64], better| {
+            Compared::new(name, v(ours), v(peer), plain, better)
+        };
         let rows = [
-            Compared::new(
-                "latency",
-                v(&[1.0, 2.0]),
-                v(&[10.0, 20.0]),
-                plain,
-                Some(Better::Lower),
-            ),
-            Compared::new(
-                "rate",
-                v(&[5.0, 6.0]),
-                v(&[5.5, 7.0]),
-                plain,
-                Some(Better::Higher),
-            ),
-            Compared::new(
-                "memory",
-                v(&[9.0, 9.0]),
-                v(&[3.0, 3.0]),
-                plain,
-                Some(Better::Lower),
-            ),
-            Compared::new("benchmark's own", v(&[1.0]), v(&[1.0]), plain, None),
+            row("latency", &[1.0, 2.0], &[10.0, 20.0], Some(Better::Lower)),
+            row("rate", &[5.0, 6.0], &[5.5, 7.0], Some(Better::Higher)),
+            row("memory", &[9.0, 9.0], &[3.0, 3.0], Some(Better::Lower)),
+            row("benchmark's own", &[1.0], &[1.0], None),
             Compared::new(
                 "not measured",
                 vec![None],

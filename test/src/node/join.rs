@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{Node, run_ok};
+use super::Node;
 use crate::{Error, Result, paths};
 
 impl Node {
@@ -30,11 +30,7 @@ impl Node {
         )?;
         self.relay(testenv, "relay-inside", true, "tcp:0.0.0.0:6443", &to_api)?;
         // Pods reach the API server as kubernetes.default's ClusterIP.
-        run_ok(Command::new("ip").args([
-            "netns",
-            "exec",
-            &self.netns,
-            &super::iptables_bin("iptables"),
+        self.net.iptables(&[
             "-t",
             "nat",
             "-A",
@@ -48,8 +44,8 @@ impl Node {
             "-j",
             "DNAT",
             "--to-destination",
-            &format!("{}:6443", self.node_ip),
-        ]))?;
+            &format!("{}:6443", self.net.ip()),
+        ])?;
 
         // The kubelet's kubeconfig: the cluster's admin one, through the relay.
         let admin = std::fs::read_to_string(cluster.kubeconfig())?;
@@ -66,33 +62,58 @@ impl Node {
         let pause = crate::images::build_one(&paths::bin_dir().join("node"), "pause", &pause_out)?;
         self.import(&pause)?;
 
-        // A cgroup root of its own in every v1 hierarchy (cpuset needs its
-        // CPUs and memory nodes copied from the parent before use).
-        let root = format!(
-            "argocd-pull-{}",
-            self.netns.trim_start_matches("argocd-pull-")
-        );
-        for entry in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name == "unified" || !entry.path().join("cgroup.procs").exists() {
-                continue;
-            }
-            let dir = entry.path().join(&root);
-            std::fs::create_dir_all(&dir)?;
-            if name == "cpuset" {
-                for f in ["cpuset.cpus", "cpuset.mems"] {
-                    std::fs::write(dir.join(f), std::fs::read(entry.path().join(f))?)?;
-                }
-            }
-        }
+        let root = cgroup_root(self.net.name())?;
         std::fs::write(d.join("cgroup-root"), &root)?;
 
         std::fs::write(d.join("resolv.conf"), "")?;
         let config = d.join("kubelet.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"apiVersion: kubelet.config.k8s.io/v1beta1
+        std::fs::write(&config, kubelet_config(&d, &root, self.net.ip()))?;
+        std::fs::create_dir_all(d.join("manifests"))?;
+        let mut kubelet = self.containerd.inside(&paths::bin_dir().join("kubelet"));
+        kubelet
+            .arg(format!("--config={}", config.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--root-dir={}/kubelet", d.display()))
+            .arg(format!("--hostname-override={}", self.name))
+            .arg(format!("--node-ip={}", self.net.ip()))
+            .arg("--v=2");
+        self.processes.spawn("kubelet", &mut kubelet)?;
+        let mut scheduler = Command::new(paths::bin_dir().join("kube-scheduler"));
+        scheduler
+            .arg(format!("--kubeconfig={}", host_kubeconfig.display()))
+            .args(["--leader-elect=false", "--secure-port=0", "--v=1"]);
+        self.processes.spawn("kube-scheduler", &mut scheduler)?;
+
+        wait_ready(cluster, &self.name, &d.join("kubelet.log")).await
+    }
+}
+
+/// A cgroup root of its own for the node in namespace `netns`, made in
+/// every v1 hierarchy (cpuset needs its CPUs and memory nodes copied from
+/// the parent before use); returns its name.
+fn cgroup_root(netns: &str) -> Result<String> {
+    let root = format!("argocd-pull-{}", netns.trim_start_matches("argocd-pull-"));
+    for entry in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name == "unified" || !entry.path().join("cgroup.procs").exists() {
+            continue;
+        }
+        let dir = entry.path().join(&root);
+        std::fs::create_dir_all(&dir)?;
+        if name == "cpuset" {
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                std::fs::write(dir.join(f), std::fs::read(entry.path().join(f))?)?;
+            }
+        }
+    }
+    Ok(root)
+}
+
+/// The kubelet's configuration: cgroup v1 with cgroupfs under `root`, the
+/// node's containerd, its files in the node's folder `d`, serving on `ip`.
+fn kubelet_config(d: &Path, root: &str, ip: &str) -> String {
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
@@ -125,53 +146,33 @@ oomScoreAdj: 0
 # reach the pods within seconds rather than the minute of the default.
 syncFrequency: 10s
 "#,
-                d = d.display(),
-                ip = self.node_ip,
-            ),
-        )?;
-        std::fs::create_dir_all(d.join("manifests"))?;
-        let mut kubelet = self.in_node(&paths::bin_dir().join("kubelet"));
-        kubelet
-            .arg(format!("--config={}", config.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--root-dir={}/kubelet", d.display()))
-            .arg(format!("--hostname-override={}", self.name))
-            .arg(format!("--node-ip={}", self.node_ip))
-            .arg("--v=2");
-        self.spawn_logged("kubelet", &mut kubelet)?;
-        let mut scheduler = Command::new(paths::bin_dir().join("kube-scheduler"));
-        scheduler
-            .arg(format!("--kubeconfig={}", host_kubeconfig.display()))
-            .args(["--leader-elect=false", "--secure-port=0", "--v=1"]);
-        self.spawn_logged("kube-scheduler", &mut scheduler)?;
+        d = d.display(),
+    )
+}
 
-        // Ready?
-        let client = cluster.client().await?;
-        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(n) = nodes.get(&self.name).await {
-                let ready = n
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                if ready {
-                    return Ok(());
-                }
+/// Returns once Node `node` of `cluster` is Ready (two minutes at the most).
+async fn wait_ready(cluster: &crate::Cluster, node: &str, kubelet_log: &Path) -> Result<()> {
+    let client = cluster.client().await?;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(n) = nodes.get(node).await {
+            let ready = n
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready {
+                return Ok(());
             }
-            if Instant::now() > deadline {
-                return Err(Error::NotReady(
-                    format!(
-                        "node {} (kubelet log: {})",
-                        self.name,
-                        d.join("kubelet.log").display()
-                    ),
-                    Duration::from_secs(120),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        if Instant::now() > deadline {
+            return Err(Error::NotReady(
+                format!("node {node} (kubelet log: {})", kubelet_log.display()),
+                Duration::from_secs(120),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

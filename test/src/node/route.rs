@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::netns::iptables_in;
 use super::{Node, run_ok};
 use crate::{Error, Result};
 
@@ -40,27 +41,12 @@ impl Node {
         to: &str,
     ) -> Result<()> {
         let mut cmd = if inside {
-            self.in_node(testenv)
+            self.containerd.inside(testenv)
         } else {
             Command::new(testenv)
         };
         cmd.args(["relay", "--listen", listen, "--to", to]);
-        self.spawn_logged(name, &mut cmd)
-    }
-
-    /// Gives the node's loopback one more address (`/32`): pods reach it
-    /// through their bridge's gateway, like the node's own.
-    pub fn add_address(&self, ip: std::net::IpAddr) -> Result<()> {
-        run_ok(Command::new("ip").args([
-            "-n",
-            &self.netns,
-            "addr",
-            "add",
-            &format!("{ip}/32"),
-            "dev",
-            "lo",
-        ]))?;
-        Ok(())
+        self.processes.spawn(name, &mut cmd)
     }
 
     /// Makes `address` (an address of the harness's range) a way into
@@ -68,14 +54,15 @@ impl Node {
     /// [`route_service`] names for it, and the unix socket returned leads
     /// there from anywhere on the machine (give it to [`Node::reach`]).
     pub fn expose(&mut self, testenv: &Path, address: SocketAddr) -> Result<PathBuf> {
-        self.add_address(address.ip())?;
+        self.net.add_address(address.ip())?;
         for hook in ["OUTPUT", "PREROUTING"] {
-            if self
+            let net = &self.net;
+            if net
                 .iptables(&["-t", "nat", "-C", hook, "-j", CHAIN])
                 .is_err()
             {
-                let _ = self.iptables(&["-t", "nat", "-N", CHAIN]);
-                self.iptables(&["-t", "nat", "-A", hook, "-j", CHAIN])?;
+                let _ = net.iptables(&["-t", "nat", "-N", CHAIN]);
+                net.iptables(&["-t", "nat", "-A", hook, "-j", CHAIN])?;
             }
         }
         let socket = self
@@ -97,7 +84,7 @@ impl Node {
     /// names the other node's folder, so that node's reaper also ends it
     /// if the test process dies (this node's drop ends it otherwise).
     pub fn reach(&mut self, testenv: &Path, address: SocketAddr, socket: &Path) -> Result<()> {
-        self.add_address(address.ip())?;
+        self.net.add_address(address.ip())?;
         self.relay(
             testenv,
             &format!("relay-out-{}", address.port()),
@@ -105,21 +92,6 @@ impl Node {
             &format!("tcp:{address}"),
             &format!("unix:{}", socket.display()),
         )
-    }
-
-    /// Runs iptables inside the node's network namespace.
-    fn iptables(&self, args: &[&str]) -> Result<()> {
-        run_ok(
-            Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &self.netns,
-                    &super::iptables_bin("iptables"),
-                ])
-                .args(args),
-        )?;
-        Ok(())
     }
 
     /// The memory of container `container` of `pod` (a pod of this node,
@@ -172,8 +144,7 @@ pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr])
     let chain = format!("APS-{:08x}-{:04x}", u32::from(ip), address.port());
     let iptables = |args: &[&str]| {
         run_ok(
-            Command::new("ip")
-                .args(["netns", "exec", netns, &super::iptables_bin("iptables")])
+            iptables_in(netns, "iptables")
                 .args(["-t", "nat"])
                 .args(args),
         )
@@ -202,14 +173,8 @@ pub fn route_service(netns: &str, address: SocketAddr, endpoints: &[SocketAddr])
         ));
     }
     rules.push_str("COMMIT\n");
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            netns,
-            &super::iptables_bin("iptables-restore"),
-            "--noflush",
-        ])
+    let mut child = iptables_in(netns, "iptables-restore")
+        .arg("--noflush")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -42,7 +42,7 @@ use testenv::{Cluster, ClusterConfig, CrdSet};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::fleet_load_generator::{LoadGenerator, simulated_status};
-use crate::hub::{self, HubOptions, HubProcess, Pki, agent_subject};
+use crate::hub::{self, HubOptions, HubProcess, agent_subject};
 use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
@@ -302,17 +302,12 @@ async fn one_run(args: &AbuseArgs, hub_bin: &std::path::Path) -> Result<Figures>
         .await
         .context("creating the Applications")?;
 
-    let pki = Pki::new()?;
-    let grpc_addr = testenv::net::free_addr()?;
-    anyhow::ensure!(grpc_addr.ip().is_loopback(), "traffic stays on loopback");
-    let address = format!("https://{grpc_addr}");
-    let fleet = LoadGenerator::for_clusters(
-        &pki,
+    let (pki, grpc_addr, fleet) = LoadGenerator::on_loopback(
         &clusters,
-        &address,
         AGENT_NAME,
         (Duration::from_millis(500), Duration::from_secs(30)),
     )?;
+    let address = format!("https://{grpc_addr}");
     let seen = watch_status(client.clone());
     let logs = testenv::paths::run_dir().join("bench-logs");
     std::fs::create_dir_all(&logs)?;

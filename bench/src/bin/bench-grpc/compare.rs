@@ -146,7 +146,7 @@ impl Running<'_> {
 }
 
 /// Waits until the watch shows `want`, at most `within`.
-async fn seen(
+pub async fn seen(
     rx: &mut mpsc::UnboundedReceiver<(String, Instant)>,
     want: &str,
     within: Duration,

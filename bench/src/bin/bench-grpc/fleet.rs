@@ -19,7 +19,7 @@
 //! With `--repeat N` all of it runs N times, each on a fresh hub API server.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::time::Instant;
 
 use crate::fleet_load_generator::{LoadGenerator, simulated_status};
-use crate::hub::{self, HubOptions, HubProcess, Pki};
+use crate::hub::{self, HubOptions, HubProcess};
 use crate::report::{self, Row, print_runs};
 
 #[derive(clap::Args, Debug)]
@@ -209,13 +209,91 @@ pub struct Figures {
     pub termed_status_writes: f64,
     pub termed_app_writes: u64,
     pub peak3: Option<u64>,
-    pub matching: usize,
-    pub connected: f64,
-    pub pending: f64,
     pub failed_attempts: u64,
+    pub end: End,
+}
+
+/// How a fleet run ended, as `fleet` and `fleet-ha` check it.
+pub struct End {
+    /// Hub copies carrying their agent's status.
+    pub matching: usize,
+    /// Agents the hub counts connected.
+    pub connected: f64,
+    /// Objects pending.
+    pub pending: f64,
+    /// The hub's logs, and their WARN and ERROR lines.
+    pub logs: Vec<PathBuf>,
     pub warns: usize,
     pub errors: usize,
-    pub logs: Vec<std::path::PathBuf>,
+}
+
+impl End {
+    pub fn new(matching: usize, connected: f64, pending: f64, logs: Vec<PathBuf>) -> Self {
+        Self {
+            matching,
+            connected,
+            pending,
+            warns: log_lines(&logs, "WARN"),
+            errors: log_lines(&logs, "ERROR"),
+            logs,
+        }
+    }
+
+    /// Every hub copy carries its agent's status, every one of `n` agents
+    /// is connected and nothing is pending.
+    fn in_sync(&self, n: usize, total: usize) -> bool {
+        self.matching == total && self.connected as usize == n && self.pending == 0.0
+    }
+}
+
+/// The rows of how the runs ended, with their targets: every one of the
+/// `total` hub copies carries its agent's status, every one of `n` agents
+/// is connected as `who` counts them, nothing is pending.
+pub fn end_rows<F>(
+    runs: &[Result<F>],
+    end: fn(&F) -> &End,
+    who: &str,
+    n: usize,
+    total: usize,
+) -> [Row; 3] {
+    let of = |v: fn(&End) -> f64| report::per_run(runs, move |f| Some(v(end(f))));
+    [
+        Row::new(
+            "at the end: hub copies carrying their agent's status",
+            of(|e| e.matching as f64),
+            report::count,
+        )
+        .target(format!("all ({total})"), move |v| v == total as f64),
+        Row::new(
+            format!("at the end: agents {who} connected"),
+            of(|e| e.connected),
+            report::count,
+        )
+        .target(format!("{n}"), move |v| v == n as f64),
+        Row::new(
+            "at the end: objects pending",
+            of(|e| e.pending),
+            report::count,
+        )
+        .target("0", |v| v == 0.0),
+    ]
+}
+
+/// The WARN and ERROR lines in the runs' logs (`whose`: the hub's, ...).
+pub fn log_rows<F>(runs: &[Result<F>], end: fn(&F) -> &End, whose: &str) -> [Row; 2] {
+    let of = |v: fn(&End) -> usize| report::per_run(runs, move |f| Some(v(end(f)) as f64));
+    [
+        Row::new(
+            format!("WARN lines in {whose}"),
+            of(|e| e.warns),
+            report::count,
+        ),
+        Row::new(
+            format!("ERROR lines in {whose}"),
+            of(|e| e.errors),
+            report::count,
+        ),
+    ]
 }
 
 /// Runs the fleet `repeat` times, each on a fresh hub API server, and
@@ -375,30 +453,7 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         num(|f| f.holder_writes[2] as f64),
         report::count,
     ));
-    rows.push(
-        Row::new(
-            "at the end: hub copies carrying their agent's status",
-            num(|f| f.matching as f64),
-            report::count,
-        )
-        .target(format!("all ({total})"), move |v| v == total as f64),
-    );
-    rows.push(
-        Row::new(
-            "at the end: agents the hub counts connected",
-            num(|f| f.connected),
-            report::count,
-        )
-        .target(format!("{n}"), move |v| v == n as f64),
-    );
-    rows.push(
-        Row::new(
-            "at the end: objects pending",
-            num(|f| f.pending),
-            report::count,
-        )
-        .target("0", |v| v == 0.0),
-    );
+    rows.extend(end_rows(&runs, |f| &f.end, "the hub counts", n, total));
     rows.push(
         Row::new(
             "steady state: agents the hub counted connected",
@@ -412,15 +467,10 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         num(|f| f.failed_attempts as f64),
         report::count,
     ));
-    rows.push(Row::new(
-        "WARN lines in the hub's logs (three processes)",
-        num(|f| f.warns as f64),
-        report::count,
-    ));
-    rows.push(Row::new(
-        "ERROR lines in the hub's logs (three processes)",
-        num(|f| f.errors as f64),
-        report::count,
+    rows.extend(log_rows(
+        &runs,
+        |f| &f.end,
+        "the hub's logs (three processes)",
     ));
     print_runs(
         &format!(
@@ -428,30 +478,28 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         ),
         &rows,
     );
-    check_runs(&runs, "fleet", |f| {
-        (
-            &f.logs,
-            f.matching == total && f.connected as usize == n && f.pending == 0.0,
-        )
-    })
+    check_runs(&runs, "fleet", |f| &f.end, n, total)
 }
 
 /// Prints each run's hub logs, and whether it failed or did not end in sync
-/// (`end` gives a run's logs and whether it did); an error if any.
+/// (`end`: how a run ended; `n` agents, `total` Applications); an error if
+/// any.
 pub fn check_runs<F>(
     runs: &[Result<F>],
     what: &str,
-    end: impl Fn(&F) -> (&Vec<std::path::PathBuf>, bool),
+    end: fn(&F) -> &End,
+    n: usize,
+    total: usize,
 ) -> Result<()> {
     println!();
     let mut failed = false;
     for (i, r) in runs.iter().enumerate() {
         match r {
             Ok(f) => {
-                let (logs, in_sync) = end(f);
-                let logs: Vec<String> = logs.iter().map(|p| p.display().to_string()).collect();
+                let end = end(f);
+                let logs: Vec<String> = end.logs.iter().map(|p| p.display().to_string()).collect();
                 println!("run {}: hub logs: {}", i + 1, logs.join(", "));
-                if !in_sync {
+                if !end.in_sync(n, total) {
                     println!("run {}: the fleet did not end in sync with the hub", i + 1);
                     failed = true;
                 }
@@ -562,13 +610,8 @@ pub async fn one_run(
         created.as_secs_f64()
     );
 
-    let pki = Pki::new()?;
-    let grpc_addr = testenv::net::free_addr()?;
-    let address = format!("https://{grpc_addr}");
-    let fleet = LoadGenerator::for_clusters(
-        &pki,
+    let (pki, grpc_addr, fleet) = LoadGenerator::on_loopback(
         &clusters,
-        &address,
         AGENT_NAME,
         (args.reconnect_min, args.reconnect_max),
     )?;
@@ -679,7 +722,6 @@ pub async fn one_run(
     let failed_attempts = fleet.failed_attempts();
     fleet.stop();
     hub3.terminate(Duration::from_secs(60)).await?;
-    let logs = vec![log1, log2, log3];
 
     Ok(Figures {
         joined,
@@ -702,13 +744,8 @@ pub async fn one_run(
         termed_status_writes,
         termed_app_writes,
         peak3,
-        matching,
-        connected,
-        pending,
         failed_attempts,
-        warns: log_lines(&logs, "WARN"),
-        errors: log_lines(&logs, "ERROR"),
-        logs,
+        end: End::new(matching, connected, pending, vec![log1, log2, log3]),
     })
 }
 

@@ -296,7 +296,7 @@ fn rows(steady: u64) -> Vec<Row> {
         ),
         (
             "at the end: hub copies carrying their agent's status".into(),
-            |o| Some(o.matching as f64),
+            |o| Some(o.end.matching as f64),
             |p| Some(p.matching as f64),
             count,
             Some(Higher),

@@ -33,7 +33,8 @@ use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::time::Instant;
 
 use crate::fleet::{
-    AGENT_NAME, NS, app_name, check_runs, create_apps, join_clusters, log_lines, watch_copies,
+    AGENT_NAME, End, NS, app_name, check_runs, create_apps, end_rows, join_clusters, log_rows,
+    watch_copies,
 };
 use crate::fleet_load_generator::LoadGenerator;
 use crate::hub::{HubOptions, HubProcess, Pki};
@@ -122,12 +123,7 @@ struct Figures {
     /// Leader terms that ended with the Lease lost (the leader stepped
     /// down), over every replica of the run.
     terms_lost: f64,
-    matching: usize,
-    connected: f64,
-    pending: f64,
-    warns: usize,
-    errors: usize,
-    logs: Vec<PathBuf>,
+    end: End,
 }
 
 pub async fn run(args: FleetHaArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
@@ -221,52 +217,15 @@ pub async fn run(args: FleetHaArgs, repeat: usize, hub_bin: &Path) -> Result<()>
         of(&|f| Some(f.terms_lost)),
         report::count,
     ));
-    rows.push(
-        Row::new(
-            "at the end: hub copies carrying their agent's status",
-            of(&|f| Some(f.matching as f64)),
-            report::count,
-        )
-        .target(format!("all ({total})"), move |v| v == total as f64),
-    );
-    rows.push(
-        Row::new(
-            "at the end: agents the replicas count connected",
-            of(&|f| Some(f.connected)),
-            report::count,
-        )
-        .target(format!("{n}"), move |v| v == n as f64),
-    );
-    rows.push(
-        Row::new(
-            "at the end: objects pending",
-            of(&|f| Some(f.pending)),
-            report::count,
-        )
-        .target("0", |v| v == 0.0),
-    );
-    rows.push(Row::new(
-        "WARN lines in the replicas' logs",
-        of(&|f| Some(f.warns as f64)),
-        report::count,
-    ));
-    rows.push(Row::new(
-        "ERROR lines in the replicas' logs",
-        of(&|f| Some(f.errors as f64)),
-        report::count,
-    ));
+    rows.extend(end_rows(&runs, |f| &f.end, "the replicas count", n, total));
+    rows.extend(log_rows(&runs, |f| &f.end, "the replicas' logs"));
     print_runs(
         &format!(
             "gRPC transport, fleet with {r} replicas: {n} simulated agents x {per} Applications = {total} on one hub (kube-apiserver {version}); failover times from the kill; {repeat} run(s), each on a fresh hub API server"
         ),
         &rows,
     );
-    check_runs(&runs, "fleet-ha", |f| {
-        (
-            &f.logs,
-            f.matching == total && f.connected as usize == n && f.pending == 0.0,
-        )
-    })
+    check_runs(&runs, "fleet-ha", |f| &f.end, n, total)
 }
 
 const TERMS_LOST: &str = "argocd_pull_hub_leader_terms_lost_total";
@@ -597,11 +556,6 @@ async fn one_run(
         peak_any,
         exits,
         terms_lost,
-        matching,
-        connected,
-        pending,
-        warns: log_lines(&all_logs, "WARN"),
-        errors: log_lines(&all_logs, "ERROR"),
-        logs: all_logs,
+        end: End::new(matching, connected, pending, all_logs),
     })
 }

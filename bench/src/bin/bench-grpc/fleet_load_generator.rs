@@ -134,6 +134,22 @@ pub struct Progress {
 }
 
 impl LoadGenerator {
+    /// A fresh PKI, a free loopback address for the hub's gRPC port, and
+    /// one simulated agent per cluster dialling it (see
+    /// [`LoadGenerator::for_clusters`]).
+    pub fn on_loopback(
+        clusters: &[String],
+        agent: &str,
+        backoff: (Duration, Duration),
+    ) -> anyhow::Result<(crate::hub::Pki, std::net::SocketAddr, Self)> {
+        let pki = crate::hub::Pki::new()?;
+        let grpc_addr = testenv::net::free_addr()?;
+        anyhow::ensure!(grpc_addr.ip().is_loopback(), "traffic stays on loopback");
+        let address = format!("https://{grpc_addr}");
+        let fleet = Self::for_clusters(&pki, clusters, &address, agent, backoff)?;
+        Ok((pki, grpc_addr, fleet))
+    }
+
     /// One simulated agent per cluster, each with a certificate of `pki`
     /// naming it `agent`, dialling `address` with `backoff` (min, max).
     pub fn for_clusters(
