@@ -55,11 +55,17 @@ async fn work(env: &Env, app: &str) -> Option<ManifestWork> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again() {
-    let mut env = Env::new(&["cluster1"]).await;
+/// One managed cluster, the Leases' namespace and Argo CD's.
+async fn leader_env() -> Env {
+    let env = Env::new(&["cluster1"]).await;
     env.hub.ensure_namespace(NS).await.unwrap();
     env.hub.ensure_namespace("argocd").await.unwrap();
+    env
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again() {
+    let mut env = leader_env().await;
     let mut replica = env.start_replica("hub-0", &[]).await;
     let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
     env.start_agent_with(0, config);
@@ -108,23 +114,11 @@ async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again
     // While another leads: an Application forced onto the ManifestWork
     // transport gets no work from hub-0, and one on gRPC, created after
     // it, still reaches the spoke through hub-0.
-    let hub = env.hub_apps();
     let forced = json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } });
-    hub.create(&PostParams::default(), &env.app("by-work", 0, forced))
-        .await
-        .unwrap();
-    hub.create(&PostParams::default(), &env.app("by-grpc", 0, json!({})))
-        .await
-        .unwrap();
-    wait::until("by-grpc on cluster1 through hub-0", TIMEOUT, || async {
-        env.spoke_apps(0)
-            .get_opt("by-grpc")
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    env.create("by-work", 0, forced).await;
+    env.create("by-grpc", 0, json!({})).await;
+    // by-grpc reaches cluster1 through hub-0.
+    wait::exists(&env.spoke_apps(0), "by-grpc", TIMEOUT).await;
     assert!(
         work(&env, "by-work").await.is_none(),
         "a replica that does not lead wrote a ManifestWork"
@@ -146,18 +140,13 @@ async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again
     })
     .await;
     assert!(replica.process.child.try_wait().unwrap().is_none());
-    let log = replica.process.log_text();
-    assert!(
-        log.contains("stepped down"),
-        "the step-down is logged:\n{log}"
-    );
+    // The step-down is logged.
+    replica.process.assert_logged("stepped down");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.hub.ensure_namespace(NS).await.unwrap();
-    env.hub.ensure_namespace("argocd").await.unwrap();
+    let mut env = leader_env().await;
     // A claim left by a replica that died and whose cluster never came
     // back (no presence Lease names its holder).
     let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), NS);
@@ -240,18 +229,14 @@ async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
         now.metadata.resource_version, claimed.metadata.resource_version,
         "the live claim of cluster1 was rewritten"
     );
-    let log = replica.process.log_text();
-    assert!(
-        log.contains("deleted a claim no live replica has held for long"),
-        "{log}"
-    );
+    replica
+        .process
+        .assert_logged("deleted a claim no live replica has held for long");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and_resumes() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.hub.ensure_namespace(NS).await.unwrap();
-    env.hub.ensure_namespace("argocd").await.unwrap();
+    let mut env = leader_env().await;
     let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
         .await
         .unwrap();
@@ -261,10 +246,7 @@ async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and
     let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
     env.start_agent_with(0, config);
     env.wait_connected().await;
-    env.hub_apps()
-        .create(&PostParams::default(), &env.app("app", 0, json!({})))
-        .await
-        .unwrap();
+    env.create("app", 0, json!({})).await;
     let expected = std::collections::BTreeMap::from([("app".to_string(), 0)]);
     wait::until("app delivered and its status on the hub", TIMEOUT, || {
         env.converged(&expected)
@@ -402,9 +384,7 @@ async fn set_revision(env: &Env, app: &str, revision: &str) {
 /// the other goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_manifestworks() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.hub.ensure_namespace(NS).await.unwrap();
-    env.hub.ensure_namespace("argocd").await.unwrap();
+    let mut env = leader_env().await;
     // hub-0 reaches the API server through a proxy that can freeze; hub-1
     // directly.
     let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
@@ -425,10 +405,7 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
     assert!(!hub1.leads().await, "two leaders");
 
     let forced = || json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } });
-    let hub = env.hub_apps();
-    hub.create(&PostParams::default(), &env.app("by-work", 0, forced()))
-        .await
-        .unwrap();
+    env.create("by-work", 0, forced()).await;
     wait::until("by-work's ManifestWork, from hub-0", TIMEOUT, || async {
         work(&env, "by-work").await.ok_or("none")
     })
@@ -490,18 +467,9 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
     proxy.thaw();
     let hub0_writes = work_writes(&hub0).await;
     let hub1_writes = work_writes(&hub1).await;
-    hub.create(&PostParams::default(), &env.app("by-grpc", 0, json!({})))
-        .await
-        .unwrap();
-    wait::until("by-grpc on cluster1 through hub-0", TIMEOUT, || async {
-        env.spoke_apps(0)
-            .get_opt("by-grpc")
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    env.create("by-grpc", 0, json!({})).await;
+    // by-grpc reaches cluster1 through hub-0.
+    wait::exists(&env.spoke_apps(0), "by-grpc", TIMEOUT).await;
     set_revision(&env, "by-work", "after-thaw").await;
     wait::until("by-work's second change in its work", TIMEOUT, || async {
         match revision_in_work(&env, "by-work").await.as_deref() {
