@@ -364,17 +364,17 @@ async fn revision_in_work(env: &Env, app: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-async fn set_revision(env: &Env, app: &str, revision: &str) {
-    env.hub_apps()
-        .patch(
-            app,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(
-                json!({ "spec": { "source": { "targetRevision": revision } } }),
-            ),
-        )
-        .await
-        .unwrap();
+/// Sets by-work's target revision to `revision` and waits until its work
+/// carries it, `what` (which replica writes it).
+async fn revise_by_work(env: &Env, revision: &str, what: &str) {
+    common::set_source(&env.hub_apps(), "by-work", "targetRevision", revision).await;
+    wait::until(what, TIMEOUT, || async {
+        match revision_in_work(env, "by-work").await {
+            Some(r) if r == revision => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }
 
 /// The leader's API server stops answering (the 3,000-agent run's stall):
@@ -447,16 +447,10 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
         hub0.process.log_text()
     );
     // The positive signal: hub-1 now writes the ManifestWorks.
-    set_revision(&env, "by-work", "while-frozen").await;
-    wait::until(
+    revise_by_work(
+        &env,
+        "while-frozen",
         "by-work's change in its work, by hub-1",
-        TIMEOUT,
-        || async {
-            match revision_in_work(&env, "by-work").await.as_deref() {
-                Some("while-frozen") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
     )
     .await;
     assert!(work_writes(&hub1).await >= 1.0);
@@ -470,14 +464,7 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
     env.create("by-grpc", 0, json!({})).await;
     // by-grpc reaches cluster1 through hub-0.
     wait::exists(&env.spoke_apps(0), "by-grpc", TIMEOUT).await;
-    set_revision(&env, "by-work", "after-thaw").await;
-    wait::until("by-work's second change in its work", TIMEOUT, || async {
-        match revision_in_work(&env, "by-work").await.as_deref() {
-            Some("after-thaw") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    revise_by_work(&env, "after-thaw", "by-work's second change in its work").await;
     assert!(work_writes(&hub1).await > hub1_writes, "hub-1 wrote it");
     assert_eq!(
         work_writes(&hub0).await,
@@ -503,16 +490,10 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
         hub0.leads().await.then_some(()).ok_or("not yet")
     })
     .await;
-    set_revision(&env, "by-work", "hub-0-again").await;
-    wait::until(
+    revise_by_work(
+        &env,
+        "hub-0-again",
         "by-work's third change in its work, by hub-0",
-        TIMEOUT,
-        || async {
-            match revision_in_work(&env, "by-work").await.as_deref() {
-                Some("hub-0-again") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
     )
     .await;
     assert!(work_writes(&hub0).await > hub0_writes, "hub-0 wrote it");
