@@ -55,6 +55,17 @@ async fn work(env: &Env, app: &str) -> Option<ManifestWork> {
         .unwrap()
 }
 
+/// A proxy to the hub's API server that can freeze, through which the
+/// hub-controllers started from now on reach it.
+async fn through_freezing_proxy(env: &mut Env) -> testenv::freeze::FreezingProxy {
+    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
+        .await
+        .unwrap();
+    let path = env.dir.path().join("through-proxy.kubeconfig");
+    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    proxy
+}
+
 /// One managed cluster, the Leases' namespace and Argo CD's.
 async fn leader_env() -> Env {
     let env = Env::new(&["cluster1"]).await;
@@ -237,11 +248,7 @@ async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and_resumes() {
     let mut env = leader_env().await;
-    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
-        .await
-        .unwrap();
-    let path = env.dir.path().join("through-proxy.kubeconfig");
-    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    let proxy = through_freezing_proxy(&mut env).await;
     let mut replica = env.start_replica("hub-0", &[]).await;
     let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
     env.start_agent_with(0, config);
@@ -387,11 +394,7 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
     let mut env = leader_env().await;
     // hub-0 reaches the API server through a proxy that can freeze; hub-1
     // directly.
-    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
-        .await
-        .unwrap();
-    let path = env.dir.path().join("through-proxy.kubeconfig");
-    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    let proxy = through_freezing_proxy(&mut env).await;
     let mut hub0 = env.start_replica("hub-0", &[]).await;
     env.hub_kubeconfig = None;
     wait::until("hub-0 to lead", TIMEOUT, || async {
