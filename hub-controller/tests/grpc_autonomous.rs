@@ -97,10 +97,7 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     env.wait_connected().await;
     let spoke = env.spoke_apps(AUTONOMOUS);
     for (name, path) in [("local-a", "a"), ("local-b", "b")] {
-        spoke
-            .create(&PostParams::default(), &local_app(name, path))
-            .await
-            .unwrap();
+        common::create(&spoke, &local_app(name, path)).await;
     }
     wait::until("mirrors of the spoke's Applications", TIMEOUT, || {
         mirrored(&env)
@@ -217,10 +214,7 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
         .delete("local-b", &DeleteParams::default())
         .await
         .unwrap();
-    spoke
-        .create(&PostParams::default(), &local_app("local-c", "c"))
-        .await
-        .unwrap();
+    common::create(&spoke, &local_app("local-c", "c")).await;
     env.start_hub(&[]).await;
     wait::until("mirrors caught up after the hub restart", TIMEOUT, || {
         mirrored(&env)
@@ -236,14 +230,8 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     // stays as it is.
     let mut own = local_app("local-d", "hub-own");
     own.metadata.namespace = Some("cluster2".into());
-    mirrors(&env)
-        .create(&PostParams::default(), &own)
-        .await
-        .unwrap();
-    spoke
-        .create(&PostParams::default(), &local_app("local-d", "spoke-d"))
-        .await
-        .unwrap();
+    common::create(&mirrors(&env), &own).await;
+    common::create(&spoke, &local_app("local-d", "spoke-d")).await;
     let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(env.hub_client.clone(), "cluster2");
     wait::warning(
@@ -331,13 +319,10 @@ async fn an_autonomous_agent_cannot_make_the_hub_hold_more_than_its_limits() {
         }
     })
     .await;
-    let log = env.hub_log();
-    for expected in [
-        "over the limit (--grpc-max-mirror-bytes-per-cluster=32768)",
+    env.assert_logged("over the limit (--grpc-max-mirror-bytes-per-cluster=32768)");
+    env.assert_logged(
         "already has 3 Applications mirrored on the hub, the limit (--grpc-max-mirrors-per-cluster=3)",
-    ] {
-        assert!(log.contains(expected), "{expected:?} not logged:\n{log}");
-    }
+    );
     assert_eq!(
         mirror_names(&env).await,
         ["small-a", "small-b", "small-c"],

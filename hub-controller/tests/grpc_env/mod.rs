@@ -341,6 +341,12 @@ impl Env {
     }
 
     /// Everything every hub-controller process of this test has logged.
+    /// Fails unless the hub-controllers' logs contain `text`.
+    pub fn assert_logged(&self, text: &str) {
+        let log = self.hub_log();
+        assert!(log.contains(text), "{text:?} not logged:\n{log}");
+    }
+
     pub fn hub_log(&self) -> String {
         (1..=self.hub_starts)
             .map(|n| {
