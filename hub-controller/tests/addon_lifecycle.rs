@@ -21,19 +21,18 @@ use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, DigestSet, Gone, HubMessage, ObjectAck, ObjectKey, StatusReport,
     agent_message, hub_message, status_report,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
-use testenv::kubelet;
 use testenv::pki::CertKey;
 use testenv::wait;
 use tonic::Streaming;
 
 mod common;
 use common::addon::{
-    AGENT, AGENT_NS, AddonHub, Agent, CLUSTERS, SPOKE_NS, TIMEOUT, agent_config, agent_subject,
-    doc_commands, hub_app_shows, secret_text, sh, subject_of,
+    AGENT, AGENT_NS, AddonHub, Agent, CLUSTERS, SPOKE_NS, TIMEOUT, agent_holding, agent_subject,
+    doc_commands, hub_app_shows, hub_ca, secret_text, sh, subject_of,
 };
 use common::apps_api;
 use common::grpc_client::{any_next, hello, next, open, refused, report};
@@ -213,14 +212,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     };
     assert_eq!(subject_of(&cluster1.cert_pem), agent_subject("cluster1"));
     // The hub's CA as the agents get it.
-    let hub_ca = Api::<ConfigMap>::namespaced(spoke1_client.clone(), AGENT_NS)
-        .get(argocd_pull_addon::HUB_CA_CONFIGMAP)
-        .await
-        .unwrap()
-        .data
-        .unwrap_or_default()
-        .remove("ca.crt")
-        .unwrap_or_default();
+    let hub_ca = hub_ca(fleet, "cluster1").await;
     let address = format!("https://{}", hub.grpc);
     let sent_to_cluster2 = || async {
         let mut sent = Vec::new();
@@ -401,16 +393,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
     // cluster1's agent, as deployed, holding the expired certificate:
     // it does not dial with it, and says why.
     let dir = tempfile::tempdir().unwrap();
-    let pod = kubelet::materialize(spoke1, AGENT_NS, AGENT, dir.path())
-        .await
-        .unwrap()
-        .expect("cluster1's agent Deployment");
-    let mut config = agent_config(&pod);
-    // The pod dials HUB_GRPC, an address only inside the node; from here
-    // the hub is its loopback port (should the agent dial at all).
-    config.hub_address = address.clone();
-    std::fs::write(&config.tls.cert, &expired.cert_pem).unwrap();
-    std::fs::write(&config.tls.key, &expired.key_pem).unwrap();
+    let (pod, config) = agent_holding(spoke1, dir.path(), &address, &expired).await;
     let refusals = || {
         hub.hub_log()
             .lines()
@@ -544,14 +527,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
         writes_before,
         "the hub-controller wrote an AddOnDeploymentConfig after the uninstall"
     );
-    let left: Vec<String> = configs
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|c| c.metadata.name)
-        .collect();
+    let left = common::names(&configs).await.unwrap();
     assert!(left.is_empty(), "AddOnDeploymentConfigs back: {left:?}");
     // Status still comes back, now through the work agent's feedback.
     for cluster in CLUSTERS {

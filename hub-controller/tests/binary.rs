@@ -52,17 +52,7 @@ async fn starts_serves_admin_endpoints_and_stops_on_sigterm() {
 
 #[tokio::test]
 async fn fails_with_a_clear_message_when_the_hub_is_unreachable() {
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n").unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .arg("--admin-addr")
-        .arg(net::free_addr().unwrap().to_string())
-        .output()
-        .await
-        .unwrap();
+    let out = net::run_unreachable(env!("CARGO_BIN_EXE_hub-controller"), &[]).await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -6,14 +6,14 @@
 use std::collections::BTreeMap;
 
 use argocd_pull_apis::keys;
-use argocd_pull_spoke_agent::Mode;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::DeleteParams;
 use serde_json::{Value, json};
 use testenv::wait;
 
 mod common;
 mod grpc_env;
+use common::{merge, set_source};
 use grpc_env::{Env, TIMEOUT};
 
 async fn spoke_field(env: &Env, i: usize, name: &str, pointer: &str) -> Result<Value, String> {
@@ -36,11 +36,7 @@ async fn hub_field(env: &Env, name: &str, pointer: &str) -> Option<Value> {
 
 #[tokio::test]
 async fn managed_applications_flow_both_ways_and_converge() {
-    let mut env = Env::new(&["cluster1", "cluster2"]).await;
-    env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.start_agent(1, Mode::Managed);
-    env.wait_connected().await;
+    let env = Env::managed(&["cluster1", "cluster2"]).await;
     let hub = env.hub_apps();
 
     // Create: one Application per cluster, and one with Argo CD's finalizer.
@@ -53,9 +49,7 @@ async fn managed_applications_flow_both_ways_and_converge() {
             json!({ "finalizers": [keys::RESOURCES_FINALIZER] }),
         ),
     ] {
-        hub.create(&PostParams::default(), &env.app(name, i, extra))
-            .await
-            .unwrap();
+        env.create(name, i, extra).await;
     }
     let mut expected: BTreeMap<String, usize> = [("alpha", 0), ("beta", 1), ("gamma", 0)]
         .map(|(n, i)| (n.to_string(), i))
@@ -100,13 +94,7 @@ async fn managed_applications_flow_both_ways_and_converge() {
     );
 
     // Update on the hub: applied on the spoke.
-    hub.patch(
-        "alpha",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "spec": { "source": { "targetRevision": "v2" } } })),
-    )
-    .await
-    .unwrap();
+    set_source(&hub, "alpha", "targetRevision", "v2").await;
     wait::until("the update on the spoke", TIMEOUT, || async {
         match spoke_field(&env, 0, "alpha", "/spec/source/targetRevision").await? {
             v if v == json!("v2") => Ok(()),
@@ -116,14 +104,12 @@ async fn managed_applications_flow_both_ways_and_converge() {
     .await;
 
     // Status changes on the spoke: on the hub copy.
-    env.spoke_apps(1)
-        .patch(
-            "beta",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": { "health": { "status": "Degraded", "message": "crash loop" } } })),
-        )
-        .await
-        .unwrap();
+    merge(
+        &env.spoke_apps(1),
+        "beta",
+        json!({ "status": { "health": { "status": "Degraded", "message": "crash loop" } } }),
+    )
+    .await;
     wait::until("the spoke's status on the hub", TIMEOUT, || async {
         match hub_field(&env, "beta", "/status/health").await {
             Some(h) if h == json!({ "status": "Degraded", "message": "crash loop" }) => Ok(()),
@@ -133,13 +119,7 @@ async fn managed_applications_flow_both_ways_and_converge() {
     .await;
 
     // A sync operation set on the hub runs once on the spoke and leaves the hub copy.
-    hub.patch(
-        "alpha",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "operation": { "sync": { "revision": "rev-1" }, "initiatedBy": { "username": "alice" } } })),
-    )
-    .await
-    .unwrap();
+    merge(&hub, "alpha", json!({ "operation": { "sync": { "revision": "rev-1" }, "initiatedBy": { "username": "alice" } } })).await;
     wait::until(
         "the sync to run on the spoke and show on the hub",
         TIMEOUT,
@@ -168,13 +148,12 @@ async fn managed_applications_flow_both_ways_and_converge() {
     );
 
     // A refresh request set on the hub reaches the spoke once.
-    hub.patch(
+    merge(
+        &hub,
         "gamma",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "annotations": { keys::REFRESH: "hard" } } })),
+        json!({ "metadata": { "annotations": { keys::REFRESH: "hard" } } }),
     )
-    .await
-    .unwrap();
+    .await;
     wait::until(
         "the refresh on the spoke, the request gone from the hub",
         TIMEOUT,
@@ -194,16 +173,12 @@ async fn managed_applications_flow_both_ways_and_converge() {
     .await;
 
     // A local edit on the spoke is reverted, an added field taken out.
-    env.spoke_apps(0)
-        .patch(
-            "alpha",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({ "spec": { "source": { "path": "edited" }, "revisionHistoryLimit": 3 } }),
-            ),
-        )
-        .await
-        .unwrap();
+    merge(
+        &env.spoke_apps(0),
+        "alpha",
+        json!({ "spec": { "source": { "path": "edited" }, "revisionHistoryLimit": 3 } }),
+    )
+    .await;
     wait::until("the local edit reverted", TIMEOUT, || async {
         let spec = spoke_field(&env, 0, "alpha", "/spec").await?;
         if spec["source"]["path"] == json!("app") && spec.get("revisionHistoryLimit").is_none() {

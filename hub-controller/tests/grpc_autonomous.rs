@@ -4,18 +4,17 @@
 //! refresh, which run once on the spoke. Mirrors follow the spoke through
 //! changes, deletions and a hub restart.
 
-use std::collections::BTreeMap;
-
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_spoke_agent::Mode;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use testenv::wait;
 
 mod common;
 mod grpc_env;
+use common::{merge, set_source};
 use grpc_env::{Env, SPOKE_NS, TIMEOUT};
 
 const AUTONOMOUS: usize = 1;
@@ -40,23 +39,9 @@ fn mirrors(env: &Env) -> Api<Application> {
 /// Every Application of the autonomous spoke has a faithful mirror, and
 /// there is no other mirror.
 async fn mirrored(env: &Env) -> Result<(), String> {
-    let spoke: BTreeMap<String, Application> = env
-        .spoke_apps(AUTONOMOUS)
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?
-        .items
-        .into_iter()
-        .map(|a| (a.name_any(), a))
-        .collect();
-    let hub: BTreeMap<String, Application> = mirrors(env)
-        .list(&kube::api::ListParams::default().labels(keys::MIRROR_OF))
-        .await
-        .map_err(|e| e.to_string())?
-        .items
-        .into_iter()
-        .map(|a| (a.name_any(), a))
-        .collect();
+    let spoke = common::by_name(&env.spoke_apps(AUTONOMOUS), &Default::default()).await?;
+    let mirror_label = kube::api::ListParams::default().labels(keys::MIRROR_OF);
+    let hub = common::by_name(&mirrors(env), &mirror_label).await?;
     if spoke.keys().collect::<Vec<_>>() != hub.keys().collect::<Vec<_>>() {
         return Err(format!(
             "spoke {:?}, mirrors {:?}",
@@ -112,10 +97,7 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     env.wait_connected().await;
     let spoke = env.spoke_apps(AUTONOMOUS);
     for (name, path) in [("local-a", "a"), ("local-b", "b")] {
-        spoke
-            .create(&PostParams::default(), &local_app(name, path))
-            .await
-            .unwrap();
+        common::create(&spoke, &local_app(name, path)).await;
     }
     wait::until("mirrors of the spoke's Applications", TIMEOUT, || {
         mirrored(&env)
@@ -137,15 +119,13 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     assert!(m.finalizers().is_empty());
 
     // The spoke changes its Application and its status: the mirror follows.
-    spoke
-        .patch(
-            "local-a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "source": { "path": "a2" } },
-                                  "status": { "health": { "status": "Degraded" } } })),
-        )
-        .await
-        .unwrap();
+    merge(
+        &spoke,
+        "local-a",
+        json!({ "spec": { "source": { "path": "a2" } },
+                                  "status": { "health": { "status": "Degraded" } } }),
+    )
+    .await;
     wait::until("the mirror follows the spoke", TIMEOUT, || async {
         match mirror_field(&env, "local-a", "/spec/source/path").await {
             Some(p) if p == "a2" => mirrored(&env).await,
@@ -155,16 +135,12 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     .await;
 
     // The mirror is read-only: an edit on the hub is reverted.
-    mirrors(&env)
-        .patch(
-            "local-a",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({ "spec": { "source": { "path": "hub-edit" }, "revisionHistoryLimit": 1 } }),
-            ),
-        )
-        .await
-        .unwrap();
+    merge(
+        &mirrors(&env),
+        "local-a",
+        json!({ "spec": { "source": { "path": "hub-edit" }, "revisionHistoryLimit": 1 } }),
+    )
+    .await;
     wait::until("the hub edit reverted", TIMEOUT, || async {
         match mirror_field(&env, "local-a", "/spec").await {
             Some(s) if s["source"]["path"] == "a2" && s.get("revisionHistoryLimit").is_none() => {
@@ -181,15 +157,13 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     );
 
     // The hub may ask for a sync and a refresh; each runs once on the spoke.
-    mirrors(&env)
-        .patch(
-            "local-b",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "operation": { "sync": { "revision": "from-hub" } },
-                                  "metadata": { "annotations": { keys::REFRESH: "normal" } } })),
-        )
-        .await
-        .unwrap();
+    merge(
+        &mirrors(&env),
+        "local-b",
+        json!({ "operation": { "sync": { "revision": "from-hub" } },
+                                  "metadata": { "annotations": { keys::REFRESH: "normal" } } }),
+    )
+    .await;
     wait::until("the sync and refresh run on the spoke", TIMEOUT, || async {
         let syncs = env.spokes[AUTONOMOUS].argocd.syncs_of("local-b");
         let refreshes = env.spokes[AUTONOMOUS].argocd.refreshes_of("local-b");
@@ -206,13 +180,7 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     );
 
     // A pull-model Application cannot target an autonomous cluster.
-    env.hub_apps()
-        .create(
-            &PostParams::default(),
-            &env.app("pushed", AUTONOMOUS, json!({})),
-        )
-        .await
-        .unwrap();
+    env.create("pushed", AUTONOMOUS, json!({})).await;
     wait::until("the refusal on pushed", TIMEOUT, || async {
         let a = env
             .hub_apps()
@@ -246,10 +214,7 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
         .delete("local-b", &DeleteParams::default())
         .await
         .unwrap();
-    spoke
-        .create(&PostParams::default(), &local_app("local-c", "c"))
-        .await
-        .unwrap();
+    common::create(&spoke, &local_app("local-c", "c")).await;
     env.start_hub(&[]).await;
     wait::until("mirrors caught up after the hub restart", TIMEOUT, || {
         mirrored(&env)
@@ -265,37 +230,15 @@ async fn the_hub_mirrors_an_autonomous_cluster_and_may_only_ask_for_syncs_and_re
     // stays as it is.
     let mut own = local_app("local-d", "hub-own");
     own.metadata.namespace = Some("cluster2".into());
-    mirrors(&env)
-        .create(&PostParams::default(), &own)
-        .await
-        .unwrap();
-    spoke
-        .create(&PostParams::default(), &local_app("local-d", "spoke-d"))
-        .await
-        .unwrap();
+    common::create(&mirrors(&env), &own).await;
+    common::create(&spoke, &local_app("local-d", "spoke-d")).await;
     let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(env.hub_client.clone(), "cluster2");
-    wait::until(
-        "a MirrorNameTaken event on the hub's own local-d",
+    wait::warning(
+        &events,
+        "involvedObject.name=local-d",
+        "MirrorNameTaken",
         TIMEOUT,
-        || async {
-            let list = events
-                .list(&kube::api::ListParams::default().fields("involvedObject.name=local-d"))
-                .await
-                .map_err(|e| e.to_string())?;
-            if list
-                .items
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("MirrorNameTaken"))
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{:?}",
-                    list.items.iter().map(|e| &e.reason).collect::<Vec<_>>()
-                ))
-            }
-        },
     )
     .await;
     let kept = mirrors(&env).get("local-d").await.unwrap();
@@ -376,13 +319,10 @@ async fn an_autonomous_agent_cannot_make_the_hub_hold_more_than_its_limits() {
         }
     })
     .await;
-    let log = env.hub_log();
-    for expected in [
-        "over the limit (--grpc-max-mirror-bytes-per-cluster=32768)",
+    env.assert_logged("over the limit (--grpc-max-mirror-bytes-per-cluster=32768)");
+    env.assert_logged(
         "already has 3 Applications mirrored on the hub, the limit (--grpc-max-mirrors-per-cluster=3)",
-    ] {
-        assert!(log.contains(expected), "{expected:?} not logged:\n{log}");
-    }
+    );
     assert_eq!(
         mirror_names(&env).await,
         ["small-a", "small-b", "small-c"],
@@ -391,14 +331,7 @@ async fn an_autonomous_agent_cannot_make_the_hub_hold_more_than_its_limits() {
     // Nothing else stops: the agent stays connected, and a mirror within
     // the limits still follows its Application.
     assert!(env.spokes[AUTONOMOUS].agent.as_ref().unwrap().connected());
-    spoke
-        .patch(
-            "small-a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "source": { "path": "a2" } } })),
-        )
-        .await
-        .unwrap();
+    set_source(&spoke, "small-a", "path", "a2").await;
     wait::until("the mirror follows its Application", TIMEOUT, || async {
         match mirror_field(&env, "small-a", "/spec/source/path").await {
             Some(p) if p == "a2" => Ok(()),

@@ -7,13 +7,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use argocd_pull_spoke_agent::Mode;
-use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::wait;
 
 mod common;
 mod grpc_env;
+use common::set_source;
 use grpc_env::{Env, TIMEOUT, agent_subject};
 
 /// Replaces the agent's certificate and key the way a Secret volume
@@ -28,14 +27,7 @@ fn rotate(env: &Env, pair: &testenv::pki::CertKey) {
 }
 
 async fn set_revision(env: &Env, revision: &str) {
-    env.hub_apps()
-        .patch(
-            "alpha",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "source": { "targetRevision": revision } } })),
-        )
-        .await
-        .unwrap();
+    set_source(&env.hub_apps(), "alpha", "targetRevision", revision).await;
 }
 
 fn connections(env: &Env) -> usize {
@@ -45,16 +37,21 @@ fn connections(env: &Env) -> usize {
         .count()
 }
 
+/// Waits until cluster1's agent has connected `n` times, `what`.
+async fn wait_connections(env: &Env, n: usize, what: &str) {
+    wait::until(what, TIMEOUT, || async {
+        match connections(env) {
+            now if now == n => Ok(()),
+            now => Err(now),
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn rotated_certificates_are_picked_up_without_a_restart() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
-    env.hub_apps()
-        .create(&PostParams::default(), &env.app("alpha", 0, json!({})))
-        .await
-        .unwrap();
+    let env = Env::managed(&["cluster1"]).await;
+    env.create("alpha", 0, json!({})).await;
     let expected: BTreeMap<String, usize> = [("alpha".to_string(), 0)].into();
     wait::until("alpha delivered", TIMEOUT, || env.converged(&expected)).await;
     assert_eq!(connections(&env), 1);
@@ -62,17 +59,7 @@ async fn rotated_certificates_are_picked_up_without_a_restart() {
     // OCM renews the certificate: the agent reconnects with the new one.
     let subject = agent_subject("cluster1");
     rotate(&env, &env.ca.client(&subject, None).unwrap());
-    wait::until(
-        "a connection with the renewed certificate",
-        TIMEOUT,
-        || async {
-            match connections(&env) {
-                2 => Ok(()),
-                n => Err(n),
-            }
-        },
-    )
-    .await;
+    wait_connections(&env, 2, "a connection with the renewed certificate").await;
     let agent = env.spokes[0].agent.as_ref().unwrap();
     assert_eq!(agent.metrics.certificate_reloads.get(), 1);
     set_revision(&env, "after-rotation").await;
@@ -89,17 +76,7 @@ async fn rotated_certificates_are_picked_up_without_a_restart() {
             .client_expiring(&subject, Duration::from_secs(15))
             .unwrap(),
     );
-    wait::until(
-        "a connection with the short-lived certificate",
-        TIMEOUT,
-        || async {
-            match connections(&env) {
-                3 => Ok(()),
-                n => Err(n),
-            }
-        },
-    )
-    .await;
+    wait_connections(&env, 3, "a connection with the short-lived certificate").await;
     wait::until("the hub to end the stream at expiry", TIMEOUT, || async {
         let log = env.hub_log();
         let ended = log.lines().any(|l| {

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use argocd_pull_apis::keys;
 use argocd_pull_spoke_agent::Mode;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::{Value, json};
 use testenv::wait;
 
 mod common;
 mod grpc_env;
+use common::{merge, set_source};
 use grpc_env::{Env, Proxy, TIMEOUT};
 
 const APPS: usize = 24;
@@ -29,15 +30,14 @@ fn spoke_of(i: usize) -> usize {
     i % 2
 }
 
+/// Merge-patches hub Application `i`.
+async fn edit(env: &Env, i: usize, patch: Value) {
+    merge(&env.hub_apps(), &name(i), patch).await;
+}
+
 async fn set_revision(env: &Env, i: usize, revision: &str) {
-    env.hub_apps()
-        .patch(
-            &name(i),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "source": { "targetRevision": revision } } })),
-        )
-        .await
-        .unwrap();
+    let patch = json!({ "spec": { "source": { "targetRevision": revision } } });
+    edit(env, i, patch).await;
 }
 
 async fn set_spoke_message(env: &Env, i: usize, message: &str) {
@@ -55,14 +55,12 @@ async fn set_spoke_message(env: &Env, i: usize, message: &str) {
 }
 
 async fn sync(env: &Env, i: usize, revision: &str) {
-    env.hub_apps()
-        .patch(
-            &name(i),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "operation": { "sync": { "revision": revision } } })),
-        )
-        .await
-        .unwrap();
+    edit(
+        env,
+        i,
+        json!({ "operation": { "sync": { "revision": revision } } }),
+    )
+    .await;
 }
 
 async fn converge(env: &Env, expected: &BTreeMap<String, usize>, what: &str) {
@@ -76,8 +74,7 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
     let proxy = Proxy::start(env.grpc_addr).await;
     let through_proxy = env.agent_config(0, &proxy.address(), Mode::Managed);
     env.start_agent_with(0, through_proxy);
-    env.start_agent(1, Mode::Managed);
-    env.wait_connected().await;
+    env.connect_agent(1).await;
 
     let mut expected = BTreeMap::new();
     for i in 0..APPS {
@@ -86,13 +83,7 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
         } else {
             json!({})
         };
-        env.hub_apps()
-            .create(
-                &PostParams::default(),
-                &env.app(&name(i), spoke_of(i), extra),
-            )
-            .await
-            .unwrap();
+        env.create(&name(i), spoke_of(i), extra).await;
         expected.insert(name(i), spoke_of(i));
     }
 
@@ -151,13 +142,7 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
         .unwrap(); // none
     expected.remove(&name(8));
     expected.remove(&name(9));
-    env.hub_apps()
-        .create(
-            &PostParams::default(),
-            &env.app("born-while-hub-down", 1, json!({})),
-        )
-        .await
-        .unwrap();
+    env.create("born-while-hub-down", 1, json!({})).await;
     expected.insert("born-while-hub-down".into(), 1);
     env.start_hub(&[]).await;
     converge(&env, &expected, "convergence after a hub restart").await;
@@ -178,14 +163,13 @@ async fn nothing_is_lost_when_connections_hubs_or_agents_fail() {
         .await
         .unwrap();
     expected.remove(&name(7));
-    env.spoke_apps(1)
-        .patch(
-            &name(13),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "source": { "path": "edited-while-agent-down" } } })),
-        )
-        .await
-        .unwrap();
+    set_source(
+        &env.spoke_apps(1),
+        &name(13),
+        "path",
+        "edited-while-agent-down",
+    )
+    .await;
     set_spoke_message(&env, 15, "status-while-agent-down").await;
     env.start_agent(1, Mode::Managed);
     converge(&env, &expected, "convergence after an agent restart").await;

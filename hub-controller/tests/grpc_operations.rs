@@ -17,9 +17,8 @@
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
-use argocd_pull_spoke_agent::Mode;
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
@@ -27,6 +26,7 @@ use testenv::wait;
 
 mod common;
 mod grpc_env;
+use common::merge;
 use grpc_env::{Env, TIMEOUT};
 
 const STARTED: &str = "2026-11-24T01:00:00Z";
@@ -101,13 +101,10 @@ async fn delivered(name: &str) -> (Env, Api<Application>, Api<Application>) {
     let mut env = Env::new(&["cluster1"]).await;
     env.spokes[0].argocd.stop();
     env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
+    env.connect_agent(0).await;
     let hub = env.hub_apps();
     let spoke = env.spoke_apps(0);
-    hub.create(&PostParams::default(), &env.app(name, 0, json!({})))
-        .await
-        .unwrap();
+    env.create(name, 0, json!({})).await;
     wait::until(&format!("{name} on the spoke"), TIMEOUT, || async {
         spoke
             .get_opt(name)
@@ -134,6 +131,18 @@ fn stamp(app: &Application) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Waits until `api`'s `beta` shows its operation in `phase`, `what`.
+async fn wait_phase(api: &Api<Application>, want: &str, what: &str) {
+    wait::until(what, TIMEOUT, || async {
+        let a = api.get("beta").await.map_err(|e| e.to_string())?;
+        match phase(&a) {
+            Some(p) if p == want => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
     let (env, hub, spoke) = delivered("alpha").await;
@@ -152,13 +161,7 @@ async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
     });
     let set_on_hub = || async {
         // A merge patch replaces `info`: the stamp goes, as with the ApplicationSet.
-        hub.patch(
-            "alpha",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "operation": appset_operation })),
-        )
-        .await
-        .unwrap();
+        merge(&hub, "alpha", json!({ "operation": appset_operation })).await;
     };
     let spoke_carries = |other_than: Option<String>| {
         let spoke = spoke.clone();
@@ -201,22 +204,20 @@ async fn a_sync_leaves_the_hub_copy_only_with_the_status_that_shows_it_ran() {
     // Argo CD finishes the sync and clears `.operation`, in one write.
     let running = spoke.get("alpha").await.unwrap();
     let op = running.data.get("operation").cloned().unwrap();
-    spoke
-        .patch(
-            "alpha",
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": { "resourceVersion": running.metadata.resource_version },
-                "operation": null,
-                "status": {
-                    "health": { "status": "Healthy" }, "sync": { "status": "Synced" },
-                    "operationState": { "operation": op, "phase": "Succeeded",
-                                        "startedAt": STARTED, "finishedAt": STARTED },
-                },
-            })),
-        )
-        .await
-        .unwrap();
+    merge(
+        &spoke,
+        "alpha",
+        json!({
+            "metadata": { "resourceVersion": running.metadata.resource_version },
+            "operation": null,
+            "status": {
+                "health": { "status": "Healthy" }, "sync": { "status": "Synced" },
+                "operationState": { "operation": op, "phase": "Succeeded",
+                                    "startedAt": STARTED, "finishedAt": STARTED },
+            },
+        }),
+    )
+    .await;
     let last = wait::until(
         "the hub copy to show the sync ran and drop .operation",
         TIMEOUT,
@@ -261,37 +262,27 @@ async fn a_terminate_op_on_the_hub_copy_stops_the_sync_on_the_spoke() {
     let (env, hub, spoke) = delivered("beta").await;
 
     // A sync asked on the hub reaches the spoke, whose Argo CD starts it.
-    hub.patch(
+    merge(
+        &hub,
         "beta",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "operation": {
-            "sync": {}, "initiatedBy": { "username": "admin" } } })),
+        json!({ "operation": {
+            "sync": {}, "initiatedBy": { "username": "admin" } } }),
     )
-    .await
-    .unwrap();
+    .await;
     let sync = wait::until("the spoke to carry the sync", TIMEOUT, || async {
         let a = spoke.get("beta").await.map_err(|e| e.to_string())?;
         stamp(&a).ok_or("no sync".to_string())
     })
     .await;
     let op = spoke.get("beta").await.unwrap().data["operation"].clone();
-    spoke
-        .patch(
-            "beta",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": { "operationState": {
-                "operation": op, "phase": "Running", "startedAt": STARTED } } })),
-        )
-        .await
-        .unwrap();
-    wait::until("the hub copy to show the sync running", TIMEOUT, || async {
-        let a = hub.get("beta").await.map_err(|e| e.to_string())?;
-        match phase(&a).as_deref() {
-            Some("Running") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    merge(
+        &spoke,
+        "beta",
+        json!({ "status": { "operationState": {
+                "operation": op, "phase": "Running", "startedAt": STARTED } } }),
+    )
     .await;
+    wait_phase(&hub, "Running", "the hub copy to show the sync running").await;
 
     let history = History::watch(&env, "beta", phase).await;
 
@@ -306,30 +297,21 @@ async fn a_terminate_op_on_the_hub_copy_stops_the_sync_on_the_spoke() {
         .metadata
         .resource_version
         .unwrap();
-    wait::until("the spoke's sync to be terminating", TIMEOUT, || async {
-        let a = spoke.get("beta").await.map_err(|e| e.to_string())?;
-        match phase(&a).as_deref() {
-            Some("Terminating") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    wait_phase(&spoke, "Terminating", "the spoke's sync to be terminating").await;
 
     // The spoke's Argo CD stops the sync and clears `.operation`, in one write.
     let terminating = spoke.get("beta").await.unwrap();
-    spoke
-        .patch(
-            "beta",
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": { "resourceVersion": terminating.metadata.resource_version },
-                "operation": null,
-                "status": { "operationState": { "operation": op, "phase": "Failed",
-                    "message": "Operation terminated", "startedAt": STARTED, "finishedAt": STARTED } },
-            })),
-        )
-        .await
-        .unwrap();
+    merge(
+        &spoke,
+        "beta",
+        json!({
+            "metadata": { "resourceVersion": terminating.metadata.resource_version },
+            "operation": null,
+            "status": { "operationState": { "operation": op, "phase": "Failed",
+                "message": "Operation terminated", "startedAt": STARTED, "finishedAt": STARTED } },
+        }),
+    )
+    .await;
     let last = wait::until(
         "the hub copy to show the sync terminated and drop .operation",
         TIMEOUT,

@@ -8,9 +8,8 @@
 //! old one) fails here.
 
 use argocd_pull_hub_controller::status::CONDITION;
-use argocd_pull_spoke_agent::Mode;
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::wait;
 
@@ -28,21 +27,12 @@ fn spec(path: &str) -> Value {
 
 #[tokio::test]
 async fn the_first_delivered_keeps_the_spoke_application() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
+    let env = Env::managed(&["cluster1"]).await;
     let spoke = env.spoke_apps(0);
 
     // Team A delivers `shared` first.
     let hub_a = env.hub_apps();
-    hub_a
-        .create(
-            &PostParams::default(),
-            &env.app("shared", 0, spec("team-a")),
-        )
-        .await
-        .unwrap();
+    env.create("shared", 0, spec("team-a")).await;
     let path_on_spoke = |want: &'static str| {
         let spoke = spoke.clone();
         async move {
@@ -104,19 +94,11 @@ async fn the_first_delivered_keeps_the_spoke_application() {
     );
     // The Event follows the condition's write: wait for it.
     let events: Api<Event> = Api::namespaced(env.hub_client.clone(), &ns_b);
-    let conflict = wait::until(
-        "a SpokeConflict event on team B's Application",
+    let conflict = wait::warning(
+        &events,
+        "involvedObject.name=shared",
+        "SpokeConflict",
         TIMEOUT,
-        || async {
-            events
-                .list(&ListParams::default().fields("involvedObject.name=shared"))
-                .await
-                .map_err(|e| e.to_string())?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("SpokeConflict"))
-                .ok_or_else(|| "no SpokeConflict event yet".to_string())
-        },
     )
     .await;
     assert!(conflict.message.unwrap_or_default().contains(&holder));
@@ -129,13 +111,7 @@ async fn the_first_delivered_keeps_the_spoke_application() {
         .delete("shared", &DeleteParams::default())
         .await
         .unwrap();
-    wait::until("team B's Application gone", TIMEOUT, || async {
-        match hub_b.get_opt("shared").await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|o| o.is_some()))),
-        }
-    })
-    .await;
+    wait::gone(&hub_b, "shared", TIMEOUT).await;
     hub_a
         .patch(
             "shared",

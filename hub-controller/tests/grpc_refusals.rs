@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, Heartbeat, ObjectAck, ObjectKey, agent_message, hub_message,
 };
-use argocd_pull_spoke_agent::Mode;
-use kube::api::{Patch, PatchParams, PostParams};
+
 use serde_json::json;
 use testenv::pki::{Ca, CertKey};
 use testenv::wait;
@@ -19,7 +18,8 @@ use tonic::{Code, Status};
 
 mod common;
 mod grpc_env;
-use common::grpc_client::{self, Opened, hello, next, refused, report};
+use common::grpc_client::{self, Opened, hello, next, refused, refused_with, report};
+use common::set_source;
 use grpc_env::{Env, SPOKE_NS, TIMEOUT, agent_subject};
 
 /// A raw stream to the hub of `env` with `identity`, opened with `first`.
@@ -31,12 +31,8 @@ async fn open(env: &Env, identity: &CertKey, first: AgentMessage) -> Result<Open
 async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
     let mut env = Env::new(&["cluster1", "cluster2"]).await;
     env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
-    env.hub_apps()
-        .create(&PostParams::default(), &env.app("alpha", 0, json!({})))
-        .await
-        .unwrap();
+    env.connect_agent(0).await;
+    env.create("alpha", 0, json!({})).await;
     let expected: BTreeMap<String, usize> = [("alpha".to_string(), 0)].into();
     wait::until("alpha delivered", TIMEOUT, || env.converged(&expected)).await;
     let cluster2 = env.ca.client(&agent_subject("cluster2"), None).unwrap();
@@ -57,13 +53,10 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
 
     // A trusted certificate whose subject names no cluster.
     let stranger = env.ca.client("someone", None).unwrap();
-    let status = refused(open(&env, &stranger, hello(1, 1)).await);
-    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    assert!(
-        status
-            .message()
-            .contains("\"someone\" matches no identity pattern"),
-        "{status:?}"
+    refused_with(
+        open(&env, &stranger, hello(1, 1)).await,
+        Code::PermissionDenied,
+        "\"someone\" matches no identity pattern",
     );
 
     // An agent from the future.
@@ -78,13 +71,10 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
     let heartbeat = AgentMessage {
         kind: Some(agent_message::Kind::Heartbeat(Heartbeat::default())),
     };
-    let status = refused(open(&env, &cluster2, heartbeat).await);
-    assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(
-        status
-            .message()
-            .contains("the first message must be a Hello"),
-        "{status:?}"
+    refused_with(
+        open(&env, &cluster2, heartbeat).await,
+        Code::InvalidArgument,
+        "the first message must be a Hello",
     );
 
     // After a good handshake: a report of another cluster's Application is
@@ -111,10 +101,7 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
     // A report that is not JSON is refused the same way (one of an
     // Application the hub does deliver to cluster2: others are refused
     // unread, above).
-    env.hub_apps()
-        .create(&PostParams::default(), &env.app("beta", 1, json!({})))
-        .await
-        .unwrap();
+    env.create("beta", 1, json!({})).await;
     let beta = ObjectKey {
         namespace: SPOKE_NS.into(),
         name: "beta".into(),
@@ -153,14 +140,7 @@ async fn bad_input_is_refused_and_logged_without_affecting_other_agents() {
 
     // The hub copy never saw any of it; the real agent kept its stream and
     // still delivers.
-    env.hub_apps()
-        .patch(
-            "alpha",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "source": { "targetRevision": "after-abuse" } } })),
-        )
-        .await
-        .unwrap();
+    set_source(&env.hub_apps(), "alpha", "targetRevision", "after-abuse").await;
     wait::until("alpha updated after the abuse", TIMEOUT, || {
         env.converged(&expected)
     })

@@ -17,7 +17,6 @@ use argocd_pull_apis::keys;
 use argocd_pull_hub_controller::hub::watches::{Scope, Watches};
 use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::transport::grpc::{self, metrics::GrpcMetrics};
-use argocd_pull_spoke_agent::Mode;
 use clap::Parser;
 use futures::StreamExt;
 use http::Method;
@@ -108,8 +107,7 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
     tokio::spawn(watches.run(slow.clone(), vec![hub.clone()], shutdown.clone().wait()));
     let served = grpc::start(hub.clone(), shutdown.wait()).await.unwrap();
     hub.wait_synced().await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
+    env.connect_agent(0).await;
 
     let apps = env.hub_apps();
     let spoke = env.spoke_apps(0);
@@ -123,60 +121,35 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
         })
         .await;
     let managed = ListParams::default().labels(&format!("{}=true", keys::HUB_MANAGED));
-    wait::until("every Application on the spoke", TIMEOUT, || async {
-        let n = spoke
-            .list(&managed)
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .len();
-        if n == APPS {
-            Ok(())
-        } else {
-            Err(format!("{n} there"))
-        }
-    })
+    common::wait_count(
+        &spoke,
+        &managed,
+        APPS,
+        "every Application on the spoke",
+        TIMEOUT,
+    )
     .await;
 
     // Argo CD on the spoke starts the sync...
     set_spoke_status(&env, &names, progressing()).await;
-    wait::until("every hub copy Progressing", TIMEOUT, || async {
-        let list = apps
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let pending = list
-            .items
-            .iter()
-            .filter(|a| status(a) != progressing())
-            .count();
-        if pending == 0 {
-            Ok(())
-        } else {
-            Err(format!("{pending} pending"))
-        }
-    })
+    common::wait_all(
+        &apps,
+        "every hub copy Progressing",
+        TIMEOUT,
+        |a| status(a) == progressing(),
+        |a| format!("{}: {}", a.name_any(), status(a)),
+    )
     .await;
     // ...and it ends Healthy, while the hub's watch has not yet shown it
     // its own Progressing writes.
     set_spoke_status(&env, &names, healthy()).await;
-    wait::until("every hub copy exactly as the spoke", TIMEOUT, || async {
-        let list = apps
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let pending: Vec<String> = list
-            .items
-            .iter()
-            .filter(|a| status(a) != healthy())
-            .map(|a| format!("{}: {}", a.name_any(), status(a)))
-            .collect();
-        if pending.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{} pending, e.g. {}", pending.len(), pending[0]))
-        }
-    })
+    common::wait_all(
+        &apps,
+        "every hub copy exactly as the spoke",
+        TIMEOUT,
+        |a| status(a) == healthy(),
+        |a| format!("{}: {}", a.name_any(), status(a)),
+    )
     .await;
     // The hub's cache shows the last status of every Application, every
     // write's echo has reached a reconcile and nothing is queued: no more

@@ -8,28 +8,20 @@
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
 use argocd_pull_hub_controller::render::work::work_name;
-use argocd_pull_spoke_agent::Mode;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use testenv::wait;
 
 mod common;
 mod grpc_env;
+use common::{merge, set_source};
 use grpc_env::{Env, TIMEOUT, disable_addon};
 
 /// What the work agent does with a new work: applies its Application on
 /// the spoke, and holds the work with its finalizer until it has cleaned up.
 async fn play_work_agent(env: &Env, spoke: usize, work: &ManifestWork) {
-    let manifest = work
-        .spec
-        .workload
-        .as_ref()
-        .unwrap()
-        .manifests
-        .as_ref()
-        .unwrap()[0]
-        .clone();
+    let manifest = common::first_manifest(work).clone();
     env.spoke_apps(spoke)
         .patch(
             manifest["metadata"]["name"].as_str().unwrap(),
@@ -38,14 +30,13 @@ async fn play_work_agent(env: &Env, spoke: usize, work: &ManifestWork) {
         )
         .await
         .unwrap();
-    Api::<ManifestWork>::namespaced(env.hub_client.clone(), &env.spokes[spoke].name)
-        .patch(
-            &work.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "finalizers": ["cluster.open-cluster-management.io/manifest-work-cleanup"] } })),
-        )
-        .await
-        .unwrap();
+    let works = Api::<ManifestWork>::namespaced(env.hub_client.clone(), &env.spokes[spoke].name);
+    merge(
+        &works,
+        &work.name_any(),
+        json!({ "metadata": { "finalizers": ["cluster.open-cluster-management.io/manifest-work-cleanup"] } }),
+    )
+    .await;
 }
 
 async fn work(env: &Env, spoke: usize, app: &str) -> Option<ManifestWork> {
@@ -68,14 +59,34 @@ async fn hub_managed(env: &Env, spoke: usize, app: &str) -> Option<bool> {
     Some(a.labels().get(keys::HUB_MANAGED).map(String::as_str) == Some("true"))
 }
 
+/// Waits until the agent of spoke `i` has released `app` and a work
+/// delivers it, the spoke's copy still the one of uid `uid` (handed over,
+/// not deleted and made again).
+async fn handed_to_a_work(env: &Env, i: usize, app: &str, uid: String) {
+    wait::until(
+        &format!("{app} released by the agent, delivered by a work"),
+        TIMEOUT,
+        || async {
+            let released = hub_managed(env, i, app).await == Some(false);
+            let work = work(env, i, app).await.is_some();
+            if released && work {
+                Ok(())
+            } else {
+                Err(format!("released {released}, work {work}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(spoke_uid(env, i, app).await, Some(uid));
+}
+
 #[tokio::test]
 async fn each_cluster_gets_its_transport_and_switching_deletes_nothing() {
     let mut env = Env::new(&["cluster1", "cluster2"]).await;
     // cluster2 starts without the addon: a ManifestWork cluster.
     disable_addon(&env.hub_client, "cluster2").await;
     env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
+    env.connect_agent(0).await;
     let hub = env.hub_apps();
 
     // The addon decides; the annotation overrides.
@@ -88,9 +99,7 @@ async fn each_cluster_gets_its_transport_and_switching_deletes_nothing() {
             json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } }),
         ),
     ] {
-        hub.create(&PostParams::default(), &env.app(name, spoke, extra))
-            .await
-            .unwrap();
+        env.create(name, spoke, extra).await;
     }
     wait::until("by-grpc applied by the agent", TIMEOUT, || async {
         match hub_managed(&env, 0, "by-grpc").await {
@@ -115,13 +124,7 @@ async fn each_cluster_gets_its_transport_and_switching_deletes_nothing() {
     play_work_agent(&env, 0, &forced).await;
     // The agent leaves the work's Application alone: once a later change
     // of another Application has reached it, forced-work is still not its.
-    hub.patch(
-        "by-grpc",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "spec": { "source": { "targetRevision": "later" } } })),
-    )
-    .await
-    .unwrap();
+    set_source(&hub, "by-grpc", "targetRevision", "later").await;
     wait::until("the later change on cluster1", TIMEOUT, || async {
         let a = env
             .spoke_apps(0)
@@ -141,8 +144,7 @@ async fn each_cluster_gets_its_transport_and_switching_deletes_nothing() {
     // agent takes the very same Application over.
     let uid = spoke_uid(&env, 1, "by-work").await.unwrap();
     grpc_env::enable_addon(&env.hub_client, "cluster2").await;
-    env.start_agent(1, Mode::Managed);
-    env.wait_connected().await;
+    env.connect_agent(1).await;
     let orphaned = wait::until(
         "the work deleted with orphan propagation",
         TIMEOUT,
@@ -192,61 +194,26 @@ async fn each_cluster_gets_its_transport_and_switching_deletes_nothing() {
 
     // gRPC -> ManifestWork, by annotation: the agent lets go, a work takes
     // over, the Application stays.
-    hub.patch(
+    merge(
+        &hub,
         "by-work",
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } }),
-        ),
-    )
-    .await
-    .unwrap();
-    wait::until(
-        "released by the agent, delivered by a work",
-        TIMEOUT,
-        || async {
-            let released = hub_managed(&env, 1, "by-work").await == Some(false);
-            let work = work(&env, 1, "by-work").await.is_some();
-            if released && work {
-                Ok(())
-            } else {
-                Err(format!("released {released}, work {work}"))
-            }
-        },
+        json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } }),
     )
     .await;
-    assert_eq!(spoke_uid(&env, 1, "by-work").await, Some(uid));
+    handed_to_a_work(&env, 1, "by-work", uid).await;
 
     // gRPC -> ManifestWork for a whole cluster: its addon is disabled.
     let uid = spoke_uid(&env, 0, "by-grpc").await.unwrap();
     disable_addon(&env.hub_client, "cluster1").await;
-    wait::until(
-        "by-grpc released and delivered by a work",
-        TIMEOUT,
-        || async {
-            let released = hub_managed(&env, 0, "by-grpc").await == Some(false);
-            let work = work(&env, 0, "by-grpc").await.is_some();
-            if released && work {
-                Ok(())
-            } else {
-                Err(format!("released {released}, work {work}"))
-            }
-        },
-    )
-    .await;
-    assert_eq!(spoke_uid(&env, 0, "by-grpc").await, Some(uid));
+    handed_to_a_work(&env, 0, "by-grpc", uid).await;
 
     // A bad transport annotation is refused with a condition saying what to write.
-    hub.create(
-        &PostParams::default(),
-        &env.app(
-            "typo",
-            0,
-            json!({ "metadata": { "annotations": { keys::TRANSPORT: "carrier-pigeon" } } }),
-        ),
+    env.create(
+        "typo",
+        0,
+        json!({ "metadata": { "annotations": { keys::TRANSPORT: "carrier-pigeon" } } }),
     )
-    .await
-    .unwrap();
+    .await;
     wait::until("the refusal on typo", TIMEOUT, || async {
         let a = hub.get("typo").await.map_err(|e| e.to_string())?;
         let s = a

@@ -9,7 +9,9 @@ use argocd_pull_hub_controller::transport::manifestwork;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+use testenv::wait;
+
+mod common;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -19,11 +21,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// on its ManagedCluster saying what to fix; a real URL is kept.
 #[tokio::test]
 async fn a_cluster_secret_never_points_at_the_hub_a_loopback_or_inside_a_cluster() {
-    testenv::init_tracing();
-    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let client = cluster.client().await.unwrap();
+    let (cluster, client) = common::start_hub("hub").await;
     cluster.ensure_namespace("argocd").await.unwrap();
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     // What the hub-controller passes: the host of its own API server.
@@ -69,27 +67,11 @@ async fn a_cluster_secret_never_points_at_the_hub_a_loopback_or_inside_a_cluster
             continue;
         }
         assert_eq!(server, format!("https://{name}"), "{name}: {url}");
-        let note = wait::until(
-            &format!("a Warning Event on ManagedCluster {name}"),
-            TIMEOUT,
-            || async {
-                let list = events
-                    .list(&ListParams::default().fields(&format!(
-                        "involvedObject.kind=ManagedCluster,involvedObject.name={name}"
-                    )))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                list.items
-                    .into_iter()
-                    .find(|e| {
-                        e.type_.as_deref() == Some("Warning")
-                            && e.reason.as_deref() == Some("ClusterURLRefused")
-                    })
-                    .and_then(|e| e.message)
-                    .ok_or_else(|| "no event yet".to_string())
-            },
-        )
-        .await;
+        let fields = format!("involvedObject.kind=ManagedCluster,involvedObject.name={name}");
+        let note = wait::warning(&events, &fields, "ClusterURLRefused", TIMEOUT)
+            .await
+            .message
+            .unwrap_or_default();
         assert!(
             note.contains(url.as_str()) && note.contains("externalServerURLs"),
             "{name}: {note}"

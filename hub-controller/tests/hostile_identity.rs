@@ -18,15 +18,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use testenv::kubelet;
 use testenv::pki::CertKey;
 use testenv::{paths, wait};
 use tonic::Code;
 
 mod common;
 use common::addon::{
-    AGENT, AGENT_NS, AddonHub, Agent, SPOKE_NS, TIMEOUT, agent_config, agent_subject, client_cert,
-    fingerprint_of, run, secret_text, subject_of,
+    AGENT_NS, AddonHub, Agent, SPOKE_NS, TIMEOUT, agent_holding, agent_subject, client_cert,
+    fingerprint_of, hub_ca, run, secret_text, subject_of,
 };
 use common::apps_api;
 use common::grpc_client::{hello, open};
@@ -41,19 +40,6 @@ fn key_and_request(subject: &str) -> (String, String) {
         .push(rcgen::DnType::CommonName, subject);
     let request = params.serialize_request(&key).unwrap();
     (key.serialize_pem(), request.pem().unwrap())
-}
-
-/// The hub's serving CA, as the agents get it.
-async fn hub_ca(hub: &AddonHub, cluster: &str) -> String {
-    let client = hub.fleet.cluster(cluster).client().await.unwrap();
-    Api::<ConfigMap>::namespaced(client, AGENT_NS)
-        .get(argocd_pull_addon::HUB_CA_CONFIGMAP)
-        .await
-        .unwrap()
-        .data
-        .unwrap_or_default()
-        .remove("ca.crt")
-        .unwrap_or_default()
 }
 
 /// Opens a stream with `identity` until the hub answers for good (a
@@ -176,7 +162,7 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
     let forged = CertKey { cert_pem, key_pem };
     let forged_fp = fingerprint_of(&forged.cert_pem);
     let address = format!("https://{}", hub.grpc);
-    let ca = hub_ca(&hub, "cluster2").await;
+    let ca = hub_ca(hub.fleet, "cluster2").await;
 
     // ---- A raw client with it: refused, naming the requester.
     let status = refusal(&address, &ca, &forged).await;
@@ -218,24 +204,15 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
         "a refusal of an unvouched name became cluster1's series"
     );
     let events: Api<Event> = Api::namespaced(hub.client.clone(), "default");
-    let note = wait::until("the Warning Event on the forged CSR", TIMEOUT, || async {
-        let list = events
-            .list(
-                &ListParams::default()
-                    .fields("involvedObject.name=addon-cluster2-argocd-pull-forged"),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("CertificateNotRequestedByCluster")
-                    && e.type_.as_deref() == Some("Warning")
-            })
-            .and_then(|e| e.message)
-            .ok_or_else(|| "none yet".to_string())
-    })
-    .await;
+    let note = wait::warning(
+        &events,
+        "involvedObject.name=addon-cluster2-argocd-pull-forged",
+        "CertificateNotRequestedByCluster",
+        TIMEOUT,
+    )
+    .await
+    .message
+    .unwrap_or_default();
     assert!(
         note.contains(&requester) && note.contains("cluster1"),
         "{note}"
@@ -245,14 +222,7 @@ async fn a_certificate_requested_by_another_cluster_is_refused() {
     // is refused on every attempt and creates nothing of cluster1's there.
     let spoke2 = fleet.cluster("cluster2");
     let dir = tempfile::tempdir().unwrap();
-    let pod = kubelet::materialize(spoke2, AGENT_NS, AGENT, dir.path())
-        .await
-        .unwrap()
-        .expect("cluster2's agent Deployment");
-    let mut config = agent_config(&pod);
-    config.hub_address = address.clone();
-    std::fs::write(&config.tls.cert, &forged.cert_pem).unwrap();
-    std::fs::write(&config.tls.key, &forged.key_pem).unwrap();
+    let (pod, config) = agent_holding(spoke2, dir.path(), &address, &forged).await;
     let before = refused_total(&hub, "certificate-not-requested-by-cluster").await;
     let impostor = Agent::start(config, &pod.kubeconfig).await;
     wait::until("three refusals of the impostor", TIMEOUT, || async {

@@ -14,14 +14,14 @@ use argocd_pull_apis::ocm::ManifestWork;
 use argocd_pull_hub_controller::status::CONDITION;
 use argocd_pull_spoke_agent::Mode;
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::argocd::appproject_resource;
-use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+use testenv::{Cluster, wait};
 
 mod common;
 mod grpc_env;
-use common::{app, apps_api, managed_cluster, placement_selects, run_controller};
+use common::{app, app_for, apps_api, managed_cluster, merge, placement_selects, run_controller};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 const ARGOCD: &str = "argocd";
@@ -65,6 +65,12 @@ async fn argo_cds_default(client: &kube::Client) {
 
 /// The tenant project of the issue: Applications of `aaa-*` namespaces,
 /// deploying to `aaa-*` namespaces, from `https://git.example/*`.
+/// A project spec that admits Applications of namespace `ns`, from any
+/// repository, to `destination`.
+fn admitting(ns: &str, destination: Value) -> Value {
+    json!({ "sourceNamespaces": [ns], "sourceRepos": ["*"], "destinations": [destination] })
+}
+
 fn aaa_spec(extra_namespaces: &[&str]) -> Value {
     let mut destinations = vec![json!({ "server": "*", "namespace": "aaa-*" })];
     destinations.extend(
@@ -103,26 +109,12 @@ async fn refused_with(apps: &Api<Application>, name: &str, want: &str) -> String
 /// A Warning Event on `name` whose message contains `want`.
 async fn warned(client: &kube::Client, ns: &str, name: &str, want: &str) {
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    wait::until(&format!("event on {name}"), TIMEOUT, || async {
-        let list = events
-            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.reason.as_deref() == Some("ProjectNotPermitted")
-                    && e.message.as_deref().is_some_and(|m| m.contains(want))
-            })
-            .map(|_| ())
-            .ok_or_else(|| {
-                format!(
-                    "{} events: {:?}",
-                    list.items.len(),
-                    list.items.iter().map(|e| &e.message).collect::<Vec<_>>()
-                )
-            })
+    let fields = format!("involvedObject.name={name}");
+    wait::until(&format!("event on {name}"), TIMEOUT, || {
+        wait::find_event(&events, &fields, |e| {
+            wait::is_warning(e, "ProjectNotPermitted")
+                && e.message.as_deref().is_some_and(|m| m.contains(want))
+        })
     })
     .await;
 }
@@ -147,11 +139,7 @@ struct Hub {
 }
 
 async fn hub() -> Hub {
-    testenv::init_tracing();
-    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let client = cluster.client().await.unwrap();
+    let (cluster, client) = common::start_hub("hub").await;
     cluster.ensure_namespace(ARGOCD).await.unwrap();
     argo_cds_default(&client).await;
     project(&client, "aaa", aaa_spec(&[])).await;
@@ -311,13 +299,12 @@ async fn an_application_its_project_stops_allowing_stays_on_the_cluster_unchange
     .await;
     // ... and a later change of the hub copy is decided (its refusal names
     // the new namespace) but not delivered.
-    aaa.patch(
+    merge(
+        &aaa,
         "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "spec": { "destination": { "namespace": "shared-other" } } })),
+        json!({ "spec": { "destination": { "namespace": "shared-other" } } }),
     )
-    .await
-    .unwrap();
+    .await;
     refused_with(&aaa, "web", "namespace 'shared-other' do not match").await;
     let after = works
         .get_opt(&work_name)
@@ -342,8 +329,7 @@ async fn an_application_its_project_stops_allowing_stays_on_the_cluster_unchange
     project(
         &hub.client,
         "aaa-later",
-        json!({ "sourceNamespaces": [hub.aaa], "sourceRepos": ["*"],
-                "destinations": [{ "name": "*", "namespace": "*" }] }),
+        admitting(&hub.aaa, json!({ "name": "*", "namespace": "*" })),
     )
     .await;
     aaa.create(
@@ -369,16 +355,14 @@ async fn grpc_refuses_what_the_project_does_not_allow_and_delivers_it_once_allow
     env.hub.ensure_namespace(ARGOCD).await.unwrap();
     argo_cds_default(&env.hub_client).await;
     env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
+    env.connect_agent(0).await;
     let apps = env.hub_apps();
     // Allowed (the control-plane namespace is not the team's, so this one
     // uses a project admitting the team namespace).
     project(
         &env.hub_client,
         "team",
-        json!({ "sourceNamespaces": [env.team], "sourceRepos": ["*"],
-                "destinations": [{ "name": "cluster1", "namespace": "*" }] }),
+        admitting(&env.team, json!({ "name": "cluster1", "namespace": "*" })),
     )
     .await;
     let mut ok = env.app("alpha", 0, json!({}));
@@ -391,9 +375,7 @@ async fn grpc_refuses_what_the_project_does_not_allow_and_delivers_it_once_allow
     .await;
 
     // `default` from the team namespace: refused, nothing on the spoke.
-    apps.create(&PostParams::default(), &env.app("sneaky", 0, json!({})))
-        .await
-        .unwrap();
+    env.create("sneaky", 0, json!({})).await;
     let want = format!(
         "application 'sneaky' in namespace '{}' is not allowed to use project default",
         env.team
@@ -409,19 +391,10 @@ async fn grpc_refuses_what_the_project_does_not_allow_and_delivers_it_once_allow
     project(
         &env.hub_client,
         "default",
-        json!({ "sourceNamespaces": [env.team], "sourceRepos": ["*"],
-                "destinations": [{ "server": "*", "namespace": "*" }] }),
+        admitting(&env.team, json!({ "server": "*", "namespace": "*" })),
     )
     .await;
-    wait::until("sneaky delivered once allowed", TIMEOUT, || async {
-        env.spoke_apps(0)
-            .get_opt("sneaky")
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or_else(|| "not on the cluster".to_string())
-    })
-    .await;
+    wait::exists(&env.spoke_apps(0), "sneaky", TIMEOUT).await;
 }
 
 /// The ManifestWork `name` in `cluster` once `check` holds for it.
@@ -497,18 +470,11 @@ async fn the_project_and_its_credentials_reach_only_the_clusters_of_its_applicat
     // cluster2 gets an Application of `default` from the Argo CD namespace:
     // its project work is the sign that cluster2's were decided.
     placement_selects(&hub.client, ARGOCD, &["cluster2"]).await;
-    apps_api(&hub.client, ARGOCD)
-        .create(
-            &PostParams::default(),
-            &app(
-                "ops",
-                ARGOCD,
-                json!({ keys::MANAGED_CLUSTER: "cluster2" }),
-                json!({}),
-            ),
-        )
-        .await
-        .unwrap();
+    common::create(
+        &apps_api(&hub.client, ARGOCD),
+        &app_for("ops", ARGOCD, "cluster2"),
+    )
+    .await;
     let aaa = apps_api(&hub.client, &hub.aaa);
     aaa.create(
         &PostParams::default(),
@@ -648,14 +614,15 @@ async fn over_grpc_the_project_and_its_credentials_reach_only_the_clusters_of_it
     project(
         &env.hub_client,
         "team",
-        json!({ "sourceNamespaces": [env.team], "sourceRepos": ["*"],
-                "destinations": [{ "name": "cluster1", "namespace": "team-*" }] }),
+        admitting(
+            &env.team,
+            json!({ "name": "cluster1", "namespace": "team-*" }),
+        ),
     )
     .await;
     env.start_hub(&["--project-credentials"]).await;
     env.start_agent(0, Mode::Managed);
-    env.start_agent(1, Mode::Managed);
-    env.wait_connected().await;
+    env.connect_agent(1).await;
     let apps = env.hub_apps();
     let mut alpha = env.app("alpha", 0, json!({}));
     alpha.data["spec"]["project"] = json!("team");
@@ -663,9 +630,7 @@ async fn over_grpc_the_project_and_its_credentials_reach_only_the_clusters_of_it
     apps.create(&PostParams::default(), &alpha).await.unwrap();
     // cluster2 gets an Application of `default`: its project there is the
     // sign that cluster2's set was decided.
-    apps.create(&PostParams::default(), &env.app("beta", 1, json!({})))
-        .await
-        .unwrap();
+    env.create("beta", 1, json!({})).await;
 
     let projects = |i: usize| -> Api<DynamicObject> {
         Api::namespaced_with(

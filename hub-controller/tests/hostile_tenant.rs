@@ -12,12 +12,13 @@ use argocd_pull_hub_controller::status::CONDITION;
 use argocd_pull_spoke_agent::Mode;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use testenv::wait;
 
 mod common;
 mod grpc_env;
+use common::merge;
 use grpc_env::{Env, SPOKE_NS, TIMEOUT};
 
 /// The mirror-version annotation the hub writes on its mirrors.
@@ -112,25 +113,8 @@ async fn a_tenants_forged_mirrors_do_not_count_against_a_cluster() {
     );
     // Nothing was made of the forgeries: no mirror in cluster1's
     // namespace, nothing delivered on the cluster, the objects untouched.
-    let in_cluster_ns: Vec<String> = mirrors
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|a| a.name_any())
-        .collect();
-    assert_eq!(in_cluster_ns, ["real"]);
-    let on_spoke: Vec<String> = env
-        .spoke_apps(0)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|a| a.name_any())
-        .collect();
-    assert_eq!(on_spoke, ["real"]);
+    assert_eq!(common::names(&mirrors).await.unwrap(), ["real"]);
+    assert_eq!(common::names(&env.spoke_apps(0)).await.unwrap(), ["real"]);
     for i in 0..LIMIT + 2 {
         let f = hub_apps.get(&format!("forged-{i}")).await.unwrap();
         assert!(
@@ -218,10 +202,7 @@ async fn delivered_over_grpc(env: &Env) -> (Api<Application>, String) {
 /// owner's work.
 #[tokio::test]
 async fn one_owner_per_spoke_key_whatever_transport_asks() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
+    let env = Env::managed(&["cluster1"]).await;
     let spoke = env.spoke_apps(0);
     let works: Api<ManifestWork> = Api::namespaced(env.hub_client.clone(), "cluster1");
 
@@ -319,15 +300,14 @@ async fn older_elsewhere(env: &Env, works: &Api<ManifestWork>) -> (String, Api<A
 
 /// Moves `api`'s `shared` onto cluster1's `argocd/shared`.
 async fn move_onto_shared(api: &Api<Application>) {
-    api.patch(
+    merge(
+        api,
         "shared",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "annotations": {
+        json!({ "metadata": { "annotations": {
             keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NS,
-        } } })),
+        } } }),
     )
-    .await
-    .unwrap();
+    .await;
 }
 
 /// Asserts that `api`'s `shared` shows no condition of ours.
@@ -375,10 +355,7 @@ async fn an_older_application_moved_onto_a_held_key_takes_nothing() {
 /// holder: its work is removed, the agent's copy stays the holder's.
 #[tokio::test]
 async fn an_older_application_moved_onto_a_key_held_over_grpc_takes_nothing() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.start_hub(&[]).await;
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
+    let env = Env::managed(&["cluster1"]).await;
     held_over_grpc_is_kept(&env).await;
 }
 

@@ -55,11 +55,28 @@ async fn work(env: &Env, app: &str) -> Option<ManifestWork> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again() {
-    let mut env = Env::new(&["cluster1"]).await;
+/// A proxy to the hub's API server that can freeze, through which the
+/// hub-controllers started from now on reach it.
+async fn through_freezing_proxy(env: &mut Env) -> testenv::freeze::FreezingProxy {
+    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
+        .await
+        .unwrap();
+    let path = env.dir.path().join("through-proxy.kubeconfig");
+    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    proxy
+}
+
+/// One managed cluster, the Leases' namespace and Argo CD's.
+async fn leader_env() -> Env {
+    let env = Env::new(&["cluster1"]).await;
     env.hub.ensure_namespace(NS).await.unwrap();
     env.hub.ensure_namespace("argocd").await.unwrap();
+    env
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again() {
+    let mut env = leader_env().await;
     let mut replica = env.start_replica("hub-0", &[]).await;
     let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
     env.start_agent_with(0, config);
@@ -108,23 +125,11 @@ async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again
     // While another leads: an Application forced onto the ManifestWork
     // transport gets no work from hub-0, and one on gRPC, created after
     // it, still reaches the spoke through hub-0.
-    let hub = env.hub_apps();
     let forced = json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } });
-    hub.create(&PostParams::default(), &env.app("by-work", 0, forced))
-        .await
-        .unwrap();
-    hub.create(&PostParams::default(), &env.app("by-grpc", 0, json!({})))
-        .await
-        .unwrap();
-    wait::until("by-grpc on cluster1 through hub-0", TIMEOUT, || async {
-        env.spoke_apps(0)
-            .get_opt("by-grpc")
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    env.create("by-work", 0, forced).await;
+    env.create("by-grpc", 0, json!({})).await;
+    // by-grpc reaches cluster1 through hub-0.
+    wait::exists(&env.spoke_apps(0), "by-grpc", TIMEOUT).await;
     assert!(
         work(&env, "by-work").await.is_none(),
         "a replica that does not lead wrote a ManifestWork"
@@ -146,18 +151,13 @@ async fn a_replica_that_loses_the_lease_steps_down_keeps_serving_and_leads_again
     })
     .await;
     assert!(replica.process.child.try_wait().unwrap().is_none());
-    let log = replica.process.log_text();
-    assert!(
-        log.contains("stepped down"),
-        "the step-down is logged:\n{log}"
-    );
+    // The step-down is logged.
+    replica.process.assert_logged("stepped down");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.hub.ensure_namespace(NS).await.unwrap();
-    env.hub.ensure_namespace("argocd").await.unwrap();
+    let mut env = leader_env().await;
     // A claim left by a replica that died and whose cluster never came
     // back (no presence Lease names its holder).
     let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), NS);
@@ -240,31 +240,20 @@ async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
         now.metadata.resource_version, claimed.metadata.resource_version,
         "the live claim of cluster1 was rewritten"
     );
-    let log = replica.process.log_text();
-    assert!(
-        log.contains("deleted a claim no live replica has held for long"),
-        "{log}"
-    );
+    replica
+        .process
+        .assert_logged("deleted a claim no live replica has held for long");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_from_the_api_server_stops_writing_keeps_its_agent_and_resumes() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.hub.ensure_namespace(NS).await.unwrap();
-    env.hub.ensure_namespace("argocd").await.unwrap();
-    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
-        .await
-        .unwrap();
-    let path = env.dir.path().join("through-proxy.kubeconfig");
-    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    let mut env = leader_env().await;
+    let proxy = through_freezing_proxy(&mut env).await;
     let mut replica = env.start_replica("hub-0", &[]).await;
     let config = env.agent_config(0, &format!("https://{}", replica.grpc), Mode::Managed);
     env.start_agent_with(0, config);
     env.wait_connected().await;
-    env.hub_apps()
-        .create(&PostParams::default(), &env.app("app", 0, json!({})))
-        .await
-        .unwrap();
+    env.create("app", 0, json!({})).await;
     let expected = std::collections::BTreeMap::from([("app".to_string(), 0)]);
     wait::until("app delivered and its status on the hub", TIMEOUT, || {
         env.converged(&expected)
@@ -382,17 +371,17 @@ async fn revision_in_work(env: &Env, app: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-async fn set_revision(env: &Env, app: &str, revision: &str) {
-    env.hub_apps()
-        .patch(
-            app,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(
-                json!({ "spec": { "source": { "targetRevision": revision } } }),
-            ),
-        )
-        .await
-        .unwrap();
+/// Sets by-work's target revision to `revision` and waits until its work
+/// carries it, `what` (which replica writes it).
+async fn revise_by_work(env: &Env, revision: &str, what: &str) {
+    common::set_source(&env.hub_apps(), "by-work", "targetRevision", revision).await;
+    wait::until(what, TIMEOUT, || async {
+        match revision_in_work(env, "by-work").await {
+            Some(r) if r == revision => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }
 
 /// The leader's API server stops answering (the 3,000-agent run's stall):
@@ -402,16 +391,10 @@ async fn set_revision(env: &Env, app: &str, revision: &str) {
 /// the other goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_manifestworks() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.hub.ensure_namespace(NS).await.unwrap();
-    env.hub.ensure_namespace("argocd").await.unwrap();
+    let mut env = leader_env().await;
     // hub-0 reaches the API server through a proxy that can freeze; hub-1
     // directly.
-    let proxy = testenv::freeze::FreezingProxy::start(&env.hub)
-        .await
-        .unwrap();
-    let path = env.dir.path().join("through-proxy.kubeconfig");
-    env.hub_kubeconfig = Some(proxy.kubeconfig(&env.hub, &path).unwrap());
+    let proxy = through_freezing_proxy(&mut env).await;
     let mut hub0 = env.start_replica("hub-0", &[]).await;
     env.hub_kubeconfig = None;
     wait::until("hub-0 to lead", TIMEOUT, || async {
@@ -425,10 +408,7 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
     assert!(!hub1.leads().await, "two leaders");
 
     let forced = || json!({ "metadata": { "annotations": { keys::TRANSPORT: "manifestwork" } } });
-    let hub = env.hub_apps();
-    hub.create(&PostParams::default(), &env.app("by-work", 0, forced()))
-        .await
-        .unwrap();
+    env.create("by-work", 0, forced()).await;
     wait::until("by-work's ManifestWork, from hub-0", TIMEOUT, || async {
         work(&env, "by-work").await.ok_or("none")
     })
@@ -470,16 +450,10 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
         hub0.process.log_text()
     );
     // The positive signal: hub-1 now writes the ManifestWorks.
-    set_revision(&env, "by-work", "while-frozen").await;
-    wait::until(
+    revise_by_work(
+        &env,
+        "while-frozen",
         "by-work's change in its work, by hub-1",
-        TIMEOUT,
-        || async {
-            match revision_in_work(&env, "by-work").await.as_deref() {
-                Some("while-frozen") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
     )
     .await;
     assert!(work_writes(&hub1).await >= 1.0);
@@ -490,26 +464,10 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
     proxy.thaw();
     let hub0_writes = work_writes(&hub0).await;
     let hub1_writes = work_writes(&hub1).await;
-    hub.create(&PostParams::default(), &env.app("by-grpc", 0, json!({})))
-        .await
-        .unwrap();
-    wait::until("by-grpc on cluster1 through hub-0", TIMEOUT, || async {
-        env.spoke_apps(0)
-            .get_opt("by-grpc")
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
-    set_revision(&env, "by-work", "after-thaw").await;
-    wait::until("by-work's second change in its work", TIMEOUT, || async {
-        match revision_in_work(&env, "by-work").await.as_deref() {
-            Some("after-thaw") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    env.create("by-grpc", 0, json!({})).await;
+    // by-grpc reaches cluster1 through hub-0.
+    wait::exists(&env.spoke_apps(0), "by-grpc", TIMEOUT).await;
+    revise_by_work(&env, "after-thaw", "by-work's second change in its work").await;
     assert!(work_writes(&hub1).await > hub1_writes, "hub-1 wrote it");
     assert_eq!(
         work_writes(&hub0).await,
@@ -535,16 +493,10 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_and_another_writes_the_
         hub0.leads().await.then_some(()).ok_or("not yet")
     })
     .await;
-    set_revision(&env, "by-work", "hub-0-again").await;
-    wait::until(
+    revise_by_work(
+        &env,
+        "hub-0-again",
         "by-work's third change in its work, by hub-0",
-        TIMEOUT,
-        || async {
-            match revision_in_work(&env, "by-work").await.as_deref() {
-                Some("hub-0-again") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
     )
     .await;
     assert!(work_writes(&hub0).await > hub0_writes, "hub-0 wrote it");

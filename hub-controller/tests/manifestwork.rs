@@ -14,12 +14,15 @@ use argocd_pull_hub_controller::transport::manifestwork::{self, Context};
 use k8s_openapi::api::core::v1::Event;
 use kube::ResourceExt as _;
 use kube::api::DynamicObject;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+use testenv::{Cluster, wait};
 
 mod common;
-use common::{app, apps_api, feed_back, managed_cluster, placement_selects, run_controller};
+use common::{
+    app, app_for, apps_api, feed_back, managed_cluster, merge, placement_selects, run_controller,
+    set_source,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -31,11 +34,7 @@ struct Hub {
 }
 
 async fn hub_with_controller() -> Hub {
-    testenv::init_tracing();
-    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let client = cluster.client().await.unwrap();
+    let (cluster, client) = common::start_hub("hub").await;
     let (ctx, stop) = run_controller(client.clone()).await;
     Hub {
         cluster,
@@ -78,6 +77,21 @@ async fn select(pds: &Api<DynamicObject>, name: &str, clusters: &[&str]) {
     )
     .await
     .unwrap();
+}
+
+/// Whether `api` has `name`.
+async fn exists<K>(api: &Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.unwrap().is_some()
+}
+
+/// One pass of the orphan sweep over `hub`'s caches; how many works it deleted.
+async fn sweep(hub: &Hub) -> usize {
+    manifestwork::sweep::sweep_once(&hub.client, &hub.ctx.caches, &hub.ctx.metrics)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -201,17 +215,7 @@ async fn delivers_hands_over_the_operation_reports_status_and_cleans_up() {
         .unwrap()
         .metadata
         .resource_version;
-    apps.create(
-        &PostParams::default(),
-        &app(
-            "probe",
-            &ns,
-            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
-            json!({}),
-        ),
-    )
-    .await
-    .unwrap();
+    common::create(&apps, &app_for("probe", &ns, "cluster1")).await;
     wait::exists(&works, &format!("{ns}.probe"), TIMEOUT).await;
     assert_eq!(
         works
@@ -292,17 +296,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
     );
     big.data["spec"]["source"]["helm"] = json!({ "values": "x".repeat(600 * 1024) });
     apps.create(&PostParams::default(), &big).await.unwrap();
-    apps.create(
-        &PostParams::default(),
-        &app(
-            "good",
-            &ns,
-            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
-            json!({}),
-        ),
-    )
-    .await
-    .unwrap();
+    common::create(&apps, &app_for("good", &ns, "cluster1")).await;
 
     wait::exists(&works, &format!("{ns}.good"), TIMEOUT).await;
 
@@ -325,39 +319,18 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
         .await;
         assert!(message.starts_with(reason), "{name}: {message}");
         assert!(message.contains(hint), "{name}: {message}");
-        wait::until(&format!("event on {name}"), TIMEOUT, || async {
-            let list = events
-                .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-                .await
-                .map_err(|e| e.to_string())?;
-            list.items
-                .iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
-                })
-                .map(|_| ())
-                .ok_or_else(|| format!("{} events", list.items.len()))
-        })
-        .await;
-        assert!(
-            works
-                .get_opt(&format!("{ns}.{name}"))
-                .await
-                .unwrap()
-                .is_none()
-        );
+        let fields = format!("involvedObject.name={name}");
+        wait::warning(&events, &fields, reason, TIMEOUT).await;
+        assert!(!exists(&works, &format!("{ns}.{name}")).await);
     }
 
     // Fixing the annotation delivers it and clears the condition.
-    apps.patch(
+    merge(
+        &apps,
         "no-cluster",
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({ "metadata": { "annotations": { keys::MANAGED_CLUSTER: "cluster1" } } }),
-        ),
+        json!({ "metadata": { "annotations": { keys::MANAGED_CLUSTER: "cluster1" } } }),
     )
-    .await
-    .unwrap();
+    .await;
     wait::exists(&works, &format!("{ns}.no-cluster"), TIMEOUT).await;
     wait::until("the condition to clear", TIMEOUT, || async {
         let a = apps.get("no-cluster").await.map_err(|e| e.to_string())?;
@@ -384,11 +357,7 @@ async fn bad_input_becomes_a_condition_and_an_event_and_blocks_nothing_else() {
 /// the hub copy after `--work-apply-timeout`, and goes once it reports.
 #[tokio::test]
 async fn a_work_left_unapplied_becomes_a_condition_until_the_work_agent_reports() {
-    testenv::init_tracing();
-    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let client = cluster.client().await.unwrap();
+    let (cluster, client) = common::start_hub("hub").await;
     let timeout = Duration::from_secs(3);
     let (_ctx, _stop) = common::run_controller_with(
         client.clone(),
@@ -404,17 +373,7 @@ async fn a_work_left_unapplied_becomes_a_condition_until_the_work_agent_reports(
     let apps = apps_api(&client, &ns);
     let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     let created = std::time::Instant::now();
-    apps.create(
-        &PostParams::default(),
-        &app(
-            "silent",
-            &ns,
-            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
-            json!({}),
-        ),
-    )
-    .await
-    .unwrap();
+    common::create(&apps, &app_for("silent", &ns, "cluster1")).await;
     let work_name = format!("{ns}.silent");
     wait::exists(&works, &work_name, TIMEOUT).await;
 
@@ -517,59 +476,19 @@ async fn caches_show(hub: &Hub, ns: &str, works: &[&str], apps: &[&str]) {
 #[tokio::test]
 async fn sweep_removes_works_of_applications_deleted_without_finalizers() {
     let (hub, ns, apps, works) = one_cluster_team().await;
-    let client = &hub.client;
     for name in ["kept", "gone"] {
-        apps.create(
-            &PostParams::default(),
-            &app(
-                name,
-                &ns,
-                json!({ keys::MANAGED_CLUSTER: "cluster1" }),
-                json!({}),
-            ),
-        )
-        .await
-        .unwrap();
+        common::create(&apps, &app_for(name, &ns, "cluster1")).await;
         wait::exists(&works, &format!("{ns}.{name}"), TIMEOUT).await;
     }
     apps.delete("gone", &DeleteParams::default()).await.unwrap();
-    wait::until("app gone", TIMEOUT, || async {
-        apps.get_opt("gone")
-            .await
-            .map_err(|e| e.to_string())?
-            .map_or(Ok(()), |_| Err("still there".to_string()))
-    })
-    .await;
+    wait::gone(&apps, "gone", TIMEOUT).await;
     // The sweep reads the watch caches: let them show both works and the
     // Application gone.
     caches_show(&hub, &ns, &["kept", "gone"], &["kept"]).await;
-    assert_eq!(
-        manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
-            .await
-            .unwrap(),
-        1
-    );
-    assert!(
-        works
-            .get_opt(&format!("{ns}.gone"))
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        works
-            .get_opt(&format!("{ns}.kept"))
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert_eq!(
-        manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
-            .await
-            .unwrap(),
-        0,
-        "idempotent"
-    );
+    assert_eq!(sweep(&hub).await, 1);
+    assert!(!exists(&works, &format!("{ns}.gone")).await);
+    assert!(exists(&works, &format!("{ns}.kept")).await);
+    assert_eq!(sweep(&hub).await, 0, "idempotent");
     hub.stop.fire();
 }
 
@@ -608,17 +527,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     assert_eq!(hub.ctx.caches.decided_in(&ns), ["cluster1"]);
     let apps = apps_api(client, &ns);
     for (name, cluster) in [("ok", "cluster1"), ("refused", "cluster2")] {
-        apps.create(
-            &PostParams::default(),
-            &app(
-                name,
-                &ns,
-                json!({ keys::MANAGED_CLUSTER: cluster }),
-                json!({}),
-            ),
-        )
-        .await
-        .unwrap();
+        common::create(&apps, &app_for(name, &ns, cluster)).await;
     }
     let works1: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     let works2: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster2");
@@ -634,13 +543,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     .await;
     assert!(message.starts_with("NotAuthorized"), "{message}");
     assert!(message.contains("create a Placement"), "{message}");
-    assert!(
-        works2
-            .get_opt(&format!("{ns}.refused"))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!exists(&works2, &format!("{ns}.refused")).await);
 
     // Once a Placement in the namespace selects cluster2 too, it is delivered
     // without anyone touching the Application.
@@ -682,13 +585,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
     };
     let kept = works2.get(&format!("{ns}.refused")).await.unwrap();
     let before = hub.ctx.metrics.reconciles.get();
-    apps.patch(
-        "refused",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "spec": { "source": { "path": "changed" } } })),
-    )
-    .await
-    .unwrap();
+    set_source(&apps, "refused", "path", "changed").await;
     // The change reached the controller and its queue is drained.
     wait::until("a reconcile of the change", TIMEOUT, || async {
         let seen = hub.ctx.caches.apps.state().iter().any(|a| {
@@ -733,11 +630,7 @@ async fn a_namespace_may_only_target_clusters_its_placements_select() {
 
 #[tokio::test]
 async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
-    testenv::init_tracing();
-    let cluster = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let client = cluster.client().await.unwrap();
+    let (cluster, client) = common::start_hub("hub").await;
     cluster.ensure_namespace("argocd").await.unwrap();
     // The controller's own client counts its requests.
     let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig()).unwrap();
@@ -810,14 +703,7 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
             .await
             .unwrap();
     }
-    clusters
-        .patch(
-            "edge-7",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "managedClusterClientConfigs": [{ "url": "https://edge-7.moved:6443" }] } })),
-        )
-        .await
-        .unwrap();
+    merge(&clusters, "edge-7", json!({ "spec": { "managedClusterClientConfigs": [{ "url": "https://edge-7.moved:6443" }] } })).await;
     wait::until("the new server in the Secret", TIMEOUT, || async {
         let s = secrets
             .get("edge-7-cluster-secret")
@@ -871,7 +757,6 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
 #[tokio::test]
 async fn adopts_applications_from_argocd_pull_integration_without_deleting_them() {
     let (hub, ns, apps, works) = one_cluster_team().await;
-    let client = &hub.client;
     let legacy = |name: &str, app_name: &str| -> ManifestWork {
         serde_json::from_value(json!({
             "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
@@ -890,27 +775,11 @@ async fn adopts_applications_from_argocd_pull_integration_without_deleting_them(
             .await
             .unwrap();
     }
-    apps.create(
-        &PostParams::default(),
-        &app(
-            "guestbook",
-            &ns,
-            json!({ keys::MANAGED_CLUSTER: "cluster1" }),
-            json!({}),
-        ),
-    )
-    .await
-    .unwrap();
+    common::create(&apps, &app_for("guestbook", &ns, "cluster1")).await;
     wait::exists(&works, &format!("{ns}.guestbook"), TIMEOUT).await;
     caches_show(&hub, &ns, &["guestbook"], &["guestbook"]).await;
 
-    assert_eq!(
-        manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
-            .await
-            .unwrap(),
-        0,
-        "nothing of ours is an orphan"
-    );
+    assert_eq!(sweep(&hub).await, 0, "nothing of ours is an orphan");
     let old = works.get("guestbook-1a2b3").await.unwrap();
     assert!(
         old.metadata.deletion_timestamp.is_some(),
@@ -936,9 +805,7 @@ async fn adopts_applications_from_argocd_pull_integration_without_deleting_them(
             .deletion_timestamp
             .is_none()
     );
-    manifestwork::sweep::sweep_once(client, &hub.ctx.caches, &hub.ctx.metrics)
-        .await
-        .unwrap();
+    sweep(&hub).await;
     assert_eq!(hub.ctx.metrics.works_adopted.get(), 1);
     hub.stop.fire();
 }

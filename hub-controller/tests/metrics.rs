@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use argocd_pull_apis::keys;
-use argocd_pull_spoke_agent::Mode;
+
 use grpc_env::{Env, TIMEOUT};
 use kube::api::PostParams;
 use serde_json::{Value, json};
@@ -363,6 +363,15 @@ async fn refuse_two(env: &Env, suffix: &str) {
     }
 }
 
+/// The hub's /metrics once `ready` holds for them, `what`.
+async fn metrics_when(env: &Env, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    wait::until(what, TIMEOUT, || async {
+        let text = env.hub_process.as_ref().unwrap().metrics().await;
+        if ready(&text) { Ok(text) } else { Err(text) }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_docs_the_dashboard_and_the_alerts_name_what_a_running_hub_exports() {
     let mut env = Env::new(&["cluster1"]).await;
@@ -374,12 +383,8 @@ async fn the_docs_the_dashboard_and_the_alerts_name_what_a_running_hub_exports()
         )
         .await;
     env.hub_process = Some(defaults);
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
-    env.hub_apps()
-        .create(&PostParams::default(), &env.app("app", 0, json!({})))
-        .await
-        .unwrap();
+    env.connect_agent(0).await;
+    env.create("app", 0, json!({})).await;
     let expected = BTreeMap::from([("app".to_string(), 0)]);
     wait::until("app delivered and its status on the hub", TIMEOUT, || {
         env.converged(&expected)
@@ -390,17 +395,11 @@ async fn the_docs_the_dashboard_and_the_alerts_name_what_a_running_hub_exports()
     refuse_two(&env, "1").await;
     // The acknowledgement that completes a delivery, and the refusals,
     // counted.
-    let text = wait::until("a delivery and two refusals counted", TIMEOUT, || async {
-        let text = env.hub_process.as_ref().unwrap().metrics().await;
-        if grpc_env::series::value(&text, "argocd_pull_hub_grpc_delivery_seconds_count") >= 1.0
-            && grpc_env::series::value(&text, "argocd_pull_hub_grpc_agents_connected") == 1.0
+    let text = metrics_when(&env, "a delivery and two refusals counted", |text| {
+        grpc_env::series::value(text, "argocd_pull_hub_grpc_delivery_seconds_count") >= 1.0
+            && grpc_env::series::value(text, "argocd_pull_hub_grpc_agents_connected") == 1.0
             && text.contains("argocd_pull_hub_grpc_refused_total{reason=\"NotAuthorized\"}")
             && text.contains("argocd_pull_hub_applications_refused_total{reason=\"NotAuthorized\"}")
-        {
-            Ok(text)
-        } else {
-            Err(text)
-        }
     })
     .await;
     check_hub(&text, false);
@@ -461,19 +460,13 @@ async fn the_docs_the_dashboard_and_the_alerts_name_what_a_running_hub_exports()
         .await;
     env.hub_process = Some(per_cluster);
     refuse_two(&env, "2").await;
-    let text = wait::until("cluster1's agent back, per cluster", TIMEOUT, || async {
-        let text = env.hub_process.as_ref().unwrap().metrics().await;
-        if text.contains("argocd_pull_hub_grpc_agent_connected{cluster=\"cluster1\"} 1")
+    let text = metrics_when(&env, "cluster1's agent back, per cluster", |text| {
+        text.contains("argocd_pull_hub_grpc_agent_connected{cluster=\"cluster1\"} 1")
             && text.contains("argocd_pull_hub_grpc_messages_total{cluster=\"cluster1\"")
             && text.contains(
                 "argocd_pull_hub_grpc_refused_total{cluster=\"cluster1\",reason=\"NotAuthorized\"}",
             )
             && text.contains("argocd_pull_hub_applications_refused_total{reason=\"NotAuthorized\"}")
-        {
-            Ok(text)
-        } else {
-            Err(text)
-        }
     })
     .await;
     check_hub(&text, true);

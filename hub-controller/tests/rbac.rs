@@ -10,24 +10,16 @@ use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::ManifestWork;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
-use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+use testenv::{Cluster, wait};
 
 mod common;
-use common::{Binary, app, apps_api, feed_back, managed_cluster, placement_selects};
+use common::{
+    Binary, app, app_for, apps_api, feed_back, kubectl, managed_cluster, placement_selects,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-const SA_USER: &str = "system:serviceaccount:argocd-pull:argocd-pull-hub-controller";
-
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(testenv::paths::bin_dir().join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn can_i(kubeconfig: &Path, args: &[&str]) -> bool {
     let mut all = vec!["auth", "can-i"];
@@ -38,25 +30,7 @@ fn can_i(kubeconfig: &Path, args: &[&str]) -> bool {
 
 #[tokio::test]
 async fn the_deployed_rbac_is_enough_and_no_more() {
-    testenv::init_tracing();
-    let hub = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let client = hub.client().await.unwrap();
-    // Argo CD's namespace exists on a hub with Argo CD installed.
-    hub.ensure_namespace("argocd").await.unwrap();
-
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/hub");
-    let out = kubectl(hub.kubeconfig(), &["apply", "-k", deploy.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "kubectl apply -k deploy/hub: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let sa = hub.dir().join("hub-controller-sa.kubeconfig");
-    hub.write_kubeconfig_as(SA_USER, Some("system:serviceaccounts"), &sa)
-        .unwrap();
+    let (hub, client, sa) = common::deployed_hub("hub").await;
     // Least privilege: what it must not be able to do.
     for denied in [
         &["list", "secrets", "--all-namespaces"][..],
@@ -173,17 +147,7 @@ async fn the_deployed_rbac_is_enough_and_no_more() {
     )
     .await
     .unwrap();
-    apps.create(
-        &PostParams::default(),
-        &app(
-            "lost",
-            &ns,
-            json!({ keys::MANAGED_CLUSTER: "nowhere" }),
-            json!({}),
-        ),
-    )
-    .await
-    .unwrap();
+    common::create(&apps, &app_for("lost", &ns, "nowhere")).await;
     let works: Api<ManifestWork> = Api::namespaced(client.clone(), "cluster1");
     let work = format!("{ns}.guestbook");
     wait::exists(&works, &work, TIMEOUT).await;
@@ -211,17 +175,12 @@ async fn the_deployed_rbac_is_enough_and_no_more() {
     )
     .await;
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    wait::until("the refusal event", TIMEOUT, || async {
-        let list = events
-            .list(&ListParams::default().fields("involvedObject.name=lost"))
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|e| e.reason.as_deref() == Some("UnknownCluster"))
-            .map(|_| ())
-            .ok_or_else(|| format!("{} events", list.items.len()))
-    })
+    wait::warning(
+        &events,
+        "involvedObject.name=lost",
+        "UnknownCluster",
+        TIMEOUT,
+    )
     .await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "argocd");
     wait::exists(&secrets, "cluster1-cluster-secret", TIMEOUT).await;
@@ -230,13 +189,7 @@ async fn the_deployed_rbac_is_enough_and_no_more() {
     apps.delete("guestbook", &DeleteParams::default())
         .await
         .unwrap();
-    wait::until("the Application to be gone", TIMEOUT, || async {
-        match apps.get_opt("guestbook").await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|a| a.is_some()))),
-        }
-    })
-    .await;
+    wait::gone(&apps, "guestbook", TIMEOUT).await;
     assert!(works.get_opt(&work).await.unwrap().is_none());
 
     drop(controller);
@@ -323,17 +276,12 @@ async fn issued_certificates_record(hub: &Cluster, sa: &Path) {
         );
     }
     let events: Api<Event> = Api::namespaced(admin, "default");
-    wait::until("the Warning Event on the CSR", TIMEOUT, || async {
-        let list = events
-            .list(&ListParams::default().fields("involvedObject.name=by-an-admin"))
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|e| e.reason.as_deref() == Some("CertificateNotRequestedByCluster"))
-            .map(|_| ())
-            .ok_or_else(|| format!("{} events", list.items.len()))
-    })
+    wait::warning(
+        &events,
+        "involvedObject.name=by-an-admin",
+        "CertificateNotRequestedByCluster",
+        TIMEOUT,
+    )
     .await;
     let _ = stop.send(true);
     let _ = reading.await;

@@ -5,31 +5,19 @@
 //! need, which goes through (so a refusal is about the request, not a
 //! broken setup). `rbac.rs` runs the controller itself with these rights.
 
-use std::path::Path;
-
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::ocm::ManifestWork;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+use testenv::wait;
 
 mod common;
 use common::managed_cluster;
 
-const SA_USER: &str = "system:serviceaccount:argocd-pull:argocd-pull-hub-controller";
 const MANAGER: &str = "argocd-pull-hub";
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(testenv::paths::bin_dir().join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 /// The request was refused (403 from RBAC, or the admission policy).
 fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) {
@@ -55,25 +43,24 @@ fn work(name: &str, ns: &str, labels: Value, annotations: Value, data: &str) -> 
     })
 }
 
+/// Applies `body` as `name` with `api` the way the hub-controller does
+/// (its field manager, forced).
+async fn apply<K>(api: &Api<K>, name: &str, body: Value) -> Result<K, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
-    testenv::init_tracing();
-    let hub = Cluster::start(ClusterConfig::new("hub-rbac-denied", CrdSet::Hub))
-        .await
-        .unwrap();
-    let admin = hub.client().await.unwrap();
-    hub.ensure_namespace("argocd").await.unwrap();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/hub");
-    let out = kubectl(hub.kubeconfig(), &["apply", "-k", deploy.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "kubectl apply -k deploy/hub: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (hub, admin, kubeconfig) = common::deployed_hub("hub-rbac-denied").await;
     managed_cluster(&hub, "cluster1").await;
-    let kubeconfig = hub.dir().join("hub-controller-sa.kubeconfig");
-    hub.write_kubeconfig_as(SA_USER, Some("system:serviceaccounts"), &kubeconfig)
-        .unwrap();
     let sa = testenv::client_for(&kubeconfig).await.unwrap();
     // A hub Application of a tenant.
     let app: DynamicObject = serde_json::from_value(json!({
@@ -139,19 +126,18 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
     refused("get argocd-secret", secrets.get("argocd-secret").await);
     refused(
         "overwrite argocd-secret",
-        secrets
-            .patch(
-                "argocd-secret",
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(json!({
-                    "apiVersion": "v1", "kind": "Secret",
-                    "metadata": { "name": "argocd-secret", "labels": {
-                        "app.kubernetes.io/managed-by": "argocd-pull",
-                        "argocd.argoproj.io/secret-type": "cluster" } },
-                    "stringData": { "admin.password": "mine" },
-                })),
-            )
-            .await,
+        apply(
+            &secrets,
+            "argocd-secret",
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": { "name": "argocd-secret", "labels": {
+                    "app.kubernetes.io/managed-by": "argocd-pull",
+                    "argocd.argoproj.io/secret-type": "cluster" } },
+                "stringData": { "admin.password": "mine" },
+            }),
+        )
+        .await,
     );
     let cluster_secret = |name: &str, labelled: bool| {
         let labels = if labelled {
@@ -167,33 +153,25 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
     };
     refused(
         "create an unlabelled cluster Secret",
-        secrets
-            .patch(
-                "cluster9-cluster-secret",
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(cluster_secret("cluster9-cluster-secret", false)),
-            )
-            .await,
+        apply(
+            &secrets,
+            "cluster9-cluster-secret",
+            cluster_secret("cluster9-cluster-secret", false),
+        )
+        .await,
     );
     refused(
         "create a Secret of another name",
-        secrets
-            .patch(
-                "repo-creds",
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(cluster_secret("repo-creds", true)),
-            )
-            .await,
+        apply(&secrets, "repo-creds", cluster_secret("repo-creds", true)).await,
     );
     allowed(
         "its own cluster Secret",
-        secrets
-            .patch(
-                "cluster9-cluster-secret",
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(cluster_secret("cluster9-cluster-secret", true)),
-            )
-            .await,
+        apply(
+            &secrets,
+            "cluster9-cluster-secret",
+            cluster_secret("cluster9-cluster-secret", true),
+        )
+        .await,
     );
     refused(
         "delete a Secret",
@@ -316,13 +294,7 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
     changed["spec"]["workload"]["manifests"][0]["data"]["k"] = json!("evil");
     refused(
         "change an addon's work",
-        works
-            .patch(
-                "addon-other-deploy-0",
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&changed),
-            )
-            .await,
+        apply(&works, "addon-other-deploy-0", changed).await,
     );
     refused(
         "delete an addon's work",
@@ -332,29 +304,27 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
     );
     refused(
         "create an unlabelled work",
-        works
-            .patch(
-                "new",
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(work("new", "cluster1", json!({}), json!({}), "a")),
-            )
-            .await,
+        apply(
+            &works,
+            "new",
+            work("new", "cluster1", json!({}), json!({}), "a"),
+        )
+        .await,
     );
     allowed(
         "its own work",
-        works
-            .patch(
+        apply(
+            &works,
+            "team.gb",
+            work(
                 "team.gb",
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(work(
-                    "team.gb",
-                    "cluster1",
-                    json!({ "app.kubernetes.io/managed-by": "argocd-pull" }),
-                    json!({}),
-                    "a",
-                )),
-            )
-            .await,
+                "cluster1",
+                json!({ "app.kubernetes.io/managed-by": "argocd-pull" }),
+                json!({}),
+                "a",
+            ),
+        )
+        .await,
     );
     // argocd-pull-integration's work: orphaned and deleted, never rewritten.
     refused(

@@ -24,7 +24,7 @@ use testenv::ocm::{Fleet, JoinOptions};
 use testenv::{Cluster, wait};
 
 mod common;
-use common::{Binary, app, apps_api, writes_until};
+use common::{Binary, app, apps_api, set_source, writes_until};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// Where the spoke's Argo CD keeps its Applications.
@@ -351,14 +351,7 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
         TIMEOUT,
         || async {
             let w = works.get(&work_name).await.map_err(|e| e.to_string())?;
-            let manifest = &w
-                .spec
-                .workload
-                .as_ref()
-                .unwrap()
-                .manifests
-                .as_ref()
-                .unwrap()[0];
+            let manifest = common::first_manifest(&w);
             if let Some(op) = manifest.get("operation") {
                 return Err(op.to_string());
             }
@@ -411,13 +404,7 @@ async fn round_trip(setup: &Setup, managed: &Cluster, extra: Extra) {
 
     // A change on the hub reaches the spoke through the work agent, which
     // leaves the status the spoke's Argo CD wrote alone.
-    apps.patch(
-        &app_name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "spec": { "source": { "targetRevision": "v2" } } })),
-    )
-    .await
-    .unwrap();
+    set_source(&apps, &app_name, "targetRevision", "v2").await;
     let updated = wait::until(&format!("the new revision on {name}"), TIMEOUT, || async {
         let a = spoke.get(&app_name).await.map_err(|e| e.to_string())?;
         if a.data["spec"]["source"]["targetRevision"] == "v2" {

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
-use testenv::{Cluster, ClusterConfig, CrdSet, net, wait};
+use testenv::{net, wait};
 
 mod common;
 use common::{Binary, app, apps_api, feed_back, managed_cluster, placement_selects};
@@ -35,11 +35,7 @@ async fn our_works(client: &kube::Client) -> Vec<ManifestWork> {
 
 #[tokio::test]
 async fn a_replacement_converges_without_duplicates_and_a_restart_writes_nothing() {
-    testenv::init_tracing();
-    let hub = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let client = hub.client().await.unwrap();
+    let (hub, client) = common::start_hub("hub").await;
     for c in CLUSTERS {
         managed_cluster(&hub, c).await;
     }
@@ -144,26 +140,12 @@ async fn a_replacement_converges_without_duplicates_and_a_restart_writes_nothing
         )
         .await;
     }
-    wait::until(
+    common::wait_all(
+        &apps,
         "status on every hub copy",
         Duration::from_secs(90),
-        || async {
-            let list = apps
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let pending: Vec<String> = list
-                .items
-                .iter()
-                .filter(|a| a.data.pointer("/status/health/status") != Some(&json!("Healthy")))
-                .map(|a| a.name_any())
-                .collect();
-            if pending.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{} pending", pending.len()))
-            }
-        },
+        |a| a.data.pointer("/status/health/status") == Some(&json!("Healthy")),
+        |a| a.name_any(),
     )
     .await;
 
@@ -174,14 +156,7 @@ async fn a_replacement_converges_without_duplicates_and_a_restart_writes_nothing
     for w in &works {
         let name = w.annotations()[keys::HUB_APP_NAME].clone();
         let i: usize = name.trim_start_matches("app-").parse().unwrap();
-        let manifest = &w
-            .spec
-            .workload
-            .as_ref()
-            .unwrap()
-            .manifests
-            .as_ref()
-            .unwrap()[0];
+        let manifest = common::first_manifest(w);
         assert_eq!(
             manifest.get("operation").is_some(),
             i.is_multiple_of(3),

@@ -13,10 +13,11 @@ use argocd_pull_apis::ocm::ManifestWork;
 use argocd_pull_hub_controller::render::work::work_name;
 use futures::StreamExt;
 use http::Method;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testenv::slow_watch::{RequestLog, SlowWatch};
-use testenv::{Cluster, ClusterConfig, CrdSet, wait};
+use testenv::wait;
 
 mod common;
 use common::{app, apps_api, feed_back, managed_cluster, placement_selects, run_controller};
@@ -27,11 +28,7 @@ const STARTED: &str = "2026-11-23T10:00:00Z";
 
 #[tokio::test]
 async fn a_late_watch_costs_no_extra_status_writes() {
-    testenv::init_tracing();
-    let hub = Cluster::start(ClusterConfig::new("hub", CrdSet::Hub))
-        .await
-        .unwrap();
-    let admin = hub.client().await.unwrap();
+    let (hub, admin) = common::start_hub("hub").await;
     let log = RequestLog::default();
     let slow = SlowWatch {
         resource: "/applications",
@@ -62,23 +59,13 @@ async fn a_late_watch_costs_no_extra_status_writes() {
             }
         })
         .await;
-    wait::until(
+    // Application works only: the project work delivers none.
+    common::wait_count(
+        &works,
+        &ListParams::default().labels("!argocd-pull.io/project"),
+        APPS,
         "a ManifestWork for every Application",
         Duration::from_secs(120),
-        || async {
-            // Application works only: the project work delivers none.
-            let n = works
-                .list(&ListParams::default().labels("!argocd-pull.io/project"))
-                .await
-                .map_err(|e| e.to_string())?
-                .items
-                .len();
-            if n == APPS {
-                Ok(())
-            } else {
-                Err(format!("{n} works"))
-            }
-        },
     )
     .await;
 
@@ -99,31 +86,17 @@ async fn a_late_watch_costs_no_extra_status_writes() {
             }
         })
         .await;
-    wait::until(
+    common::wait_all(
+        &apps,
         "every hub copy Healthy and Synced",
         Duration::from_secs(180),
-        || async {
-            let list = apps
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let pending: Vec<String> = list
-                .items
-                .iter()
-                .filter(|a| !exact(a))
-                .map(|a| {
-                    format!(
-                        "{}: {}",
-                        a.metadata.name.clone().unwrap_or_default(),
-                        a.data.get("status").cloned().unwrap_or_default()
-                    )
-                })
-                .collect();
-            if pending.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{} pending, e.g. {}", pending.len(), pending[0]))
-            }
+        exact,
+        |a| {
+            format!(
+                "{}: {}",
+                a.name_any(),
+                a.data.get("status").cloned().unwrap_or_default()
+            )
         },
     )
     .await;

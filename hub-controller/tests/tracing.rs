@@ -12,8 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use argocd_pull_runtime::args::{LogArgs, LogFormat};
-use argocd_pull_spoke_agent::Mode;
-use kube::api::PostParams;
+
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -169,12 +168,8 @@ async fn one_change_makes_one_connected_trace_across_hub_and_agent() {
         )
         .await;
     env.hub_process = Some(hub);
-    env.start_agent(0, Mode::Managed);
-    env.wait_connected().await;
-    env.hub_apps()
-        .create(&PostParams::default(), &env.app("traced", 0, json!({})))
-        .await
-        .unwrap();
+    env.connect_agent(0).await;
+    env.create("traced", 0, json!({})).await;
 
     let trace = wait::until(
         "one connected trace of the delivery",

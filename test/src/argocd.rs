@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
@@ -834,28 +834,14 @@ impl Processes {
     }
 
     async fn wait_listening(&self, name: &'static str, port: u16) -> Result<()> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(e) = self.exited(name) {
-                return Err(e);
-            }
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Exited {
-                    name,
-                    log: format!(
-                        "still not listening on 127.0.0.1:{port} after {START_TIMEOUT:?}:\n{}",
-                        self.log_tail(name, 30)
-                    ),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::process::wait_listening(
+            name,
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            START_TIMEOUT,
+            || self.exited(name),
+            || self.log_tail(name, 30),
+        )
+        .await
     }
 
     fn exited(&self, name: &str) -> Option<Error> {

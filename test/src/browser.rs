@@ -248,18 +248,8 @@ impl Page {
     /// Focuses the element `selector` finds and types `text` into it, as
     /// a keyboard would.
     pub async fn type_into(&mut self, selector: &str, text: &str) -> Result<()> {
-        let found = self
-            .eval(&format!(
-                "(() => {{ const e = document.querySelector({s}); if (!e) return false; e.focus(); return true; }})()",
-                s = serde_json::to_string(selector).expect("a string serializes")
-            ))
+        self.on_element(selector, "focus", &format!("type into {selector}"))
             .await?;
-        if found != true {
-            return Err(Error::Command {
-                command: format!("type into {selector}"),
-                output: format!("no such element; the page shows:\n{}", self.text().await?),
-            });
-        }
         self.call("Input.insertText", json!({ "text": text }))
             .await?;
         Ok(())
@@ -267,15 +257,22 @@ impl Page {
 
     /// Clicks the element `selector` finds.
     pub async fn click(&mut self, selector: &str) -> Result<()> {
+        self.on_element(selector, "click", &format!("click {selector}"))
+            .await
+    }
+
+    /// Calls `method` (`focus`, `click`) on the element `selector` finds;
+    /// an error names `what` was tried when there is no such element.
+    async fn on_element(&mut self, selector: &str, method: &str, what: &str) -> Result<()> {
         let found = self
             .eval(&format!(
-                "(() => {{ const e = document.querySelector({s}); if (!e) return false; e.click(); return true; }})()",
+                "(() => {{ const e = document.querySelector({s}); if (!e) return false; e.{method}(); return true; }})()",
                 s = serde_json::to_string(selector).expect("a string serializes")
             ))
             .await?;
         if found != true {
             return Err(Error::Command {
-                command: format!("click {selector}"),
+                command: what.to_string(),
                 output: format!("no such element; the page shows:\n{}", self.text().await?),
             });
         }

@@ -75,25 +75,43 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-type Slot = Arc<tokio::sync::OnceCell<&'static Cluster>>;
-static SHARED: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(Default::default);
+/// What a test binary shares, by name: each started once, on first use,
+/// and kept (leaked) until the test process exits.
+pub(crate) type Shared<T> =
+    LazyLock<Mutex<HashMap<String, Arc<tokio::sync::OnceCell<&'static T>>>>>;
 
-/// A cluster shared by every test of this test binary that asks for the same
-/// `name`, started on first use. Its processes and data are removed when the
-/// test process exits. Tests that share it must keep to their own namespaces.
-pub async fn shared(name: &str, crds: CrdSet) -> Result<&'static Cluster> {
-    let slot = SHARED
+/// `name`'s entry of `shared`, made by `start` if it has none yet.
+pub(crate) async fn shared_entry<T, F, Fut>(
+    shared: &Shared<T>,
+    name: &str,
+    start: F,
+) -> Result<&'static T>
+where
+    T: Sync + 'static,
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let slot = shared
         .lock()
         .expect("no test panics while holding this lock")
         .entry(name.to_string())
         .or_default()
         .clone();
-    slot.get_or_try_init(|| async {
-        let cluster = Cluster::start(ClusterConfig::new(name, crds)).await?;
-        Ok(&*Box::leak(Box::new(cluster)))
+    slot.get_or_try_init(|| async { Ok(&*Box::leak(Box::new(start().await?))) })
+        .await
+        .copied()
+}
+
+static SHARED: Shared<Cluster> = LazyLock::new(Default::default);
+
+/// A cluster shared by every test of this test binary that asks for the same
+/// `name`, started on first use. Its processes and data are removed when the
+/// test process exits. Tests that share it must keep to their own namespaces.
+pub async fn shared(name: &str, crds: CrdSet) -> Result<&'static Cluster> {
+    shared_entry(&SHARED, name, || {
+        Cluster::start(ClusterConfig::new(name, crds))
     })
     .await
-    .copied()
 }
 
 /// For tools of the harness (benchmarks): logs to standard error, filtered

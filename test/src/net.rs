@@ -32,6 +32,24 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
     Ok((code, body))
 }
 
+/// Runs the argocd-pull binary `binary` (with its admin port on a free
+/// address and `args`) against an API server that does not answer: a
+/// kubeconfig for 127.0.0.1:1. Returns what it left once it exited.
+pub async fn run_unreachable(binary: &str, args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n").expect("the kubeconfig written");
+    tokio::process::Command::new(binary)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--admin-addr")
+        .arg(free_addr().expect("a free port").to_string())
+        .args(args)
+        .output()
+        .await
+        .expect("the binary runs")
+}
+
 /// Sends SIGTERM to a child and waits for it to exit, returning its status.
 pub async fn terminate(
     child: &mut tokio::process::Child,

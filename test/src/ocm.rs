@@ -10,11 +10,10 @@
 //! them if the test process dies. Their TLS scratch files go to the
 //! cluster's folder, their logs to `<cluster dir>/<component>.log`.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use argocd_pull_apis::ocm::ManagedCluster;
@@ -325,25 +324,14 @@ async fn start_component(
 }
 
 async fn wait_listening(cluster: &Cluster, name: &'static str, addr: SocketAddr) -> Result<()> {
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        if let Some(e) = cluster.exited(Some(name)) {
-            return Err(e);
-        }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Exited {
-                name,
-                log: format!(
-                    "still not listening on {addr} after {START_TIMEOUT:?}:\n{}",
-                    cluster.log_tail(name, 30)
-                ),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::process::wait_listening(
+        name,
+        addr,
+        START_TIMEOUT,
+        || cluster.exited(Some(name)),
+        || cluster.log_tail(name, 30),
+    )
+    .await
 }
 
 /// A hub with OCM and managed clusters joined to it.
@@ -384,23 +372,11 @@ impl Fleet {
     }
 }
 
-type Slot = Arc<tokio::sync::OnceCell<&'static Fleet>>;
-static SHARED: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(Default::default);
+static SHARED: crate::Shared<Fleet> = LazyLock::new(Default::default);
 
 /// A fleet shared by every test of this test binary that asks for the same
 /// hub name, started on first use (with the managed clusters of that first
 /// call); removed when the test process exits, like [`crate::shared`].
 pub async fn shared(hub: &str, managed: &[(&str, JoinOptions)]) -> Result<&'static Fleet> {
-    let slot = SHARED
-        .lock()
-        .expect("no test panics while holding this lock")
-        .entry(hub.to_string())
-        .or_default()
-        .clone();
-    slot.get_or_try_init(|| async {
-        let fleet = Fleet::start(hub, managed).await?;
-        Ok(&*Box::leak(Box::new(fleet)))
-    })
-    .await
-    .copied()
+    crate::shared_entry(&SHARED, hub, || Fleet::start(hub, managed)).await
 }

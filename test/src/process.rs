@@ -196,3 +196,35 @@ impl Drop for Group {
         self.reaper.finish(self.keep);
     }
 }
+
+/// Waits up to `timeout` until process `name` accepts connections on
+/// `addr`. An error if it exits first (`exited` says whether it has: a
+/// port clash among the reasons) or does not listen in time (with the end
+/// of its log from `log_tail`).
+pub(crate) async fn wait_listening(
+    name: &'static str,
+    addr: std::net::SocketAddr,
+    timeout: std::time::Duration,
+    exited: impl Fn() -> Option<crate::Error>,
+    log_tail: impl Fn() -> String,
+) -> crate::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(e) = exited() {
+            return Err(e);
+        }
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(crate::Error::Exited {
+                name,
+                log: format!(
+                    "still not listening on {addr} after {timeout:?}:\n{}",
+                    log_tail()
+                ),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -17,6 +17,45 @@ pub fn memory_kib(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// The processes whose command line contains `needle`.
+pub fn pids_mentioning(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kills `owner` (a process that started clusters in `dir`, as `testenv
+/// up --dir` does) outright, and waits up to `timeout` until nothing runs
+/// that mentions `dir` and the clusters' data (`hub`, `spoke`) is gone:
+/// what the clusters' reapers are for.
+pub async fn kill_and_wait_reaped(
+    owner: &mut std::process::Child,
+    dir: &std::path::Path,
+    timeout: Duration,
+) {
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let dir_s = dir.display().to_string();
+    crate::wait::until("the reapers to clean up", timeout, || async {
+        let left = pids_mentioning(&dir_s);
+        let data_left = dir.join("hub").exists() || dir.join("spoke").exists();
+        if left.is_empty() && !data_left {
+            Ok(())
+        } else {
+            Err(format!("processes {left:?}, data left: {data_left}"))
+        }
+    })
+    .await;
+}
+
 /// User plus system CPU time process `pid` has used so far.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Event;
+
 /// Polls `check` until it returns `Some`, or panics after `timeout` with
 /// `what` and the last value seen by `check`'s `Err` side.
 pub async fn until<T, E, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
@@ -56,5 +58,49 @@ where
             Err(e) => Err(e.to_string()),
         }
     })
+    .await
+}
+
+/// The first Event that `events` lists for the object that `fields`
+/// selects (a field selector: `involvedObject.name=…`) and that `matches`;
+/// else the reasons and messages of the Events there are.
+pub async fn find_event(
+    events: &kube::Api<Event>,
+    fields: &str,
+    matches: impl Fn(&Event) -> bool,
+) -> Result<Event, String> {
+    let list = events
+        .list(&kube::api::ListParams::default().fields(fields))
+        .await
+        .map_err(|e| e.to_string())?;
+    let seen: Vec<_> = list
+        .items
+        .iter()
+        .map(|e| (e.type_.clone(), e.reason.clone(), e.message.clone()))
+        .collect();
+    list.items
+        .into_iter()
+        .find(|e| matches(e))
+        .ok_or_else(|| format!("{} events: {seen:?}", seen.len()))
+}
+
+/// Whether `event` is a Warning with `reason`.
+pub fn is_warning(event: &Event, reason: &str) -> bool {
+    event.type_.as_deref() == Some("Warning") && event.reason.as_deref() == Some(reason)
+}
+
+/// Waits until the object that `fields` selects has a Warning Event with
+/// `reason`, and returns it.
+pub async fn warning(
+    events: &kube::Api<Event>,
+    fields: &str,
+    reason: &str,
+    timeout: Duration,
+) -> Event {
+    until(
+        &format!("a Warning Event {reason} on {fields}"),
+        timeout,
+        || find_event(events, fields, |e| is_warning(e, reason)),
+    )
     .await
 }

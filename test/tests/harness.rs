@@ -23,21 +23,6 @@ async fn crds(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-/// PIDs whose command line mentions `needle`.
-fn pids_mentioning(needle: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 #[tokio::test]
 async fn runs_independent_clusters_side_by_side_and_cleans_up_on_drop() {
     testenv::init_tracing();
@@ -81,7 +66,7 @@ async fn runs_independent_clusters_side_by_side_and_cleans_up_on_drop() {
     for dir in &dirs {
         assert!(!dir.exists(), "{} removed", dir.display());
         assert!(
-            pids_mentioning(&dir.display().to_string()).is_empty(),
+            testenv::procfs::pids_mentioning(&dir.display().to_string()).is_empty(),
             "no process of {} left",
             dir.display()
         );
@@ -114,24 +99,12 @@ async fn a_killed_owner_leaves_no_processes_or_data_behind() {
     let kubeconfig = dir.path().join("hub/kubeconfig");
     let client = testenv::client_for(&kubeconfig).await.unwrap();
     client.apiserver_version().await.expect("hub is serving");
-    let running = pids_mentioning(&dir_s);
+    let running = testenv::procfs::pids_mentioning(&dir_s);
     assert!(
         running.len() >= 6,
         "etcd, kube-apiserver and kube-controller-manager of two clusters: {running:?}"
     );
 
-    owner.kill().unwrap();
-    owner.wait().unwrap();
-
-    wait::until("the reaper to clean up", TIMEOUT, || async {
-        let left = pids_mentioning(&dir_s);
-        let data_left = dir.path().join("hub").exists() || dir.path().join("spoke").exists();
-        if left.is_empty() && !data_left {
-            Ok(())
-        } else {
-            Err(format!("processes {left:?}, data left: {data_left}"))
-        }
-    })
-    .await;
+    testenv::procfs::kill_and_wait_reaped(&mut owner, dir.path(), TIMEOUT).await;
     assert!(!Path::new(&kubeconfig).exists());
 }

@@ -363,21 +363,6 @@ async fn the_real_placement_controller_decides_over_joined_clusters() {
     }
 }
 
-/// PIDs whose command line mentions `needle`.
-fn pids_mentioning(needle: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 /// OCM's processes belong to their clusters: a killed owner (here `testenv
 /// up`, which runs OCM by default) leaves none of them, nor any data.
 #[tokio::test]
@@ -408,21 +393,10 @@ async fn a_killed_owner_leaves_no_ocm_processes_behind() {
         .unwrap();
     let spoke = Api::<ManagedCluster>::all(hub).get("spoke").await.unwrap();
     assert_eq!(spoke.spec.hub_accepts_client, Some(true));
-    let running = pids_mentioning(&dir_s);
+    let running = testenv::procfs::pids_mentioning(&dir_s);
     // etcd, kube-apiserver, kube-controller-manager of each cluster; three
     // OCM hub components; the spoke's registration and work agents.
     assert!(running.len() >= 11, "{running:?}");
 
-    owner.kill().unwrap();
-    owner.wait().unwrap();
-    wait::until("the reapers to clean up", TIMEOUT, || async {
-        let left = pids_mentioning(&dir_s);
-        let data_left = dir.path().join("hub").exists() || dir.path().join("spoke").exists();
-        if left.is_empty() && !data_left {
-            Ok(())
-        } else {
-            Err(format!("processes {left:?}, data left: {data_left}"))
-        }
-    })
-    .await;
+    testenv::procfs::kill_and_wait_reaped(&mut owner, dir.path(), TIMEOUT).await;
 }

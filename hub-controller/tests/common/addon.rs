@@ -138,6 +138,40 @@ pub fn agent_config(pod: &kubelet::Pod) -> AgentConfig {
         .config()
 }
 
+/// The hub's serving CA, as the agents on `cluster` get it.
+pub async fn hub_ca(fleet: &Fleet, cluster: &str) -> String {
+    let client = fleet.cluster(cluster).client().await.unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client, AGENT_NS)
+        .get(argocd_pull_addon::HUB_CA_CONFIGMAP)
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default()
+        .remove("ca.crt")
+        .unwrap_or_default()
+}
+
+/// The agent of `spoke`'s Deployment (its pod made in `dir`), with its
+/// configuration, but holding `identity` and dialling `address`: the pod
+/// dials HUB_GRPC, an address only inside the node; from here the hub is
+/// its loopback port.
+pub async fn agent_holding(
+    spoke: &Cluster,
+    dir: &Path,
+    address: &str,
+    identity: &testenv::pki::CertKey,
+) -> (kubelet::Pod, AgentConfig) {
+    let pod = kubelet::materialize(spoke, AGENT_NS, AGENT, dir)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{}'s agent Deployment", spoke.name()));
+    let mut config = agent_config(&pod);
+    config.hub_address = address.to_string();
+    std::fs::write(&config.tls.cert, &identity.cert_pem).unwrap();
+    std::fs::write(&config.tls.key, &identity.key_pem).unwrap();
+    (pod, config)
+}
+
 /// A spoke-agent running in this process, on a runtime of its own: like
 /// the process of a pod, stopping it ends everything it started (a task
 /// it left behind would keep its stream to the hub open).
@@ -751,21 +785,13 @@ impl AddonHub {
     /// The spoke's Argo CD reports `guestbook-<cluster>` Synced with
     /// health `health`; waits until the hub copy in `team` shows it.
     pub async fn status_reaches_hub(&self, team: &str, cluster: &str, health: &str) {
-        let name = format!("guestbook-{cluster}");
-        let spoke = apps_api(
-            &self.fleet.cluster(cluster).client().await.unwrap(),
-            SPOKE_NS,
-        );
-        spoke
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": {
-                    "sync": { "status": "Synced", "revision": "abc" },
-                    "health": { "status": health } } })),
+        let name = self
+            .spoke_reports(
+                cluster,
+                json!({ "sync": { "status": "Synced", "revision": "abc" },
+                        "health": { "status": health } }),
             )
-            .await
-            .unwrap();
+            .await;
         hub_app_shows(&apps_api(&self.client, team), &name, health).await;
     }
 
@@ -774,19 +800,9 @@ impl AddonHub {
     /// back from the cluster, whichever the transport, has handled
     /// everything that came before.
     pub async fn revision_reaches_hub(&self, team: &str, cluster: &str, revision: &str) {
-        let name = format!("guestbook-{cluster}");
-        let spoke = apps_api(
-            &self.fleet.cluster(cluster).client().await.unwrap(),
-            SPOKE_NS,
-        );
-        spoke
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": { "sync": { "revision": revision } } })),
-            )
-            .await
-            .unwrap();
+        let name = self
+            .spoke_reports(cluster, json!({ "sync": { "revision": revision } }))
+            .await;
         let hub_apps = apps_api(&self.client, team);
         wait::until(
             &format!("{name}'s revision {revision} on the hub"),
@@ -801,6 +817,18 @@ impl AddonHub {
             },
         )
         .await;
+    }
+
+    /// The spoke's Argo CD writes `status` on `guestbook-<cluster>`;
+    /// returns that name.
+    async fn spoke_reports(&self, cluster: &str, status: serde_json::Value) -> String {
+        let name = format!("guestbook-{cluster}");
+        let spoke = apps_api(
+            &self.fleet.cluster(cluster).client().await.unwrap(),
+            SPOKE_NS,
+        );
+        super::merge(&spoke, &name, json!({ "status": status })).await;
+        name
     }
 
     /// Waits until `cluster`'s Application `guestbook-<cluster>` (in hub
@@ -860,14 +888,7 @@ impl AddonHub {
             &format!("the deploy work removed from {cluster} by its work agent"),
             TIMEOUT,
             || async {
-                let names: Vec<String> = applied_works
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .items
-                    .into_iter()
-                    .filter_map(|w| w.metadata.name)
-                    .collect();
+                let names = super::names(&applied_works).await?;
                 if names.iter().any(|n| n.ends_with(&deploy_work)) {
                     Err(format!("{names:?}"))
                 } else {

@@ -138,3 +138,16 @@ pub fn refused(result: Result<impl std::fmt::Debug, Status>) -> Status {
         Err(s) => s,
     }
 }
+
+/// That the hub refused with `code` and a message saying `says`; fails the
+/// test otherwise.
+pub fn refused_with(
+    result: Result<impl std::fmt::Debug, Status>,
+    code: tonic::Code,
+    says: &str,
+) -> Status {
+    let status = refused(result);
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(status.message().contains(says), "{status:?}");
+    status
+}

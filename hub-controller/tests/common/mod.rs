@@ -13,7 +13,108 @@ use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, Placement};
 use kube::api::DynamicObject;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testenv::Cluster;
+use testenv::{Cluster, ClusterConfig, CrdSet};
+
+/// A hub (an API server with the hub's CRDs) named `name`, logging to the
+/// test output, and an admin client of it.
+pub async fn start_hub(name: &str) -> (Cluster, kube::Client) {
+    testenv::init_tracing();
+    let hub = Cluster::start(ClusterConfig::new(name, CrdSet::Hub))
+        .await
+        .unwrap();
+    let client = hub.client().await.unwrap();
+    (hub, client)
+}
+
+/// A hub as `deploy/hub` leaves it: [`start_hub`], Argo CD's namespace,
+/// `kubectl apply -k deploy/hub`; and a kubeconfig with the identity of
+/// the hub-controller's service account (its user name and group).
+pub async fn deployed_hub(name: &str) -> (Cluster, kube::Client, std::path::PathBuf) {
+    let (hub, client) = start_hub(name).await;
+    // Argo CD's namespace exists on a hub with Argo CD installed.
+    hub.ensure_namespace("argocd").await.unwrap();
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/hub");
+    let out = kubectl(hub.kubeconfig(), &["apply", "-k", deploy.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "kubectl apply -k deploy/hub: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sa = hub.dir().join("hub-controller-sa.kubeconfig");
+    hub.write_kubeconfig_as(
+        "system:serviceaccount:argocd-pull:argocd-pull-hub-controller",
+        Some("system:serviceaccounts"),
+        &sa,
+    )
+    .unwrap();
+    (hub, client, sa)
+}
+
+/// Runs the test cache's `kubectl` with `kubeconfig`.
+pub fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(testenv::paths::bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Creates `object` with `api` and returns what the API server made of it.
+pub async fn create<K>(api: &Api<K>, object: &K) -> K
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), object).await.unwrap()
+}
+
+/// Merge-patches `name` with `patch`.
+pub async fn merge<K>(api: &Api<K>, name: &str, patch: Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap()
+}
+
+/// The objects `api` lists with `params`, by name.
+pub async fn by_name<K>(
+    api: &Api<K>,
+    params: &kube::api::ListParams,
+) -> Result<std::collections::BTreeMap<String, K>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(params)
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .map(|o| (kube::ResourceExt::name_any(&o), o))
+        .collect())
+}
+
+/// Merge-patches Application `name`'s `spec.source.<field>` to `value`.
+pub async fn set_source(api: &Api<Application>, name: &str, field: &str, value: &str) {
+    merge(api, name, json!({ "spec": { "source": { field: value } } })).await;
+}
+
+/// The names of every object `api` lists, in its order.
+pub async fn names<K>(api: &Api<K>) -> Result<Vec<String>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .iter()
+        .map(kube::ResourceExt::name_any)
+        .collect())
+}
 
 /// What OCM registration leaves on the hub for a joined cluster: the
 /// ManagedCluster and its namespace.
@@ -91,6 +192,16 @@ pub fn app(name: &str, ns: &str, annotations: Value, extra: Value) -> Applicatio
         }
     }
     serde_json::from_value(v).unwrap()
+}
+
+/// An Application `name` in `ns` for `cluster` and nothing else special.
+pub fn app_for(name: &str, ns: &str, cluster: &str) -> Application {
+    app(
+        name,
+        ns,
+        json!({ keys::MANAGED_CLUSTER: cluster }),
+        json!({}),
+    )
 }
 
 pub fn apps_api(client: &kube::Client, ns: &str) -> Api<Application> {
@@ -187,6 +298,69 @@ impl Binary {
         body.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
+}
+
+/// The first manifest `work` delivers (our works deliver one).
+pub fn first_manifest(work: &ManifestWork) -> &std::collections::BTreeMap<String, Value> {
+    &work
+        .spec
+        .workload
+        .as_ref()
+        .expect("a workload")
+        .manifests
+        .as_ref()
+        .expect("manifests")[0]
+}
+
+/// Waits until every object `api` lists is `done`; the failure counts
+/// those that are not and shows the first with `show`.
+pub async fn wait_all<K>(
+    api: &Api<K>,
+    what: &str,
+    timeout: std::time::Duration,
+    done: impl Fn(&K) -> bool,
+    show: impl Fn(&K) -> String,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    testenv::wait::until(what, timeout, || async {
+        let list = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let pending: Vec<String> = list.items.iter().filter(|o| !done(o)).map(&show).collect();
+        match pending.first() {
+            None => Ok(()),
+            Some(first) => Err(format!("{} pending, e.g. {first}", pending.len())),
+        }
+    })
+    .await;
+}
+
+/// Waits until `api` lists `n` objects with `params`.
+pub async fn wait_count<K>(
+    api: &Api<K>,
+    params: &kube::api::ListParams,
+    n: usize,
+    what: &str,
+    timeout: std::time::Duration,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    testenv::wait::until(what, timeout, || async {
+        let there = api
+            .list(params)
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        if there == n {
+            Ok(())
+        } else {
+            Err(format!("{there} there"))
+        }
+    })
+    .await;
 }
 
 /// The ManifestWork controller in this process with `client`, default

@@ -113,6 +113,12 @@ impl HubProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Fails unless its log so far contains `text`.
+    pub fn assert_logged(&self, text: &str) {
+        let log = self.log_text();
+        assert!(log.contains(text), "{text:?} not logged:\n{log}");
+    }
+
     /// Waits until its log has a line containing `text`.
     pub async fn wait_logged(&self, what: &str, text: &str, timeout: Duration) {
         wait::until(what, timeout, || async {
@@ -241,6 +247,18 @@ impl Env {
         }
     }
 
+    /// [`Env::new`] with the hub-controller serving and every cluster's
+    /// agent connected in managed mode.
+    pub async fn managed(clusters: &[&str]) -> Env {
+        let mut env = Env::new(clusters).await;
+        env.start_hub(&[]).await;
+        for i in 0..clusters.len() {
+            env.start_agent(i, Mode::Managed);
+        }
+        env.wait_connected().await;
+        env
+    }
+
     /// Starts the hub-controller binary serving gRPC, waits until ready.
     pub async fn start_hub(&mut self, extra: &[&str]) {
         let mut args = vec!["--leader-elect=false"];
@@ -323,6 +341,12 @@ impl Env {
     }
 
     /// Everything every hub-controller process of this test has logged.
+    /// Fails unless the hub-controllers' logs contain `text`.
+    pub fn assert_logged(&self, text: &str) {
+        let log = self.hub_log();
+        assert!(log.contains(text), "{text:?} not logged:\n{log}");
+    }
+
     pub fn hub_log(&self) -> String {
         (1..=self.hub_starts)
             .map(|n| {
@@ -413,6 +437,13 @@ impl Env {
         self.start_agent_with(i, config);
     }
 
+    /// Starts cluster `i`'s agent in managed mode and waits until every
+    /// running agent is connected.
+    pub async fn connect_agent(&mut self, i: usize) {
+        self.start_agent(i, Mode::Managed);
+        self.wait_connected().await;
+    }
+
     /// Waits until every running agent is connected.
     pub async fn wait_connected(&self) {
         wait::until("the agents to connect", TIMEOUT, || async {
@@ -443,6 +474,11 @@ impl Env {
         )
     }
 
+    /// Creates [`Env::app`]`(name, i, extra)` on the hub.
+    pub async fn create(&self, name: &str, i: usize, extra: Value) -> Application {
+        super::common::create(&self.hub_apps(), &self.app(name, i, extra)).await
+    }
+
     /// A pull-model Application for cluster `i`, delivered to `argocd` there.
     pub fn app(&self, name: &str, i: usize, extra: Value) -> Application {
         let mut annotations = json!({
@@ -466,14 +502,9 @@ impl Env {
 
     /// Every hub Application of the team, by name.
     pub async fn hub_state(&self) -> BTreeMap<String, Application> {
-        self.hub_apps()
-            .list(&Default::default())
+        super::common::by_name(&self.hub_apps(), &Default::default())
             .await
             .unwrap()
-            .items
-            .into_iter()
-            .map(|a| (a.name_any(), a))
-            .collect()
     }
 
     /// Converged: for every hub Application of the team on a spoke in
@@ -486,18 +517,9 @@ impl Env {
             return Err(format!("hub has {:?}", hub.keys().collect::<Vec<_>>()));
         }
         for (i, _) in self.spokes.iter().enumerate() {
-            let spoke: BTreeMap<String, Application> = self
-                .spoke_apps(i)
-                .list(
-                    &kube::api::ListParams::default()
-                        .labels(&format!("{}=true", keys::HUB_MANAGED)),
-                )
-                .await
-                .map_err(|e| e.to_string())?
-                .items
-                .into_iter()
-                .map(|a| (a.name_any(), a))
-                .collect();
+            let managed =
+                kube::api::ListParams::default().labels(&format!("{}=true", keys::HUB_MANAGED));
+            let spoke = super::common::by_name(&self.spoke_apps(i), &managed).await?;
             let want: Vec<&String> = expected
                 .iter()
                 .filter(|(_, s)| **s == i)

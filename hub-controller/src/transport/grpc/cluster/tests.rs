@@ -46,12 +46,42 @@ fn kinds(ms: &[HubMessage]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_new_resource_version_alone_is_not_sent_again() {
+/// The sequence number of `m`, an upsert.
+fn upsert_seq(m: &HubMessage) -> u64 {
+    let Some(hub_message::Kind::Upsert(u)) = &m.kind else {
+        panic!("not an upsert: {m:?}")
+    };
+    u.seq
+}
+
+/// The sequence number of `m`, a delete or release.
+fn delete_seq(m: &HubMessage) -> u64 {
+    let Some(hub_message::Kind::Delete(d)) = &m.kind else {
+        panic!("not a delete: {m:?}")
+    };
+    d.seq
+}
+
+/// A cluster whose managed session 1 has just been sent `a` at v1, and
+/// the upsert's sequence number.
+fn sent_a() -> (ClusterState, u64) {
     let c = ClusterState::new("c1");
     c.attach(1, AgentMode::Managed);
     c.set_desired(&key("a"), desired("a", "v1"));
-    assert_eq!(c.next_messages(1, 10).len(), 1);
+    let sent = c.next_messages(1, 10);
+    assert_eq!(kinds(&sent), ["upsert a"]);
+    let seq = upsert_seq(&sent[0]);
+    (c, seq)
+}
+
+/// The agent's acknowledgement of `a`'s message `seq`: applied.
+fn applied(c: &ClusterState, seq: u64) -> Option<Item> {
+    c.object_acked(&key("a"), seq, AckOutcome::Applied, "")
+}
+
+#[test]
+fn a_new_resource_version_alone_is_not_sent_again() {
+    let (c, _) = sent_a();
     let mut newer = (*desired("a", "v1")).clone();
     newer.meta.resource_version = "99".into();
     c.set_desired(&key("a"), Arc::new(newer));
@@ -68,26 +98,20 @@ fn only_changes_are_sent_and_the_latest_wins() {
     c.attach(1, AgentMode::Managed);
     let sent = c.next_messages(1, 10);
     assert_eq!(kinds(&sent), ["upsert a"]);
-    let hub_message::Kind::Upsert(u) = sent[0].kind.as_ref().unwrap() else {
+    let Some(hub_message::Kind::Upsert(u)) = &sent[0].kind else {
         unreachable!()
     };
     assert_eq!(u.meta.as_ref().unwrap().version, "v2");
     // Unchanged: nothing more.
     c.set_desired(&key("a"), desired("a", "v2"));
     assert!(c.next_messages(1, 10).is_empty());
-    assert!(
-        c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "")
-            .is_some()
-    );
+    assert!(applied(&c, u.seq).is_some());
     assert_eq!(c.desired_entries().len(), 1);
 }
 
 #[test]
 fn a_delete_is_confirmed_by_gone_after_its_acknowledgement() {
-    let c = ClusterState::new("c1");
-    c.attach(1, AgentMode::Managed);
-    c.set_desired(&key("a"), desired("a", "v1"));
-    let up = c.next_messages(1, 10);
+    let (c, seq) = sent_a();
     c.set_deleting(&key("a"), "uid-a");
     assert!(
         c.desired_entries().is_empty(),
@@ -95,16 +119,10 @@ fn a_delete_is_confirmed_by_gone_after_its_acknowledgement() {
     );
     // A gone before the delete is acknowledged confirms nothing.
     assert!(!c.observe(&key("a"), Observation::Gone));
-    let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    applied(&c, seq);
     let del = c.next_messages(1, 10);
     assert_eq!(kinds(&del), ["delete a"]);
-    let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    applied(&c, delete_seq(&del[0]));
     assert!(c.observe(&key("a"), Observation::Gone));
     assert_eq!(
         c.lock().gone.get(&key("a")).map(String::as_str),
@@ -117,22 +135,13 @@ fn a_delete_is_confirmed_by_gone_after_its_acknowledgement() {
 /// released) and, once no hub Application names the key, forgotten.
 #[test]
 fn a_gone_before_the_delete_is_acknowledged_completes_it_with_the_ack() {
-    let c = ClusterState::new("c1");
-    c.attach(1, AgentMode::Managed);
-    c.set_desired(&key("a"), desired("a", "v1"));
-    let up = c.next_messages(1, 10);
-    let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    let (c, seq) = sent_a();
+    applied(&c, seq);
     c.set_deleting(&key("a"), "uid-a");
-    let del = c.next_messages(1, 10);
-    let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
+    let del = delete_seq(&c.next_messages(1, 10)[0]);
     assert!(!c.observe(&key("a"), Observation::Gone));
     assert!(c.lock().gone.is_empty(), "not before the acknowledgement");
-    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    applied(&c, del);
     assert_eq!(
         c.lock().gone.get(&key("a")).map(String::as_str),
         Some("uid-a")
@@ -152,21 +161,11 @@ fn a_gone_before_the_delete_is_acknowledged_completes_it_with_the_ack() {
 /// nothing about the delete that follows.
 #[test]
 fn a_gone_before_the_delete_was_sent_does_not_complete_it() {
-    let c = ClusterState::new("c1");
-    c.attach(1, AgentMode::Managed);
-    c.set_desired(&key("a"), desired("a", "v1"));
-    let up = c.next_messages(1, 10);
-    let hub_message::Kind::Upsert(u) = up[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
+    let (c, seq) = sent_a();
     assert!(!c.observe(&key("a"), Observation::Gone));
-    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    applied(&c, seq);
     c.set_deleting(&key("a"), "uid-a");
-    let del = c.next_messages(1, 10);
-    let hub_message::Kind::Delete(d) = del[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    applied(&c, delete_seq(&c.next_messages(1, 10)[0]));
     assert!(c.lock().gone.is_empty(), "the spoke copy may still exist");
     assert!(c.observe(&key("a"), Observation::Gone));
 }
@@ -280,34 +279,19 @@ fn a_command_the_agent_cannot_run_is_never_sent_and_each_answer_is_reported_once
 
 #[test]
 fn a_release_is_forgotten_once_acknowledged() {
-    let c = ClusterState::new("c1");
-    c.attach(1, AgentMode::Managed);
-    c.set_desired(&key("a"), desired("a", "v1"));
-    let m = c.next_messages(1, 10);
-    let hub_message::Kind::Upsert(u) = m[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    c.object_acked(&key("a"), u.seq, AckOutcome::Applied, "");
+    let (c, seq) = sent_a();
+    applied(&c, seq);
     c.release(&key("a"));
     let m = c.next_messages(1, 10);
     assert_eq!(kinds(&m), ["release a"]);
-    let hub_message::Kind::Delete(d) = m[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    c.object_acked(&key("a"), d.seq, AckOutcome::Applied, "");
+    applied(&c, delete_seq(&m[0]));
     assert!(!c.knows(&key("a")));
 }
 
 #[test]
 fn a_rejection_is_kept_until_a_new_value() {
-    let c = ClusterState::new("c1");
-    c.attach(1, AgentMode::Managed);
-    c.set_desired(&key("a"), desired("a", "v1"));
-    let m = c.next_messages(1, 10);
-    let hub_message::Kind::Upsert(u) = m[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    c.object_acked(&key("a"), u.seq, AckOutcome::Rejected, "too big");
+    let (c, seq) = sent_a();
+    c.object_acked(&key("a"), seq, AckOutcome::Rejected, "too big");
     assert_eq!(c.lock().rejected[&key("a")], "too big");
     assert!(c.next_messages(1, 10).is_empty(), "not retried");
     c.set_desired(&key("a"), desired("a", "v2"));
@@ -384,20 +368,14 @@ fn digests_and_resync_requests_are_built_when_sent_and_never_pile_up() {
 
 #[test]
 fn a_retry_is_scheduled_once_per_message_in_flight() {
-    let c = ClusterState::new("c1");
-    c.attach(1, AgentMode::Managed);
-    c.set_desired(&key("a"), desired("a", "v1"));
-    let m = c.next_messages(1, 10);
-    let hub_message::Kind::Upsert(u) = m[0].kind.as_ref().unwrap() else {
-        unreachable!()
-    };
-    assert!(!c.schedule_retry(&key("a"), u.seq + 1), "not in flight");
-    assert!(!c.schedule_retry(&key("zz"), u.seq), "unknown key");
-    assert!(c.schedule_retry(&key("a"), u.seq));
+    let (c, seq) = sent_a();
+    assert!(!c.schedule_retry(&key("a"), seq + 1), "not in flight");
+    assert!(!c.schedule_retry(&key("zz"), seq), "unknown key");
+    assert!(c.schedule_retry(&key("a"), seq));
     for _ in 0..100 {
-        assert!(!c.schedule_retry(&key("a"), u.seq), "already scheduled");
+        assert!(!c.schedule_retry(&key("a"), seq), "already scheduled");
     }
-    c.retry(&key("a"), u.seq);
+    c.retry(&key("a"), seq);
     assert_eq!(kinds(&c.next_messages(1, 10)), ["upsert a"]);
 }
 
