@@ -60,7 +60,8 @@ impl Node {
             N.fetch_add(1, Ordering::Relaxed)
         );
         let netns = format!("argocd-pull-{id}");
-        let dir = PathBuf::from(format!("/tmp/apn-{id}"));
+        let dir = PathBuf::from(format!("{NODE_DIRS}/apn-{id}"));
+        reap_orphans(Path::new(NODE_DIRS));
         std::fs::create_dir_all(&dir)?;
         // First the reaper, so that whatever follows goes with it.
         let reaper = Reaper::start(&dir, &netns)?;
@@ -181,6 +182,37 @@ pub fn node_bin(name: &str) -> Result<PathBuf> {
     }
 }
 
+/// Where nodes keep their folders, `apn-<name>-<pid>-<n>`.
+const NODE_DIRS: &str = "/tmp";
+
+/// Reaps the nodes in `dirs` whose test process is gone and whose reaper
+/// went with it (a stop that killed the whole process group leaves their
+/// network namespace, folder and cgroups behind): each as its own reaper
+/// would have. A node of a live process, or one whose owner cannot be
+/// read from its name, is left alone.
+fn reap_orphans(dirs: &Path) {
+    let Ok(entries) = std::fs::read_dir(dirs) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.strip_prefix("apn-") else {
+            continue;
+        };
+        // <name>-<pid>-<n>
+        let Some(pid) = id.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(reaper) = Reaper::start(&e.path(), &format!("argocd-pull-{id}")) {
+            // Dropped: it reaps now, and this waits for it.
+            drop(reaper);
+        }
+    }
+}
+
 fn run_ok(cmd: &mut Command) -> Result<Output> {
     let output = cmd.stdin(Stdio::null()).output()?;
     if output.status.success() {
@@ -194,5 +226,52 @@ fn run_ok(cmd: &mut Command) -> Result<Output> {
                 String::from_utf8_lossy(&output.stderr)
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reap_orphans;
+    use std::path::Path;
+    use std::process::Command;
+
+    fn netns_exists(name: &str) -> bool {
+        Path::new("/run/netns").join(name).exists()
+    }
+
+    #[test]
+    fn a_node_left_by_a_dead_process_is_reaped_and_a_live_ones_is_not() {
+        let dirs = tempfile::tempdir().unwrap();
+        // A process that has exited: its pid is dead.
+        let dead = {
+            let mut c = Command::new("true").spawn().unwrap();
+            let pid = c.id();
+            c.wait().unwrap();
+            pid
+        };
+        let live = std::process::id();
+        let orphan = format!("orphantest-{dead}-0");
+        let mine = format!("orphantest-{live}-0");
+        for id in [&orphan, &mine] {
+            std::fs::create_dir_all(dirs.path().join(format!("apn-{id}")).join("state")).unwrap();
+            let added = Command::new("ip")
+                .args(["netns", "add", &format!("argocd-pull-{id}")])
+                .status()
+                .unwrap();
+            assert!(added.success());
+        }
+        reap_orphans(dirs.path());
+        let orphan_gone = !dirs.path().join(format!("apn-{orphan}")).exists()
+            && !netns_exists(&format!("argocd-pull-{orphan}"));
+        let mine_kept = dirs.path().join(format!("apn-{mine}")).exists()
+            && netns_exists(&format!("argocd-pull-{mine}"));
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &format!("argocd-pull-{mine}")])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &format!("argocd-pull-{orphan}")])
+            .status();
+        assert!(orphan_gone, "the dead process's node is reaped");
+        assert!(mine_kept, "this process's node is left alone");
     }
 }
