@@ -29,23 +29,34 @@ pub struct Reaper {
     child: Child,
 }
 
+/// Starts `script` as a reaper named `name` with `args`: a shell in its
+/// own process group (a Ctrl-C aimed at the test run must not kill it
+/// before it has cleaned up) that reads its stdin until the test process
+/// closes it or dies.
+pub(crate) fn spawn_reaper(
+    script: &str,
+    name: &str,
+    args: &[&std::ffi::OsStr],
+) -> std::io::Result<(Child, Option<ChildStdin>)> {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(name)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    let stdin = child.stdin.take();
+    Ok((child, stdin))
+}
+
 impl Reaper {
     /// Starts a reaper that removes `dir` (and kills every watched PID)
     /// when this process exits.
     pub fn start(dir: &Path) -> std::io::Result<Self> {
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(REAPER)
-            .arg("argocd-pull-reaper")
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            // Own process group: a Ctrl-C aimed at the test run must not
-            // kill the reaper before it has cleaned up.
-            .process_group(0)
-            .spawn()?;
-        let stdin = child.stdin.take();
+        let (child, stdin) = spawn_reaper(REAPER, "argocd-pull-reaper", &[dir.as_os_str()])?;
         Ok(Self { stdin, child })
     }
 

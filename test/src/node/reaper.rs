@@ -1,11 +1,11 @@
 //! [`Reaper`]: what removes everything of a node once the node is dropped,
 //! or once the test process dies however it dies.
 
-use std::os::unix::process::CommandExt as _;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin};
 
 use crate::Result;
+use crate::process::spawn_reaper;
 
 const REAPER: &str = r#"
 while read -r line; do :; done
@@ -51,18 +51,8 @@ impl Reaper {
     /// Starts the reaper of the node in folder `dir` and namespace `netns`
     /// (which need not exist yet).
     pub(super) fn start(dir: &Path, netns: &str) -> Result<Self> {
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(REAPER)
-            .arg("argocd-pull-node-reaper")
-            .arg(dir)
-            .arg(netns)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()?;
-        let stdin = child.stdin.take();
+        let args = [dir.as_os_str(), netns.as_ref()];
+        let (child, stdin) = spawn_reaper(REAPER, "argocd-pull-node-reaper", &args)?;
         Ok(Self { child, stdin })
     }
 }
