@@ -10,13 +10,15 @@ use crate::process::spawn_reaper;
 const REAPER: &str = r#"
 while read -r line; do :; done
 dir=$1 netns=$2
-# Processes of this node only: their command lines name its folder.
+# Processes of this node only: their command lines name its folder, or
+# something in it (not a folder whose name starts with this one's, such as
+# node 10's when this is node 1).
 for p in /proc/[0-9]*; do
   [ "${p#/proc/}" = "$$" ] && continue
-  if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF -- "$dir"; then kill -KILL "${p#/proc/}" 2>/dev/null; fi
+  if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF -e "$dir/" -e "$dir "; then kill -KILL "${p#/proc/}" 2>/dev/null; fi
 done
 sleep 0.2
-grep -F " $dir" /proc/mounts | cut -d' ' -f2 | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+grep -F -e " $dir/" -e " $dir " /proc/mounts | cut -d' ' -f2 | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
 ip netns delete "$netns" 2>/dev/null
 # Containers' processes (pause, the pods') name no folder: they are found
 # by the node's cgroups, killed, and the cgroups removed once empty.
@@ -62,5 +64,55 @@ impl Drop for Reaper {
     fn drop(&mut self) {
         self.stdin.take();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reaper;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Child, Command, Stdio};
+
+    /// A process that waits (on its stdin) with `arg` on its command line.
+    fn sleeper(arg: &std::path::Path) -> Child {
+        Command::new("cat")
+            .arg("-")
+            .arg(arg)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Node 1's reaper kills what names node 1's folder and leaves node 10's
+    /// alone, though the one folder's name starts with the other's.
+    #[test]
+    fn a_reaper_kills_its_nodes_processes_and_not_those_of_a_folder_named_alike() {
+        let dirs = tempfile::tempdir().unwrap();
+        let mine = dirs.path().join("apn-reapertest-1-1");
+        let alike = dirs.path().join("apn-reapertest-1-10");
+        std::fs::create_dir_all(&mine).unwrap();
+        std::fs::create_dir_all(&alike).unwrap();
+        let mut in_mine = sleeper(&mine.join("containerd.sock"));
+        let mut named_mine = sleeper(&mine);
+        let mut in_alike = sleeper(&alike.join("containerd.sock"));
+        // The netns does not exist: deleting it fails quietly.
+        drop(Reaper::start(&mine, "argocd-pull-reapertest-none").unwrap());
+        // The reaper has finished (drop waits for it): its kills are done.
+        let alike_alive = matches!(in_alike.try_wait(), Ok(None));
+        let _ = in_alike.kill();
+        let _ = in_alike.wait();
+        let mine_status = in_mine.wait().unwrap();
+        let named_status = named_mine.wait().unwrap();
+        assert!(alike_alive, "node 10's process is left alone");
+        // Killed, not ended by the EOF `wait` gives them.
+        let killed = |s: std::process::ExitStatus| s.signal() == Some(9);
+        assert!(
+            killed(mine_status) && killed(named_status),
+            "node 1's processes are killed"
+        );
+        assert!(
+            !mine.exists() && alike.exists(),
+            "only node 1's folder is removed"
+        );
     }
 }
