@@ -8,12 +8,12 @@ pub mod certs;
 pub mod compact;
 #[cfg(test)]
 mod fixtures;
-pub mod hub;
 mod leading;
 pub mod metrics;
 pub mod report;
 pub mod status;
 pub mod transport;
+pub mod watch;
 
 /// The pure core's routing and rendering, at the paths they had here.
 pub use argocd_pull_core::{render, route};
@@ -226,9 +226,9 @@ async fn run_controllers(
         .grpc
         .config_managed(authorization.clone(), args.certs.manage);
     page.set_authorization(&authorization);
-    let watches = hub::watches::Watches::new(hub::watches::Scope {
+    let watches = watch::watches::Watches::new(watch::watches::Scope {
         grpc: grpc_config.is_some(),
-        default_config: hub::mode::ConfigRef {
+        default_config: watch::mode::ConfigRef {
             namespace: args.certs.addon_namespace.clone(),
             name: args.certs.addon_deployment_config.clone(),
         },
@@ -308,7 +308,7 @@ async fn run_controllers(
     // One set of watches feeds both transports; the ManifestWork side
     // hears them once this replica leads.
     let gate = manifestwork::triggers::Gate::new(ctx.clone());
-    let mut consumers: Vec<std::sync::Arc<dyn hub::watches::Consumer>> = vec![gate.clone()];
+    let mut consumers: Vec<std::sync::Arc<dyn watch::watches::Consumer>> = vec![gate.clone()];
     if let Some(hub) = &grpc {
         consumers.push(hub.clone());
     }

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_apis::keys;
-use argocd_pull_hub_controller::hub::watches::{Scope, Watches};
 use argocd_pull_hub_controller::route::authz::Authorization;
 use argocd_pull_hub_controller::transport::grpc::{self, metrics::GrpcMetrics};
+use argocd_pull_hub_controller::watch::watches::{Scope, Watches};
 use clap::Parser;
 use futures::StreamExt;
 use http::Method;

@@ -3,7 +3,7 @@
 //! Events that explain a refusal. Each kind of write has its own field
 //! manager, so `managedFields` says who wrote what.
 //!
-//! Every write is remembered (see [`crate::hub::Written`]) until the watch
+//! Every write is remembered (see [`crate::watch::Written`]) until the watch
 //! cache shows it: callers ask [`AppWriter::behind`] before deciding, and
 //! decide again when the write's echo arrives. That is what keeps a slow
 //! watch from turning into repeated writes.
@@ -17,7 +17,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::patch::status_patch;
-use crate::hub::Written;
+use crate::watch::Written;
 
 /// Field manager of the status written onto hub Applications.
 pub const STATUS_MANAGER: &str = "argocd-pull-status";

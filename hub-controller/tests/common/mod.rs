@@ -383,10 +383,10 @@ pub async fn run_controller_with(
     std::sync::Arc<argocd_pull_hub_controller::transport::manifestwork::Context>,
     argocd_pull_runtime::shutdown::Trigger,
 ) {
-    use argocd_pull_hub_controller::hub::watches::{Scope, Watches};
     use argocd_pull_hub_controller::transport::manifestwork::{
         Context, controller, triggers::Gate,
     };
+    use argocd_pull_hub_controller::watch::watches::{Scope, Watches};
     // Project-scoped credentials travel too (the binary's
     // `--project-credentials`).
     let watches = Watches::new(Scope {

@@ -429,7 +429,7 @@ impl Service {
 const ISSUED_LOAD_WAIT: Duration = Duration::from_secs(10);
 
 /// Starts the gRPC transport (the writers and the server; its index is fed
-/// by the hub's watches, see [`crate::hub::watches`]) and
+/// by the hub's watches, see [`crate::watch::watches`]) and
 /// returns the task serving it until `shutdown` resolves. Fails at once
 /// when the address or the TLS files cannot be used.
 pub async fn start(

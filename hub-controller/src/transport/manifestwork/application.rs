@@ -17,8 +17,6 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 
 use super::{Context, Error, WORK_MANAGER};
-use crate::hub::cached::CachedApp;
-use crate::hub::caches::Lookup;
 use crate::render::delivered_copy;
 use crate::render::operation::{self, carried_operation};
 use crate::render::work::{
@@ -36,6 +34,8 @@ use crate::status::condition::{
 use crate::status::feedback::{feedback, not_applied, spoke_problem, status_update};
 use crate::status::writer::{COMMAND_MANAGER, holds_argocd_finalizer};
 use crate::transport::grpc::assign::{Assignment, assign};
+use crate::watch::cached::CachedApp;
+use crate::watch::caches::Lookup;
 use argocd_pull_proto::v1::ObjectKey;
 
 pub async fn reconcile(app: Arc<CachedApp>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -14,7 +14,7 @@ use kube::runtime::watcher;
 
 use super::application::reconcile;
 use super::{Context, Error};
-use crate::hub::cached::CachedApp;
+use crate::watch::cached::CachedApp;
 
 /// How long in-flight reconciles get to finish once shutdown begins.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -23,7 +23,7 @@ pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// the Applications that come on `triggered` (from
 /// [`super::triggers::Gate::open`]). `ready` is called once the hub's
 /// caches have their first full list. The caches are fed by
-/// [`crate::hub::watches::Watches::run`], with the gate among its
+/// [`crate::watch::watches::Watches::run`], with the gate among its
 /// consumers.
 pub async fn run(
     ctx: Arc<Context>,

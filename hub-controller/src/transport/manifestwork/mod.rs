@@ -17,8 +17,8 @@ use kube::Client;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 
-use crate::hub::cached::CachedApp;
-use crate::hub::caches::{Caches, Queue};
+use crate::watch::cached::CachedApp;
+use crate::watch::caches::{Caches, Queue};
 
 use crate::metrics::Metrics;
 use crate::render::work::WorkOptions;
@@ -59,7 +59,7 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context reading `caches` (fed by [`crate::hub::watches`], with
+    /// A context reading `caches` (fed by [`crate::watch::watches`], with
     /// this context among the consumers); `grpc` when the hub also serves
     /// the gRPC transport.
     pub fn new(

@@ -24,7 +24,6 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
 use super::{Context, WORK_MANAGER};
-use crate::hub::caches::Lookup;
 use crate::render::project::{
     PROJECT_LABEL, PROJECT_SPEC_HASH, credentials_by_project, delivered_project, project_work,
 };
@@ -32,6 +31,7 @@ use crate::render::work::work_name;
 use crate::route::decide::{Facts, Route, decide};
 use crate::route::target::DEFAULT_APP_NAMESPACE;
 use crate::route::transport::Transport;
+use crate::watch::caches::Lookup;
 
 /// The least time between two passes.
 const SETTLE: Duration = Duration::from_millis(300);

@@ -19,8 +19,8 @@ use argocd_pull_apis::ocm::ManifestWork;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PartialObjectMeta, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
-use crate::hub::cached::CachedWork;
-use crate::hub::caches::{Caches, work_owner};
+use crate::watch::cached::CachedWork;
+use crate::watch::caches::{Caches, work_owner};
 
 use crate::metrics::Metrics;
 use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};

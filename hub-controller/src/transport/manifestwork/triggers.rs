@@ -12,10 +12,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event as E;
 
 use super::Context;
-use crate::hub::cached::CachedApp;
-use crate::hub::caches;
-use crate::hub::watches::{Consumer, Event};
 use crate::route::HubRef;
+use crate::watch::cached::CachedApp;
+use crate::watch::caches;
+use crate::watch::watches::{Consumer, Event};
 
 impl Consumer for Context {
     fn event(&self, event: &Event) {

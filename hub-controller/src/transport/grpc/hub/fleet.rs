@@ -69,7 +69,7 @@ mod tests {
     use super::super::super::cluster::Agent;
     use super::super::super::metrics::GrpcMetrics;
     use super::*;
-    use crate::hub::watches::{Scope, Watches};
+    use crate::watch::watches::{Scope, Watches};
 
     const CLUSTERS: usize = 10_000;
 

@@ -14,7 +14,7 @@ use super::super::holders::{Holders, record};
 use super::claimed::Acting;
 use super::clusters::Clusters;
 use super::routes::Routes;
-use crate::hub::caches::Caches;
+use crate::watch::caches::Caches;
 
 /// How often the replica looks for clusters whose agent's holdings
 /// changed: one write per cluster at most this often, however many

@@ -21,10 +21,10 @@ use super::super::metrics::GrpcMetrics;
 use super::MIRROR_MANAGER;
 use super::clusters::Clusters;
 use super::relay::CommandRelay;
-use crate::hub::cached::CachedApp;
-use crate::hub::caches::Caches;
 use crate::status::AppWriter;
 use crate::transport::grpc::render;
+use crate::watch::cached::CachedApp;
+use crate::watch::caches::Caches;
 
 /// Writes the mirrors, from what the agents reported.
 pub struct Mirrors {

@@ -55,10 +55,10 @@ use super::claims::Claims;
 use super::cluster::{ClusterState, Item, Work};
 use super::holders::Holders;
 use super::metrics::GrpcMetrics;
-use crate::hub::caches::{self, Caches};
-use crate::hub::watches::{Consumer, Event};
 use crate::status::AppWriter;
 use crate::transport::grpc::assign::HubRef;
+use crate::watch::caches::{self, Caches};
+use crate::watch::watches::{Consumer, Event};
 
 /// Field manager of the read-only mirrors.
 pub const MIRROR_MANAGER: &str = "argocd-pull-mirror";
@@ -90,7 +90,7 @@ pub struct Hub {
 
 impl Hub {
     /// A transport reading `caches`, which must be fed by
-    /// [`crate::hub::watches`] with [`Scope::grpc`](crate::hub::watches::Scope)
+    /// [`crate::watch::watches`] with [`Scope::grpc`](crate::watch::watches::Scope)
     /// and this hub among the consumers.
     pub fn new(
         config: GrpcConfig,
@@ -181,7 +181,7 @@ impl Hub {
     pub fn configured_mode(
         &self,
         cluster: &str,
-    ) -> Option<Result<crate::hub::mode::Configured, String>> {
+    ) -> Option<Result<crate::watch::mode::Configured, String>> {
         self.caches.configured_mode(cluster)
     }
 

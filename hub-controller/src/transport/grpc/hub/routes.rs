@@ -15,11 +15,11 @@ use tokio::sync::watch;
 
 use super::clusters::Clusters;
 use super::index::{Decision, HeldBy, Index};
-use crate::hub::cached::CachedApp;
-use crate::hub::caches::{self, Caches};
 use crate::route::authz::Authorization;
 use crate::transport::grpc::assign::{self, Assignment, Facts, HubRef};
 use crate::transport::grpc::cluster::{Item, Work};
+use crate::watch::cached::CachedApp;
+use crate::watch::caches::{self, Caches};
 
 /// What [`Routes::on_transport_switch`] calls: the Application, and the
 /// trigger its ManifestWork reconcile is counted under.

@@ -23,12 +23,12 @@ use super::clusters::Clusters;
 use super::mirror::Mirrors;
 use super::relay::CommandRelay;
 use super::routes::{Routes, app_ref};
-use crate::hub::caches::Caches;
 use crate::status::condition::condition_of;
 use crate::status::observed::hub_status;
 use crate::status::writer::holds_argocd_finalizer;
 use crate::status::{AppWriter, Reason};
 use crate::transport::grpc::assign::{Assignment, HubRef};
+use crate::watch::caches::Caches;
 
 /// The workers and what they read: the index, the clusters' state and the
 /// caches; what they write goes through the one writer.

@@ -316,7 +316,7 @@ enum End {
 }
 
 /// The hub, not the agent, decides the mode: the one the cluster's addon
-/// configuration deploys the agent with (`hub::mode`).
+/// configuration deploys the agent with (`watch::mode`).
 fn configured_mode(hub: &Hub, cluster: &str, claimed: AgentMode) -> Result<(), Status> {
     let claimed = version::mode_name(claimed);
     match hub.configured_mode(cluster) {

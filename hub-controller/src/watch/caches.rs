@@ -15,13 +15,13 @@ use argocd_pull_apis::ocm::{
     placement_of,
 };
 
-use crate::hub::cached::CachedWork;
+use crate::watch::cached::CachedWork;
 use kube::ResourceExt;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::hub::cached::CachedApp;
+use crate::watch::cached::CachedApp;
 
 /// Read side of the caches.
 #[derive(Clone)]
@@ -349,7 +349,7 @@ mod tests {
         let (reader, mut writer) = store::store::<CachedWork>();
         let caches = Caches {
             works: reader,
-            ..crate::hub::watches::Watches::new(Default::default()).caches()
+            ..crate::watch::watches::Watches::new(Default::default()).caches()
         };
         writer.apply_watcher_event(&Event::Apply(CachedWork::from(work("1"))));
         assert!(matches!(

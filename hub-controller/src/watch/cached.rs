@@ -22,7 +22,7 @@ use kube::core::NamespaceResourceScope;
 use serde::{Deserialize, Deserializer};
 
 use crate::compact::CompactJson;
-use crate::hub::pairs::Pairs;
+use crate::watch::pairs::Pairs;
 
 /// Its kind is static (`DynamicType = ()`): every key of the caches and
 /// queues (`ObjectRef<CachedApp>`) would otherwise carry its own copy of
