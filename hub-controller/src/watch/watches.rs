@@ -227,17 +227,12 @@ impl Watches {
         let mut project_specs: std::collections::HashMap<String, serde_json::Value> =
             Default::default();
         let mut lists = FirstLists::new(streams.len());
-        let mut events = futures::stream::select_all(streams);
-        tokio::pin!(shutdown);
-        loop {
-            let event = tokio::select! {
-                _ = &mut shutdown => return,
-                e = events.next() => e,
-            };
+        let events = futures::stream::select_all(streams).take_until(shutdown);
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
             match event {
-                None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, "watch of the hub failed; retrying"),
-                Some(Ok(event)) => {
+                Err(e) => tracing::warn!(error = %e, "watch of the hub failed; retrying"),
+                Ok(event) => {
                     if let Event::Project(e) = &event
                         && !project_spec_changed(&mut project_specs, e)
                     {

@@ -247,24 +247,21 @@ pub async fn run_deny_list(hub: Arc<Hub>, shutdown: impl std::future::Future<Out
     }
     let api: Api<ConfigMap> = Api::namespaced(hub.client.clone(), &list.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", list.name));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let events = watcher::watcher(api, config)
+        .default_backoff()
+        .take_until(shutdown);
+    let mut events = std::pin::pin!(events);
     let mut listed: Option<ConfigMap> = None;
-    tokio::pin!(shutdown);
-    loop {
-        let ev = tokio::select! {
-            _ = &mut shutdown => return,
-            ev = events.next() => ev,
-        };
+    while let Some(ev) = events.next().await {
         match ev {
-            None => return,
-            Some(Err(e)) => {
+            Err(e) => {
                 tracing::error!(configmap = %list.source(), error = %e, "cannot read the deny list of client certificates; retrying (agents are not welcomed before it was read once)")
             }
-            Some(Ok(watcher::Event::Init)) => listed = None,
-            Some(Ok(watcher::Event::InitApply(cm))) => listed = Some(cm),
-            Some(Ok(watcher::Event::InitDone)) => apply(&hub, listed.take()),
-            Some(Ok(watcher::Event::Apply(cm))) => apply(&hub, Some(cm)),
-            Some(Ok(watcher::Event::Delete(_))) => apply(&hub, None),
+            Ok(watcher::Event::Init) => listed = None,
+            Ok(watcher::Event::InitApply(cm)) => listed = Some(cm),
+            Ok(watcher::Event::InitDone) => apply(&hub, listed.take()),
+            Ok(watcher::Event::Apply(cm)) => apply(&hub, Some(cm)),
+            Ok(watcher::Event::Delete(_)) => apply(&hub, None),
         }
     }
 }

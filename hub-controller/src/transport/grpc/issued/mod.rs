@@ -342,32 +342,28 @@ pub async fn run(
             .map(move |e| Change::Shard(i, e))
             .boxed()
     });
-    let mut events = futures::stream::select_all(std::iter::once(csr_events.boxed()).chain(shards));
-    tokio::pin!(shutdown);
+    let events = futures::stream::select_all(std::iter::once(csr_events.boxed()).chain(shards))
+        .take_until(shutdown);
+    let mut events = std::pin::pin!(events);
     let mut listed: HashMap<u32, Option<ConfigMap>> = HashMap::new();
-    loop {
-        let ev = tokio::select! {
-            _ = &mut shutdown => return,
-            ev = events.next() => ev,
-        };
+    while let Some(ev) = events.next().await {
         match ev {
-            None => return,
-            Some(Change::Csr(Err(e))) => {
+            Change::Csr(Err(e)) => {
                 tracing::error!(error = %e, "cannot watch the CSRs of the argocd-pull signer; retrying (new certificates are not accepted until it works)")
             }
-            Some(Change::Csr(Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr)))) => {
+            Change::Csr(Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr))) => {
                 issued.take(&csr)
             }
-            Some(Change::Csr(Ok(watcher::Event::InitDone))) => {
+            Change::Csr(Ok(watcher::Event::InitDone)) => {
                 let mut state = issued.state();
                 state.csrs_listed = true;
                 issued.update_loaded(&state);
             }
-            Some(Change::Csr(Ok(_))) => {}
-            Some(Change::Shard(i, Err(e))) => {
+            Change::Csr(Ok(_)) => {}
+            Change::Shard(i, Err(e)) => {
                 tracing::error!(configmap = %record::shard_name(i), error = %e, "cannot read the record of issued certificates; retrying")
             }
-            Some(Change::Shard(i, Ok(ev))) => match ev {
+            Change::Shard(i, Ok(ev)) => match ev {
                 watcher::Event::Init => {
                     listed.insert(i, None);
                 }
