@@ -116,12 +116,7 @@ mod tests {
     fn loads_reports_changes_and_refuses_unreadable_files() {
         let dir = tempfile::tempdir().unwrap();
         let ca = testenv::pki::Ca::new("ca").unwrap();
-        let cert = ca
-            .client(
-                "system:open-cluster-management:cluster:c1:addon:argocd-pull:agent:a",
-                None,
-            )
-            .unwrap();
+        let cert = ca.agent("c1", "a").unwrap();
         let files = TlsFiles {
             cert: dir.path().join("tls.crt"),
             key: dir.path().join("tls.key"),

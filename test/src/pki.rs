@@ -76,6 +76,17 @@ impl Ca {
         self.sign(params)
     }
 
+    /// The client certificate OCM signs for agent `agent` of the argocd-pull
+    /// addon on `cluster` (its subject, no group).
+    pub fn agent(&self, cluster: &str, agent: &str) -> Result<CertKey, rcgen::Error> {
+        self.client(
+            &format!(
+                "system:open-cluster-management:cluster:{cluster}:addon:argocd-pull:agent:{agent}"
+            ),
+            None,
+        )
+    }
+
     /// A client certificate valid only between two dates (year, month,
     /// day, UTC): one that has expired, or is not valid yet.
     pub fn client_valid(

@@ -194,16 +194,21 @@ mod tests {
         assert!(!v.expired(start + 89 * DAY));
     }
 
-    #[test]
-    fn a_new_ca_has_the_asked_validity_and_fits_the_addon_variable() {
-        let now = SystemTime::now();
-        let ca = new_ca(
+    /// A serving CA of ten years from `now`, as the hub-controller makes.
+    fn serving_ca(now: SystemTime) -> Issued {
+        new_ca(
             "argocd-pull serving CA",
             KeyKind::EcdsaP256,
             now,
             3650 * DAY,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn a_new_ca_has_the_asked_validity_and_fits_the_addon_variable() {
+        let now = SystemTime::now();
+        let ca = serving_ca(now);
         assert!(usable(&ca));
         let v = validity(&ca.cert_pem).unwrap();
         let lifetime = v.not_after.duration_since(v.not_before).unwrap();
@@ -215,13 +220,7 @@ mod tests {
     #[test]
     fn a_serving_certificate_chains_to_its_ca_and_names_every_address() {
         let now = SystemTime::now();
-        let ca = new_ca(
-            "argocd-pull serving CA",
-            KeyKind::EcdsaP256,
-            now,
-            3650 * DAY,
-        )
-        .unwrap();
+        let ca = serving_ca(now);
         let leaf = issue_serving(
             &ca,
             "argocd-pull serving CA",

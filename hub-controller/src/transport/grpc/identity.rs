@@ -297,12 +297,7 @@ mod tests {
     #[test]
     fn reads_subject_and_expiry_from_a_certificate() {
         let ca = testenv::pki::Ca::new("ca").unwrap();
-        let cert = ca
-            .client(
-                "system:open-cluster-management:cluster:c1:addon:argocd-pull:agent:a",
-                None,
-            )
-            .unwrap();
+        let cert = ca.agent("c1", "a").unwrap();
         let der = x509_parser::pem::parse_x509_pem(cert.cert_pem.as_bytes())
             .unwrap()
             .1

@@ -93,6 +93,12 @@ mod tests {
         Hub::new(config, client, metrics, watches.caches())
     }
 
+    /// A self-signed serving certificate at `path`.
+    fn write_serving_cert(path: &Path) {
+        let cert = rcgen::generate_simple_self_signed(vec!["hub".into()]).unwrap();
+        std::fs::write(path, cert.cert.pem()).unwrap();
+    }
+
     fn now() -> f64 {
         unix(SystemTime::now())
     }
@@ -134,14 +140,7 @@ mod tests {
     async fn scrape_at_scale(per_cluster: bool) -> (usize, Duration, Duration, String) {
         let dir = tempfile::tempdir().unwrap();
         let cert = dir.path().join("tls.crt");
-        std::fs::write(
-            &cert,
-            rcgen::generate_simple_self_signed(vec!["hub".into()])
-                .unwrap()
-                .cert
-                .pem(),
-        )
-        .unwrap();
+        write_serving_cert(&cert);
         let mut registry = Registry::with_prefix("argocd_pull_hub");
         let hub_metrics = crate::metrics::Metrics::register(&mut registry);
         let hub = hub(&mut registry, per_cluster, &cert);
@@ -254,14 +253,7 @@ mod tests {
             .set(now() - 100.0);
         // A cluster this replica only heard of (no Applications, no agent).
         hub.cluster("bystander");
-        std::fs::write(
-            &cert,
-            rcgen::generate_simple_self_signed(vec!["hub".into()])
-                .unwrap()
-                .cert
-                .pem(),
-        )
-        .unwrap();
+        write_serving_cert(&cert);
         let f = hub.fleet();
         assert_eq!(f.connected, 2);
         assert_eq!(f.disconnected, 1);
