@@ -28,16 +28,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cache=${ARGOCD_PULL_CACHE:-$root/.cache}
-bin=$cache/bin
-mkdir -p "$bin" "$cache/stamps"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
-
-# shellcheck source=versions.env
-. "$here/versions.env"
-
-log() { printf '[argocd-agent] %s\n' "$*" >&2; }
+# shellcheck source=common.sh
+. "$here/common.sh" argocd-agent
 
 module=github.com/argoproj-labs/argocd-agent
 repo=https://github.com/argoproj-labs/argocd-agent
@@ -48,7 +40,7 @@ stamp=$cache/stamps/argocd-agent
 src=${ARGOCD_AGENT_SRC:-}
 http1_src=${GRPC_HTTP1_SRC:-}
 fleet_src=$here/argocd-agent-fleet/main.go
-want=$({ go version; echo "$module@$version"; cat "$here/build-argocd-agent.sh" "$fleet_src"; } | sha256sum | cut -c1-16)
+want=$({ go version; echo "$module@$version"; cat "$here/build-argocd-agent.sh" "$here/common.sh" "$fleet_src"; } | sha256sum | cut -c1-16)
 
 if [ -x "$bin/argocd-agent" ] && [ -x "$bin/argocd-agentctl" ] && [ -x "$bin/argocd-agent-fleet" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0

@@ -20,16 +20,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cache=${ARGOCD_PULL_CACHE:-$root/.cache}
-bin=$cache/bin
-mkdir -p "$bin" "$cache/stamps"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
-
-# shellcheck source=versions.env
-. "$here/versions.env"
-
-log() { printf '[upstream] %s\n' "$*" >&2; }
+# shellcheck source=common.sh
+. "$here/common.sh" upstream
 
 module=open-cluster-management.io/argocd-pull-integration
 repo=https://github.com/open-cluster-management-io/argocd-pull-integration
@@ -37,7 +29,7 @@ version=$ARGOCD_PULL_INTEGRATION_VERSION
 out=$bin/argocd-pull-integration
 stamp=$cache/stamps/argocd-pull-integration
 src=${UPSTREAM_SRC:-}
-want=$({ go version; echo "$module@$version"; cat "$here/upstream/go.mod" "$here/build-upstream.sh"; } | sha256sum | cut -c1-16)
+want=$({ go version; echo "$module@$version"; cat "$here/upstream/go.mod" "$here/build-upstream.sh" "$here/common.sh"; } | sha256sum | cut -c1-16)
 
 if [ -x "$out" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0

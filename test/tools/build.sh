@@ -29,16 +29,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cache=${ARGOCD_PULL_CACHE:-$root/.cache}
-bin=$cache/bin
-mkdir -p "$bin" "$cache/stamps"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
-
-# shellcheck source=versions.env
-. "$here/versions.env"
-
-log() { printf '[tools] %s\n' "$*" >&2; }
+# shellcheck source=common.sh
+. "$here/common.sh" tools
 
 # stamp NAME FILES... : succeeds when NAME was already built from exactly these inputs.
 stamp_of() { { go version; cat "$@"; } | sha256sum | cut -c1-16; }
