@@ -21,7 +21,7 @@ use clap::Parser;
 use futures::StreamExt;
 use http::Method;
 use kube::ResourceExt;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::slow_watch::{RequestLog, SlowWatch};
 use testenv::wait;
@@ -132,25 +132,11 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
 
     // Argo CD on the spoke starts the sync...
     set_spoke_status(&env, &names, progressing()).await;
-    common::wait_all(
-        &apps,
-        "every hub copy Progressing",
-        TIMEOUT,
-        |a| status(a) == progressing(),
-        |a| format!("{}: {}", a.name_any(), status(a)),
-    )
-    .await;
+    every_hub_copy(&apps, "every hub copy Progressing", progressing()).await;
     // ...and it ends Healthy, while the hub's watch has not yet shown it
     // its own Progressing writes.
     set_spoke_status(&env, &names, healthy()).await;
-    common::wait_all(
-        &apps,
-        "every hub copy exactly as the spoke",
-        TIMEOUT,
-        |a| status(a) == healthy(),
-        |a| format!("{}: {}", a.name_any(), status(a)),
-    )
-    .await;
+    every_hub_copy(&apps, "every hub copy exactly as the spoke", healthy()).await;
     // The hub's cache shows the last status of every Application, every
     // write's echo has reached a reconcile and nothing is queued: no more
     // writes can follow, the counts below are final.
@@ -220,6 +206,18 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
     }
     stop.fire();
     served.await.unwrap();
+}
+
+/// Waits until every hub copy's status is `want`.
+async fn every_hub_copy(apps: &Api<Application>, what: &str, want: Value) {
+    common::wait_all(
+        apps,
+        what,
+        TIMEOUT,
+        |a| status(a) == want,
+        |a| format!("{}: {}", a.name_any(), status(a)),
+    )
+    .await;
 }
 
 /// Writes `status` onto each spoke Application, as its Argo CD does.

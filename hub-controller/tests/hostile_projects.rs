@@ -592,6 +592,12 @@ where
     .await
 }
 
+/// The repository credential's password is `want`.
+fn password_is(s: &k8s_openapi::api::core::v1::Secret, want: &str) -> Result<(), String> {
+    let pw = common::addon::secret_text(s, "password");
+    (pw == want).then_some(()).ok_or(pw)
+}
+
 fn kept_by_agent(o: &impl kube::Resource) -> Result<(), String> {
     (o.meta()
         .labels
@@ -660,14 +666,7 @@ async fn over_grpc_the_project_and_its_credentials_reach_only_the_clusters_of_it
         "team's credential on cluster1",
         |s: &Secret| {
             kept_by_agent(s)?;
-            let pw = s
-                .data
-                .as_ref()
-                .and_then(|d| d.get("password"))
-                .map(|b| b.0.clone());
-            (pw.as_deref() == Some(b"s3cret".as_slice()))
-                .then_some(())
-                .ok_or(format!("{pw:?}"))
+            password_is(s, "s3cret")
         },
     )
     .await;
@@ -697,16 +696,7 @@ async fn over_grpc_the_project_and_its_credentials_reach_only_the_clusters_of_it
         &secrets(0),
         "team-repo",
         "the rotated password on cluster1",
-        |s: &Secret| {
-            let pw = s
-                .data
-                .as_ref()
-                .and_then(|d| d.get("password"))
-                .map(|b| b.0.clone());
-            (pw.as_deref() == Some(b"rotated".as_slice()))
-                .then_some(())
-                .ok_or(format!("{pw:?}"))
-        },
+        |s: &Secret| password_is(s, "rotated"),
     )
     .await;
     // ... and so does the last Application of the project leaving: its

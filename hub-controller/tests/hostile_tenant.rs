@@ -153,6 +153,12 @@ async fn refused_naming(api: &Api<Application>, owner: &str) -> Application {
     .await
 }
 
+/// No ManifestWork for `ns`/`name`: the refused one gets none.
+async fn no_work(works: &Api<ManifestWork>, ns: &str, name: &str) {
+    let work = works.get_opt(&work_name(ns, name)).await.unwrap();
+    assert!(work.is_none(), "no work for the refused one");
+}
+
 /// A tenant namespace whose Placement selects cluster1, and its
 /// Application `shared` aimed at cluster1's `argocd/shared` by
 /// ManifestWork.
@@ -216,14 +222,7 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
     let (ns_a, api_a) = manifestwork_claimant(&env, "aaa").await;
     let owner_ref = format!("{}/shared", env.team);
     refused_naming(&api_a, &owner_ref).await;
-    assert!(
-        works
-            .get_opt(&work_name(&ns_a, "shared"))
-            .await
-            .unwrap()
-            .is_none(),
-        "no work for the refused one"
-    );
+    no_work(&works, &ns_a, "shared").await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // Another one, younger still.
     let (ns_z, api_z) = manifestwork_claimant(&env, "zzz").await;
@@ -243,14 +242,7 @@ async fn one_owner_per_spoke_key_whatever_transport_asks() {
         .unwrap();
     wait::exists(&works, &work_name(&ns_a, "shared"), TIMEOUT).await;
     refused_naming(&api_z, &format!("{ns_a}/shared")).await;
-    assert!(
-        works
-            .get_opt(&work_name(&ns_z, "shared"))
-            .await
-            .unwrap()
-            .is_none(),
-        "no work for the refused one"
-    );
+    no_work(&works, &ns_z, "shared").await;
 
     // Deleting the refused one (it holds Argo CD's finalizer) releases it
     // and never touches the owner's work.

@@ -212,12 +212,8 @@ async fn the_leader_deletes_a_claim_no_live_replica_holds_and_only_that() {
         "hub-0's presence renewed 6 s after the claim",
         TIMEOUT,
         || async {
-            let presences = leases
-                .list(&kube::api::ListParams::default().labels(&format!("{ROLE_LABEL}=presence")))
-                .await
-                .map_err(|e| e.to_string())?;
-            let renewed = presences
-                .items
+            let renewed = common::leases_of_role(&leases, "presence")
+                .await?
                 .iter()
                 .filter_map(|l| l.spec.as_ref()?.renew_time.as_ref())
                 .map(|t| t.0)

@@ -31,6 +31,12 @@ fn allowed<T>(what: &str, r: Result<T, kube::Error>) -> T {
     r.unwrap_or_else(|e| panic!("{what}: the hub-controller needs this: {e}"))
 }
 
+/// Creates the ManifestWork `work` (as [`work`] writes one).
+async fn create_work(api: &Api<ManifestWork>, work: &Value) {
+    let work: ManifestWork = serde_json::from_value(work.clone()).unwrap();
+    api.create(&PostParams::default(), &work).await.unwrap();
+}
+
 fn work(name: &str, ns: &str, labels: Value, annotations: Value, data: &str) -> Value {
     json!({
         "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
@@ -267,13 +273,7 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
         json!({}),
         "a",
     );
-    admin_works
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(addon_work.clone()).unwrap(),
-        )
-        .await
-        .unwrap();
+    create_work(&admin_works, &addon_work).await;
     let upstream = work(
         "gb-12345",
         "cluster1",
@@ -282,13 +282,7 @@ async fn the_service_account_cannot_reach_beyond_what_argocd_pull_owns() {
                 "apps.open-cluster-management.io/hub-application-namespace": "team" }),
         "a",
     );
-    admin_works
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(upstream.clone()).unwrap(),
-        )
-        .await
-        .unwrap();
+    create_work(&admin_works, &upstream).await;
     let works: Api<ManifestWork> = Api::namespaced(sa.clone(), "cluster1");
     let mut changed = addon_work.clone();
     changed["spec"]["workload"]["manifests"][0]["data"]["k"] = json!("evil");

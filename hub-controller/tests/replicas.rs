@@ -14,7 +14,7 @@ mod grpc_env;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use argocd_pull_hub_controller::transport::grpc::claims::{CLUSTER_ANNOTATION, ROLE_LABEL};
+use argocd_pull_hub_controller::transport::grpc::claims::CLUSTER_ANNOTATION;
 use argocd_pull_spoke_agent::Mode;
 use grpc_env::replicas::{
     self, Replica, app_name, cluster_of, converged, create_apps, leader, point_service,
@@ -240,12 +240,8 @@ async fn three_replicas_serve_and_survive_kills_and_restarts() {
         "each cluster's claim held by its agent's replica",
         TIMEOUT,
         || async {
-            let all = leases
-                .list(&kube::api::ListParams::default().labels(&format!("{ROLE_LABEL}=claim")))
-                .await
-                .map_err(|e| e.to_string())?;
-            let claims: BTreeMap<String, String> = all
-                .items
+            let claims: BTreeMap<String, String> = common::leases_of_role(&leases, "claim")
+                .await?
                 .iter()
                 .map(|l| {
                     (

@@ -41,6 +41,17 @@ async fn releases(replicas: &[Replica]) -> (Vec<String>, BTreeMap<String, String
     (hubs, agents)
 }
 
+/// Waits until `cluster`'s agent is connected to a replica on `release`.
+async fn agent_release(replicas: &[Replica], cluster: &str, release: &str, what: &str) {
+    wait::until(what, TIMEOUT, || async {
+        match releases(replicas).await.1.get(cluster) {
+            Some(v) if v == release => Ok(()),
+            other => Err(format!("{cluster}: {other:?}")),
+        }
+    })
+    .await;
+}
+
 /// Every cluster's agent connected and on release `agent`, the replicas on
 /// `hubs` (sorted).
 async fn expect_releases(replicas: &[Replica], hubs: &[&str], agent: &str, what: &str) {
@@ -188,13 +199,12 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
         env.start_agent_with(i, config);
         round += 1;
         replicas::churn(&env, CLUSTERS.len(), APPS_PER_CLUSTER, round, 4).await;
-        let cluster = CLUSTERS[i];
-        wait::until("the new agent on a replica", TIMEOUT, || async {
-            match releases(&replicas).await.1.get(cluster) {
-                Some(v) if v == CURRENT => Ok(()),
-                other => Err(format!("{cluster}: {other:?}")),
-            }
-        })
+        agent_release(
+            &replicas,
+            CLUSTERS[i],
+            CURRENT,
+            "the new agent on a replica",
+        )
         .await;
         converged(&env, &expected, "exact while the agents are upgraded").await;
         let after = spoke_versions(&env).await;
@@ -242,13 +252,12 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
         old_agents[i] = env.spawn_agent_from(&previous_agent, i, &address);
         round += 1;
         replicas::churn(&env, CLUSTERS.len(), APPS_PER_CLUSTER, round, 4).await;
-        let cluster = CLUSTERS[i];
-        wait::until("the previous agent back on a replica", TIMEOUT, || async {
-            match releases(&replicas).await.1.get(cluster) {
-                Some(v) if v == p => Ok(()),
-                other => Err(format!("{cluster}: {other:?}")),
-            }
-        })
+        agent_release(
+            &replicas,
+            CLUSTERS[i],
+            p,
+            "the previous agent back on a replica",
+        )
         .await;
         converged(&env, &expected, "exact while the agents are rolled back").await;
     }

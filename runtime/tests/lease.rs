@@ -14,6 +14,17 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use testenv::freeze::FreezingProxy;
 use testenv::{CrdSet, wait};
 
+/// The shared cluster, a client, a namespace of the test's own and its
+/// Leases.
+async fn lease_env() -> (&'static testenv::Cluster, kube::Client, String, Api<Lease>) {
+    testenv::init_tracing();
+    let cluster = testenv::shared("lease", CrdSet::None).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let ns = cluster.namespace("lease").await.unwrap();
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    (cluster, client, ns, api)
+}
+
 /// Fast timings so that the test does not wait 15 s per step.
 fn config(ns: &str, identity: &str) -> LeaseConfig {
     LeaseConfig {
@@ -59,11 +70,7 @@ async fn held_through(api: &Api<Lease>, holder: &str, renewals: usize, span: Dur
 
 #[tokio::test]
 async fn one_leader_at_a_time_and_a_released_lease_is_taken_at_once() {
-    testenv::init_tracing();
-    let cluster = testenv::shared("lease", CrdSet::None).await.unwrap();
-    let client = cluster.client().await.unwrap();
-    let ns = cluster.namespace("lease").await.unwrap();
-    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let (_, client, ns, api) = lease_env().await;
     let (_stop, down) = shutdown::channel();
 
     let a = acquire(client.clone(), config(&ns, "a"), down.clone())
@@ -178,11 +185,7 @@ async fn a_standby_acts_when_the_lease_it_saw_expires_or_is_released_not_at_its_
 
 #[tokio::test]
 async fn an_abandoned_lease_is_taken_over_after_its_duration_not_before() {
-    testenv::init_tracing();
-    let cluster = testenv::shared("lease", CrdSet::None).await.unwrap();
-    let client = cluster.client().await.unwrap();
-    let ns = cluster.namespace("lease").await.unwrap();
-    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let (cluster, client, ns, api) = lease_env().await;
     // A leader that crashed: its lease is never renewed again. Its
     // renewTime is in the future on purpose: clocks are not compared.
     let ghost = ghost("2099-01-01T00:00:00Z");
@@ -244,11 +247,7 @@ async fn an_abandoned_lease_is_taken_over_after_its_duration_not_before() {
 
 #[tokio::test]
 async fn a_leader_whose_api_connection_freezes_stops_before_anyone_takes_over() {
-    testenv::init_tracing();
-    let cluster = testenv::shared("lease", CrdSet::None).await.unwrap();
-    let client = cluster.client().await.unwrap();
-    let ns = cluster.namespace("lease").await.unwrap();
-    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let (cluster, client, ns, api) = lease_env().await;
     let (_stop, down) = shutdown::channel();
 
     // The leader talks to the API server through a proxy; the standby does not.

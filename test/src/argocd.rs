@@ -145,12 +145,7 @@ impl Spoke {
                     .arg("--operation-processors=2")
                     .env("KUBECONFIG", &kubeconfig)
                     .env("ARGOCD_FAKE_IN_CLUSTER", "true");
-                if !options.application_namespaces.is_empty() {
-                    cmd.arg(format!(
-                        "--application-namespaces={}",
-                        options.application_namespaces.join(",")
-                    ));
-                }
+                application_namespaces(&mut cmd, &options.application_namespaces);
                 cmd
             })
             .await?;
@@ -319,12 +314,7 @@ impl Server {
                     .arg("--repo-server-timeout-seconds=5")
                     .env("KUBECONFIG", &kubeconfig)
                     .env("ARGOCD_BINARY_NAME", "argocd-server");
-                if !options.application_namespaces.is_empty() {
-                    cmd.arg(format!(
-                        "--application-namespaces={}",
-                        options.application_namespaces.join(",")
-                    ));
-                }
+                application_namespaces(&mut cmd, &options.application_namespaces);
                 cmd
             })
             .await?;
@@ -457,6 +447,28 @@ impl Server {
         )
         .await?;
         Ok(())
+    }
+
+    /// Waits until `expr` holds on `page` of this server's UI; the error
+    /// says what the page showed and what argocd-server last logged.
+    pub async fn ui_wait_for(
+        &self,
+        page: &mut crate::browser::Page,
+        what: &str,
+        expr: &str,
+        within: Duration,
+    ) -> Result<()> {
+        match page.wait_for(what, expr, within).await {
+            Ok(_) => Ok(()),
+            Err(Error::Command { command, output }) => Err(Error::Command {
+                command,
+                output: format!(
+                    "{output}\nargocd-server: {}",
+                    self.log_tail("argocd-server", 20)
+                ),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// The last lines `component` (`argocd-server`, `redis`) logged.
@@ -736,6 +748,13 @@ fn run(cmd: &mut Command) -> Result<String> {
 
 /// `argocd <component>`: the multi-call binary picks the component from its
 /// first argument.
+/// `--application-namespaces`, where there are any.
+fn application_namespaces(cmd: &mut Command, namespaces: &[String]) {
+    if !namespaces.is_empty() {
+        cmd.arg(format!("--application-namespaces={}", namespaces.join(",")));
+    }
+}
+
 fn component(argocd: &Path, name: &str) -> Command {
     let mut cmd = Command::new(argocd);
     cmd.arg(name).arg("--logformat=text").arg("--loglevel=info");

@@ -37,6 +37,15 @@ async fn hub() -> &'static testenv::Cluster {
         .expect("hub cluster starts")
 }
 
+/// A new namespace named after `prefix` on the hub, and its Applications.
+async fn applications_in(prefix: &str) -> (String, Api<Application>) {
+    let hub = hub().await;
+    let client = hub.client().await.unwrap();
+    let ns = hub.namespace(prefix).await.unwrap();
+    let apps = Api::namespaced_with(client, &ns, &application_resource());
+    (ns, apps)
+}
+
 fn application(name: &str, ns: &str) -> Application {
     serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1",
@@ -62,10 +71,7 @@ async fn serves_the_pinned_kubernetes_release() {
 
 #[tokio::test]
 async fn watches_an_application_from_creation_to_deletion() {
-    let hub = hub().await;
-    let client = hub.client().await.unwrap();
-    let ns = hub.namespace("watch").await.unwrap();
-    let apps: Api<Application> = Api::namespaced_with(client, &ns, &application_resource());
+    let (ns, apps) = applications_in("watch").await;
 
     let mut stream = apps
         .watch(&WatchParams::default(), "0")
@@ -176,10 +182,7 @@ async fn writes_manifestwork_status_only_through_the_status_subresource() {
 
 #[tokio::test]
 async fn rejects_an_application_that_violates_the_crd_schema() {
-    let hub = hub().await;
-    let client = hub.client().await.unwrap();
-    let ns = hub.namespace("schema").await.unwrap();
-    let apps: Api<Application> = Api::namespaced_with(client, &ns, &application_resource());
+    let (ns, apps) = applications_in("schema").await;
 
     let mut bad = application("bad", &ns);
     // spec.destination must be an object.

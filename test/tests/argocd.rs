@@ -319,10 +319,21 @@ async fn hub() -> (&'static Cluster, &'static argocd::Hub) {
     (cluster, hub)
 }
 
-/// An ApplicationSet whose Applications are dormant hub copies, the way
-/// argocd-pull users write them.
-fn applicationset(name: &str, generator: Value, app_name: &str, server: &str) -> DynamicObject {
-    serde_json::from_value(json!({
+/// Creates an ApplicationSet whose Applications are dormant hub copies,
+/// the way argocd-pull users write them; returns the ApplicationSets' API.
+async fn create_applicationset(
+    client: &kube::Client,
+    name: &str,
+    generator: Value,
+    app_name: &str,
+    server: &str,
+) -> Api<DynamicObject> {
+    let appsets = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &applicationset_resource(),
+    );
+    let appset: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
         "metadata": { "name": name, "namespace": NAMESPACE },
         "spec": {
@@ -344,7 +355,12 @@ fn applicationset(name: &str, generator: Value, app_name: &str, server: &str) ->
             },
         },
     }))
-    .expect("a valid ApplicationSet")
+    .expect("a valid ApplicationSet");
+    appsets
+        .create(&PostParams::default(), &appset)
+        .await
+        .unwrap();
+    appsets
 }
 
 /// What argocd-pull sets up on the hub for each ManagedCluster: an Argo CD
@@ -417,22 +433,12 @@ async fn the_hub_generates_applications_from_a_list() {
     let (cluster, hub) = hub().await;
     let client = cluster.client().await.unwrap();
     cluster_secrets(&client).await;
-    let appsets = Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        NAMESPACE,
-        &applicationset_resource(),
-    );
     let generator = json!({ "list": { "elements": [
         { "name": "cluster1", "url": server_of("cluster1") },
         { "name": "cluster2", "url": server_of("cluster2") },
     ]}});
-    appsets
-        .create(
-            &PostParams::default(),
-            &applicationset("from-list", generator, "{{name}}-list", "{{url}}"),
-        )
-        .await
-        .unwrap();
+    let appsets =
+        create_applicationset(&client, "from-list", generator, "{{name}}-list", "{{url}}").await;
 
     let apps = applications(&client);
     let got = generated(&apps, "from-list", &["cluster1-list", "cluster2-list"]).await;
@@ -534,23 +540,19 @@ async fn the_hub_generates_applications_from_placement_decisions() {
         .await
         .unwrap();
 
-    let appsets = Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        NAMESPACE,
-        &applicationset_resource(),
-    );
     let generator = json!({ "clusterDecisionResource": {
         "configMapRef": "ocm-placement-generator",
         "labelSelector": { "matchLabels": { placement_label: "guestbook" } },
         "requeueAfterSeconds": 2,
     }});
-    appsets
-        .create(
-            &PostParams::default(),
-            &applicationset("from-placement", generator, "{{name}}-placed", "{{server}}"),
-        )
-        .await
-        .unwrap();
+    create_applicationset(
+        &client,
+        "from-placement",
+        generator,
+        "{{name}}-placed",
+        "{{server}}",
+    )
+    .await;
     let apps = applications(&client);
     let got = generated(&apps, "from-placement", &["cluster1-placed"]).await;
     assert_eq!(

@@ -126,16 +126,14 @@ async fn the_hub_ui_shows_a_pulled_application() {
     let browser = Browser::start(1440, 900).await.expect("chromium starts");
     let mut page = browser.page().await.unwrap();
     server.ui_login(&mut page, UI_TIMEOUT).await.unwrap();
-    page.wait_for(
-        "the Application in the list",
-        &format!("document.body.innerText.includes({APP:?})"),
-        UI_TIMEOUT,
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\nargocd-server: {}",
-            server.log_tail("argocd-server", 20)
+    let in_list = format!("document.body.innerText.includes({APP:?})");
+    server
+        .ui_wait_for(
+            &mut page,
+            "the Application in the list",
+            &in_list,
+            UI_TIMEOUT,
         )
-    });
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }

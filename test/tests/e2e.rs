@@ -401,15 +401,8 @@ async fn the_pull_model_end_to_end() {
         .await;
         for ns in ["guestbook", "guestbook-rollout"] {
             let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-            let left: Vec<String> = cms
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter_map(|c| c.metadata.name)
-                .filter(|n| n.starts_with("guestbook"))
-                .collect();
+            let mut left = names(&cms).await.unwrap();
+            left.retain(|n| n.starts_with("guestbook"));
             assert!(left.is_empty(), "{cluster} still has {left:?} in {ns}");
         }
     }
@@ -424,15 +417,8 @@ async fn the_pull_model_end_to_end() {
     .await;
     let works =
         Api::<argocd_pull_apis::ocm::ManifestWork>::namespaced(hub_client.clone(), "cluster2");
-    let left: Vec<String> = works
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|w| w.metadata.name)
-        .filter(|n| !n.starts_with("addon-"))
-        .collect();
+    let mut left = names(&works).await.unwrap();
+    left.retain(|n| !n.starts_with("addon-"));
     assert!(left.is_empty(), "ManifestWorks left on the hub: {left:?}");
 
     phase("churn");

@@ -279,26 +279,12 @@ async fn the_real_placement_controller_decides_over_joined_clusters() {
         "metadata": { "name": "global", "namespace": ns }, "spec": { "clusterSet": "global" }
     }))
     .unwrap();
-    let binding_resource = kube::discovery::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk(
-            "cluster.open-cluster-management.io",
-            "v1beta2",
-            "ManagedClusterSetBinding",
-        ),
-        "managedclustersetbindings",
-    );
+    let binding_resource = cluster_api("v1beta2", "ManagedClusterSetBinding");
     Api::<DynamicObject>::namespaced_with(hub.clone(), &ns, &binding_resource)
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let placement_resource = kube::discovery::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk(
-            "cluster.open-cluster-management.io",
-            "v1beta1",
-            "Placement",
-        ),
-        "placements",
-    );
+    let placement_resource = cluster_api("v1beta1", "Placement");
     let placements: Api<DynamicObject> =
         Api::namespaced_with(hub.clone(), &ns, &placement_resource);
     // A label of this test's own, so that other tests' labels do not matter.
@@ -399,4 +385,13 @@ async fn a_killed_owner_leaves_no_ocm_processes_behind() {
     assert!(running.len() >= 11, "{running:?}");
 
     testenv::procfs::kill_and_wait_reaped(&mut owner, dir.path(), TIMEOUT).await;
+}
+
+/// A kind of OCM's `cluster.open-cluster-management.io` group (its plural
+/// is its lower-cased name and an `s`).
+fn cluster_api(version: &str, kind: &str) -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("cluster.open-cluster-management.io", version, kind),
+        &format!("{}s", kind.to_lowercase()),
+    )
 }

@@ -237,7 +237,8 @@ struct Ca {
     bundle: String,
 }
 
-fn field(secret: &Secret, key: &str) -> String {
+/// A key of a Secret, as text (empty when it is not there).
+pub fn secret_text(secret: &Secret, key: &str) -> String {
     secret
         .data
         .as_ref()
@@ -260,11 +261,11 @@ async fn ensure_ca(
     let existing = secrets.get_opt(name).await?;
     if let Some(s) = &existing {
         let issued = Issued {
-            cert_pem: field(s, "tls.crt"),
-            key_pem: field(s, "tls.key"),
+            cert_pem: secret_text(s, "tls.crt"),
+            key_pem: secret_text(s, "tls.key"),
         };
         if pki::usable(&issued) && pki::validity(&issued.cert_pem).is_some_and(|v| !v.due(now)) {
-            let mut bundle = field(s, BUNDLE_KEY);
+            let mut bundle = secret_text(s, BUNDLE_KEY);
             if bundle.is_empty() {
                 bundle = issued.cert_pem.clone();
             }
@@ -274,7 +275,7 @@ async fn ensure_ca(
     let issued = pki::new_ca(common_name, kind, now, lifetime)?;
     let previous = existing
         .as_ref()
-        .map(|s| field(s, BUNDLE_KEY) + &field(s, "tls.crt"))
+        .map(|s| secret_text(s, BUNDLE_KEY) + &secret_text(s, "tls.crt"))
         .unwrap_or_default();
     let bundle = pki::bundle(&issued.cert_pem, &previous, now);
     let data = [

@@ -337,15 +337,9 @@ pub async fn condition(hub: &kube::Client, cluster: &str, type_: &str) -> Result
     }
 }
 
-/// A key of a Secret, as text.
-pub fn secret_text(secret: &Secret, key: &str) -> String {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default()
-}
+/// A key of a Secret, as text: the hub-controller's own reading of its
+/// Secrets.
+pub use argocd_pull_hub_controller::certs::secret_text;
 
 pub fn client_cert(secret: &Secret) -> String {
     secret_text(secret, "tls.crt")

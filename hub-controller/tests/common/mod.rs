@@ -477,3 +477,18 @@ where
         }
     }
 }
+
+/// The replicas' Leases of one role (`claim`, `presence`) that `leases`
+/// lists.
+pub async fn leases_of_role(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    role: &str,
+) -> Result<Vec<k8s_openapi::api::coordination::v1::Lease>, String> {
+    use argocd_pull_hub_controller::transport::grpc::claims::ROLE_LABEL;
+    let selector = format!("{ROLE_LABEL}={role}");
+    let listed = leases
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(listed.items)
+}

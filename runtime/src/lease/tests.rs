@@ -36,34 +36,18 @@ fn expiry_is_measured_on_the_local_clock_from_the_last_change() {
         renew_time: Some(MicroTime(renew.parse().unwrap())),
         ..Default::default()
     };
+    // Is the lease renewed at `renew` expired, seen `secs` after t0?
+    let mut expired_at = |renew: &str, secs: u64| {
+        obs.observe(&spec(renew), t0 + Duration::from_secs(secs), fallback)
+    };
     // A renewTime far in the past means nothing by itself: clocks differ.
-    assert!(!obs.observe(&spec("2000-01-01T00:00:00Z"), t0, fallback));
-    assert!(!obs.observe(
-        &spec("2000-01-01T00:00:00Z"),
-        t0 + Duration::from_secs(9),
-        fallback
-    ));
-    assert!(obs.observe(
-        &spec("2000-01-01T00:00:00Z"),
-        t0 + Duration::from_secs(11),
-        fallback
-    ));
+    assert!(!expired_at("2000-01-01T00:00:00Z", 0));
+    assert!(!expired_at("2000-01-01T00:00:00Z", 9));
+    assert!(expired_at("2000-01-01T00:00:00Z", 11));
     // A renewal restarts the count.
-    assert!(!obs.observe(
-        &spec("2000-01-01T00:00:05Z"),
-        t0 + Duration::from_secs(12),
-        fallback
-    ));
-    assert!(!obs.observe(
-        &spec("2000-01-01T00:00:05Z"),
-        t0 + Duration::from_secs(21),
-        fallback
-    ));
-    assert!(obs.observe(
-        &spec("2000-01-01T00:00:05Z"),
-        t0 + Duration::from_secs(23),
-        fallback
-    ));
+    assert!(!expired_at("2000-01-01T00:00:05Z", 12));
+    assert!(!expired_at("2000-01-01T00:00:05Z", 21));
+    assert!(expired_at("2000-01-01T00:00:05Z", 23));
     // Without a duration on the lease, the configured one applies.
     let mut obs = Observer::default();
     let bare = LeaseSpec {

@@ -78,23 +78,21 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
     ))
     .await
     .unwrap();
-    page.wait_for(
-        "the Application's page with its health, sync and the tree's nodes",
-        &format!(
-            "(() => {{ const t = document.body.innerText; \
-               return t.includes('APP HEALTH') && t.includes('Healthy') && t.includes('Synced') \
-                 && {:?}.every(n => t.includes(n)); }})()",
-            resources
-        ),
-        UI_TIMEOUT,
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\nargocd-server: {}",
-            server.log_tail("argocd-server", 20)
+    let shown = format!(
+        "(() => {{ const t = document.body.innerText; \
+           return t.includes('APP HEALTH') && t.includes('Healthy') && t.includes('Synced') \
+             && {:?}.every(n => t.includes(n)); }})()",
+        resources
+    );
+    server
+        .ui_wait_for(
+            &mut page,
+            "the Application's page with its health, sync and the tree's nodes",
+            &shown,
+            UI_TIMEOUT,
         )
-    });
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     // Let the page settle (fonts, icons) before the picture.
     tokio::time::sleep(Duration::from_secs(2)).await;
     page.screenshot(&browser.dir().join("hub-ui-app.png"))

@@ -119,24 +119,23 @@ pub async fn shows_the_fleet(stack: &Stack) {
         "{nowhere}"
     );
 
-    let explained = |name: &str| shown(stack, &["explain", &format!("argocd/{name}")]);
-    let e = explained("guestbook-cluster1");
-    assert_eq!(e["delivered"], true, "{e}");
-    assert!(
-        e.to_string()
-            .contains("connected to replica argocd-pull-hub-controller-"),
-        "{e}"
+    // `explain` of `name` says whether it is delivered, and why in words.
+    let explains = |name: &str, delivered: bool, says: &str| {
+        let e = shown(stack, &["explain", &format!("argocd/{name}")]);
+        assert_eq!(e["delivered"], delivered, "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+    };
+    explains(
+        "guestbook-cluster1",
+        true,
+        "connected to replica argocd-pull-hub-controller-",
     );
-    let e = explained("guestbook-cluster2");
-    assert_eq!(e["delivered"], true, "{e}");
-    assert!(
-        e.to_string()
-            .contains("ManifestWork cluster2/argocd.guestbook-cluster2 is applied"),
-        "{e}"
+    explains(
+        "guestbook-cluster2",
+        true,
+        "ManifestWork cluster2/argocd.guestbook-cluster2 is applied",
     );
-    let e = explained("guestbook-nowhere");
-    assert_eq!(e["delivered"], false, "{e}");
-    assert!(e.to_string().contains("UnknownCluster"), "{e}");
+    explains("guestbook-nowhere", false, "UnknownCluster");
 
     let certs = shown(stack, &["certs"]);
     for name in [

@@ -49,15 +49,18 @@ pub async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value, String> 
         .ok_or_else(|| format!("no Application {name}"))
 }
 
-/// The names of the Applications `api` lists.
-pub async fn names(api: &Api<DynamicObject>) -> Result<Vec<String>, String> {
+/// The names of the objects (Applications, ...) `api` lists.
+pub async fn names<K>(api: &Api<K>) -> Result<Vec<String>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     Ok(api
         .list(&Default::default())
         .await
         .map_err(|e| e.to_string())?
         .items
         .into_iter()
-        .filter_map(|a| a.metadata.name)
+        .filter_map(|a| a.meta().name.clone())
         .collect())
 }
 
