@@ -88,17 +88,7 @@ impl Spoke {
         let procs = Processes::new(cluster.dir().join("argocd"))?;
         let dir = procs.dir.clone();
 
-        let redis = procs
-            .start("redis", 1, |ports| {
-                let mut cmd = Command::new(&redis_bin);
-                cmd.args(["--bind", "127.0.0.1", "--port", &ports[0].to_string()])
-                    // A cache: nothing to persist.
-                    .args(["--save", "", "--appendonly", "no"])
-                    .arg("--dir")
-                    .arg(&dir);
-                cmd
-            })
-            .await?[0];
+        let redis = procs.start_redis(&redis_bin).await?;
         let redis = SocketAddr::from(([127, 0, 0, 1], redis));
 
         let tmp = dir.join("repo-server-tmp");
@@ -280,17 +270,7 @@ impl Server {
         install(cluster).await?;
         set_admin_password(cluster, &options.admin_password).await?;
         let procs = Processes::new(cluster.dir().join("argocd-server"))?;
-        let dir = procs.dir.clone();
-        let redis = procs
-            .start("redis", 1, |ports| {
-                let mut cmd = Command::new(&redis_bin);
-                cmd.args(["--bind", "127.0.0.1", "--port", &ports[0].to_string()])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .arg("--dir")
-                    .arg(&dir);
-                cmd
-            })
-            .await?[0];
+        let redis = procs.start_redis(&redis_bin).await?;
         let kubeconfig = cluster.kubeconfig().to_path_buf();
         let ports = procs
             .start_on("argocd-server", 2, options.port, |ports| {
@@ -798,6 +778,23 @@ impl Processes {
     fn group(&self) -> MutexGuard<'_, Group> {
         // Every change to the group is a single push or retain.
         self.group.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts Redis on a free loopback port, in this folder; returns the port.
+    async fn start_redis(&self, redis_bin: &Path) -> Result<u16> {
+        let dir = self.dir.clone();
+        let ports = self
+            .start("redis", 1, |ports| {
+                let mut cmd = Command::new(redis_bin);
+                cmd.args(["--bind", "127.0.0.1", "--port", &ports[0].to_string()])
+                    // A cache: nothing to persist.
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir);
+                cmd
+            })
+            .await?;
+        Ok(ports[0])
     }
 
     /// Starts `name` with `ports` free loopback ports (`command` builds its

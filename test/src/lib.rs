@@ -104,6 +104,21 @@ where
 
 static SHARED: Shared<Cluster> = LazyLock::new(Default::default);
 
+/// The names of every object `api` lists, in its order.
+pub async fn names<K>(api: &kube::Api<K>) -> std::result::Result<Vec<String>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .iter()
+        .map(kube::ResourceExt::name_any)
+        .collect())
+}
+
 /// A cluster shared by every test of this test binary that asks for the same
 /// `name`, started on first use. Its processes and data are removed when the
 /// test process exits. Tests that share it must keep to their own namespaces.

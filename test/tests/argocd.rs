@@ -74,6 +74,15 @@ fn application(name: &str, repo: &Repo, namespace: &str, automated: bool) -> Dyn
     serde_json::from_value(app).expect("a valid Application")
 }
 
+/// Asks Argo CD for a normal refresh of `name`, as `argocd app get
+/// --refresh` does.
+async fn refresh(apps: &Api<DynamicObject>, name: &str) {
+    let refresh = json!({ "metadata": { "annotations": { REFRESH: "normal" } } });
+    apps.patch(name, &PatchParams::default(), &Patch::Merge(refresh))
+        .await
+        .unwrap();
+}
+
 fn applications(client: &kube::Client) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), NAMESPACE, &application_resource())
 }
@@ -190,13 +199,7 @@ async fn an_application_syncs_from_git_and_follows_new_commits() {
             ],
         )
         .unwrap();
-    apps.patch(
-        "guestbook",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH: "normal" } } })),
-    )
-    .await
-    .unwrap();
+    refresh(&apps, "guestbook").await;
     let app = status_until(
         env,
         &apps,
@@ -228,13 +231,7 @@ async fn an_application_syncs_from_git_and_follows_new_commits() {
 
     // Pruning: a file removed from Git goes from the cluster.
     let third = repo.remove("drop b", &["app/b.yaml"]).unwrap();
-    apps.patch(
-        "guestbook",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH: "normal" } } })),
-    )
-    .await
-    .unwrap();
+    refresh(&apps, "guestbook").await;
     status_until(
         env,
         &apps,

@@ -101,20 +101,7 @@ pub async fn set_source(api: &Api<Application>, name: &str, field: &str, value: 
     merge(api, name, json!({ "spec": { "source": { field: value } } })).await;
 }
 
-/// The names of every object `api` lists, in its order.
-pub async fn names<K>(api: &Api<K>) -> Result<Vec<String>, String>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    Ok(api
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?
-        .items
-        .iter()
-        .map(kube::ResourceExt::name_any)
-        .collect())
-}
+pub use testenv::names;
 
 /// What OCM registration leaves on the hub for a joined cluster: the
 /// ManagedCluster and its namespace.

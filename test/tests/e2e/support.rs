@@ -49,20 +49,7 @@ pub async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Value, String> 
         .ok_or_else(|| format!("no Application {name}"))
 }
 
-/// The names of the objects (Applications, ...) `api` lists.
-pub async fn names<K>(api: &Api<K>) -> Result<Vec<String>, String>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    Ok(api
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?
-        .items
-        .into_iter()
-        .filter_map(|a| a.meta().name.clone())
-        .collect())
-}
+pub use testenv::names;
 
 pub fn at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
