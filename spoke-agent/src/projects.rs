@@ -13,6 +13,7 @@
 //! argocd-pull did not create (the Argo CD namespace holds Argo CD's own).
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -156,6 +157,10 @@ pub struct Projects {
     state: Arc<AgentState>,
     wanted: Mutex<Option<Wanted>>,
     wake: Notify,
+    /// The current stream's hub takes ProjectSetAcks (it negotiated the
+    /// `projects` capability): a hub of the release before does not know
+    /// the message and ends the stream on it.
+    acks: AtomicBool,
 }
 
 fn secret_resource() -> ApiResource {
@@ -170,6 +175,7 @@ impl Projects {
             state,
             wanted: Mutex::new(None),
             wake: Notify::new(),
+            acks: AtomicBool::new(false),
         })
     }
 
@@ -236,8 +242,12 @@ impl Projects {
         }
     }
 
-    /// A new stream: the outcome of the last set is sent again.
-    pub fn reconnected(&self) {
+    /// A new stream, whose hub takes ProjectSetAcks or not: the outcome of
+    /// the last set is sent again where it does (and never where it does
+    /// not: a hub of the release before, after a rollback, ended every
+    /// stream on it and the agent never stayed connected).
+    pub fn reconnected(&self, hub_takes_acks: bool) {
+        self.acks.store(hub_takes_acks, Ordering::SeqCst);
         if let Some(w) = self.lock().as_mut() {
             w.answered = false;
         }
@@ -279,6 +289,9 @@ impl Projects {
             return ok;
         }
         w.answered = ok;
+        if !self.acks.load(Ordering::SeqCst) {
+            return ok;
+        }
         let mut message = message;
         message.truncate(argocd_pull_proto::validate::MAX_ACK_MESSAGE_LEN);
         while !message.is_char_boundary(message.len()) {

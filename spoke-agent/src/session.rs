@@ -159,7 +159,7 @@ impl Connection {
         // Compare right away: whatever a broken stream lost is repaired now.
         self.state().control(self.worker.reports().digest());
         if let Some(p) = &self.projects {
-            p.reconnected();
+            p.reconnected(negotiated.has(version::CAPABILITY_PROJECTS));
         }
         // Aborted if this future is dropped half-way (the agent shutting
         // down, or its caller giving up): the send loop must not live on,
