@@ -99,6 +99,8 @@ async fn the_agent_keeps_what_the_hub_sends_reverts_edits_and_touches_nothing_el
         ARGOCD,
         state.clone(),
     );
+    // A stream whose hub negotiated `projects`: it takes the answers.
+    agent.reconnected(true);
     let (stop, down) = shutdown::channel();
     let task = tokio::spawn(agent.clone().run(down));
 
