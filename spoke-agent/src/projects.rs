@@ -13,13 +13,12 @@
 //! argocd-pull did not create (the Argo CD namespace holds Argo CD's own).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use argocd_pull_apis::argocd::appproject_resource;
 use argocd_pull_apis::keys;
-use argocd_pull_proto::v1::{AckOutcome, AgentMessage, ProjectSet, ProjectSetAck, agent_message};
+use argocd_pull_proto::v1::{AckOutcome, ProjectSet, ProjectSetAck};
 use argocd_pull_runtime::shutdown::Shutdown;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -157,10 +156,6 @@ pub struct Projects {
     state: Arc<AgentState>,
     wanted: Mutex<Option<Wanted>>,
     wake: Notify,
-    /// The current stream's hub takes ProjectSetAcks (it negotiated the
-    /// `projects` capability): a hub of the release before does not know
-    /// the message and ends the stream on it.
-    acks: AtomicBool,
 }
 
 fn secret_resource() -> ApiResource {
@@ -175,7 +170,6 @@ impl Projects {
             state,
             wanted: Mutex::new(None),
             wake: Notify::new(),
-            acks: AtomicBool::new(false),
         })
     }
 
@@ -242,12 +236,9 @@ impl Projects {
         }
     }
 
-    /// A new stream, whose hub takes ProjectSetAcks or not: the outcome of
-    /// the last set is sent again where it does (and never where it does
-    /// not: a hub of the release before, after a rollback, ended every
-    /// stream on it and the agent never stayed connected).
-    pub fn reconnected(&self, hub_takes_acks: bool) {
-        self.acks.store(hub_takes_acks, Ordering::SeqCst);
+    /// A new stream: the outcome of the last set is sent again (where its
+    /// hub takes it, [`AgentState::project_set_ack`]).
+    pub fn reconnected(&self) {
         if let Some(w) = self.lock().as_mut() {
             w.answered = false;
         }
@@ -288,22 +279,17 @@ impl Projects {
         if w.answered && ok {
             return ok;
         }
-        w.answered = ok;
-        if !self.acks.load(Ordering::SeqCst) {
-            return ok;
-        }
         let mut message = message;
         message.truncate(argocd_pull_proto::validate::MAX_ACK_MESSAGE_LEN);
         while !message.is_char_boundary(message.len()) {
             message.pop();
         }
-        self.state.control(AgentMessage {
-            kind: Some(agent_message::Kind::ProjectSetAck(ProjectSetAck {
-                version,
-                outcome: outcome as i32,
-                message,
-            })),
+        let sent = self.state.project_set_ack(ProjectSetAck {
+            version,
+            outcome: outcome as i32,
+            message,
         });
+        w.answered = ok && sent;
         ok
     }
 

@@ -150,7 +150,7 @@ impl Connection {
         let heartbeat = Duration::from_secs(welcome.heartbeat_interval_seconds.max(1) as u64);
         let digest_interval = Duration::from_secs(welcome.digest_interval_seconds.max(1) as u64);
         let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
-        self.state().attach(id);
+        self.state().attach(id, negotiated.capabilities.clone());
         self.readiness.set(HUB_CONNECTED, true);
         let metrics = &self.metrics;
         metrics.connected.set(1);
@@ -159,7 +159,7 @@ impl Connection {
         // Compare right away: whatever a broken stream lost is repaired now.
         self.state().control(self.worker.reports().digest());
         if let Some(p) = &self.projects {
-            p.reconnected(negotiated.has(version::CAPABILITY_PROJECTS));
+            p.reconnected();
         }
         // Aborted if this future is dropped half-way (the agent shutting
         // down, or its caller giving up): the send loop must not live on,

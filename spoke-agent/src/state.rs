@@ -5,15 +5,16 @@
 //! out.
 
 use argocd_pull_runtime::telemetry::{self, SpanName};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, ApplicationUpsert, Gone, ObjectAck, ObjectKey, ObservedApplication,
-    OperationRequest, StatusReport, agent_message, status_report,
+    OperationRequest, ProjectSetAck, StatusReport, agent_message, status_report,
 };
+use argocd_pull_proto::version;
 use tokio::sync::Notify;
 
 /// At most this many status reports in flight to the hub.
@@ -56,6 +57,8 @@ pub struct Inner {
     settling: HashMap<ObjectKey, Vec<(String, String)>>,
     control: VecDeque<AgentMessage>,
     session: Option<u64>,
+    /// The capabilities the current stream's hub negotiated.
+    capabilities: BTreeSet<String>,
     in_flight: HashMap<ObjectKey, (u64, Instant)>,
     /// With `--otlp-endpoint`: the trace (W3C `traceparent`) of the last
     /// apply of a key, which its reports continue for [`TRACE_REPORTS`]
@@ -229,6 +232,25 @@ impl AgentState {
         self.wake.notify_one();
     }
 
+    /// Queues the answer to a ProjectSet when the current stream's hub
+    /// negotiated `projects`; returns whether it did. A hub of the release
+    /// before does not know the message and ends the stream on it (after a
+    /// rollback, agents re-answering their last set never stayed
+    /// connected). Checked under the lock that `attach` takes, so an
+    /// answer meant for one stream never goes out on the next.
+    pub fn project_set_ack(&self, ack: ProjectSetAck) -> bool {
+        let mut inner = self.lock();
+        if inner.session.is_none() || !inner.capabilities.contains(version::CAPABILITY_PROJECTS) {
+            return false;
+        }
+        inner.control.push_back(AgentMessage {
+            kind: Some(agent_message::Kind::ProjectSetAck(ack)),
+        });
+        drop(inner);
+        self.wake.notify_one();
+        true
+    }
+
     /// Queues the acknowledgement of the hub's message `seq` about `key`.
     pub fn object_ack(&self, key: ObjectKey, seq: u64, outcome: AckOutcome, message: String) {
         self.control(AgentMessage {
@@ -244,9 +266,12 @@ impl AgentState {
     // -- sessions -------------------------------------------------------------
 
     /// A new stream: reports in flight on the old one go back to the outbox.
-    pub fn attach(&self, id: u64) {
+    /// Stream `id` is the current one, its hub having negotiated
+    /// `capabilities`.
+    pub fn attach(&self, id: u64, capabilities: BTreeSet<String>) {
         let mut inner = self.lock();
         inner.session = Some(id);
+        inner.capabilities = capabilities;
         inner.end_stream();
     }
 
@@ -389,11 +414,11 @@ mod tests {
         s.report(&key("a"), observed("2"), false);
         s.report(&key("b"), observed("1"), false);
         assert!(s.next_messages(1, 10).is_empty(), "no session");
-        s.attach(1);
+        s.attach(1, BTreeSet::new());
         let first = seqs(&s.next_messages(1, 10));
         assert_eq!(first.len(), 2, "one per Application: {first:?}");
         // The stream breaks before the acknowledgements.
-        s.attach(2);
+        s.attach(2, BTreeSet::new());
         let again = seqs(&s.next_messages(2, 10));
         assert_eq!(again.len(), 2);
         s.acked(&key("a"), first[0].1);
@@ -412,10 +437,33 @@ mod tests {
         assert_eq!(seqs(&s.next_messages(2, 10)).len(), 1);
     }
 
+    /// Only a hub that negotiated `projects` knows ProjectSetAck: a hub of
+    /// the release before ends the stream on it.
+    #[test]
+    fn a_project_set_answer_goes_only_on_a_stream_whose_hub_negotiated_projects() {
+        let s = AgentState::default();
+        let ack = |v: &str| ProjectSetAck {
+            version: v.into(),
+            outcome: AckOutcome::Applied as i32,
+            message: String::new(),
+        };
+        assert!(!s.project_set_ack(ack("v0")), "no stream");
+        s.attach(1, BTreeSet::new());
+        assert!(!s.project_set_ack(ack("v1")), "a hub without `projects`");
+        assert!(s.next_messages(1, 10).is_empty());
+        s.attach(2, [version::CAPABILITY_PROJECTS.to_string()].into());
+        assert!(s.project_set_ack(ack("v2")));
+        let sent = s.next_messages(2, 10);
+        assert!(
+            matches!(&sent[..], [AgentMessage { kind: Some(agent_message::Kind::ProjectSetAck(a)) }] if a.version == "v2"),
+            "{sent:?}"
+        );
+    }
+
     #[test]
     fn control_messages_go_first() {
         let s = AgentState::default();
-        s.attach(1);
+        s.attach(1, BTreeSet::new());
         s.report(&key("a"), observed("1"), false);
         s.control(AgentMessage::default());
         let ms = s.next_messages(1, 10);

@@ -100,7 +100,7 @@ impl Agent {
         });
         store.wait_until_ready().await.unwrap();
         let state = Arc::new(AgentState::default());
-        state.attach(1);
+        state.attach(1, Default::default());
         let mut registry = prometheus_client::registry::Registry::default();
         let worker = Arc::new(Worker::new(
             client,

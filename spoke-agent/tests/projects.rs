@@ -93,14 +93,16 @@ async fn the_agent_keeps_what_the_hub_sends_reverts_edits_and_touches_nothing_el
     }
 
     let state = Arc::new(AgentState::default());
-    state.attach(1);
+    // A stream whose hub negotiated `projects`: it takes the answers.
+    state.attach(
+        1,
+        [argocd_pull_proto::version::CAPABILITY_PROJECTS.to_string()].into(),
+    );
     let agent = Projects::new(
         testenv::client_for(&kubeconfig).await.unwrap(),
         ARGOCD,
         state.clone(),
     );
-    // A stream whose hub negotiated `projects`: it takes the answers.
-    agent.reconnected(true);
     let (stop, down) = shutdown::channel();
     let task = tokio::spawn(agent.clone().run(down));
 

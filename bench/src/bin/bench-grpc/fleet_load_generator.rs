@@ -332,6 +332,7 @@ impl SimulatedAgent {
             tx,
             mut inbound,
             welcome,
+            negotiated,
             ..
         } = match session::open(&self.hub_address, loaded.config, AgentMode::Managed).await {
             Ok(o) => o,
@@ -340,7 +341,7 @@ impl SimulatedAgent {
         let heartbeat = Duration::from_secs(welcome.heartbeat_interval_seconds.max(1) as u64);
         let digest_interval = Duration::from_secs(welcome.digest_interval_seconds.max(1) as u64);
         let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
-        self.state.attach(id);
+        self.state.attach(id, negotiated.capabilities);
         self.local().stream = Some(Stream {
             id,
             welcomed_at: Instant::now(),
