@@ -104,19 +104,38 @@ async fn the_hub_ui_shows_a_pulled_application() {
         .await
         .unwrap();
     assert_eq!(code, 401, "the Applications are listed without a session");
-    let (code, list) = server
-        .api(Method::GET, "/api/v1/applications", Some(&token), None)
-        .await
-        .unwrap();
-    assert_eq!(code, 200, "{list}");
-    let app = list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|a| at(a, "/metadata/name") == APP)
-        .unwrap_or_else(|| panic!("{APP} is not among the listed Applications: {list}"));
-    assert_eq!(at(app, "/status/sync/status"), "Synced", "{app}");
-    assert_eq!(at(app, "/status/health/status"), "Healthy", "{app}");
+    // argocd-server lists from its informer's cache, which sees the
+    // Application a moment after the API server stored it: wait for it
+    // there, with the status the cluster reported.
+    let app = testenv::wait::until(
+        &format!("{APP} Synced and Healthy in GET /api/v1/applications"),
+        UI_TIMEOUT,
+        || async {
+            let (code, list) = server
+                .api(Method::GET, "/api/v1/applications", Some(&token), None)
+                .await
+                .map_err(|e| e.to_string())?;
+            if code != 200 {
+                return Err(format!("{code}: {list}"));
+            }
+            let app = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|a| at(a, "/metadata/name") == APP)
+                .cloned()
+                .ok_or_else(|| format!("{APP} is not among the listed Applications: {list}"))?;
+            if at(&app, "/status/sync/status") == "Synced"
+                && at(&app, "/status/health/status") == "Healthy"
+            {
+                Ok(app)
+            } else {
+                Err(format!("not yet Synced and Healthy: {app}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(at(&app, "/metadata/namespace"), NAMESPACE, "{app}");
 
     // The CLI, as a user runs it against this server.
     let got = server.app_get(&token, APP).expect("argocd app get");
