@@ -167,11 +167,7 @@ async fn placements_install_certificate_refusals_and_uninstall() {
             .map_err(|e| e.to_string())?;
         let mut clusters: Vec<String> = list.items.iter().flat_map(decided_clusters).collect();
         clusters.sort();
-        if clusters == CLUSTERS {
-            Ok(())
-        } else {
-            Err(format!("{clusters:?}"))
-        }
+        wait::equal(clusters, CLUSTERS)
     })
     .await;
     // ...and OCM's addon-manager creates their ManagedClusterAddOns, owned

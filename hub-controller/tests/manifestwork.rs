@@ -463,11 +463,7 @@ async fn caches_show(hub: &Hub, ns: &str, works: &[&str], apps: &[&str]) {
                         .collect(),
                 ),
             );
-            if seen == want {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
+            wait::equal(&seen, &want)
         },
     )
     .await;

@@ -25,6 +25,16 @@ where
     }
 }
 
+/// `Ok` when `got` is `want`, else what was got: the check of an [`until`]
+/// that waits for a value.
+pub fn equal<T: PartialEq<U> + std::fmt::Debug, U>(got: T, want: U) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{got:?}"))
+    }
+}
+
 /// Waits until `api` has an object called `name`, and returns it.
 pub async fn exists<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> K
 where

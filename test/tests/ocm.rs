@@ -338,11 +338,7 @@ async fn the_real_placement_controller_decides_over_joined_clusters() {
                     .flat_map(argocd_pull_apis::ocm::decided_clusters)
                     .collect();
                 got.sort();
-                if got == want {
-                    Ok(())
-                } else {
-                    Err(format!("{got:?}"))
-                }
+                wait::equal(got, want.clone())
             },
         )
         .await;
