@@ -97,6 +97,13 @@ func main() {
 	flag.IntVar(&o.agents, "agents", 1, "agents to run")
 	flag.IntVar(&o.concurrency, "start-concurrency", 64, "agents started at once")
 	flag.Parse()
+	// Every watch the object tracker opens holds DefaultChanSize events
+	// (100) and panics ("channel full") when one more comes before its
+	// reader ran: with 1,000 agents' goroutines on two cores the relays
+	// below are sometimes not scheduled for that long (issue 37's re-run
+	// lost two rounds of four to it). 4,096 events of 32 bytes is 128 KiB
+	// per watch, created with it.
+	watch.DefaultChanSize = 4096
 	// The agents' own logs: warnings and errors only, on stderr.
 	logrus.SetLevel(logrus.WarnLevel)
 	logrus.SetOutput(os.Stderr)
@@ -365,8 +372,10 @@ func (v versioned) Patch(gvr schema.GroupVersionResource, obj runtime.Object, ns
 
 // versions makes the clientset `f` write through [versioned], and gives
 // its watches unbounded buffers: the object tracker's own watchers hold
-// 100 events and panic when a slow reader lets them fill, where an API
-// server's watch would just be read later.
+// DefaultChanSize events and panic when a slow reader lets them fill, where
+// an API server's watch would just be read later (the relay reads them at
+// once, when it is scheduled: `main` raises DefaultChanSize for the time
+// it is not).
 func versions(f *k8stesting.Fake, t k8stesting.ObjectTracker) {
 	f.PrependReactor("*", "*", k8stesting.ObjectReaction(versioned{t}))
 	f.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {

@@ -169,8 +169,10 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
     println!(
         "\ngRPC transport, fleet side by side: {n} agents (a load generator each side, one process) x {per} \
          Applications = {total} on one hub (kube-apiserver {version}), each run on a fresh hub API server; \
-         {repeat} run(s) per side in ABBA order ({})\n",
-        describe(&rounds, label)
+         {repeat} run(s) per side in ABBA order ({}); a phase not done within {} s is cut there \
+         (--timeout-secs)\n",
+        describe(&rounds, label),
+        f.timeout_secs
     );
     println!(
         "settings: the hub-controller at its defaults but for the gRPC flags and {}, logging at `{}` \
