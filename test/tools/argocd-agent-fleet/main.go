@@ -33,10 +33,10 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -47,10 +47,10 @@ import (
 	"github.com/argoproj-labs/argocd-agent/internal/kube"
 	"github.com/argoproj-labs/argocd-agent/pkg/client"
 	"github.com/argoproj-labs/argocd-agent/pkg/types"
+	"github.com/argoproj/argo-cd/gitops-engine/pkg/health"
 	"github.com/argoproj/argo-cd/v3/pkg/apis/application/v1alpha1"
 	appclient "github.com/argoproj/argo-cd/v3/pkg/client/clientset/versioned"
 	fakeappclient "github.com/argoproj/argo-cd/v3/pkg/client/clientset/versioned/fake"
-	"github.com/argoproj/argo-cd/gitops-engine/pkg/health"
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,7 +67,7 @@ import (
 
 type options struct {
 	server, ca, certs, namespace, redis, prefix string
-	port, agents, concurrency                  int
+	port, agents, concurrency                   int
 }
 
 // One simulated cluster: its agent and its in-memory Applications.
