@@ -255,6 +255,7 @@ impl Default for ServerOptions {
 pub struct Server {
     procs: Processes,
     addr: SocketAddr,
+    redis: SocketAddr,
     admin_password: String,
 }
 
@@ -301,6 +302,7 @@ impl Server {
         Ok(Self {
             procs,
             addr: SocketAddr::from(([127, 0, 0, 1], ports[0])),
+            redis: SocketAddr::from(([127, 0, 0, 1], redis)),
             admin_password: options.admin_password,
         })
     }
@@ -313,6 +315,11 @@ impl Server {
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Its Redis (no password), where it reads the Applications' trees.
+    pub fn redis(&self) -> SocketAddr {
+        self.redis
     }
 
     /// The `admin` account's password.
@@ -389,21 +396,30 @@ impl Server {
     /// `argocd app get <app> -o json` with Argo CD's CLI against this
     /// server, as a user runs it with the session `token`.
     pub fn app_get(&self, token: &str, app: &str) -> Result<serde_json::Value> {
+        let out = self.cli(token, &["app", "get", app, "-o", "json"])?;
+        serde_json::from_str(&out).map_err(|e| Error::Command {
+            command: format!("argocd app get {app}"),
+            output: format!("not JSON ({e}): {out}"),
+        })
+    }
+
+    /// `argocd <args>` with Argo CD's CLI against this server, as a user
+    /// runs it with the session `token`: what it printed, or what it said
+    /// on stderr when it failed.
+    pub fn cli(&self, token: &str, args: &[&str]) -> Result<String> {
         let out = Command::new(cli()?)
-            .args(["app", "get", app, "-o", "json", "--plaintext"])
+            .args(args)
+            .arg("--plaintext")
             .args(["--server", &self.addr().to_string(), "--auth-token", token])
             .env("HOME", self.dir())
             .output()?;
         if !out.status.success() {
             return Err(Error::Command {
-                command: format!("argocd app get {app}"),
+                command: format!("argocd {}", args.join(" ")),
                 output: String::from_utf8_lossy(&out.stderr).into_owned(),
             });
         }
-        serde_json::from_slice(&out.stdout).map_err(|e| Error::Command {
-            command: format!("argocd app get {app}"),
-            output: format!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)),
-        })
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Logs in as the local admin on the UI's login page in `page`, as a
@@ -460,6 +476,86 @@ impl Server {
     pub fn dir(&self) -> &Path {
         &self.procs.dir
     }
+}
+
+/// The Applications in [`NAMESPACE`].
+pub fn applications(client: &kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &argocd_pull_apis::argocd::application_resource(),
+    )
+}
+
+/// The hub copy of a pulled Application `name` in [`NAMESPACE`], as
+/// `example/` makes it for cluster1 (labelled for the pull model, with
+/// `skip-reconcile`), with `status` written as the hub-controller writes a
+/// cluster's report (by the test's own field manager: this copy stands in
+/// for a delivered one; the end-to-end test checks really delivered ones).
+pub async fn pulled_application(
+    client: &kube::Client,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<()> {
+    let apps = applications(client);
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {
+            "name": name, "namespace": NAMESPACE,
+            "labels": { "apps.open-cluster-management.io/pull-to-ocm-managed-cluster": "true" },
+            "annotations": {
+                "apps.open-cluster-management.io/ocm-managed-cluster": "cluster1",
+                "argocd.argoproj.io/skip-reconcile": "true",
+            },
+        },
+        "spec": {
+            "project": DEFAULT_PROJECT,
+            "source": { "repoURL": "git://127.0.0.1:9418/guestbook.git", "targetRevision": "main", "path": "guestbook" },
+            "destination": { "server": IN_CLUSTER, "namespace": "guestbook" },
+            "syncPolicy": { "automated": {} },
+        },
+    }))
+    .expect("a valid Application");
+    apps.create(&kube::api::PostParams::default(), &app).await?;
+    set_status(client, name, status).await
+}
+
+/// Writes `status` onto hub copy `name` in [`NAMESPACE`] (Argo CD's
+/// Application has no status subresource: the status is part of the
+/// object, as the hub-controller writes it).
+pub async fn set_status(
+    client: &kube::Client,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<()> {
+    let apps = applications(client);
+    let patch = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "status": status,
+    });
+    apps.patch(
+        name,
+        &PatchParams::apply("argocd-pull-test").force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What cluster1 reports for the guestbook once synced: Synced, Healthy,
+/// its Service and Deployment with the health of each (`deployment`: the
+/// Deployment's).
+pub fn guestbook_status(deployment: &str) -> serde_json::Value {
+    json!({
+        "sync": { "status": "Synced", "revision": "4b825dc642cb6eb9a060e54bf8d69288fbee4904" },
+        "health": { "status": deployment },
+        "resources": [
+            { "version": "v1", "kind": "Service", "namespace": "guestbook", "name": "guestbook-ui",
+              "status": "Synced", "health": { "status": "Healthy" } },
+            { "group": "apps", "version": "v1", "kind": "Deployment", "namespace": "guestbook",
+              "name": "guestbook-ui", "status": "Synced", "health": { "status": deployment } },
+        ],
+        "sourceType": "Directory",
+    })
 }
 
 /// Argo CD's CLI (`$CACHE/bin/argocd-cli/argocd`).

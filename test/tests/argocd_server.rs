@@ -11,70 +11,14 @@
 
 use std::time::Duration;
 
-use argocd_pull_apis::argocd::application_resource;
 use http::Method;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 use testenv::CrdSet;
-use testenv::argocd::{NAMESPACE, Server, ServerOptions};
+use testenv::argocd::{self, NAMESPACE, Server, ServerOptions};
 use testenv::browser::Browser;
 
 const APP: &str = "guestbook-cluster1";
 const UI_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The hub copy of a pulled Application, as `example/` makes it, with the
-/// status cluster1 reported.
-async fn pulled_application(client: &kube::Client) {
-    let apps =
-        Api::<DynamicObject>::namespaced_with(client.clone(), NAMESPACE, &application_resource());
-    let app: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": {
-            "name": APP, "namespace": NAMESPACE,
-            "labels": { "apps.open-cluster-management.io/pull-to-ocm-managed-cluster": "true" },
-            "annotations": {
-                "apps.open-cluster-management.io/ocm-managed-cluster": "cluster1",
-                "argocd.argoproj.io/skip-reconcile": "true",
-            },
-        },
-        "spec": {
-            "project": "default",
-            "source": { "repoURL": "git://127.0.0.1:9418/guestbook.git", "targetRevision": "main", "path": "guestbook" },
-            "destination": { "server": "https://kubernetes.default.svc", "namespace": "guestbook" },
-            "syncPolicy": { "automated": {} },
-        },
-    }))
-    .expect("a valid Application");
-    apps.create(&PostParams::default(), &app)
-        .await
-        .expect("the hub copy is created");
-    // Argo CD's Application has no status subresource: the status is part
-    // of the object, as the hub-controller writes it.
-    let status = json!({
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "status": {
-            "sync": { "status": "Synced", "revision": "4b825dc642cb6eb9a060e54bf8d69288fbee4904" },
-            "health": { "status": "Healthy" },
-            "resources": [
-                { "version": "v1", "kind": "Service", "namespace": "guestbook", "name": "guestbook-ui",
-                  "status": "Synced", "health": { "status": "Healthy" } },
-                { "group": "apps", "version": "v1", "kind": "Deployment", "namespace": "guestbook",
-                  "name": "guestbook-ui", "status": "Synced", "health": { "status": "Healthy" } },
-            ],
-            "sourceType": "Directory",
-        },
-    });
-    apps.patch(
-        APP,
-        // The test's own field manager: this copy stands in for one the
-        // hub-controller delivered (e2e's "the hub's Argo CD" phase checks
-        // a really delivered one, on the UI too).
-        &PatchParams::apply("argocd-pull-test").force(),
-        &Patch::Apply(&status),
-    )
-    .await
-    .expect("the status is written");
-}
 
 fn at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
@@ -90,7 +34,9 @@ async fn the_hub_ui_shows_a_pulled_application() {
     let server = Server::start(hub, ServerOptions::default())
         .await
         .expect("argocd-server starts on the hub");
-    pulled_application(&client).await;
+    argocd::pulled_application(&client, APP, argocd::guestbook_status("Healthy"))
+        .await
+        .expect("the hub copy is written");
 
     // The API: a wrong password is refused, the right one gives a session.
     let wrong = server.login("admin", "not-the-password").await;
