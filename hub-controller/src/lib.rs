@@ -101,6 +101,8 @@ pub struct Args {
     pub grpc: grpc::GrpcArgs,
     #[command(flatten)]
     pub certs: certs::CertArgs,
+    #[command(flatten)]
+    pub trees: status::trees::TreeArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -125,6 +127,8 @@ pub const LEASE_NAME: &str = "argocd-pull-hub-controller";
 /// ManifestWork transport, the Argo CD cluster Secrets and the sweep, and
 /// writes for the clusters no replica holds.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    // A password file that cannot be read stops the start, before anything runs.
+    let tree_redis = args.trees.redis()?;
     let signals = shutdown::on_signals()?;
     let (stop, shutdown) = shutdown::channel();
     let readiness = Readiness::default();
@@ -189,6 +193,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown,
         lease_config,
         claims,
+        tree_redis,
     )
     .await?;
     page.set_serving(false);
@@ -215,6 +220,7 @@ async fn run_controllers(
     shutdown: shutdown::Shutdown,
     election: Option<lease::LeaseConfig>,
     claims: Option<std::sync::Arc<grpc::claims::Claims>>,
+    tree_redis: Option<status::redis::Redis>,
 ) -> anyhow::Result<Option<lease::Leadership>> {
     let authorization = route::authz::Authorization {
         require_placement: args.authorization == AuthorizationMode::Placement,
@@ -312,6 +318,17 @@ async fn run_controllers(
     if let Some(hub) = &grpc {
         consumers.push(hub.clone());
     }
+    let trees = tree_redis.map(|redis| {
+        tracing::info!(
+            redis = redis.addr(),
+            "writing the hub copies' resource trees for the hub's argocd-server"
+        );
+        status::trees::Trees::new(redis, watches.caches(), &args.argocd_namespace, &args.trees)
+    });
+    if let Some(t) = &trees {
+        consumers.push(t.clone());
+    }
+    let writing_trees = trees.map(|t| tokio::spawn(t.run(shutdown.clone().wait())));
     let watching = tokio::spawn(watches.run(client.clone(), consumers, shutdown.clone().wait()));
     {
         let (caches, ready) = (ctx.caches.clone(), readiness.clone());
@@ -347,6 +364,9 @@ async fn run_controllers(
     )
     .await;
     watching.await?;
+    if let Some(w) = writing_trees {
+        w.await?;
+    }
     if let Some(server) = grpc_server {
         server.await?;
     }

@@ -216,6 +216,71 @@ fn every_value_lands_where_a_user_expects_it() {
     assert_eq!(ca["data"]["ca.crt"], "{{HUB_CA}}");
 }
 
+#[test]
+fn argocd_trees_pass_the_redis_and_mount_its_password_only_when_asked() {
+    let chart = chart();
+    let render = |sets: &[&str]| {
+        let mut args = vec!["template", "argocd-pull", chart.as_str()];
+        for set in sets {
+            args.extend(["--set", *set]);
+        }
+        let rendered = objects(&run("helm", &args));
+        find(&rendered, "Deployment", "argocd-pull-hub-controller").clone()
+    };
+    let off = render(&[]);
+    assert!(
+        !args_of(&off)
+            .iter()
+            .any(|a| a.starts_with("--argocd-redis")),
+        "{:?}",
+        args_of(&off)
+    );
+    let on = render(&[
+        "argocdTrees.enabled=true",
+        "argocdTrees.passwordSecret.name=argocd-redis-copy",
+    ]);
+    let args = args_of(&on);
+    for expected in [
+        "--argocd-redis=argocd-redis.argocd.svc:6379",
+        "--argocd-redis-compress=gzip",
+        "--argocd-redis-password-file=/var/run/argocd-pull/argocd-redis/auth",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    let pod = &on["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "argocd-redis")
+        .expect("the password's volume");
+    assert_eq!(volume["secret"]["secretName"], "argocd-redis-copy");
+    assert!(
+        pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "argocd-redis"
+                && m["mountPath"] == "/var/run/argocd-pull/argocd-redis"),
+        "{}",
+        pod["containers"][0]["volumeMounts"]
+    );
+    // Without a Secret: no password flag, no volume.
+    let bare = render(&["argocdTrees.enabled=true"]);
+    assert!(
+        !args_of(&bare)
+            .iter()
+            .any(|a| a.starts_with("--argocd-redis-password-file"))
+    );
+    assert!(
+        !bare["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "argocd-redis")
+    );
+}
+
 #[tokio::test]
 async fn helm_install_onto_a_hub_creates_the_hub_side() {
     let hub = Cluster::start(ClusterConfig::new("helm-hub", CrdSet::Hub))

@@ -4,13 +4,16 @@
 //! status observed on the spoke ([`observed`]), the rule that shows a
 //! finished sync as `Progressing` once ([`progress`]) and the rule that
 //! keeps a hub copy's `terminate-op` until the spoke acts on it
-//! ([`terminating`]). The hub-controller's `status` module adds the merge
-//! patch and the one writer of hub Applications.
+//! ([`terminating`]), and the resource tree argocd-server reads from its
+//! Redis, built from the status ([`tree`]). The hub-controller's `status`
+//! module adds the merge patch, the one writer of hub Applications and the
+//! writer of the trees.
 
 pub mod condition;
 pub mod feedback;
 pub mod observed;
 pub mod progress;
 pub mod terminating;
+pub mod tree;
 
 pub use condition::{CONDITION, Reason};

@@ -2,12 +2,16 @@
 //! the pure rules of the core ([`argocd_pull_core::status`]: conditions and
 //! the one Reason enum, work feedback, observed status, the
 //! Progressing-first and terminate-op rules, re-exported here), the merge
-//! patch that writes it ([`patch`]), and the one writer of hub Applications
-//! ([`writer`]) that never decides from a cache older than its own writes.
+//! patch that writes it ([`patch`]), the one writer of hub Applications
+//! ([`writer`]) that never decides from a cache older than its own writes,
+//! and the resource trees written for the hub's argocd-server ([`trees`],
+//! through [`redis`]).
 
 pub use argocd_pull_core::status::*;
 
 pub mod patch;
+pub mod redis;
+pub mod trees;
 pub mod writer;
 
 pub use writer::AppWriter;

@@ -1,0 +1,223 @@
+//! The few Redis commands the tree writer sends to the hub's Argo CD Redis
+//! (`AUTH`, `SET` with an expiry, `DEL`, `PUBLISH`), over one connection
+//! opened on first use and again after any error: RESP written and read by
+//! hand, since nothing else of a Redis client is needed.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+/// How long one command (with connecting) may take (the error says 10 s).
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest bulk reply read (the writer's replies are a few bytes).
+const MAX_REPLY: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("redis at {addr}: {source}")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("redis at {addr} answered: {message}")]
+    Refused { addr: String, message: String },
+    #[error("redis at {addr}: no answer within 10 s")]
+    Timeout { addr: String },
+    #[error("redis at {addr}: a reply this client does not read ({what})")]
+    Protocol { addr: String, what: String },
+}
+
+/// A reply, as far as this client reads one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Simple(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+}
+
+/// One connection to one Redis, used by one command at a time.
+pub struct Redis {
+    addr: String,
+    password: Option<String>,
+    conn: Mutex<Option<BufReader<TcpStream>>>,
+}
+
+impl Redis {
+    /// `addr` is `host:port`; `password` is sent with `AUTH` on every new
+    /// connection (Argo CD's Redis has one, from the `argocd-redis` Secret).
+    pub fn new(addr: impl Into<String>, password: Option<String>) -> Self {
+        Self {
+            addr: addr.into(),
+            password,
+            conn: Mutex::new(None),
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// `SET key value PX ttl`.
+    pub async fn set(&self, key: &str, value: &[u8], ttl: Duration) -> Result<(), Error> {
+        let ms = ttl.as_millis().max(1).to_string();
+        self.command(&[b"SET", key.as_bytes(), value, b"PX", ms.as_bytes()])
+            .await
+            .map(drop)
+    }
+
+    /// `DEL key`.
+    pub async fn del(&self, key: &str) -> Result<(), Error> {
+        self.command(&[b"DEL", key.as_bytes()]).await.map(drop)
+    }
+
+    /// `PUBLISH channel message`.
+    pub async fn publish(&self, channel: &str, message: &[u8]) -> Result<(), Error> {
+        self.command(&[b"PUBLISH", channel.as_bytes(), message])
+            .await
+            .map(drop)
+    }
+
+    /// `GET key` (for tests and checks).
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
+        match self.command(&[b"GET", key.as_bytes()]).await? {
+            Reply::Bulk(v) => Ok(v),
+            other => Err(self.protocol(format!("GET answered {other:?}"))),
+        }
+    }
+
+    /// One command; a connection that failed is dropped and opened again
+    /// by the next command.
+    pub async fn command(&self, args: &[&[u8]]) -> Result<Reply, Error> {
+        let mut conn = self.conn.lock().await;
+        let result = tokio::time::timeout(TIMEOUT, async {
+            if conn.is_none() {
+                *conn = Some(self.connect().await?);
+            }
+            let stream = conn.as_mut().expect("connected above");
+            self.round_trip(stream, args).await
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Timeout {
+                addr: self.addr.clone(),
+            })
+        });
+        if matches!(
+            result,
+            Err(Error::Io { .. } | Error::Timeout { .. } | Error::Protocol { .. })
+        ) {
+            *conn = None;
+        }
+        result
+    }
+
+    async fn connect(&self) -> Result<BufReader<TcpStream>, Error> {
+        let stream = TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| self.io(e))?;
+        stream.set_nodelay(true).map_err(|e| self.io(e))?;
+        let mut stream = BufReader::new(stream);
+        if let Some(password) = &self.password {
+            self.round_trip(&mut stream, &[b"AUTH", password.as_bytes()])
+                .await?;
+        }
+        Ok(stream)
+    }
+
+    async fn round_trip(
+        &self,
+        stream: &mut BufReader<TcpStream>,
+        args: &[&[u8]],
+    ) -> Result<Reply, Error> {
+        stream
+            .get_mut()
+            .write_all(&encode(args))
+            .await
+            .map_err(|e| self.io(e))?;
+        self.read_reply(stream).await
+    }
+
+    async fn read_reply(&self, stream: &mut BufReader<TcpStream>) -> Result<Reply, Error> {
+        let mut line = Vec::new();
+        stream
+            .read_until(b'\n', &mut line)
+            .await
+            .map_err(|e| self.io(e))?;
+        let Some(text) = line.strip_suffix(b"\r\n") else {
+            return Err(self.protocol("the connection ended mid-reply".into()));
+        };
+        let (kind, rest) = text
+            .split_first()
+            .ok_or_else(|| self.protocol("an empty line".into()))?;
+        let rest = String::from_utf8_lossy(rest).into_owned();
+        match *kind {
+            b'+' => Ok(Reply::Simple(rest)),
+            b'-' => Err(Error::Refused {
+                addr: self.addr.clone(),
+                message: rest,
+            }),
+            b':' => rest
+                .parse()
+                .map(Reply::Integer)
+                .map_err(|_| self.protocol(format!("integer {rest:?}"))),
+            b'$' => {
+                let len: i64 = rest
+                    .parse()
+                    .map_err(|_| self.protocol(format!("bulk length {rest:?}")))?;
+                if len < 0 {
+                    return Ok(Reply::Bulk(None));
+                }
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                if len > MAX_REPLY {
+                    return Err(self.protocol(format!("a bulk reply of {len} bytes")));
+                }
+                let mut body = vec![0; len + 2];
+                stream.read_exact(&mut body).await.map_err(|e| self.io(e))?;
+                body.truncate(len);
+                Ok(Reply::Bulk(Some(body)))
+            }
+            other => Err(self.protocol(format!("type byte {:?}", other as char))),
+        }
+    }
+
+    fn io(&self, source: std::io::Error) -> Error {
+        Error::Io {
+            addr: self.addr.clone(),
+            source,
+        }
+    }
+
+    fn protocol(&self, what: String) -> Error {
+        Error::Protocol {
+            addr: self.addr.clone(),
+            what,
+        }
+    }
+}
+
+/// A command as RESP: an array of bulk strings.
+fn encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_is_an_array_of_bulk_strings() {
+        assert_eq!(
+            encode(&[b"SET", b"a|b", b"\x00\r\n", b"PX", b"1000"]),
+            b"*5\r\n$3\r\nSET\r\n$3\r\na|b\r\n$3\r\n\x00\r\n\r\n$2\r\nPX\r\n$4\r\n1000\r\n"
+        );
+        assert_eq!(encode(&[b"DEL", b""]), b"*2\r\n$3\r\nDEL\r\n$0\r\n\r\n");
+    }
+}
