@@ -393,6 +393,24 @@ impl Server {
         ))
     }
 
+    /// The Applications argocd-server lists to session `token` (`GET
+    /// /api/v1/applications`, answered from its informer's cache, which
+    /// sees a write a moment after the API server stored it: poll it); the
+    /// status and body as the error when it does not answer 200.
+    pub async fn list_applications(
+        &self,
+        token: &str,
+    ) -> std::result::Result<Vec<serde_json::Value>, String> {
+        let (code, list) = self
+            .api(http::Method::GET, "/api/v1/applications", Some(token), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        if code != 200 {
+            return Err(format!("{code}: {list}"));
+        }
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
     /// `argocd app get <app> -o json` with Argo CD's CLI against this
     /// server, as a user runs it with the session `token`.
     pub fn app_get(&self, token: &str, app: &str) -> Result<serde_json::Value> {

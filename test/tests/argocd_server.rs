@@ -50,27 +50,17 @@ async fn the_hub_ui_shows_a_pulled_application() {
         .await
         .unwrap();
     assert_eq!(code, 401, "the Applications are listed without a session");
-    // argocd-server lists from its informer's cache, which sees the
-    // Application a moment after the API server stored it: wait for it
-    // there, with the status the cluster reported.
+    // Listed once argocd-server's cache has it, with the status the
+    // cluster reported.
     let app = testenv::wait::until(
         &format!("{APP} Synced and Healthy in GET /api/v1/applications"),
         UI_TIMEOUT,
         || async {
-            let (code, list) = server
-                .api(Method::GET, "/api/v1/applications", Some(&token), None)
-                .await
-                .map_err(|e| e.to_string())?;
-            if code != 200 {
-                return Err(format!("{code}: {list}"));
-            }
-            let app = list["items"]
-                .as_array()
+            let list = server.list_applications(&token).await?;
+            let app = list
                 .into_iter()
-                .flatten()
                 .find(|a| at(a, "/metadata/name") == APP)
-                .cloned()
-                .ok_or_else(|| format!("{APP} is not among the listed Applications: {list}"))?;
+                .ok_or_else(|| format!("{APP} is not among the listed Applications"))?;
             if at(&app, "/status/sync/status") == "Synced"
                 && at(&app, "/status/health/status") == "Healthy"
             {

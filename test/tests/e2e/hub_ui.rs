@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use http::Method;
 use testenv::browser::Browser;
 use testenv::paths;
 use testenv::stack::Stack;
@@ -26,14 +25,7 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
         stack,
         "the hub's argocd-server to list the pulled Applications Synced/Healthy",
         || async {
-            let (code, list) = server
-                .api(Method::GET, "/api/v1/applications", Some(&token), None)
-                .await
-                .map_err(|e| e.to_string())?;
-            if code != 200 {
-                return Err(format!("{code}: {list}"));
-            }
-            let items = list["items"].as_array().cloned().unwrap_or_default();
+            let items = server.list_applications(&token).await?;
             for name in names {
                 let app = items
                     .iter()
