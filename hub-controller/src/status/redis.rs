@@ -67,9 +67,12 @@ impl Redis {
             .map(drop)
     }
 
-    /// `DEL key`.
-    pub async fn del(&self, key: &str) -> Result<(), Error> {
-        self.command(&[b"DEL", key.as_bytes()]).await.map(drop)
+    /// `DEL key`: whether there was such a key.
+    pub async fn del(&self, key: &str) -> Result<bool, Error> {
+        match self.command(&[b"DEL", key.as_bytes()]).await? {
+            Reply::Integer(n) => Ok(n > 0),
+            other => Err(self.protocol(format!("DEL answered {other:?}"))),
+        }
     }
 
     /// `PUBLISH channel message`.

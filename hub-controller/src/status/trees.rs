@@ -10,10 +10,11 @@
 //! marked trees (`SET` with the expiry argocd-server's own cache uses, then
 //! `PUBLISH` on the channel argocd-server's open trees listen to), and
 //! writes only a tree that differs from the one it last wrote. A hub copy
-//! deleted, or whose status lists no resources, has its key deleted.
-//! Every tree is written again each half expiry, so a key outlives no
-//! hub copy by more than the expiry, and a Redis restarted empty is
-//! filled again. Every replica writes (the same tree from the same
+//! deleted, or whose status lists no resources, has its key deleted
+//! (once; the change is published only when a key went). Every tree is
+//! written again each half expiry, so a key outlives no hub copy by more
+//! than the expiry, and a Redis restarted empty is filled again; a copy
+//! without a tree costs nothing then. Every replica writes (the same tree from the same
 //! status: the writes agree); a Redis that fails is retried with backoff
 //! and stops nothing else.
 
@@ -120,9 +121,10 @@ impl Trees {
         self.wake.notify_one();
     }
 
-    /// Every hub copy in the cache, whatever was written before.
+    /// Every hub copy in the cache, to write its tree again (a key without
+    /// one stays known as absent: nothing to renew).
     fn mark_all(&self) {
-        self.last.lock().unwrap().clear();
+        self.last.lock().unwrap().retain(|_, last| last.is_none());
         let all: Vec<_> = self
             .caches
             .apps
@@ -189,16 +191,20 @@ impl Trees {
             return Ok(());
         }
         let redis_key = tree::tree_key(&instance, self.gzip);
-        match &json {
+        let changed = match &json {
             Some(json) => {
                 let value = if self.gzip { gzip(json) } else { json.clone() };
                 self.redis.set(&redis_key, &value, self.expiry).await?;
+                true
             }
+            // Open trees hear of a key that went, not of one never there.
             None => self.redis.del(&redis_key).await?,
+        };
+        if changed {
+            self.redis
+                .publish(&tree::tree_channel(&instance), b"")
+                .await?;
         }
-        self.redis
-            .publish(&tree::tree_channel(&instance), b"")
-            .await?;
         let mut last = self.last.lock().unwrap();
         if self.caches.apps.get(key).is_some() {
             last.insert(key.clone(), now);
