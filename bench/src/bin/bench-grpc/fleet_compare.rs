@@ -42,7 +42,7 @@ use tokio::io::AsyncBufReadExt;
 use tokio::time::Instant;
 
 use crate::argocd_agent::{
-    AGENT_SPOKE_NS, LOG_LEVEL, PRINCIPAL_NS, Principal, logs_dir, low_port, start_redis,
+    AGENT_SPOKE_NS, LOG_LEVEL, PRINCIPAL_NS, Principal, logs_dir, low_port, start_redis, trim_log,
 };
 use crate::fleet::{self, Copies, FleetArgs, app_name, watch_copies_by};
 use crate::hub::{self, Pki};
@@ -178,11 +178,13 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
         "settings: the hub-controller at its defaults but for the gRPC flags and {}, logging at `{}` \
          (BENCH_HUB_LOG); argocd-agent's principal with the flags that connect its agents (mTLS, the agent \
          named by its certificate's CN) and {}, logging at `{LOG_LEVEL}`; both load generators log their \
-         agents' warnings only; every log to its file in {}.\n",
+         agents' warnings only; every log to its file in {} (the principal's and its load generator's \
+         cut to their last {} MiB after each run).\n",
         hub::NOT_DEFAULT,
         hub::file_log_level(),
         crate::argocd_agent::NOT_DEFAULT,
-        logs_dir()?.display()
+        logs_dir()?.display(),
+        LOG_KEEP >> 20
     );
     print!("{}", side_by_side("argocd-agent", &rows));
     let peer_figure =
@@ -305,6 +307,10 @@ fn rows(steady: u64) -> Vec<Row> {
         ),
     ]
 }
+
+/// What is kept of the principal's and its load generator's logs after a
+/// run (their tails; see [`trim_log`]).
+const LOG_KEEP: u64 = 64 << 20;
 
 /// One run of argocd-agent's principal and load generator on a fresh hub.
 async fn peer_run(
@@ -515,6 +521,8 @@ async fn peer_run(
     let _ = loadgen.start_kill();
     let _ = loadgen.wait().await;
     principal.kill().await?;
+    trim_log(principal.log_path(), LOG_KEEP)?;
+    trim_log(&loadgen_log, LOG_KEEP)?;
     Ok(PeerFigures {
         connected,
         copies: copies_at,
