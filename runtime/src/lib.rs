@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod args;
+pub mod backoff;
 pub mod client;
 pub mod lease;
 pub mod shutdown;

@@ -21,7 +21,6 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
-pub mod backoff;
 pub mod cache;
 pub mod metrics;
 pub mod projects;

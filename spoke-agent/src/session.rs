@@ -23,12 +23,12 @@ use argocd_pull_runtime::task::AbortOnDrop;
 use tokio::sync::mpsc;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
-use crate::backoff::Backoff;
 use crate::metrics::AgentMetrics;
 use crate::reports::Reports;
 use crate::state::{AgentState, Instruction, RETRY_PAUSE};
 use crate::worker::Worker;
 use crate::{AgentConfig, Mode};
+use argocd_pull_runtime::backoff::Backoff;
 
 /// Readiness check that is true while a stream to the hub is open.
 pub const HUB_CONNECTED: &str = "hub-connected";

@@ -15,7 +15,7 @@
 //! written again each half expiry, so a key outlives no hub copy by more
 //! than the expiry, and a Redis restarted empty is filled again; a copy
 //! without a tree costs nothing then. Every replica writes (the same tree from the same
-//! status: the writes agree); a Redis that fails is retried with backoff
+//! status: the writes agree); a Redis that fails is retried with the jittered backoff of every component (1 s to 30 s)
 //! and stops nothing else.
 
 use std::collections::{HashMap, HashSet};
@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use argocd_pull_core::status::tree;
+use argocd_pull_runtime::backoff::Backoff;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
@@ -144,7 +145,7 @@ impl Trees {
         // The first tick is at once: nothing is marked before the caches
         // list, and each listed copy marks itself.
         again.tick().await;
-        let mut backoff = Backoff::default();
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
         loop {
             tokio::select! {
                 () = &mut shutdown => return,
@@ -157,7 +158,7 @@ impl Trees {
             let mut left = batch.into_iter();
             while let Some(key) = left.next() {
                 if let Err(e) = self.write(&key).await {
-                    let wait = backoff.failed();
+                    let wait = backoff.delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot write resource trees to the hub's Argo CD Redis; argocd-server shows the status line meanwhile");
                     {
                         let mut marked = self.marked.lock().unwrap();
@@ -171,7 +172,7 @@ impl Trees {
                     }
                     break;
                 }
-                backoff.succeeded();
+                backoff.reset();
             }
         }
     }
@@ -243,21 +244,6 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     encoder.finish().expect("writing to memory")
 }
 
-/// 1 s doubling to 30 s while Redis fails.
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    fn failed(&mut self) -> Duration {
-        self.0 = self.0.saturating_add(1);
-        Duration::from_secs(1u64 << self.0.min(6).saturating_sub(1)).min(Duration::from_secs(30))
-    }
-
-    fn succeeded(&mut self) {
-        self.0 = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,14 +257,5 @@ mod tests {
             .read_to_end(&mut out)
             .unwrap();
         assert_eq!(out, text);
-    }
-
-    #[test]
-    fn backoff_doubles_to_thirty_seconds_and_starts_again_after_a_success() {
-        let mut b = Backoff::default();
-        let waits: Vec<u64> = (0..7).map(|_| b.failed().as_secs()).collect();
-        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
-        b.succeeded();
-        assert_eq!(b.failed(), Duration::from_secs(1));
     }
 }

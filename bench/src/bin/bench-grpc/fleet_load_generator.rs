@@ -38,8 +38,8 @@ use argocd_pull_proto::v1::{
     hub_message, status_report,
 };
 use argocd_pull_proto::{content, validate};
+use argocd_pull_runtime::backoff::Backoff;
 use argocd_pull_spoke_agent::apply;
-use argocd_pull_spoke_agent::backoff::Backoff;
 use argocd_pull_spoke_agent::session::{self, Opened};
 use argocd_pull_spoke_agent::state::{AgentState, RETRY_PAUSE, Report};
 use argocd_pull_spoke_agent::tls::TlsFiles;

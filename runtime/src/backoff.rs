@@ -1,6 +1,8 @@
-//! Reconnect delays: exponential, capped, with jitter, so that a fleet of
+//! Retry delays: exponential, capped, with jitter, so that a fleet of
 //! agents that lost the hub at the same moment does not come back at the
 //! same moment (argocd-agent's backoff has no jitter: reconnect storms).
+//! The one backoff of every component: the agents' reconnects, the hub's
+//! writes to Argo CD's Redis.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
