@@ -182,10 +182,11 @@ impl Trees {
     async fn write(&self, key: &ObjectRef<CachedApp>) -> Result<(), redis::Error> {
         let namespace = key.namespace.as_deref().unwrap_or_default();
         let instance = tree::instance_name(namespace, &key.name, &self.argocd_namespace);
-        let tree = self.caches.apps.get(key).and_then(|app| {
-            let app = app.application();
-            tree::tree(app.data.get("status"))
-        });
+        let tree = self
+            .caches
+            .apps
+            .get(key)
+            .and_then(|app| tree::tree(app.status().as_ref()));
         let json = tree.map(|t| serde_json::to_vec(&t).expect("a Value always serializes"));
         let now: Last = json.as_deref().map(digest);
         if self.last.lock().unwrap().get(key) == Some(&now) {

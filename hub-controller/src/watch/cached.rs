@@ -60,6 +60,16 @@ impl CachedApp {
         }
     }
 
+    /// Its `.status` alone: the rest of the body is skipped, not built
+    /// (the tree writer reads it on every change of a copy).
+    pub fn status(&self) -> Option<serde_json::Value> {
+        #[derive(serde::Deserialize)]
+        struct Body {
+            status: Option<serde_json::Value>,
+        }
+        self.body.parse::<Body>().ok()?.status
+    }
+
     /// The whole metadata (but `managedFields`), labels and annotations
     /// unpacked.
     pub fn metadata(&self) -> ObjectMeta {
@@ -276,6 +286,16 @@ mod tests {
             serde_json::to_value(&got).unwrap(),
             serde_json::to_value(&want).unwrap()
         );
+        assert_eq!(
+            cached.status(),
+            Some(json!({ "health": { "status": "Healthy" } }))
+        );
+        let without: CachedApp = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": { "name": "b" }, "spec": {}
+        }))
+        .unwrap();
+        assert_eq!(without.status(), None);
     }
 
     #[test]
