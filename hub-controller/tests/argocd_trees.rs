@@ -3,7 +3,8 @@
 //! from its status, into the Redis of a real argocd-server, which then
 //! answers `argocd app resources` and the API's `resource-tree` (without
 //! it: "cache: key is missing" and a refresh on every view). A change of
-//! the status reaches the tree; a deleted hub copy leaves no key behind.
+//! the status reaches the tree; a deleted hub copy leaves no key behind;
+//! the tree opens no live read of the hub's own objects.
 
 use std::time::Duration;
 
@@ -135,6 +136,33 @@ async fn argocd_server_shows_the_tree_the_hub_controller_writes_from_the_status(
     for line in ["Service", "Deployment", "guestbook-ui"] {
         assert!(listed.contains(line), "{line} missing from:\n{listed}");
     }
+
+    // The tree opens no live view onto the hub: the hub copy's destination
+    // is the hub's own cluster (`https://kubernetes.default.svc`, as
+    // upstream's examples write it), where argocd-server would read with
+    // its own service account, and the tree's names come from the
+    // cluster's report. argocd-server must refuse at the tree (its nodes
+    // carry no uid), before it builds a client for the destination (with
+    // a uid it goes on to the destination's config: shown failing so).
+    let (code, answer) = server
+        .api(
+            Method::GET,
+            &format!(
+                "/api/v1/applications/later/resource?appNamespace={NAMESPACE}&namespace=guestbook\
+                 &resourceName=guestbook-ui&version=v1&kind=Service&group="
+            ),
+            Some(&token),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        code != 200
+            && answer
+                .to_string()
+                .contains("not found as part of application"),
+        "argocd-server answered a live read of a tree node from the hub itself: {code} {answer}"
+    );
 
     // A change of the status on the hub copy reaches the tree.
     argocd::set_status(&client, "later", argocd::guestbook_status("Degraded"))

@@ -59,6 +59,16 @@ pub fn tree(status: Option<&Value>) -> Option<Value> {
 
 /// A `ResourceNode` from one `ResourceStatus`; `None` without a kind or
 /// name (not a resource Argo CD could draw).
+///
+/// Only the fields named below are taken, and never a `uid`: argocd-server
+/// serves a node's live manifest, its pods' logs and its actions only for
+/// nodes with a uid, from the cluster the hub copy's destination names,
+/// with the hub's credentials for it. A hub copy's destination is often the
+/// hub itself (`https://kubernetes.default.svc`, as upstream's examples
+/// write it), and the names here come from the cluster's report: with a
+/// uid, a cluster could make the hub's UI show any hub object of a kind
+/// and name it chooses. The live views come through argocd-pull's own
+/// endpoint instead (docs/ui.md, deliverable 2).
 fn node(resource: &Value) -> Option<Value> {
     let text = |field: &str| resource.get(field).and_then(Value::as_str);
     text("kind").filter(|k| !k.is_empty())?;
@@ -149,6 +159,23 @@ mod tests {
         assert_eq!(
             tree(Some(&json!({ "resources": [] }))),
             Some(json!({ "nodes": [] }))
+        );
+    }
+
+    #[test]
+    fn a_node_takes_no_uid_nor_anything_else_a_cluster_adds() {
+        // What a hostile cluster could put in the status it reports: a uid
+        // would let argocd-server read the named object live, from the hub
+        // when the hub copy's destination is the hub (see `node`).
+        let status = json!({ "resources": [
+            { "version": "v1", "kind": "Secret", "namespace": "argocd", "name": "argocd-secret",
+              "uid": "6f1c2e", "parentRefs": [ { "kind": "Pod", "uid": "1" } ],
+              "images": [ "x" ], "networkingInfo": {}, "info": [ { "name": "a", "value": "b" } ] },
+        ] });
+        assert_eq!(
+            tree(Some(&status)).unwrap(),
+            json!({ "nodes": [ { "version": "v1", "kind": "Secret", "namespace": "argocd",
+                                 "name": "argocd-secret" } ] })
         );
     }
 
