@@ -40,6 +40,17 @@ fresh() {
 }
 mark() { local name=$1; shift; stamp_of "$@" > "$cache/stamps/$name"; }
 
+# A word before a full disk fails a build in the middle of some compiler's
+# output (a CI run once ended in jemalloc's C build with nothing else said).
+# A warning only: what is needed depends on what is already built.
+check_disk() {
+  local need=${ARGOCD_PULL_MIN_FREE_GIB:-15} free
+  free=$(df -Pk "$cache" | awk 'NR == 2 { print int($4 / 1048576) }')
+  if [ "$free" -lt "$need" ]; then
+    log "WARNING: $free GiB free on the disk of $cache; a cold build (these tools, Go's build cache, the Rust target/ folder) with its test clusters takes about $need GiB, and a build that runs out fails with 'No space left on device', often deep in a compiler's output. Free some (cargo clean; rm -rf $cache/run/bench-logs) or set ARGOCD_PULL_CACHE to a larger disk."
+  fi
+}
+
 build_etcd() {
   local m=$here/etcd
   if fresh etcd "$m/go.mod" "$m/go.sum" "$m/main.go" && [ -x "$bin/etcd" ]; then return; fi
@@ -545,6 +556,7 @@ if [ $# -gt 0 ]; then
   exit 0
 fi
 
+check_disk
 build_etcd
 build_kube
 collect_crds
