@@ -15,8 +15,8 @@
 //!
 //! Besides: [`apply`], the pure decisions (what is applied and reported,
 //! how a command runs once); [`projects`], the AppProjects and credentials
-//! the hub sends; [`tls`], [`backoff`]: certificates reloaded from disk,
-//! reconnect delays.
+//! the hub sends; [`tls`]: certificates reloaded from disk (reconnect
+//! delays are the shared [`argocd_pull_runtime::backoff`]).
 
 #![forbid(unsafe_code)]
 
