@@ -7,7 +7,8 @@
 //! the managed cluster, clears the operation it ran, and releases its
 //! finalizer when the Application is deleted.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::path::Path;
 use std::time::Duration;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
@@ -36,11 +37,21 @@ const ARGOCD: &str = "argocd-application-controller";
 /// team namespace whose real Placement selects every managed cluster.
 struct Setup {
     fleet: Fleet,
-    _controller: Binary,
+    controller: Option<Binary>,
     ns: String,
 }
 
 async fn setup(clusters: &[(&str, JoinOptions)], controller_args: &[&str]) -> Setup {
+    let this_build = Path::new(env!("CARGO_BIN_EXE_hub-controller"));
+    setup_from(this_build, clusters, controller_args).await
+}
+
+/// [`setup`] with another build of the hub-controller running.
+async fn setup_from(
+    binary: &Path,
+    clusters: &[(&str, JoinOptions)],
+    controller_args: &[&str],
+) -> Setup {
     testenv::init_tracing();
     let fleet = Fleet::start("hub", clusters)
         .await
@@ -85,18 +96,35 @@ async fn setup(clusters: &[(&str, JoinOptions)], controller_args: &[&str]) -> Se
             .unwrap();
     }
 
-    let log = File::create(hub.dir().join("hub-controller.log")).unwrap();
-    let mut args = vec!["--leader-elect=false"];
-    args.extend(controller_args);
-    let controller = Binary::start_as(hub.kubeconfig(), &args, log);
-    Setup {
+    File::create(hub.dir().join("hub-controller.log")).unwrap();
+    let mut setup = Setup {
         fleet,
-        _controller: controller,
+        controller: None,
         ns,
-    }
+    };
+    setup.replace_controller(binary, controller_args).await;
+    setup
 }
 
 impl Setup {
+    /// Stops the running hub-controller with SIGTERM, as a rolling update
+    /// stops a pod, and starts `binary` in its place, its log appended to
+    /// the same file.
+    async fn replace_controller(&mut self, binary: &Path, controller_args: &[&str]) {
+        if let Some(mut old) = self.controller.take() {
+            let status = testenv::net::terminate(&mut old.child, TIMEOUT).await;
+            assert!(status.success(), "the hub-controller stopped with {status}");
+        }
+        let hub = self.fleet.hub.cluster();
+        let log = OpenOptions::new()
+            .append(true)
+            .open(hub.dir().join("hub-controller.log"))
+            .unwrap();
+        let mut args = vec!["--leader-elect=false"];
+        args.extend(controller_args);
+        self.controller = Some(Binary::start_from(binary, hub.kubeconfig(), &args, log));
+    }
+
     fn controller_log(&self) -> String {
         let text =
             std::fs::read_to_string(self.fleet.hub.cluster().dir().join("hub-controller.log"))
@@ -664,4 +692,205 @@ async fn status_comes_back_through_the_real_work_agent_by_default() {
         }
     })
     .await;
+}
+
+/// What an upgrade must keep of one delivered Application: the uid of its
+/// ManifestWork on the hub and of its copy on the cluster (a new uid is a
+/// delete and a create).
+#[derive(Debug, PartialEq)]
+struct Kept {
+    work_uid: String,
+    spoke_uid: String,
+}
+
+async fn kept(works: &Api<ManifestWork>, spoke: &Api<Application>, work: &str, name: &str) -> Kept {
+    Kept {
+        work_uid: works.get(work).await.unwrap().uid().unwrap(),
+        spoke_uid: spoke.get(name).await.unwrap().uid().unwrap(),
+    }
+}
+
+/// An upgrade of the hub-controller from the previous release
+/// (`PREVIOUS_RELEASE` in `test/tools/versions.env`, built from this
+/// repository's history) to this build, then a rollback, with the real
+/// work agent applying the ManifestWorks the previous release wrote.
+/// Each release takes over the other's ManifestWorks in place: no work is
+/// recreated and no Application deleted on the cluster (every version the
+/// spoke's copies went through is read back from a watch), an operation
+/// the spoke's Argo CD ran before the upgrade never comes back, and the
+/// changes made while no hub-controller ran, and after each step, arrive.
+#[tokio::test]
+async fn an_upgrade_and_a_rollback_adopt_the_manifestworks_without_a_delete_on_the_cluster() {
+    let previous = testenv::paths::previous_binary("hub-controller").unwrap();
+    let this_build = Path::new(env!("CARGO_BIN_EXE_hub-controller"));
+    let gate_off = JoinOptions {
+        raw_feedback: false,
+    };
+    let mut setup = setup_from(&previous, &[("cluster1", gate_off)], &[]).await;
+    let managed = setup.fleet.cluster("cluster1");
+    let hub = setup.fleet.hub.cluster().client().await.unwrap();
+    let apps = apps_api(&hub, &setup.ns);
+    let works: Api<ManifestWork> = Api::namespaced(hub.clone(), "cluster1");
+    let spoke = spoke_apps(&managed.client().await.unwrap());
+    let names: Vec<String> = (0..3).map(|i| format!("guestbook-{i}")).collect();
+
+    // The previous release delivers three Applications; the first carries
+    // a sync, which the spoke's Argo CD (played here) runs and clears.
+    for (i, name) in names.iter().enumerate() {
+        let annotations = json!({
+            keys::MANAGED_CLUSTER: "cluster1",
+            keys::MANAGED_CLUSTER_APP_NAMESPACE: SPOKE_NAMESPACE,
+            keys::SKIP_RECONCILE: "true",
+        });
+        let mut fields = json!({ "finalizers": [keys::RESOURCES_FINALIZER] });
+        if i == 0 {
+            fields["operation"] = json!({ "sync": { "revision": "HEAD" } });
+        }
+        apps.create(
+            &PostParams::default(),
+            &app(name, &setup.ns, annotations, fields),
+        )
+        .await
+        .unwrap();
+    }
+    for name in &names {
+        wait::exists(&spoke, name, TIMEOUT).await;
+    }
+    let synced = &names[0];
+    spoke
+        .patch(
+            synced,
+            &PatchParams {
+                field_manager: Some(ARGOCD.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({
+                "operation": null,
+                "status": {
+                    "health": { "status": "Healthy" },
+                    "sync": { "status": "Synced", "revision": "abc123" },
+                    "operationState": {
+                        "phase": "Succeeded", "startedAt": "2026-11-27T10:00:00Z",
+                        "finishedAt": "2026-11-27T10:00:05Z",
+                        "operation": { "sync": { "revision": "HEAD" } }
+                    }
+                }
+            })),
+        )
+        .await
+        .unwrap();
+    // The previous release hands the operation over: its work no longer
+    // carries it, applied on the cluster.
+    let work_name = setup.work_name(synced);
+    wait::until(
+        "the previous release's work without the operation, applied",
+        TIMEOUT,
+        || async {
+            let w = works.get(&work_name).await.map_err(|e| e.to_string())?;
+            if common::first_manifest(&w).contains_key("operation") {
+                return Err("the operation is still in the work".into());
+            }
+            if applied_on_spoke(&w) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", w.status.and_then(|s| s.conditions)))
+            }
+        },
+    )
+    .await;
+
+    let mut before = Vec::new();
+    // Where each spoke copy's history is read from next.
+    let mut from = Vec::new();
+    for name in &names {
+        before.push(kept(&works, &spoke, &setup.work_name(name), name).await);
+        from.push(spoke.get(name).await.unwrap().resource_version().unwrap());
+    }
+
+    // Each step: the hub-controller replaced (none runs while a change is
+    // made to the second Application), then a change to every Application,
+    // which must reach the cluster through the works the other release
+    // wrote.
+    let steps: [(&str, &Path, &str); 2] = [
+        ("the upgrade to this build", this_build, "v2"),
+        ("the rollback to the previous release", &previous, "v3"),
+    ];
+    for (step, binary, revision) in steps {
+        let mut controller = setup.controller.take().unwrap();
+        let status = testenv::net::terminate(&mut controller.child, TIMEOUT).await;
+        assert!(
+            status.success(),
+            "{step}: the old hub-controller stopped with {status}"
+        );
+        set_source(
+            &apps,
+            &names[1],
+            "targetRevision",
+            &format!("{revision}-while-down"),
+        )
+        .await;
+        setup.replace_controller(binary, &[]).await;
+        wait::until(
+            &format!("{step}: the change made while no hub-controller ran, on the cluster"),
+            TIMEOUT,
+            || async {
+                let a = spoke.get(&names[1]).await.map_err(|e| e.to_string())?;
+                let got = &a.data["spec"]["source"]["targetRevision"];
+                if got == &json!(format!("{revision}-while-down")) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{got}; controller log:\n{}",
+                        setup.controller_log()
+                    ))
+                }
+            },
+        )
+        .await;
+        for name in &names {
+            set_source(&apps, name, "targetRevision", revision).await;
+        }
+        for (name, from) in names.iter().zip(from.iter_mut()) {
+            // Every version since the last step, from a watch: it fails on
+            // a delete.
+            let versions = writes_until(
+                &spoke,
+                name,
+                from,
+                TIMEOUT,
+                &format!("{step}: {revision} on {name} on the cluster"),
+                |a| a.data["spec"]["source"]["targetRevision"] == revision,
+            )
+            .await;
+            for v in &versions {
+                assert!(
+                    v.data.get("operation").is_none(),
+                    "{step}: the sync the spoke ran came back on {name}: {:?}",
+                    v.data
+                );
+                assert!(
+                    v.metadata.deletion_timestamp.is_none(),
+                    "{step}: {name} deleted"
+                );
+            }
+        }
+        let mut after = Vec::new();
+        for name in &names {
+            after.push(kept(&works, &spoke, &setup.work_name(name), name).await);
+        }
+        assert_eq!(
+            after, before,
+            "{step}: a work or a spoke Application was recreated"
+        );
+        println!("{step}: {} works taken over in place", names.len());
+    }
+    assert!(
+        apps.get(synced)
+            .await
+            .unwrap()
+            .data
+            .get("operation")
+            .is_none(),
+        "the hub copy's operation came back"
+    );
 }

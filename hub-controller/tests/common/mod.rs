@@ -263,8 +263,24 @@ impl Binary {
         args: &[&str],
         stderr: impl Into<std::process::Stdio>,
     ) -> Self {
+        Self::start_from(
+            std::path::Path::new(env!("CARGO_BIN_EXE_hub-controller")),
+            kubeconfig,
+            args,
+            stderr,
+        )
+    }
+
+    /// [`Binary::start_as`] with another build of the hub-controller (the
+    /// previous release's, say).
+    pub fn start_from(
+        binary: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        args: &[&str],
+        stderr: impl Into<std::process::Stdio>,
+    ) -> Self {
         let admin = testenv::net::free_addr().unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-controller"))
+        let child = tokio::process::Command::new(binary)
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .arg("--admin-addr")
