@@ -1,13 +1,14 @@
 //! A hostile managed cluster on a real API server: its klusterlet writes
 //! `ManagedCluster.spec.managedClusterClientConfigs`, which the Argo CD
-//! cluster Secret's `server` is copied from (issue 34).
+//! cluster Secret's `server` is copied from (issue 34), and may give
+//! another cluster's.
 
 use std::time::Duration;
 
 use argocd_pull_apis::ocm::ManagedCluster;
 use argocd_pull_hub_controller::transport::manifestwork;
 use k8s_openapi::api::core::v1::{Event, Secret};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::wait;
 
@@ -92,5 +93,134 @@ async fn a_cluster_secret_never_points_at_the_hub_a_loopback_or_inside_a_cluster
         "{:?}",
         good.items
     );
+    stop.fire();
+}
+
+/// The `server` a cluster's Secret has.
+async fn server_of(secrets: &Api<Secret>, cluster: &str, want: &str, what: &str) {
+    let name = format!("{cluster}-cluster-secret");
+    wait::until(what, TIMEOUT, || async {
+        let s = secrets.get_opt(&name).await.map_err(|e| e.to_string())?;
+        let server = s.and_then(|s| s.data).and_then(|d| {
+            d.get("server")
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        });
+        if server.as_deref() == Some(want) {
+            Ok(())
+        } else {
+            Err(format!("{cluster}: server {server:?}"))
+        }
+    })
+    .await;
+}
+
+/// A cluster giving another's URL, or another's placeholder, would make
+/// the hub's Argo CD take it for the other. Of two clusters that give one
+/// URL the first registered keeps it; the other gets its placeholder and
+/// a Warning Event naming the keeper; and when a cluster takes a URL over
+/// or gives it back, the other cluster's Secret follows.
+#[tokio::test]
+async fn a_cluster_never_gets_another_clusters_server() {
+    let (cluster, client) = common::start_hub("hub").await;
+    cluster.ensure_namespace("argocd").await.unwrap();
+    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    tokio::spawn(manifestwork::cluster_secrets::run(
+        client.clone(),
+        "argocd".into(),
+        vec!["hub.argocd-pull.test".into()],
+        shutdown,
+    ));
+    let clusters: Api<ManagedCluster> = Api::all(client.clone());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "argocd");
+    let events: Api<Event> = Api::all(client.clone());
+    let create = |name: &'static str, url: Option<&'static str>| {
+        let clusters = clusters.clone();
+        async move {
+            let configs = url.map(|u| json!([{ "url": u }])).unwrap_or(json!([]));
+            let mc: ManagedCluster = serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+                "metadata": { "name": name },
+                "spec": { "hubAcceptsClient": true, "managedClusterClientConfigs": configs }
+            }))
+            .unwrap();
+            clusters.create(&PostParams::default(), &mc).await.unwrap();
+        }
+    };
+    let set_url = |name: &'static str, url: &'static str| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({ "spec": { "managedClusterClientConfigs": [{ "url": url }] } }),
+                    ),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let refused_for = |name: &'static str, keeper: &'static str| {
+        let events = events.clone();
+        async move {
+            let fields = format!("involvedObject.kind=ManagedCluster,involvedObject.name={name}");
+            let note = wait::warning(&events, &fields, "ClusterURLRefused", TIMEOUT)
+                .await
+                .message
+                .unwrap_or_default();
+            assert!(note.contains(&format!("{keeper:?}")), "{name}: {note}");
+        }
+    };
+
+    // Registered first (and first by name, should the second be the same).
+    const HONEST: &str = "https://api.honest.example:6443";
+    create("honest", Some(HONEST)).await;
+    server_of(&secrets, "honest", HONEST, "honest's Secret").await;
+    create("thief", Some("https://API.honest.example:6443/")).await;
+    create("bystander", None).await;
+    create("squatter", Some("https://bystander")).await;
+    server_of(
+        &secrets,
+        "thief",
+        "https://thief",
+        "the thief's placeholder",
+    )
+    .await;
+    server_of(
+        &secrets,
+        "squatter",
+        "https://squatter",
+        "the squatter's placeholder",
+    )
+    .await;
+    server_of(
+        &secrets,
+        "bystander",
+        "https://bystander",
+        "the bystander's",
+    )
+    .await;
+    refused_for("thief", "honest").await;
+    refused_for("squatter", "bystander").await;
+
+    // A cluster registered earlier takes a later one's URL, then gives it
+    // back: the later one's Secret follows both ways.
+    const LATE: &str = "https://api.late.example:6443";
+    create("early", Some("https://api.early.example:6443")).await;
+    create("late", Some(LATE)).await;
+    server_of(&secrets, "late", LATE, "late's own URL").await;
+    set_url("early", LATE).await;
+    server_of(&secrets, "early", LATE, "early takes the URL").await;
+    server_of(&secrets, "late", "https://late", "late gives it up").await;
+    set_url("early", "https://api.early.example:6443").await;
+    server_of(&secrets, "late", LATE, "late gets its URL back").await;
+    server_of(
+        &secrets,
+        "honest",
+        HONEST,
+        "honest keeps its URL throughout",
+    )
+    .await;
     stop.fire();
 }

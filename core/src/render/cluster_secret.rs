@@ -57,6 +57,14 @@ pub enum ServerRefused {
         "is a numeric host written in another form than a dotted IPv4 or an IPv6 address (resolvers read `2130706433` or `0x7f.1` as 127.0.0.1)"
     )]
     NumericForm,
+    #[error(
+        "is also the URL of ManagedCluster {by:?}, registered before this one, which keeps it (two cluster Secrets with one server make the hub's Argo CD take one cluster for the other)"
+    )]
+    Taken { by: String },
+    #[error(
+        "is the server that stands for ManagedCluster {by:?} when its own URL cannot be used (https://<cluster name>)"
+    )]
+    OtherClusterName { by: String },
 }
 
 /// Whether `url`, which the cluster's own klusterlet writes into
@@ -146,21 +154,72 @@ pub fn cluster_url(cluster: &ManagedCluster) -> Option<&str> {
         .filter(|u| !u.is_empty())
 }
 
-/// The cluster Secret for `cluster`, owned by it so that it goes when the
-/// cluster is removed from OCM. `hub`: as for [`check_server`].
-/// A URL [`check_server`] refuses is replaced by the placeholder (the
-/// caller tells the cluster's owner, see
-/// `transport::manifestwork::cluster_secrets`).
-pub fn cluster_secret(cluster: &ManagedCluster, argocd_namespace: &str, hub: &[String]) -> Secret {
+/// The server that stands for `cluster` when its own URL cannot be used: a
+/// stable placeholder that is still a valid, unique server for Argo CD
+/// (ApplicationSet cluster generators match on the name and labels; the
+/// hub's Argo CD never connects).
+pub fn placeholder(cluster: &str) -> String {
+    format!("https://{cluster}")
+}
+
+/// Whether Argo CD would take `a` and `b` for one server (it compares them
+/// without a trailing `/`; compared here without case too, so that more
+/// pairs count as one, never fewer).
+pub fn same_server(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/')
+        .eq_ignore_ascii_case(b.trim_end_matches('/'))
+}
+
+/// The Secret's server for `cluster`: its own URL when OCM knows one,
+/// [`check_server`] allows it and no other cluster of `fleet` has it
+/// first; otherwise its [`placeholder`], with the URL refused and why
+/// (for the cluster's owner). Pure.
+///
+/// A cluster's URL is whatever its klusterlet writes, so a cluster could
+/// give another's URL, or another's placeholder, and its Secret would
+/// then name the same server as the other's: the hub's Argo CD would take
+/// one cluster for the other. Of two clusters that give one URL, the one
+/// registered first (creationTimestamp, then name) keeps it; another
+/// cluster's placeholder is never used. `fleet`: every ManagedCluster on
+/// the hub (`cluster` may be among them); one being deleted is left out.
+pub fn choose_server<'a>(
+    cluster: &ManagedCluster,
+    hub: &[String],
+    fleet: impl IntoIterator<Item = &'a ManagedCluster>,
+) -> (String, Option<(String, ServerRefused)>) {
     let name = cluster.name_any();
-    // The cluster's own API URL when OCM knows it and it may be used;
-    // otherwise a stable placeholder that is still a valid, unique server
-    // for Argo CD (ApplicationSet cluster generators match on the name and
-    // labels; the hub's Argo CD never connects).
-    let server = cluster_url(cluster)
-        .filter(|u| check_server(u, hub).is_ok())
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("https://{name}"));
+    let Some(url) = cluster_url(cluster) else {
+        return (placeholder(&name), None);
+    };
+    let registered = |c: &ManagedCluster| (c.metadata.creation_timestamp.clone(), c.name_any());
+    let refused = check_server(url, hub).err().or_else(|| {
+        fleet.into_iter().find_map(|other| {
+            let by = other.name_any();
+            if by == name || other.metadata.deletion_timestamp.is_some() {
+                return None;
+            }
+            if same_server(url, &placeholder(&by)) {
+                return Some(ServerRefused::OtherClusterName { by });
+            }
+            let theirs = cluster_url(other)?;
+            (same_server(url, theirs)
+                && check_server(theirs, hub).is_ok()
+                && registered(other) < registered(cluster))
+            .then_some(ServerRefused::Taken { by })
+        })
+    });
+    match refused {
+        None => (url.to_string(), None),
+        Some(why) => (placeholder(&name), Some((url.to_string(), why))),
+    }
+}
+
+/// The cluster Secret for `cluster`, with `server` ([`choose_server`]),
+/// owned by the cluster so that it goes when the cluster is removed from
+/// OCM.
+pub fn cluster_secret(cluster: &ManagedCluster, argocd_namespace: &str, server: &str) -> Secret {
+    let name = cluster.name_any();
+    let server = server.to_string();
     Secret {
         metadata: ObjectMeta {
             name: Some(secret_name(&name)),
@@ -200,7 +259,10 @@ mod tests {
 
     #[test]
     fn names_labels_and_owns_the_secret() {
-        let s = cluster_secret(&cluster(json!({})), "argocd", &[]);
+        let c = cluster(json!({}));
+        let (server, refused) = choose_server(&c, &[], [&c]);
+        assert_eq!((server.as_str(), refused), ("https://cluster1", None));
+        let s = cluster_secret(&c, "argocd", &server);
         assert_eq!(s.metadata.name.as_deref(), Some("cluster1-cluster-secret"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("argocd"));
         assert_eq!(
@@ -221,10 +283,10 @@ mod tests {
     fn uses_the_cluster_url_ocm_knows() {
         let spec =
             json!({ "managedClusterClientConfigs": [{ "url": "https://api.c1.example:6443" }] });
-        let s = cluster_secret(&cluster(spec), "argocd", &[]);
+        let (server, refused) = choose_server(&cluster(spec), &[], []);
         assert_eq!(
-            s.string_data.unwrap()["server"],
-            "https://api.c1.example:6443"
+            (server.as_str(), refused),
+            ("https://api.c1.example:6443", None)
         );
     }
 
@@ -272,8 +334,15 @@ mod tests {
         // Refused: the Secret is still written, with the placeholder.
         let spec =
             json!({ "managedClusterClientConfigs": [{ "url": "https://kubernetes.default.svc" }] });
-        let s = cluster_secret(&cluster(spec), "argocd", hub);
-        assert_eq!(s.string_data.unwrap()["server"], "https://cluster1");
+        let (server, refused) = choose_server(&cluster(spec), hub, []);
+        assert_eq!(server, "https://cluster1");
+        assert_eq!(
+            refused,
+            Some((
+                "https://kubernetes.default.svc".into(),
+                ServerRefused::InCluster
+            ))
+        );
     }
 
     #[test]
@@ -282,6 +351,7 @@ mod tests {
             "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
             "metadata": {
                 "name": "cluster1", "uid": "u-1", "generation": 3,
+                "creationTimestamp": "2026-11-27T10:00:00Z",
                 "labels": { "env": "prod" }, "annotations": { "a": "b" },
                 "managedFields": [{ "manager": "registration", "operation": "Update" }]
             },
@@ -291,14 +361,116 @@ mod tests {
             "status": { "conditions": [], "version": { "kubernetes": "v1.35.0" } }
         }))
         .unwrap();
-        let before = cluster_secret(&full, "argocd", &[]);
+        let secret = |c: &ManagedCluster| cluster_secret(c, "argocd", &choose_server(c, &[], []).0);
+        let before = secret(&full);
         slim(&mut full);
-        assert_eq!(cluster_secret(&full, "argocd", &[]), before);
+        assert_eq!(secret(&full), before);
+        assert!(
+            full.metadata.creation_timestamp.is_some(),
+            "who came first is kept"
+        );
         assert!(full.status.is_none());
         assert_eq!(full.metadata.generation, Some(3), "the watch filters on it");
         assert!(full.metadata.managed_fields.is_none() && full.metadata.annotations.is_none());
         let configs = full.spec.managed_cluster_client_configs.unwrap();
         assert_eq!(configs[0].ca_bundle, None);
         assert_eq!(configs[0].url, "https://api.c1.example:6443");
+    }
+
+    /// A ManagedCluster `name` registered at `created` with `url`.
+    fn registered(name: &str, created: &str, url: &str) -> ManagedCluster {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+            "metadata": { "name": name, "creationTimestamp": created },
+            "spec": { "managedClusterClientConfigs": [{ "url": url }] }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn of_two_clusters_that_give_one_url_the_first_registered_keeps_it() {
+        let honest = registered(
+            "honest",
+            "2026-01-01T00:00:00Z",
+            "https://api.honest.example:6443",
+        );
+        // Later, with the same URL written another way.
+        let thief = registered(
+            "thief",
+            "2026-06-01T00:00:00Z",
+            "https://API.honest.example:6443/",
+        );
+        let fleet = [&honest, &thief];
+        assert_eq!(
+            choose_server(&honest, &[], fleet),
+            ("https://api.honest.example:6443".into(), None)
+        );
+        assert_eq!(
+            choose_server(&thief, &[], fleet),
+            (
+                "https://thief".into(),
+                Some((
+                    "https://API.honest.example:6443/".into(),
+                    ServerRefused::Taken {
+                        by: "honest".into()
+                    }
+                ))
+            )
+        );
+        // Registered at the same second: the name decides, the same way
+        // for both.
+        let twin = registered(
+            "a-twin",
+            "2026-01-01T00:00:00Z",
+            "https://api.honest.example:6443",
+        );
+        let fleet = [&honest, &twin];
+        assert_eq!(choose_server(&twin, &[], fleet).1, None);
+        assert!(choose_server(&honest, &[], fleet).1.is_some());
+        // A URL the other cannot use itself (refused for it) takes nothing
+        // from it; one being deleted neither.
+        let loopback = registered("early", "2025-01-01T00:00:00Z", "https://127.0.0.1:6443");
+        let late = registered("late", "2026-01-01T00:00:00Z", "https://127.0.0.1:6443");
+        assert_eq!(
+            choose_server(&late, &[], [&loopback, &late]).1,
+            Some(("https://127.0.0.1:6443".into(), ServerRefused::Loopback))
+        );
+        let mut leaving = registered(
+            "leaving",
+            "2025-01-01T00:00:00Z",
+            "https://api.honest.example:6443",
+        );
+        leaving.metadata.deletion_timestamp = honest.metadata.creation_timestamp.clone();
+        assert_eq!(choose_server(&honest, &[], [&leaving, &honest]).1, None);
+    }
+
+    #[test]
+    fn another_clusters_placeholder_is_never_a_server() {
+        let other = registered(
+            "cluster2",
+            "2026-06-01T00:00:00Z",
+            "https://kubernetes.default.svc",
+        );
+        // Registered first, still refused: the placeholder is cluster2's.
+        let squatter = registered("cluster1", "2025-01-01T00:00:00Z", "https://cluster2");
+        assert_eq!(
+            choose_server(&squatter, &[], [&squatter, &other]).1,
+            Some((
+                "https://cluster2".into(),
+                ServerRefused::OtherClusterName {
+                    by: "cluster2".into()
+                }
+            ))
+        );
+        // Its own name as its URL is its own placeholder: kept.
+        let own = registered("cluster3", "2026-01-01T00:00:00Z", "https://cluster3");
+        assert_eq!(choose_server(&own, &[], [&own, &other]).1, None);
+        // Every server chosen is different.
+        let fleet = [&squatter, &other, &own];
+        let servers: std::collections::BTreeSet<String> = fleet
+            .iter()
+            .map(|c| choose_server(c, &[], fleet).0)
+            .collect();
+        assert_eq!(servers.len(), 3, "{servers:?}");
     }
 }

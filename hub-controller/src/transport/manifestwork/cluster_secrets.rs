@@ -9,9 +9,12 @@
 //! re-apply ([`RESTORE_EVERY`]) instead of by a watch, and a new leader
 //! applies every Secret once more, spread at [`FIRST_PASS_PER_SECOND`].
 //! A cluster is written when it appears and when its spec changes (a new
-//! generation), not on its status updates.
+//! generation), not on its status updates. Its `server` depends on the
+//! other clusters too ([`choose_server`]: two clusters never get one
+//! server), so a cluster whose URL or server changed has the clusters
+//! that give the same URL, now or before, looked at again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,12 +23,15 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, ResourceExt};
+use tokio::sync::mpsc;
 
 use super::WORK_MANAGER;
 use crate::render::cluster_secret::{
-    ServerRefused, check_server, cluster_secret, cluster_url, secret_name, slim,
+    ServerRefused, choose_server, cluster_secret, cluster_url, placeholder, same_server,
+    secret_name, slim,
 };
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -48,6 +54,20 @@ struct Ctx {
     /// [`crate::render::cluster_secret::check_server`]).
     hub: Vec<String>,
     recorder: Recorder,
+    /// Every ManagedCluster (slimmed), which each server is chosen among.
+    clusters: Store<ManagedCluster>,
+    /// Per cluster, the URL it gave and the server written when it was
+    /// last looked at.
+    chosen: Mutex<HashMap<String, Chosen>>,
+    /// Clusters to look at again.
+    again: mpsc::UnboundedSender<ObjectRef<ManagedCluster>>,
+}
+
+/// What a cluster's Secret was written from, and with.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Chosen {
+    url: String,
+    server: String,
 }
 
 /// Spreads the first reconcile of each cluster in a term: the n-th cluster
@@ -95,17 +115,21 @@ pub async fn run(
         controller: "argocd-pull-hub-controller".into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    // The Secret depends on the cluster's name, uid and spec: only a new
+    // generation (or a new cluster) is worth a write. Status updates, which
+    // OCM's registration agent makes all the time, are not.
+    let (reader, writer) = reflector::store();
+    let (again, looks) = mpsc::unbounded_channel();
     let ctx = Arc::new(Ctx {
         recorder: Recorder::new(client.clone(), reporter),
         client,
         namespace: argocd_namespace,
         first_pass: Mutex::new(Spread::new(Instant::now(), FIRST_PASS_PER_SECOND)),
         hub,
+        clusters: reader.clone(),
+        chosen: Mutex::default(),
+        again,
     });
-    // The Secret depends on the cluster's name, uid and spec: only a new
-    // generation (or a new cluster) is worth a write. Status updates, which
-    // OCM's registration agent makes all the time, are not.
-    let (reader, writer) = reflector::store();
     let changed = watcher(clusters, watcher::Config::default())
         .default_backoff()
         .modify(slim)
@@ -113,6 +137,7 @@ pub async fn run(
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
     let running = Controller::for_stream(changed, reader)
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(looks))
         .graceful_shutdown_on(shutdown.clone().wait())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
@@ -129,6 +154,13 @@ pub async fn run(
 
 async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
     if cluster.metadata.deletion_timestamp.is_some() {
+        // What it gave may now go to another cluster.
+        let gone = ctx
+            .chosen
+            .lock()
+            .expect("never poisoned")
+            .remove(&cluster.name_any());
+        ctx.look_again_at_others(&cluster, gone.unwrap_or_default(), None);
         return Ok(Action::await_change());
     }
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
@@ -140,12 +172,24 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
     if let Some(wait) = wait {
         return Ok(Action::requeue(wait));
     }
-    if let Some(url) = cluster_url(&cluster)
-        && let Err(why) = check_server(url, &ctx.hub)
-    {
-        refused_server(&cluster, url, &why, &ctx).await;
+    let fleet = ctx.clusters.state();
+    let (server, refused) = choose_server(&cluster, &ctx.hub, fleet.iter().map(|c| &**c));
+    if let Some((url, why)) = &refused {
+        refused_server(&cluster, url, why, &ctx).await;
     }
-    let secret = cluster_secret(&cluster, &ctx.namespace, &ctx.hub);
+    let now = Chosen {
+        url: cluster_url(&cluster).unwrap_or_default().to_string(),
+        server: server.clone(),
+    };
+    let before = ctx
+        .chosen
+        .lock()
+        .expect("never poisoned")
+        .insert(cluster.name_any(), now.clone());
+    if before.as_ref() != Some(&now) {
+        ctx.look_again_at_others(&cluster, before.unwrap_or_default(), Some(now));
+    }
+    let secret = cluster_secret(&cluster, &ctx.namespace, &server);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     api.patch(
         &secret.name_any(),
@@ -154,6 +198,32 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
     )
     .await?;
     Ok(Action::requeue(RESTORE_EVERY))
+}
+
+impl Ctx {
+    /// `cluster` changed what it gives or gets (`before`, `now`; `None`:
+    /// it is going): every other cluster whose URL is one of those, or is
+    /// `cluster`'s placeholder, may now have to give up its URL or get it
+    /// back. Converges: a cluster looked at again whose URL and server did
+    /// not change has nobody else looked at.
+    fn look_again_at_others(&self, cluster: &ManagedCluster, before: Chosen, now: Option<Chosen>) {
+        let name = cluster.name_any();
+        let own = placeholder(&name);
+        let mut urls = vec![own.as_str(), before.url.as_str()];
+        if let Some(now) = &now {
+            urls.push(now.url.as_str());
+        }
+        for other in self.clusters.state() {
+            let Some(theirs) = cluster_url(&other) else {
+                continue;
+            };
+            if other.name_any() != name
+                && urls.iter().any(|u| !u.is_empty() && same_server(u, theirs))
+            {
+                let _ = self.again.send(ObjectRef::from_obj(&*other));
+            }
+        }
+    }
 }
 
 /// Tells the cluster's owner why its URL is not the Secret's server: a
