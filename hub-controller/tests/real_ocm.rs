@@ -102,19 +102,23 @@ async fn setup_from(
         controller: None,
         ns,
     };
-    setup.replace_controller(binary, controller_args).await;
+    setup.start_controller(binary, controller_args);
     setup
 }
 
 impl Setup {
     /// Stops the running hub-controller with SIGTERM, as a rolling update
-    /// stops a pod, and starts `binary` in its place, its log appended to
-    /// the same file.
-    async fn replace_controller(&mut self, binary: &Path, controller_args: &[&str]) {
-        if let Some(mut old) = self.controller.take() {
-            let status = testenv::net::terminate(&mut old.child, TIMEOUT).await;
-            assert!(status.success(), "the hub-controller stopped with {status}");
-        }
+    /// stops a pod.
+    async fn stop_controller(&mut self) {
+        let mut old = self.controller.take().expect("a hub-controller runs");
+        let status = testenv::net::terminate(&mut old.child, TIMEOUT).await;
+        assert!(status.success(), "the hub-controller stopped with {status}");
+    }
+
+    /// Starts `binary` as the hub-controller, its log appended to the
+    /// same file as the ones before it.
+    fn start_controller(&mut self, binary: &Path, controller_args: &[&str]) {
+        assert!(self.controller.is_none(), "one hub-controller at a time");
         let hub = self.fleet.hub.cluster();
         let log = OpenOptions::new()
             .append(true)
@@ -816,12 +820,7 @@ async fn an_upgrade_and_a_rollback_adopt_the_manifestworks_without_a_delete_on_t
         ("the rollback to the previous release", &previous, "v3"),
     ];
     for (step, binary, revision) in steps {
-        let mut controller = setup.controller.take().unwrap();
-        let status = testenv::net::terminate(&mut controller.child, TIMEOUT).await;
-        assert!(
-            status.success(),
-            "{step}: the old hub-controller stopped with {status}"
-        );
+        setup.stop_controller().await;
         set_source(
             &apps,
             &names[1],
@@ -829,7 +828,7 @@ async fn an_upgrade_and_a_rollback_adopt_the_manifestworks_without_a_delete_on_t
             &format!("{revision}-while-down"),
         )
         .await;
-        setup.replace_controller(binary, &[]).await;
+        setup.start_controller(binary, &[]);
         wait::until(
             &format!("{step}: the change made while no hub-controller ran, on the cluster"),
             TIMEOUT,

@@ -160,7 +160,8 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
             .lock()
             .expect("never poisoned")
             .remove(&cluster.name_any());
-        ctx.look_again_at_others(&cluster, gone.unwrap_or_default(), None);
+        let fleet = ctx.clusters.state();
+        ctx.look_again_at_others(&cluster, &fleet, gone.unwrap_or_default(), None);
         return Ok(Action::await_change());
     }
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
@@ -187,7 +188,7 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
         .expect("never poisoned")
         .insert(cluster.name_any(), now.clone());
     if before.as_ref() != Some(&now) {
-        ctx.look_again_at_others(&cluster, before.unwrap_or_default(), Some(now));
+        ctx.look_again_at_others(&cluster, &fleet, before.unwrap_or_default(), Some(now));
     }
     let secret = cluster_secret(&cluster, &ctx.namespace, &server);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
@@ -202,25 +203,31 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
 
 impl Ctx {
     /// `cluster` changed what it gives or gets (`before`, `now`; `None`:
-    /// it is going): every other cluster whose URL is one of those, or is
-    /// `cluster`'s placeholder, may now have to give up its URL or get it
-    /// back. Converges: a cluster looked at again whose URL and server did
-    /// not change has nobody else looked at.
-    fn look_again_at_others(&self, cluster: &ManagedCluster, before: Chosen, now: Option<Chosen>) {
+    /// it is going): every other cluster of `fleet` whose URL is one of
+    /// those, or is `cluster`'s placeholder, may now have to give up its
+    /// URL or get it back. Converges: a cluster looked at again whose URL
+    /// and server did not change has nobody else looked at.
+    fn look_again_at_others(
+        &self,
+        cluster: &ManagedCluster,
+        fleet: &[Arc<ManagedCluster>],
+        before: Chosen,
+        now: Option<Chosen>,
+    ) {
         let name = cluster.name_any();
         let own = placeholder(&name);
         let mut urls = vec![own.as_str(), before.url.as_str()];
         if let Some(now) = &now {
             urls.push(now.url.as_str());
         }
-        for other in self.clusters.state() {
-            let Some(theirs) = cluster_url(&other) else {
+        for other in fleet {
+            let Some(theirs) = cluster_url(other) else {
                 continue;
             };
             if other.name_any() != name
                 && urls.iter().any(|u| !u.is_empty() && same_server(u, theirs))
             {
-                let _ = self.again.send(ObjectRef::from_obj(&*other));
+                let _ = self.again.send(ObjectRef::from_obj(&**other));
             }
         }
     }

@@ -93,14 +93,18 @@ mod tests {
         ]);
         let config = args.grpc.config(Default::default()).unwrap();
         let metrics = GrpcMetrics::register(registry, per_cluster);
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                .unwrap();
+        let client = nowhere();
         let watches = Watches::new(Scope {
             grpc: true,
             ..Scope::default()
         });
         Hub::new(config, client, metrics, watches.caches())
+    }
+
+    /// A client of an API server that is not there (nothing here calls
+    /// it).
+    fn nowhere() -> kube::Client {
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap()
     }
 
     /// A self-signed serving certificate at `path`.
@@ -310,11 +314,8 @@ mod tests {
         let cert = dir.path().join("tls.crt");
         let mut registry = Registry::default();
         let hub = hub(&mut registry, false, &cert);
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                .unwrap();
         // Several replicas: this one holds no claim and does not lead yet.
-        let claims = Claims::new(client, ClaimsConfig::new("argocd-pull", "replica-a"));
+        let claims = Claims::new(nowhere(), ClaimsConfig::new("argocd-pull", "replica-a"));
         hub.set_claims(claims.clone());
 
         connect(&hub, 1);
