@@ -313,7 +313,15 @@ fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
                             format!("--tls-key={certs}/tls.key"),
                             format!("--hub-ca={HUB_CA_DIR}/ca.crt"),
                             "--log-format=json",
-                            "--otlp-endpoint={{OTLP_ENDPOINT}}",
+                        ],
+                        // Settings newer than the previous release go in the
+                        // environment, not the arguments: while the hub moves
+                        // first, an agent of the previous release is rendered
+                        // from this template too (`agent.image.tag` kept back),
+                        // and it exits on a flag it does not know but ignores
+                        // a variable it does not read.
+                        "env": [
+                            { "name": "ARGOCD_PULL_OTLP_ENDPOINT", "value": "{{OTLP_ENDPOINT}}" },
                         ],
                         "ports": [{ "name": "admin", "containerPort": 8080 }],
                         "livenessProbe": { "httpGet": { "path": "/healthz", "port": "admin" } },

@@ -264,3 +264,82 @@ async fn rolling_upgrade_and_rollback_with_agents_one_release_apart() {
         assert!(r.terminate().await.success());
     }
 }
+
+/// The addon's template renders the agents of the previous release too
+/// while the hub moves first (`agent.image.tag` kept back, docs/operations.md
+/// Upgrades): their container, with this build's arguments and environment
+/// and the default variables, must get past its argument parsing to its
+/// first real step (reading the kubeconfig, here missing). A flag added
+/// since then makes the previous agent exit at once ("unexpected
+/// argument"), which is how `test/tests/helm_upgrade.rs` found the trace
+/// endpoint's flag; this finds it in a second.
+#[tokio::test]
+async fn the_agent_template_starts_an_agent_of_the_previous_release() {
+    let config = argocd_pull_addon::AddonConfig::default();
+    let template = argocd_pull_addon::add_on_template(&config);
+    let deployment = template["spec"]["agentSpec"]["workload"]["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["kind"] == "Deployment")
+        .expect("the template deploys the agent")
+        .clone();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let mut variables: Vec<(String, String)> = argocd_pull_addon::default_variables(&config)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    variables.push(("CLUSTER_NAME".into(), "cluster1".into()));
+    let fill = |s: &str| {
+        variables.iter().fold(s.to_string(), |s, (k, v)| {
+            s.replace(&format!("{{{{{k}}}}}"), v)
+        })
+    };
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| fill(a.as_str().unwrap()))
+        .collect();
+    let env: Vec<(String, String)> = container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                fill(e["value"].as_str().unwrap_or_default()),
+            )
+        })
+        .collect();
+    assert!(
+        args.iter()
+            .chain(env.iter().map(|(_, v)| v))
+            .all(|a| !a.contains("{{")),
+        "every variable filled: {args:?} {env:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("no-kubeconfig");
+    for (release, agent) in [
+        ("previous", paths::previous_binary("spoke-agent").unwrap()),
+        ("this", paths::own_binary("spoke-agent").unwrap()),
+    ] {
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            tokio::process::Command::new(&agent)
+                .args(&args)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env("KUBECONFIG", &kubeconfig)
+                .env("RUST_BACKTRACE", "0")
+                .output(),
+        )
+        .await
+        .expect("the agent gives up on a missing kubeconfig at once")
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("cannot read kubeconfig"),
+            "the {release} release's agent with the template's arguments {args:?} and environment {env:?}: {stderr}"
+        );
+    }
+}
