@@ -11,8 +11,21 @@ pub fn free_addr() -> std::io::Result<SocketAddr> {
 }
 
 /// A plain HTTP/1.1 GET, returning the status code and body; enough for the
-/// admin endpoints without pulling an HTTP client into the tests.
+/// admin endpoints without pulling an HTTP client into the tests. Gives up
+/// after 10 s (a relay can accept a connection and then never answer, when
+/// the pod behind it is gone).
 pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    tokio::time::timeout(Duration::from_secs(10), get(addr, path))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("GET {path} from {addr}: no answer within 10 s"),
+            )
+        })?
+}
+
+async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
         .await??;
     s.write_all(
