@@ -16,18 +16,22 @@
 # Tags: <version> (what deploy/ and the Helm chart name) and
 # <version>-<commit> (the exact build; "-dirty" when the tree has changes).
 #
-#   deploy/images/build.sh [--profile release|debug] [--arch amd64|arm64] [--out DIR] [--bin-dir DIR] [NAME...]
+#   deploy/images/build.sh [--profile release|debug] [--arch amd64|arm64] [--out DIR] [--bin-dir DIR]
+#                          [--version V --commit C] [NAME...]
 #
 # NAME is hub-controller and/or spoke-agent (default: both). The binaries
 # must have been built for that profile (`make images` builds them).
 # ARGOCD_PULL_IMAGE_GZIP sets the layer's gzip level (default 9; the tests
-# use 1 for their much bigger debug binaries).
+# use 1 for their much bigger debug binaries). --version and --commit name
+# binaries built from another commit of this repository (the upgrade test
+# builds the previous release's images that way); by default they are the
+# workspace's version and HEAD.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cache=${ARGOCD_PULL_CACHE:-$root/.cache}
-profile=release arch=amd64 out=$root/target/images bindir=""
+profile=release arch=amd64 out=$root/target/images bindir="" version="" commit=""
 names=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -35,7 +39,9 @@ while [ $# -gt 0 ]; do
     --arch) arch=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --bin-dir) bindir=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --version) version=$2; shift 2 ;;
+    --commit) commit=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) names+=("$1"); shift ;;
   esac
 done
@@ -54,11 +60,20 @@ host=$(rustc -vV | sed -n 's/^host: //p')
 target=${CARGO_TARGET_DIR:-$root/target}
 if [ -n "$bindir" ]; then :; elif [ "$triple" = "$host" ]; then bindir=$target/$profile; else bindir=$target/$triple/$profile; fi
 
-version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
-commit=$(git -C "$root" rev-parse --short=12 HEAD)
-git -C "$root" diff --quiet HEAD -- . ':!target' 2>/dev/null || commit=$commit-dirty
-# Reproducible time stamps: the commit's time, not the clock's.
-epoch=$(git -C "$root" log -1 --format=%ct)
+if { [ -z "$version" ] && [ -n "$commit" ]; } || { [ -n "$version" ] && [ -z "$commit" ]; }; then
+  die "--version and --commit go together"
+fi
+if [ -n "$commit" ]; then
+  git -C "$root" cat-file -e "$commit^{commit}" 2>/dev/null || die "commit $commit is not in this checkout's history"
+  epoch=$(git -C "$root" log -1 --format=%ct "$commit")
+  commit=$(git -C "$root" rev-parse --short=12 "$commit")
+else
+  version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
+  commit=$(git -C "$root" rev-parse --short=12 HEAD)
+  git -C "$root" diff --quiet HEAD -- . ':!target' 2>/dev/null || commit=$commit-dirty
+  # Reproducible time stamps: the commit's time, not the clock's.
+  epoch=$(git -C "$root" log -1 --format=%ct)
+fi
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 source_url=$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository = "\(.*\)"/\1/p' "$root/Cargo.toml")
 

@@ -34,15 +34,26 @@ pub struct Image {
 }
 
 /// Builds both images from the binaries in `bin_dir` (a Cargo profile's
-/// folder) into `out`, and opens them.
-pub fn build(bin_dir: &Path, profile: &str, out: &Path) -> Result<Vec<Image>> {
+/// folder) into `out`, and opens them. `release` names binaries of another
+/// commit of this repository (version and commit); `None`: this workspace.
+pub fn build(
+    bin_dir: &Path,
+    profile: &str,
+    out: &Path,
+    release: Option<(&str, &str)>,
+) -> Result<Vec<Image>> {
     let script = paths::workspace_dir().join("deploy/images/build.sh");
-    let output = Command::new("bash")
+    let mut command = Command::new("bash");
+    command
         .arg(&script)
         .args(["--profile", profile, "--bin-dir"])
         .arg(bin_dir)
         .arg("--out")
-        .arg(out)
+        .arg(out);
+    if let Some((version, commit)) = release {
+        command.args(["--version", version, "--commit", commit]);
+    }
+    let output = command
         .env("ARGOCD_PULL_CACHE", paths::cache_dir())
         // Debug binaries are large; the fastest gzip keeps the build short.
         .env(
@@ -97,9 +108,40 @@ pub async fn shared() -> Result<&'static [Image]> {
                 .parent()
                 .expect("target/debug sits in target/")
                 .join("test-images");
-            tokio::task::spawn_blocking(move || build(&bin_dir, "debug", &out))
+            tokio::task::spawn_blocking(move || build(&bin_dir, "debug", &out, None))
                 .await
                 .expect("the image build does not panic")
+        })
+        .await
+        .map(Vec::as_slice)
+}
+
+/// The previous release's images (`PREVIOUS_RELEASE` in
+/// `test/tools/versions.env`, tagged with its version and commit), built
+/// once into `target/test-images/previous/` from the binaries
+/// `test/tools/build.sh` builds from this repository's history.
+pub async fn previous() -> Result<&'static [Image]> {
+    static IMAGES: tokio::sync::OnceCell<Vec<Image>> = tokio::sync::OnceCell::const_new();
+    IMAGES
+        .get_or_try_init(|| async {
+            let bin = paths::previous_binary("hub-controller")?;
+            paths::previous_binary("spoke-agent")?;
+            let bin_dir = bin
+                .parent()
+                .expect("a binary sits in a folder")
+                .to_path_buf();
+            let out = paths::own_binary("hub-controller")?
+                .parent()
+                .and_then(Path::parent)
+                .expect("target/debug sits in target/")
+                .join("test-images")
+                .join("previous");
+            let (version, commit) = (paths::previous_release(), paths::previous_release_commit());
+            tokio::task::spawn_blocking(move || {
+                build(&bin_dir, "debug", &out, Some((&version, &commit)))
+            })
+            .await
+            .expect("the image build does not panic")
         })
         .await
         .map(Vec::as_slice)

@@ -84,11 +84,22 @@ pub fn previous_binary(name: &str) -> crate::Result<PathBuf> {
 /// The previous release's version (`PREVIOUS_RELEASE` in
 /// `test/tools/versions.env`), as its binaries report it.
 pub fn previous_release() -> String {
+    pin("PREVIOUS_RELEASE")
+}
+
+/// The commit the previous release was built from
+/// (`PREVIOUS_RELEASE_COMMIT` in `test/tools/versions.env`).
+pub fn previous_release_commit() -> String {
+    pin("PREVIOUS_RELEASE_COMMIT")
+}
+
+/// A pin of `test/tools/versions.env`.
+fn pin(key: &str) -> String {
     let pins = std::fs::read_to_string(workspace_dir().join("test/tools/versions.env"))
         .expect("test/tools/versions.env is readable");
     pins.lines()
-        .find_map(|l| l.strip_prefix("PREVIOUS_RELEASE="))
-        .expect("versions.env pins PREVIOUS_RELEASE")
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("versions.env pins {key}"))
         .trim()
         .to_string()
 }

@@ -12,6 +12,7 @@
 //! AddOnDeploymentConfig and the certificate's SANs, as a user sets the
 //! address their load balancer gives the gRPC Service).
 
+pub mod helm;
 pub mod pods;
 mod rows;
 
@@ -59,6 +60,20 @@ pub struct StackOptions {
     pub git_port: Option<u16>,
     /// Work agents with feature gate `RawFeedbackJsonString`.
     pub raw_feedback: bool,
+    /// How argocd-pull goes onto the hub.
+    pub install: Install,
+}
+
+/// How argocd-pull goes onto the hub.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Install {
+    /// `kubectl apply -k` of an overlay on `deploy/hub` ([`pods::hub_overlay`]):
+    /// this build.
+    #[default]
+    Kustomize,
+    /// `helm install` of the previous release's chart with its images
+    /// ([`helm`]), where an upgrade starts from.
+    PreviousChart,
 }
 
 impl Default for StackOptions {
@@ -67,6 +82,7 @@ impl Default for StackOptions {
             managed: vec!["cluster1".into(), "cluster2".into()],
             git_port: None,
             raw_feedback: false,
+            install: Install::Kustomize,
         }
     }
 }
@@ -126,7 +142,8 @@ impl Stack {
         let names: Vec<String> = std::iter::once(HUB.to_string())
             .chain(options.managed.iter().cloned())
             .collect();
-        let nodes = tokio::spawn(pods::start_nodes(names));
+        let previous = options.install == Install::PreviousChart;
+        let nodes = tokio::spawn(pods::start_nodes(names, previous));
         let joins: Vec<(&str, JoinOptions)> = options
             .managed
             .iter()
@@ -177,13 +194,29 @@ impl Stack {
             spokes.push(argocd::Spoke::start(c, argocd::SpokeOptions::default()).await?);
         }
 
-        let overlay = pods::hub_overlay(&hub.dir().join("install"))?;
-        progress(&format!(
-            "installing argocd-pull on the hub:  kubectl apply -k {}  (deploy/hub, one replica, {} in the gRPC certificate's SANs)",
-            overlay.display(),
-            HUB_GRPC.ip()
-        ));
-        kubectl(hub, &["apply", "-k", &overlay.display().to_string()]).await?;
+        let install = hub.dir().join("install");
+        match options.install {
+            Install::Kustomize => {
+                let overlay = pods::hub_overlay(&install)?;
+                progress(&format!(
+                    "installing argocd-pull on the hub:  kubectl apply -k {}  (deploy/hub, one replica, {} in the gRPC certificate's SANs)",
+                    overlay.display(),
+                    HUB_GRPC.ip()
+                ));
+                kubectl(hub, &["apply", "-k", &overlay.display().to_string()]).await?;
+            }
+            Install::PreviousChart => {
+                let chart = helm::previous_chart(&install)?;
+                let values = helm::values(&install)?;
+                let (chart, values) = (chart.display().to_string(), values.display().to_string());
+                progress(&format!(
+                    "installing the previous release {} on the hub:  helm install {} {chart} -f {values}",
+                    paths::previous_release(),
+                    helm::RELEASE
+                ));
+                helm::helm(hub, &["install", helm::RELEASE, &chart, "-f", &values]).await?;
+            }
+        }
         let proxy = tokio::spawn(pods::follow_service(
             hub.client().await?,
             nodes[0].netns().to_string(),
@@ -200,10 +233,13 @@ impl Stack {
         ));
         let admin = pods::forward_admin(&mut nodes[0], &testenv)?;
         let grpc = HUB_GRPC;
-        progress(&format!(
-            "telling the agents where the hub is: HUB_GRPC_ADDRESS=https://{grpc} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}"
-        ));
-        set_hub_address(hub, DEPLOYMENT_CONFIG, &format!("https://{grpc}")).await?;
+        if options.install == Install::Kustomize {
+            // The chart takes it from its values (`grpc.address`).
+            progress(&format!(
+                "telling the agents where the hub is: HUB_GRPC_ADDRESS=https://{grpc} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}"
+            ));
+            set_hub_address(hub, DEPLOYMENT_CONFIG, &format!("https://{grpc}")).await?;
+        }
         let stack = Self {
             spokes,
             argocd,
@@ -252,6 +288,11 @@ impl Stack {
             })
             .await?;
         Ok(stack)
+    }
+
+    /// The values file of the hub's Helm release ([`Install::PreviousChart`]).
+    pub fn helm_values(&self) -> PathBuf {
+        helm::values_path(&self.hub().dir().join("install"))
     }
 
     /// The hub cluster.

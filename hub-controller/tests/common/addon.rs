@@ -425,7 +425,10 @@ impl AddonHub {
     /// exists and the serving CA is published to the agents.
     pub async fn start() -> Self {
         let testenv = paths::own_binary("testenv").unwrap();
-        let nodes = tokio::spawn(pods::start_nodes(CLUSTERS.map(String::from).to_vec()));
+        let nodes = tokio::spawn(pods::start_nodes(
+            CLUSTERS.map(String::from).to_vec(),
+            false,
+        ));
         let fleet: &'static Fleet = Box::leak(Box::new(
             Fleet::start("hub", &CLUSTERS.map(|c| (c, JoinOptions::default())))
                 .await

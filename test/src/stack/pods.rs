@@ -41,13 +41,17 @@ pub struct Status {
 }
 
 /// Starts a node per name (`<name>-node`) and imports argocd-pull's images
-/// into each: everything that does not need the clusters yet.
-pub async fn start_nodes(names: Vec<String>) -> Result<Vec<Node>> {
-    let images = images::shared().await?;
+/// into each (with `previous`, the previous release's too): everything that
+/// does not need the clusters yet.
+pub async fn start_nodes(names: Vec<String>, previous: bool) -> Result<Vec<Node>> {
+    let mut images = images::shared().await?.to_vec();
+    if previous {
+        images.extend_from_slice(images::previous().await?);
+    }
     let mut nodes = Vec::new();
     for name in names {
         let node = Node::start(&format!("{name}-node")).await?;
-        for image in images {
+        for image in &images {
             node.import(image)?;
         }
         nodes.push(node);
