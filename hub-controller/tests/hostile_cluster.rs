@@ -117,8 +117,10 @@ async fn server_of(secrets: &Api<Secret>, cluster: &str, want: &str, what: &str)
 /// A cluster giving another's URL, or another's placeholder, would make
 /// the hub's Argo CD take it for the other. Of two clusters that give one
 /// URL the first registered keeps it; the other gets its placeholder and
-/// a Warning Event naming the keeper; and when a cluster takes a URL over
-/// or gives it back, the other cluster's Secret follows.
+/// a Warning Event naming the keeper; a cluster registered later under a
+/// name that an earlier cluster's URL is takes nothing (it gets a server
+/// under `.invalid`); and when a cluster takes a URL over or gives it
+/// back, the other cluster's Secret follows.
 #[tokio::test]
 async fn a_cluster_never_gets_another_clusters_server() {
     let (cluster, client) = common::start_hub("hub").await;
@@ -215,6 +217,29 @@ async fn a_cluster_never_gets_another_clusters_server() {
     server_of(&secrets, "late", "https://late", "late gives it up").await;
     set_url("early", "https://api.early.example:6443").await;
     server_of(&secrets, "late", LATE, "late gets its URL back").await;
+
+    // An earlier cluster's real URL is a later cluster's name: the later
+    // one takes nothing, it gets its last resort, and its placeholder once
+    // the earlier one gives that URL up.
+    create("first", Some("https://named")).await;
+    server_of(&secrets, "first", "https://named", "first's own URL").await;
+    create("named", None).await;
+    server_of(
+        &secrets,
+        "named",
+        "https://named.argocd-pull.invalid",
+        "named's last resort",
+    )
+    .await;
+    server_of(&secrets, "first", "https://named", "first keeps its URL").await;
+    set_url("first", "https://api.first.example:6443").await;
+    server_of(
+        &secrets,
+        "named",
+        "https://named",
+        "named has its placeholder once first no longer gives it",
+    )
+    .await;
     server_of(
         &secrets,
         "honest",

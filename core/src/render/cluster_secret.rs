@@ -62,9 +62,13 @@ pub enum ServerRefused {
     )]
     Taken { by: String },
     #[error(
-        "is the server that stands for ManagedCluster {by:?} when its own URL cannot be used (https://<cluster name>)"
+        "is the server that stands for ManagedCluster {by:?}, registered before this one, when its own URL cannot be used (https://<cluster name>)"
     )]
     OtherClusterName { by: String },
+    #[error(
+        "is under .invalid, a domain that never resolves (RFC 6761), which argocd-pull keeps for the servers it makes up"
+    )]
+    Reserved,
 }
 
 /// Whether `url`, which the cluster's own klusterlet writes into
@@ -98,6 +102,9 @@ pub fn check_server(url: &str, hub: &[String]) -> Result<(), ServerRefused> {
     }
     if host == "localhost" || host.ends_with(".localhost") {
         return Err(ServerRefused::Loopback);
+    }
+    if host == "invalid" || host.ends_with(".invalid") {
+        return Err(ServerRefused::Reserved);
     }
     if host == "kubernetes"
         || host.starts_with("kubernetes.default")
@@ -162,6 +169,21 @@ pub fn placeholder(cluster: &str) -> String {
     format!("https://{cluster}")
 }
 
+/// The server of last resort for `cluster`, when a cluster registered
+/// before it gives [`placeholder`]`(cluster)` as its own URL, and for a
+/// cluster whose name is under `.invalid` (whose placeholder could be
+/// another's last resort): a name under `.invalid`, which no cluster can
+/// give ([`ServerRefused::Reserved`]) and which differs for every cluster.
+pub fn last_resort(cluster: &str) -> String {
+    format!("https://{cluster}.argocd-pull.invalid")
+}
+
+/// The placeholder `cluster` may use: none for a name under `.invalid`.
+fn own_placeholder(cluster: &str) -> Option<String> {
+    let name = cluster.trim_end_matches('.').to_ascii_lowercase();
+    (name != "invalid" && !name.ends_with(".invalid")).then(|| placeholder(cluster))
+}
+
 /// Whether Argo CD would take `a` and `b` for one server (it compares them
 /// without a trailing `/`; compared here without case too, so that more
 /// pairs count as one, never fewer).
@@ -171,47 +193,58 @@ pub fn same_server(a: &str, b: &str) -> bool {
 }
 
 /// The Secret's server for `cluster`: its own URL when OCM knows one,
-/// [`check_server`] allows it and no other cluster of `fleet` has it
-/// first; otherwise its [`placeholder`], with the URL refused and why
-/// (for the cluster's owner). Pure.
+/// [`check_server`] allows it and no cluster of `fleet` registered before
+/// it claims that server; otherwise its [`placeholder`] when no cluster
+/// registered before it claims that; otherwise its [`last_resort`]. The
+/// URL refused, and why, comes with it (for the cluster's owner). Pure.
 ///
 /// A cluster's URL is whatever its klusterlet writes, so a cluster could
 /// give another's URL, or another's placeholder, and its Secret would
 /// then name the same server as the other's: the hub's Argo CD would take
-/// one cluster for the other. Of two clusters that give one URL, the one
-/// registered first (creationTimestamp, then name) keeps it; another
-/// cluster's placeholder is never used. `fleet`: every ManagedCluster on
-/// the hub (`cluster` may be among them); one being deleted is left out.
+/// one cluster for the other. A cluster claims the server its allowed URL
+/// names and its own placeholder; of the clusters that claim one server,
+/// the one registered first (creationTimestamp, then name) has it, so no
+/// two Secrets name one server and a cluster registered later, whatever
+/// its name or URL, takes nothing from one registered before. `fleet`:
+/// every ManagedCluster on the hub (`cluster` may be among them); one
+/// being deleted is left out.
 pub fn choose_server<'a>(
     cluster: &ManagedCluster,
     hub: &[String],
     fleet: impl IntoIterator<Item = &'a ManagedCluster>,
 ) -> (String, Option<(String, ServerRefused)>) {
     let name = cluster.name_any();
-    let Some(url) = cluster_url(cluster) else {
-        return (placeholder(&name), None);
-    };
     let registered = |c: &ManagedCluster| (c.metadata.creation_timestamp.clone(), c.name_any());
-    let refused = check_server(url, hub).err().or_else(|| {
-        fleet.into_iter().find_map(|other| {
+    let mine = registered(cluster);
+    let earlier: Vec<&ManagedCluster> = fleet
+        .into_iter()
+        .filter(|o| o.name_any() != name && o.metadata.deletion_timestamp.is_none())
+        .filter(|o| registered(o) < mine)
+        .collect();
+    // Who registered before `cluster` claims `server`, if anyone.
+    let claimed = |server: &str| {
+        earlier.iter().find_map(|other| {
             let by = other.name_any();
-            if by == name || other.metadata.deletion_timestamp.is_some() {
-                return None;
-            }
-            if same_server(url, &placeholder(&by)) {
+            if own_placeholder(&by).is_some_and(|p| same_server(server, &p)) {
                 return Some(ServerRefused::OtherClusterName { by });
             }
             let theirs = cluster_url(other)?;
-            (same_server(url, theirs)
-                && check_server(theirs, hub).is_ok()
-                && registered(other) < registered(cluster))
-            .then_some(ServerRefused::Taken { by })
+            (same_server(server, theirs) && check_server(theirs, hub).is_ok())
+                .then_some(ServerRefused::Taken { by })
         })
-    });
-    match refused {
-        None => (url.to_string(), None),
-        Some(why) => (placeholder(&name), Some((url.to_string(), why))),
-    }
+    };
+    let refused = match cluster_url(cluster) {
+        None => None,
+        Some(url) => match check_server(url, hub).err().or_else(|| claimed(url)) {
+            None => return (url.to_string(), None),
+            Some(why) => Some((url.to_string(), why)),
+        },
+    };
+    let server = match own_placeholder(&name) {
+        Some(p) if claimed(&p).is_none() => p,
+        _ => last_resort(&name),
+    };
+    (server, refused)
 }
 
 /// The cluster Secret for `cluster`, with `server` ([`choose_server`]),
@@ -445,22 +478,25 @@ mod tests {
     }
 
     #[test]
-    fn another_clusters_placeholder_is_never_a_server() {
+    fn another_clusters_placeholder_is_no_server_for_one_registered_later() {
         let other = registered(
             "cluster2",
             "2026-06-01T00:00:00Z",
             "https://kubernetes.default.svc",
         );
-        // Registered first, still refused: the placeholder is cluster2's.
-        let squatter = registered("cluster1", "2025-01-01T00:00:00Z", "https://cluster2");
+        // Registered after cluster2: refused, the placeholder is cluster2's.
+        let squatter = registered("cluster1", "2026-07-01T00:00:00Z", "https://cluster2/");
         assert_eq!(
-            choose_server(&squatter, &[], [&squatter, &other]).1,
-            Some((
-                "https://cluster2".into(),
-                ServerRefused::OtherClusterName {
-                    by: "cluster2".into()
-                }
-            ))
+            choose_server(&squatter, &[], [&squatter, &other]),
+            (
+                "https://cluster1".into(),
+                Some((
+                    "https://cluster2/".into(),
+                    ServerRefused::OtherClusterName {
+                        by: "cluster2".into()
+                    }
+                ))
+            )
         );
         // Its own name as its URL is its own placeholder: kept.
         let own = registered("cluster3", "2026-01-01T00:00:00Z", "https://cluster3");
@@ -472,5 +508,78 @@ mod tests {
             .map(|c| choose_server(c, &[], fleet).0)
             .collect();
         assert_eq!(servers.len(), 3, "{servers:?}");
+    }
+
+    #[test]
+    fn a_cluster_registered_later_takes_nothing_from_one_registered_before() {
+        // `early`'s real API server is reached as https://late (a host
+        // name on the platform team's network); a cluster called `late`
+        // registered after it does not take that server away.
+        let early = registered("early", "2025-01-01T00:00:00Z", "https://late");
+        let late = registered("late", "2026-01-01T00:00:00Z", "https://late");
+        let fleet = [&early, &late];
+        assert_eq!(
+            choose_server(&early, &[], fleet),
+            ("https://late".into(), None)
+        );
+        // `late` gives its own name as its URL, held by `early`: it gets
+        // the last resort, never a server another Secret names.
+        assert_eq!(
+            choose_server(&late, &[], fleet),
+            (
+                "https://late.argocd-pull.invalid".into(),
+                Some((
+                    "https://late".into(),
+                    ServerRefused::Taken { by: "early".into() }
+                ))
+            )
+        );
+        // Without a URL of its own, the same.
+        let mut bare = late.clone();
+        bare.spec.managed_cluster_client_configs = None;
+        assert_eq!(
+            choose_server(&bare, &[], [&early, &bare]),
+            ("https://late.argocd-pull.invalid".into(), None)
+        );
+        // Once `early` leaves, `late` has its placeholder back.
+        let mut leaving = early.clone();
+        leaving.metadata.deletion_timestamp = late.metadata.creation_timestamp.clone();
+        assert_eq!(
+            choose_server(&bare, &[], [&leaving, &bare]).0,
+            "https://late"
+        );
+    }
+
+    #[test]
+    fn no_cluster_gives_or_gets_a_server_under_invalid_but_its_own_last_resort() {
+        assert_eq!(
+            check_server("https://a.argocd-pull.invalid", &[]),
+            Err(ServerRefused::Reserved)
+        );
+        assert_eq!(
+            check_server("https://x.INVALID.:6443", &[]),
+            Err(ServerRefused::Reserved)
+        );
+        // A cluster named like another's last resort never uses its
+        // placeholder, which is that last resort.
+        let a = registered(
+            "a",
+            "2026-01-01T00:00:00Z",
+            "https://kubernetes.default.svc",
+        );
+        let tricky = registered("a.argocd-pull.invalid", "2025-01-01T00:00:00Z", "");
+        let fleet = [&a, &tricky];
+        let servers: std::collections::BTreeSet<String> = fleet
+            .iter()
+            .map(|c| choose_server(c, &[], fleet).0)
+            .collect();
+        assert_eq!(
+            servers,
+            [
+                "https://a".to_string(),
+                "https://a.argocd-pull.invalid.argocd-pull.invalid".to_string()
+            ]
+            .into()
+        );
     }
 }

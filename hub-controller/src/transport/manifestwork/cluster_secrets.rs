@@ -176,7 +176,7 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
     let fleet = ctx.clusters.state();
     let (server, refused) = choose_server(&cluster, &ctx.hub, fleet.iter().map(|c| &**c));
     if let Some((url, why)) = &refused {
-        refused_server(&cluster, url, why, &ctx).await;
+        refused_server(&cluster, url, why, &server, &ctx).await;
     }
     let now = Chosen {
         url: cluster_url(&cluster).unwrap_or_default().to_string(),
@@ -204,9 +204,10 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
 impl Ctx {
     /// `cluster` changed what it gives or gets (`before`, `now`; `None`:
     /// it is going): every other cluster of `fleet` whose URL is one of
-    /// those, or is `cluster`'s placeholder, may now have to give up its
-    /// URL or get it back. Converges: a cluster looked at again whose URL
-    /// and server did not change has nobody else looked at.
+    /// those, or is `cluster`'s placeholder, and every cluster whose
+    /// placeholder is one of those URLs, may now have to give up its URL
+    /// or placeholder or get it back. Converges: a cluster looked at again
+    /// whose URL and server did not change has nobody else looked at.
     fn look_again_at_others(
         &self,
         cluster: &ManagedCluster,
@@ -220,13 +221,17 @@ impl Ctx {
         if let Some(now) = &now {
             urls.push(now.url.as_str());
         }
+        let given = |u: &str| !u.is_empty() && u != own;
         for other in fleet {
-            let Some(theirs) = cluster_url(other) else {
+            if other.name_any() == name {
                 continue;
-            };
-            if other.name_any() != name
-                && urls.iter().any(|u| !u.is_empty() && same_server(u, theirs))
-            {
+            }
+            let gives_one = cluster_url(other)
+                .is_some_and(|theirs| urls.iter().any(|u| !u.is_empty() && same_server(u, theirs)));
+            let named_by_one = urls
+                .iter()
+                .any(|u| given(u) && same_server(u, &placeholder(&other.name_any())));
+            if gives_one || named_by_one {
                 let _ = self.again.send(ObjectRef::from_obj(&**other));
             }
         }
@@ -236,10 +241,16 @@ impl Ctx {
 /// Tells the cluster's owner why its URL is not the Secret's server: a
 /// Warning Event on the ManagedCluster (each time the Secret is written:
 /// a new generation of the cluster, and every [`RESTORE_EVERY`]).
-async fn refused_server(cluster: &ManagedCluster, url: &str, why: &ServerRefused, ctx: &Ctx) {
+async fn refused_server(
+    cluster: &ManagedCluster,
+    url: &str,
+    why: &ServerRefused,
+    server: &str,
+    ctx: &Ctx,
+) {
     let name = cluster.name_any();
     let note = format!(
-        "managedClusterClientConfigs[0].url {url:?} {why}: the Argo CD cluster Secret {}/{} is written with server https://{name} instead. Set the klusterlet's hub-facing API server URL (Klusterlet spec.externalServerURLs) to the cluster's real external API address",
+        "managedClusterClientConfigs[0].url {url:?} {why}: the Argo CD cluster Secret {}/{} is written with server {server} instead. Set the klusterlet's hub-facing API server URL (Klusterlet spec.externalServerURLs) to the cluster's real external API address",
         ctx.namespace,
         secret_name(&name)
     );
