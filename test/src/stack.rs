@@ -58,7 +58,9 @@ pub struct StackOptions {
     pub managed: Vec<String>,
     /// The Git server's port (`None`: a free one).
     pub git_port: Option<u16>,
-    /// Work agents with feature gate `RawFeedbackJsonString`.
+    /// Work agents with feature gate `RawFeedbackJsonString`, and the
+    /// hub-controller with `--raw-feedback` (ManifestWork clusters bring
+    /// their conditions and managed resources back).
     pub raw_feedback: bool,
     /// How argocd-pull goes onto the hub.
     pub install: Install,
@@ -197,7 +199,7 @@ impl Stack {
         let install = hub.dir().join("install");
         match options.install {
             Install::Kustomize => {
-                let overlay = pods::hub_overlay(&install)?;
+                let overlay = pods::hub_overlay(&install, options.raw_feedback)?;
                 progress(&format!(
                     "installing argocd-pull on the hub:  kubectl apply -k {}  (deploy/hub, one replica, {} in the gRPC certificate's SANs)",
                     overlay.display(),

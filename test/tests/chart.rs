@@ -153,6 +153,8 @@ fn every_value_lands_where_a_user_expects_it() {
             "agent.argocdNamespace=gitops-spoke",
             "--set",
             "agent.mode=autonomous",
+            "--set",
+            "hubController.rawFeedback=true",
         ],
     ));
     let deployment = find(&rendered, "Deployment", "argocd-pull-hub-controller");
@@ -170,6 +172,7 @@ fn every_value_lands_where_a_user_expects_it() {
         "--argocd-namespace=gitops",
         "--grpc-san=grpc.hub.example.com",
         "--grpc-san=argocd-pull-grpc.argocd-pull.svc",
+        "--raw-feedback",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
     }

@@ -34,11 +34,15 @@ async fn the_pull_model_end_to_end() {
     testenv::init_tracing();
     let started = std::time::Instant::now();
     let phase = |name: &str| eprintln!("[{:>4}s] phase: {name}", started.elapsed().as_secs());
-    let stack = Stack::start(StackOptions::default(), &|step: &str| {
-        tracing::info!("stack: {step}")
-    })
-    .await
-    .expect("the hub, clusters, Argo CD and argocd-pull start");
+    // ManifestWork clusters bring their managed resources back too, so the
+    // hub UI draws cluster2's tree as well (as `make demo` runs it).
+    let options = StackOptions {
+        raw_feedback: true,
+        ..StackOptions::default()
+    };
+    let stack = Stack::start(options, &|step: &str| tracing::info!("stack: {step}"))
+        .await
+        .expect("the hub, clusters, Argo CD and argocd-pull start");
     let hub_client = stack.hub().client().await.unwrap();
     let hub = apps(&hub_client);
     let c1 = stack.cluster("cluster1").client().await.unwrap();

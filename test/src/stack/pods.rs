@@ -324,8 +324,9 @@ pub fn logs(cluster: &str, node: &Node) -> BTreeMap<String, PathBuf> {
 /// A kustomization in `dir` on top of `deploy/hub`, as a user keeps one
 /// for their hub: one replica here (two cores; the churn test deletes the
 /// one pod and waits for the Deployment's replacement) and [`HUB_GRPC`] in
-/// the gRPC certificate, and the certificates checked every 10 s.
-pub fn hub_overlay(dir: &Path) -> Result<PathBuf> {
+/// the gRPC certificate, and the certificates checked every 10 s; with
+/// `raw_feedback`, `--raw-feedback` (the work agents have the gate).
+pub fn hub_overlay(dir: &Path, raw_feedback: bool) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     // kustomize takes only relative paths to a base.
     let up = "../".repeat(dir.components().count().saturating_sub(1));
@@ -350,9 +351,14 @@ patches:
       # A new AddOnDeploymentConfig gets HUB_CA within seconds, not a minute.
       - op: add
         path: /spec/template/spec/containers/0/args/-
-        value: --certificate-check-interval=10s
+        value: --certificate-check-interval=10s{}
 "#,
-            HUB_GRPC.ip()
+            HUB_GRPC.ip(),
+            if raw_feedback {
+                "\n      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: --raw-feedback"
+            } else {
+                ""
+            }
         ),
     )?;
     Ok(dir.to_path_buf())

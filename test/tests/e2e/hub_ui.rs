@@ -2,8 +2,8 @@
 //! shows the pulled Applications with the status their clusters reported:
 //! logged in as the local admin through its session API, its Application
 //! list carries each hub copy's sync and health, on either transport; the
-//! CLI and the UI (headless Chromium) show the first one, its tree's nodes
-//! included.
+//! CLI and the UI (headless Chromium) show each, its tree's nodes
+//! included (cluster2's from its ManifestWork's raw feedback).
 
 use std::time::Duration;
 
@@ -43,56 +43,64 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
         },
     )
     .await;
-    // The same as the CLI shows it.
-    let app = server
-        .app_get(&token, &format!("argocd/{}", names[0]))
-        .unwrap();
-    assert_eq!(at(&app, "/status/health/status"), "Healthy", "{app}");
-
-    // And on the UI, as a person opens it: the Application's page with its
-    // health and sync, and the tree's nodes: the resources the cluster
-    // reported in the hub copy's status.
-    let resources: Vec<String> = app
-        .pointer("/status/resources")
-        .and_then(|r| r.as_array())
-        .into_iter()
-        .flatten()
-        .map(|r| at(r, "/name").to_string())
-        .collect();
-    assert!(!resources.is_empty(), "no resources reported: {app}");
+    // The same as the CLI shows it, and on the UI, as a person opens each:
+    // the Application's page with its health and sync, and the tree's
+    // nodes: the resources its cluster reported in the hub copy's status,
+    // over gRPC (cluster1) or in a ManifestWork's feedback (cluster2).
     let browser = Browser::start(1440, 900).await.expect("chromium starts");
     let mut page = browser.page().await.unwrap();
     server.ui_login(&mut page, UI_TIMEOUT).await.unwrap();
-    page.navigate(&format!(
-        "{}/applications/argocd/{}",
-        server.url(),
-        names[0]
-    ))
-    .await
-    .unwrap();
-    let shown = format!(
-        "(() => {{ const t = document.body.innerText; \
-           return t.includes('APP HEALTH') && t.includes('Healthy') && t.includes('Synced') \
-             && {:?}.every(n => t.includes(n)); }})()",
-        resources
-    );
-    server
-        .ui_wait_for(
-            &mut page,
-            "the Application's page with its health, sync and the tree's nodes",
-            &shown,
-            UI_TIMEOUT,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    // Let the page settle (fonts, icons) before the picture.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    page.screenshot(&browser.dir().join("hub-ui-app.png"))
-        .await
-        .unwrap();
-    if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
-        let docs = paths::workspace_dir().join("docs/img/hub-ui-app.png");
-        page.screenshot(&docs).await.unwrap();
-        eprintln!("screenshot: {}", docs.display());
+    for (i, name) in names.iter().enumerate() {
+        let app = server.app_get(&token, &format!("argocd/{name}")).unwrap();
+        assert_eq!(at(&app, "/status/health/status"), "Healthy", "{app}");
+        let resources: Vec<String> = app
+            .pointer("/status/resources")
+            .and_then(|r| r.as_array())
+            .into_iter()
+            .flatten()
+            .map(|r| at(r, "/name").to_string())
+            .collect();
+        assert!(!resources.is_empty(), "no resources reported: {app}");
+        page.navigate(&format!("{}/applications/argocd/{name}", server.url()))
+            .await
+            .unwrap();
+        let shown = format!(
+            "(() => {{ const t = document.body.innerText; \
+               return t.includes('APP HEALTH') && t.includes('Healthy') && t.includes('Synced') \
+                 && {:?}.every(n => t.includes(n)); }})()",
+            resources
+        );
+        server
+            .ui_wait_for(
+                &mut page,
+                &format!("{name}'s page with its health, sync and the tree's nodes {resources:?}"),
+                &shown,
+                UI_TIMEOUT,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Let the page settle (fonts, icons) before the picture.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let file = if i == 0 {
+            "hub-ui-app.png".to_string()
+        } else {
+            format!("hub-ui-app-{}.png", transport_of(name))
+        };
+        page.screenshot(&browser.dir().join(&file)).await.unwrap();
+        if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
+            let docs = paths::workspace_dir().join("docs/img").join(&file);
+            page.screenshot(&docs).await.unwrap();
+            eprintln!("screenshot: {}", docs.display());
+        }
+    }
+}
+
+/// What the e2e topology sends `name` over (cluster2's Applications go in
+/// ManifestWorks).
+fn transport_of(name: &str) -> &'static str {
+    if name.ends_with("cluster2") {
+        "manifestwork"
+    } else {
+        "grpc"
     }
 }

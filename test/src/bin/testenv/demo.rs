@@ -16,6 +16,9 @@ pub async fn run(dir: PathBuf, git_port: u16, timeout: Duration) -> Result<()> {
     let stack = Stack::start(
         StackOptions {
             git_port: Some(git_port),
+            // cluster2's ManifestWorks bring its managed resources back, so
+            // the hub UI draws its tree too.
+            raw_feedback: true,
             ..StackOptions::default()
         },
         &progress,
