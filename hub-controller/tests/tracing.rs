@@ -35,6 +35,9 @@ struct Received {
     id: Vec<u8>,
     parent: Vec<u8>,
     attributes: BTreeMap<String, String>,
+    /// Start and end, in nanoseconds since the Unix epoch.
+    start: u64,
+    end: u64,
 }
 
 #[derive(Clone, Default)]
@@ -63,6 +66,8 @@ impl TraceService for Collector {
                     trace: span.trace_id,
                     id: span.span_id,
                     parent: span.parent_span_id,
+                    start: span.start_time_unix_nano,
+                    end: span.end_time_unix_nano,
                     attributes: span
                         .attributes
                         .iter()
@@ -214,6 +219,16 @@ async fn one_change_makes_one_connected_trace_across_hub_and_agent() {
         ),
         (Some("cluster1"), Some(grpc_env::SPOKE_NS))
     );
+    // The trace as the collector received it, for the reader.
+    for s in [deliver, queue, send, apply, write] {
+        println!(
+            "{:<13} {:<15} starts at +{:>7.1} ms, lasts {:>7.1} ms",
+            s.name,
+            s.service,
+            s.start.saturating_sub(deliver.start) as f64 / 1e6,
+            s.end.saturating_sub(s.start) as f64 / 1e6
+        );
+    }
     // The agent's connection claimed cluster1 for this replica: a trace of
     // its own, exported by the hub.
     let claims: Vec<Received> = collector
