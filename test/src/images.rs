@@ -100,17 +100,7 @@ pub async fn shared() -> Result<&'static [Image]> {
         .get_or_try_init(|| async {
             let bin = paths::own_binary("hub-controller")?;
             paths::own_binary("spoke-agent")?;
-            let bin_dir = bin
-                .parent()
-                .expect("a binary sits in a folder")
-                .to_path_buf();
-            let out = bin_dir
-                .parent()
-                .expect("target/debug sits in target/")
-                .join("test-images");
-            tokio::task::spawn_blocking(move || build(&bin_dir, "debug", &out, None))
-                .await
-                .expect("the image build does not panic")
+            build_debug(&bin, test_images()?, None).await
         })
         .await
         .map(Vec::as_slice)
@@ -126,25 +116,39 @@ pub async fn previous() -> Result<&'static [Image]> {
         .get_or_try_init(|| async {
             let bin = paths::previous_binary("hub-controller")?;
             paths::previous_binary("spoke-agent")?;
-            let bin_dir = bin
-                .parent()
-                .expect("a binary sits in a folder")
-                .to_path_buf();
-            let out = paths::own_binary("hub-controller")?
-                .parent()
-                .and_then(Path::parent)
-                .expect("target/debug sits in target/")
-                .join("test-images")
-                .join("previous");
-            let (version, commit) = (paths::previous_release(), paths::previous_release_commit());
-            tokio::task::spawn_blocking(move || {
-                build(&bin_dir, "debug", &out, Some((&version, &commit)))
-            })
-            .await
-            .expect("the image build does not panic")
+            let release = (paths::previous_release(), paths::previous_release_commit());
+            build_debug(&bin, test_images()?.join("previous"), Some(release)).await
         })
         .await
         .map(Vec::as_slice)
+}
+
+/// `target/test-images/`, beside the tests' own binaries.
+fn test_images() -> Result<PathBuf> {
+    Ok(paths::own_binary("hub-controller")?
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/debug sits in target/")
+        .join("test-images"))
+}
+
+/// [`build`] of the debug binaries in the folder of `bin` into `out`, off
+/// the async runtime.
+async fn build_debug(
+    bin: &Path,
+    out: PathBuf,
+    release: Option<(String, String)>,
+) -> Result<Vec<Image>> {
+    let bin_dir = bin
+        .parent()
+        .expect("a binary sits in a folder")
+        .to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let release = release.as_ref().map(|(v, c)| (v.as_str(), c.as_str()));
+        build(&bin_dir, "debug", &out, release)
+    })
+    .await
+    .expect("the image build does not panic")
 }
 
 /// Unpacks and checks an OCI archive: the index, every blob's digest and

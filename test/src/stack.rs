@@ -196,7 +196,7 @@ impl Stack {
             spokes.push(argocd::Spoke::start(c, argocd::SpokeOptions::default()).await?);
         }
 
-        let install = hub.dir().join("install");
+        let install = install_dir(hub);
         match options.install {
             Install::Kustomize => {
                 let overlay = pods::hub_overlay(&install, options.raw_feedback)?;
@@ -294,7 +294,7 @@ impl Stack {
 
     /// The values file of the hub's Helm release ([`Install::PreviousChart`]).
     pub fn helm_values(&self) -> PathBuf {
-        helm::values_path(&self.hub().dir().join("install"))
+        helm::values_path(&install_dir(self.hub()))
     }
 
     /// The hub cluster.
@@ -481,6 +481,43 @@ impl Stack {
     }
 }
 
+/// A pull-model Application on the hub (namespace `argocd`) for `cluster`
+/// of this topology, from the example's repository `repo` into namespace
+/// `destination` there, its spec carrying `round` in `spec.info`; no
+/// automated sync. cluster2's go in ManifestWorks, as `example/` has it.
+pub fn application(
+    name: &str,
+    cluster: &str,
+    repo: &str,
+    destination: &str,
+    round: u64,
+) -> DynamicObject {
+    let mut annotations = json!({
+        keys::MANAGED_CLUSTER: cluster,
+        keys::SKIP_RECONCILE: "true",
+    });
+    if cluster == "cluster2" {
+        annotations[keys::TRANSPORT] = json!("manifestwork");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {
+            "name": name,
+            "namespace": argocd::NAMESPACE,
+            "labels": { keys::PULL_LABEL: "true" },
+            "annotations": annotations,
+        },
+        "spec": {
+            "project": "default",
+            "source": { "repoURL": repo, "targetRevision": "main", "path": REPO },
+            "destination": { "server": "https://kubernetes.default.svc", "namespace": destination },
+            "info": [{ "name": "round", "value": round.to_string() }],
+        },
+    }))
+    .expect("an Application")
+}
+
 /// The repository URL in `example/` (the demo's Git server).
 pub const EXAMPLE_REPO_URL: &str = "git://127.0.0.1:9418/guestbook.git";
 
@@ -503,6 +540,12 @@ fn commit_example_app(repo: &Repo) -> Result<()> {
         .collect();
     repo.commit("the guestbook example", &refs)?;
     Ok(())
+}
+
+/// Where the stack keeps what it installs argocd-pull on the hub from
+/// (the kustomization, or the chart and values file).
+fn install_dir(hub: &Cluster) -> PathBuf {
+    hub.dir().join("install")
 }
 
 async fn set_hub_address(hub: &Cluster, config: &str, address: &str) -> Result<()> {
@@ -538,9 +581,21 @@ pub async fn clusteradm(cluster: &Cluster, args: &[&str]) -> Result<String> {
 }
 
 async fn tool(path: &Path, cluster: &Cluster, args: &[&str]) -> Result<String> {
+    tool_with(path, cluster, args, &[]).await
+}
+
+/// Runs the command at `path` with `args` and `env` against `cluster`
+/// (`--kubeconfig`); its standard output, or its output in the error.
+async fn tool_with(
+    path: &Path,
+    cluster: &Cluster,
+    args: &[&str],
+    env: &[(&str, PathBuf)],
+) -> Result<String> {
     let out = tokio::process::Command::new(path)
         .args(args)
         .arg(format!("--kubeconfig={}", cluster.kubeconfig().display()))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .await?;
     if out.status.success() {

@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use argocd_pull_apis::argocd::application_resource;
-use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{AddOnDeploymentConfig, ManifestWork};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -38,7 +37,7 @@ use serde_json::{Value, json};
 use testenv::stack::{self, Install, Stack, StackOptions, helm};
 use testenv::{net, paths, wait};
 
-const NS: &str = "argocd";
+const NS: &str = testenv::argocd::NAMESPACE;
 const CLUSTERS: [&str; 2] = ["cluster1", "cluster2"];
 /// Applications per cluster that changes and syncs go to.
 const BUSY: usize = 3;
@@ -67,35 +66,6 @@ fn names() -> Vec<(String, &'static str)> {
         out.push((still(c), c));
     }
     out
-}
-
-fn application(name: &str, cluster: &str, repo: &str) -> DynamicObject {
-    let mut annotations = json!({
-        keys::MANAGED_CLUSTER: cluster,
-        keys::SKIP_RECONCILE: "true",
-    });
-    if cluster == "cluster2" {
-        annotations[keys::TRANSPORT] = json!("manifestwork");
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "labels": { keys::PULL_LABEL: "true" },
-            "annotations": annotations,
-        },
-        // No automated sync: only the syncs this test asks for run. The
-        // destination namespace is made beforehand, as a platform team would.
-        "spec": {
-            "project": "default",
-            "source": { "repoURL": repo, "targetRevision": "main", "path": "guestbook" },
-            "destination": { "server": "https://kubernetes.default.svc", "namespace": name },
-            "info": [{ "name": "round", "value": "0" }],
-        },
-    }))
-    .expect("an Application")
 }
 
 fn at<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -151,6 +121,7 @@ fn watch_copies(
     record: Record,
 ) -> tokio::task::JoinHandle<()> {
     let api: Api<DynamicObject> = Api::namespaced_with(client, NS, &application_resource());
+    let ours: BTreeSet<String> = names().into_iter().map(|(n, _)| n).collect();
     tokio::spawn(async move {
         let mut events = watcher(api, watcher::Config::default())
             .default_backoff()
@@ -162,7 +133,7 @@ fn watch_copies(
                 _ => continue,
             };
             let name = obj.metadata.name.clone().unwrap_or_default();
-            if !names().iter().any(|(n, _)| *n == name) {
+            if !ours.contains(&name) {
                 continue;
             }
             let v = to_value(&obj);
@@ -627,9 +598,10 @@ async fn a_helm_upgrade_and_rollback_under_load_lose_nothing_and_run_nothing_twi
             .unwrap();
     }
     for (name, cluster) in names() {
-        hub.create(&PostParams::default(), &application(&name, cluster, &repo))
-            .await
-            .unwrap();
+        // No automated sync: only the syncs this test asks for run. The
+        // destination namespace was made beforehand, as a platform team would.
+        let app = stack::application(&name, cluster, &repo, &name, 0);
+        hub.create(&PostParams::default(), &app).await.unwrap();
     }
     for (name, cluster) in names() {
         wait::exists(&spokes[cluster], &name, TIMEOUT).await;

@@ -100,26 +100,20 @@ pub fn values_path(dir: &Path) -> PathBuf {
 /// its standard output.
 pub async fn helm(hub: &Cluster, args: &[&str]) -> Result<String> {
     let home = hub.dir().join("helm");
-    let out = tokio::process::Command::new(paths::bin_dir().join("helm"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(hub.kubeconfig())
-        .args(["--namespace", RECORD_NAMESPACE])
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .await?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(Error::Command {
-            command: format!("helm {}", args.join(" ")),
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        })
-    }
+    let args: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--namespace", RECORD_NAMESPACE])
+        .collect();
+    super::tool_with(
+        &paths::bin_dir().join("helm"),
+        hub,
+        &args,
+        &[
+            ("HELM_CACHE_HOME", home.join("cache")),
+            ("HELM_CONFIG_HOME", home.join("config")),
+            ("HELM_DATA_HOME", home.join("data")),
+        ],
+    )
+    .await
 }

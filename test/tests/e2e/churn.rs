@@ -12,39 +12,18 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 use testenv::stack::{self, Stack};
 
-use super::support::{NS, apps, at, eventually, get, names};
+use super::support::{apps, at, eventually, get, names};
 
 /// Applications per cluster.
 const PER_CLUSTER: usize = 8;
 const PREFIX: &str = "churn-";
 
-fn application(name: &str, cluster: &str, repo: &str, round: usize) -> DynamicObject {
-    let mut annotations = json!({
-        keys::MANAGED_CLUSTER: cluster,
-        keys::SKIP_RECONCILE: "true",
-    });
-    if cluster == "cluster2" {
-        annotations[keys::TRANSPORT] = json!("manifestwork");
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "labels": { keys::PULL_LABEL: "true" },
-            // Deleting one waits for argocd-pull, even while its pod is gone.
-            "finalizers": [keys::RESOURCES_FINALIZER],
-            "annotations": annotations,
-        },
-        "spec": {
-            "project": "default",
-            "source": { "repoURL": repo, "targetRevision": "main", "path": "guestbook" },
-            "destination": { "server": "https://kubernetes.default.svc", "namespace": "churn" },
-            "info": [{ "name": "round", "value": round.to_string() }],
-        },
-    }))
-    .expect("an Application")
+/// An Application of the churn; deleting one waits for argocd-pull, even
+/// while its pod is gone.
+fn application(name: &str, cluster: &str, repo: &str, round: u64) -> DynamicObject {
+    let mut app = stack::application(name, cluster, repo, "churn", round);
+    app.metadata.finalizers = Some(vec![keys::RESOURCES_FINALIZER.into()]);
+    app
 }
 
 /// The round an Application's spec carries.
