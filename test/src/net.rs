@@ -1,13 +1,45 @@
 //! Small network helpers for tests that start argocd-pull binaries.
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A loopback address with a port that was free a moment ago.
+/// A loopback address with a port that was free a moment ago, for a
+/// process the test is about to start.
+///
+/// The port comes from below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), never from the kernel's own pick:
+/// between this call and the process binding it, the kernel may hand a
+/// port of its range to any outgoing connection (the tests open thousands,
+/// to API servers and etcd), and the process then fails to start ("address
+/// in use"). Below that range only a listener can take it; this process
+/// hands out each port once, and the start differs per process.
 pub fn free_addr() -> std::io::Result<SocketAddr> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (low, high) = ports_below_ephemeral();
+    let span = high - low;
+    let seed = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let offset = (seed + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(low + offset).expect("ports below 65536");
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr();
+        }
+    }
     TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// The ports the tests hand out: from 20000 (above the ports Kubernetes
+/// components listen on) up to the start of the
+/// ephemeral range (32768 by default).
+fn ports_below_ephemeral() -> (u32, u32) {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    (20000, first_ephemeral.max(22000))
 }
 
 /// A plain HTTP/1.1 GET, returning the status code and body; enough for the
@@ -77,4 +109,23 @@ pub async fn terminate(
         .await
         .unwrap_or_else(|_| panic!("process {pid} did not exit within {within:?} of SIGTERM"))
         .expect("wait on child")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_addresses_are_distinct_and_outside_the_ephemeral_range() {
+        let (low, high) = ports_below_ephemeral();
+        let ports: Vec<u16> = (0..50).map(|_| free_addr().unwrap().port()).collect();
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        for p in ports {
+            assert!(
+                (low..high).contains(&u32::from(p)),
+                "{p} not in {low}..{high}"
+            );
+        }
+    }
 }

@@ -296,7 +296,7 @@ impl Env {
         let d = self.dir.path();
         self.hub_starts += 1;
         let log = d.join(format!("hub-{}.log", self.hub_starts));
-        let child = tokio::process::Command::new(binary)
+        let mut child = tokio::process::Command::new(binary)
             .arg("--kubeconfig")
             .arg(
                 self.hub_kubeconfig
@@ -322,13 +322,24 @@ impl Env {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        wait::until("the hub-controller to be ready", TIMEOUT, || async {
-            match net::http_get(admin, "/readyz").await {
-                Ok((200, _)) => Ok(()),
-                other => Err(format!("{other:?}")),
+        let started = std::time::Instant::now();
+        loop {
+            let last = net::http_get(admin, "/readyz").await;
+            if matches!(last, Ok((200, _))) {
+                break;
             }
-        })
-        .await;
+            // An exit (a port taken, a bad flag) fails at once, with the
+            // log that says why; so does a process that never gets ready.
+            let exited = child.try_wait().unwrap();
+            if exited.is_some() || started.elapsed() > TIMEOUT {
+                panic!(
+                    "the hub-controller did not get ready (exited: {exited:?}, last /readyz: {last:?}); its log {}:\n{}",
+                    log.display(),
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         HubProcess { child, admin, log }
     }
 
