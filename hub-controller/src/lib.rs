@@ -220,7 +220,7 @@ async fn run_controllers(
     shutdown: shutdown::Shutdown,
     election: Option<lease::LeaseConfig>,
     claims: Option<std::sync::Arc<grpc::claims::Claims>>,
-    tree_redis: Option<status::redis::Redis>,
+    tree_redis: Option<argocd_pull_runtime::redis::Redis>,
 ) -> anyhow::Result<Option<lease::Leadership>> {
     let authorization = route::authz::Authorization {
         require_placement: args.authorization == AuthorizationMode::Placement,

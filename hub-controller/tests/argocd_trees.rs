@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use argocd_pull_core::status::tree;
-use argocd_pull_hub_controller::status::redis::Redis;
+use argocd_pull_runtime::redis::Redis;
 use http::Method;
 use kube::api::DeleteParams;
 use serde_json::Value;

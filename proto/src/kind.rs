@@ -17,6 +17,7 @@ impl AgentMessage {
             Some(Kind::ResyncRequest(_)) => "resync_request",
             Some(Kind::Heartbeat(_)) => "heartbeat",
             Some(Kind::ProjectSetAck(_)) => "project_set_ack",
+            Some(Kind::Tree(_)) => "tree",
         }
     }
 }

@@ -9,6 +9,7 @@
 
 use crate::{
     digest::SetDigest,
+    limits::MAX_OBJECT_JSON_BYTES,
     v1::{
         AckOutcome, AgentMessage, HubMessage, ObjectKey, RefreshKind, agent_message, hub_message,
         operation_request, status_report,
@@ -78,7 +79,31 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
         Some(Kind::ResyncRequest(r)) => resync_request(r),
         Some(Kind::Heartbeat(_)) => Ok(()),
         Some(Kind::ProjectSetAck(a)) => project_set_ack(a),
+        Some(Kind::Tree(t)) => tree(t),
     }
+}
+
+/// An agent's ResourceTreeReport: a key, the hub uid it is for, and each
+/// JSON payload within the limit of one object.
+fn tree(t: &crate::v1::ResourceTreeReport) -> Result<(), Malformed> {
+    const W: &str = "ResourceTreeReport";
+    key(W, t.key.as_ref())?;
+    if t.hub_uid.is_empty() {
+        return Err(malformed(W, "hub_uid is empty"));
+    }
+    uid(W, "hub_uid", &t.hub_uid)?;
+    for (field, json) in [
+        ("tree_json", &t.tree_json),
+        ("managed_resources_json", &t.managed_resources_json),
+    ] {
+        if json.len() > MAX_OBJECT_JSON_BYTES {
+            return Err(malformed(
+                W,
+                format!("{field} is over {MAX_OBJECT_JSON_BYTES} bytes"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An ObjectAck, either way: a key, a seq, and a known outcome that is
@@ -485,7 +510,30 @@ mod tests {
             change(&mut a);
             agent(Kind::ProjectSetAck(a))
         };
+        let tree = |change: fn(&mut crate::v1::ResourceTreeReport)| {
+            let mut t = crate::v1::ResourceTreeReport {
+                key: k(),
+                hub_uid: "hub-uid-1".into(),
+                tree_json: br#"{"nodes":[]}"#.to_vec(),
+                managed_resources_json: Vec::new(),
+            };
+            change(&mut t);
+            agent(Kind::Tree(t))
+        };
         let cases: Vec<(AgentMessage, Result<(), &str>)> = vec![
+            (tree(|_| {}), Ok(())),
+            (
+                tree(|t| t.hub_uid.clear()),
+                Err("malformed ResourceTreeReport: hub_uid is empty"),
+            ),
+            (
+                tree(|t| t.key = None),
+                Err("malformed ResourceTreeReport: key is missing"),
+            ),
+            (
+                tree(|t| t.managed_resources_json = vec![b' '; MAX_OBJECT_JSON_BYTES + 1]),
+                Err("malformed ResourceTreeReport: managed_resources_json is over 1572864 bytes"),
+            ),
             (agent(Kind::Status(gone.clone())), Ok(())),
             (agent(Kind::ObjectAck(ack.clone())), Ok(())),
             (agent(Kind::OperationAck(op_ack.clone())), Ok(())),

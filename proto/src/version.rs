@@ -35,6 +35,12 @@ pub const CAPABILITY_OWNER_CHECK: &str = "owner-check";
 /// keeps them on its cluster and answers with `ProjectSetAck`.
 pub const CAPABILITY_PROJECTS: &str = "projects";
 
+/// Managed mode: the agent sends the resource tree of each Application it
+/// applied (`ResourceTreeReport`), read from its cluster's Argo CD Redis.
+/// Offered only by an agent that reads that Redis and by a hub that writes
+/// trees for its argocd-server; so never part of [`CAPABILITIES`].
+pub const CAPABILITY_TREES: &str = "trees";
+
 /// Every capability this release implements, offered by default.
 pub const CAPABILITIES: &[&str] = &[
     CAPABILITY_TERMINATE_OPERATION,

@@ -11,9 +11,14 @@
 //! error. The hub-controller writes what this module builds
 //! (`hub-controller/src/status/tree.rs`).
 //!
-//! The tree has the managed resources only (no children such as
-//! ReplicaSets and Pods: those are in the cluster's Redis, not in the
-//! status), each with its health.
+//! The tree from the status has the managed resources only (no children
+//! such as ReplicaSets and Pods: those are in the cluster's Redis, not in
+//! the status), each with its health. An agent with the `trees` capability
+//! reports the whole tree its cluster's Argo CD cached, and the managed
+//! resources with their live and desired states (for the diff): the agent
+//! takes the Secrets' values out first ([`redact_managed_resources`]), the
+//! hub keeps the fields argocd-server shows ([`reported_tree`],
+//! [`reported_managed_resources`]) under [`managed_resources_key`].
 
 use serde_json::{Map, Value, json};
 
@@ -37,6 +42,14 @@ pub fn instance_name(namespace: &str, name: &str, argocd_namespace: &str) -> Str
 /// argocd-server's `--redis-compress` (default `gzip`) adds `.gz`.
 pub fn tree_key(instance: &str, gzip: bool) -> String {
     let key = format!("app|resources-tree|{instance}|{CACHE_VERSION}");
+    if gzip { key + ".gz" } else { key }
+}
+
+/// The Redis key of the managed resources (target and live state of each,
+/// what the diff and `argocd app manifests --source live` show) of
+/// Application `instance`.
+pub fn managed_resources_key(instance: &str, gzip: bool) -> String {
+    let key = tree_channel(instance);
     if gzip { key + ".gz" } else { key }
 }
 
@@ -91,6 +104,188 @@ fn node(resource: &Value) -> Option<Value> {
         }
     }
     Some(node.into())
+}
+
+/// The fields of a reported `ResourceNode` the hub keeps: what the tree
+/// draws (with health, images, info and networking), never a `uid`.
+const NODE_FIELDS: &[&str] = &[
+    "group",
+    "version",
+    "kind",
+    "namespace",
+    "name",
+    "resourceVersion",
+    "health",
+    "info",
+    "networkingInfo",
+    "images",
+    "createdAt",
+];
+
+/// The most nodes kept of one reported tree.
+pub const MAX_NODES: usize = 10_000;
+
+/// Hub side: the `ApplicationTree` an agent reported (its cluster's Argo CD
+/// cached it), as the hub's argocd-server gets it: its `nodes`, each with
+/// the fields of [`NODE_FIELDS`] and its `parentRefs` (group, kind,
+/// namespace, name), so the UI draws the children under their owners.
+///
+/// Left out: every `uid` (the live views must not open on the hub's own
+/// objects, as for the tree from the status, [`node`]); the orphaned
+/// resources and the cluster's hosts (about the cluster, not the
+/// Application: they would show a tenant what else runs there); nodes
+/// beyond [`MAX_NODES`].
+pub fn reported_tree(json: &[u8]) -> Result<Value, String> {
+    let tree: Value =
+        serde_json::from_slice(json).map_err(|e| format!("the tree is not JSON: {e}"))?;
+    let nodes = match tree.get("nodes") {
+        None | Some(Value::Null) => &Vec::new(),
+        Some(Value::Array(nodes)) => nodes,
+        Some(_) => return Err("the tree's nodes are not a list".into()),
+    };
+    let nodes: Vec<Value> = nodes
+        .iter()
+        .filter_map(reported_node)
+        .take(MAX_NODES)
+        .collect();
+    Ok(json!({ "nodes": nodes }))
+}
+
+fn reported_node(node: &Value) -> Option<Value> {
+    let node = node.as_object()?;
+    let text = |field: &str| node.get(field).and_then(Value::as_str);
+    text("kind").filter(|k| !k.is_empty())?;
+    text("name").filter(|n| !n.is_empty())?;
+    let mut kept: Map<String, Value> = NODE_FIELDS
+        .iter()
+        .filter_map(|f| Some((f.to_string(), node.get(*f)?.clone())))
+        .collect();
+    if let Some(parents) = node.get("parentRefs").and_then(Value::as_array) {
+        let parents: Vec<Value> = parents
+            .iter()
+            .filter_map(|p| {
+                let p = p.as_object()?;
+                let refs: Map<String, Value> = ["group", "kind", "namespace", "name"]
+                    .iter()
+                    .filter_map(|f| Some((f.to_string(), p.get(*f)?.clone())))
+                    .collect();
+                Some(Value::Object(refs))
+            })
+            .collect();
+        kept.insert("parentRefs".into(), parents.into());
+    }
+    Some(kept.into())
+}
+
+/// The fields of a reported `ResourceDiff` the hub keeps.
+const DIFF_FIELDS: &[&str] = &[
+    "group",
+    "kind",
+    "namespace",
+    "name",
+    "targetState",
+    "liveState",
+    "normalizedLiveState",
+    "predictedLiveState",
+    "hook",
+    "modified",
+    "resourceVersion",
+];
+
+/// Hub side: the managed resources an agent reported, as the hub's
+/// argocd-server gets them: a list of `ResourceDiff` with the fields of
+/// [`DIFF_FIELDS`], at most [`MAX_NODES`].
+pub fn reported_managed_resources(json: &[u8]) -> Result<Value, String> {
+    let list: Value = serde_json::from_slice(json)
+        .map_err(|e| format!("the managed resources are not JSON: {e}"))?;
+    let items = match &list {
+        Value::Null => &Vec::new(),
+        Value::Array(items) => items,
+        _ => return Err("the managed resources are not a list".into()),
+    };
+    let items: Vec<Value> = items
+        .iter()
+        .filter_map(|item| {
+            let item = item.as_object()?;
+            let kept: Map<String, Value> = DIFF_FIELDS
+                .iter()
+                .filter_map(|f| Some((f.to_string(), item.get(*f)?.clone())))
+                .collect();
+            Some(Value::Object(kept))
+        })
+        .take(MAX_NODES)
+        .collect();
+    Ok(items.into())
+}
+
+/// What replaces each value of a Secret (Argo CD's own diff shows
+/// `++++++++` in its place).
+pub const REDACTED: &str = "++++++++";
+
+/// Agent side: Argo CD's managed resources as its Redis holds them (a JSON
+/// list of `ResourceDiff`, each state a JSON document in a string), with
+/// every Secret's values replaced by [`REDACTED`] in every state, its
+/// `last-applied-configuration` annotation removed (it holds the values
+/// too) and the old text `diff` emptied, before anything leaves the cluster.
+pub fn redact_managed_resources(json: &[u8]) -> Result<Vec<u8>, String> {
+    let mut list: Value = serde_json::from_slice(json)
+        .map_err(|e| format!("the managed resources are not JSON: {e}"))?;
+    let items = list
+        .as_array_mut()
+        .ok_or("the managed resources are not a list")?;
+    for item in items.iter_mut() {
+        let secret = item.get("kind").and_then(Value::as_str) == Some("Secret")
+            && item
+                .get("group")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty);
+        if !secret {
+            continue;
+        }
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for state in [
+            "targetState",
+            "liveState",
+            "normalizedLiveState",
+            "predictedLiveState",
+        ] {
+            if let Some(Value::String(text)) = item.get_mut(state) {
+                *text = redact_secret(text);
+            }
+        }
+        if item.contains_key("diff") {
+            item.insert("diff".into(), Value::String(String::new()));
+        }
+    }
+    Ok(serde_json::to_vec(&list).expect("a Value always serializes"))
+}
+
+/// One Secret's state (a JSON document; `null` or empty stays as is)
+/// with its values replaced. A state that is not a JSON object is dropped
+/// whole: what cannot be read cannot be checked.
+fn redact_secret(state: &str) -> String {
+    if state.is_empty() || state == "null" {
+        return state.to_string();
+    }
+    let Ok(Value::Object(mut secret)) = serde_json::from_str::<Value>(state) else {
+        return String::new();
+    };
+    for field in ["data", "stringData"] {
+        if let Some(Value::Object(values)) = secret.get_mut(field) {
+            for v in values.values_mut() {
+                *v = Value::String(REDACTED.into());
+            }
+        }
+    }
+    if let Some(Value::Object(annotations)) = secret
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("annotations"))
+    {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    Value::Object(secret).to_string()
 }
 
 #[cfg(test)]
@@ -192,5 +387,95 @@ mod tests {
             tree(Some(&status)).unwrap(),
             json!({ "nodes": [ { "kind": "ConfigMap", "name": "kept" } ] })
         );
+    }
+
+    #[test]
+    fn a_reported_tree_keeps_nodes_and_parents_without_uids_or_anything_of_the_cluster() {
+        let spoke = json!({
+            "nodes": [
+                { "group": "apps", "version": "v1", "kind": "Deployment", "namespace": "gb",
+                  "name": "ui", "uid": "d-1", "resourceVersion": "7",
+                  "health": { "status": "Healthy" }, "images": ["nginx:1"] },
+                { "version": "v1", "kind": "Pod", "namespace": "gb", "name": "ui-abc", "uid": "p-1",
+                  "parentRefs": [{ "group": "apps", "kind": "ReplicaSet", "namespace": "gb",
+                                   "name": "ui-5d", "uid": "rs-1" }],
+                  "info": [{ "name": "Status Reason", "value": "Running" }],
+                  "secret": "anything else" },
+                { "kind": "", "name": "no-kind" },
+                "not an object",
+            ],
+            "orphanedNodes": [{ "kind": "ConfigMap", "name": "someone-elses" }],
+            "hosts": [{ "name": "node-1" }],
+            "shardsCount": 1,
+        });
+        let got = reported_tree(&serde_json::to_vec(&spoke).unwrap()).unwrap();
+        assert_eq!(
+            got,
+            json!({ "nodes": [
+                { "group": "apps", "version": "v1", "kind": "Deployment", "namespace": "gb",
+                  "name": "ui", "resourceVersion": "7",
+                  "health": { "status": "Healthy" }, "images": ["nginx:1"] },
+                { "version": "v1", "kind": "Pod", "namespace": "gb", "name": "ui-abc",
+                  "parentRefs": [{ "group": "apps", "kind": "ReplicaSet", "namespace": "gb",
+                                   "name": "ui-5d" }],
+                  "info": [{ "name": "Status Reason", "value": "Running" }] },
+            ]})
+        );
+        assert_eq!(reported_tree(b"{}").unwrap(), json!({ "nodes": [] }));
+        assert!(reported_tree(b"[1]").is_ok_and(|t| t == json!({ "nodes": [] })));
+        assert_eq!(
+            reported_tree(br#"{"nodes": 3}"#).unwrap_err(),
+            "the tree's nodes are not a list"
+        );
+        assert!(reported_tree(b"not json").unwrap_err().starts_with("the tree is not JSON"));
+    }
+
+    #[test]
+    fn reported_managed_resources_keep_argocds_diff_fields_only() {
+        let spoke = json!([{ "kind": "ConfigMap", "name": "a", "liveState": "{}", "targetState": "{}",
+                             "extra": 1 }, 7]);
+        assert_eq!(
+            reported_managed_resources(&serde_json::to_vec(&spoke).unwrap()).unwrap(),
+            json!([{ "kind": "ConfigMap", "name": "a", "liveState": "{}", "targetState": "{}" }])
+        );
+        assert!(reported_managed_resources(b"{}").is_err());
+        assert_eq!(managed_resources_key("gb", true), "app|managed-resources|gb|1.8.3.gz");
+    }
+
+    #[test]
+    fn a_secrets_values_never_leave_the_cluster() {
+        let live = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "db", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"password\":\"aHVudGVyMg==\"}}",
+                "team": "a" } },
+            "data": { "password": "aHVudGVyMg==" },
+            "stringData": { "user": "admin" },
+        });
+        let list = json!([
+            { "kind": "Secret", "name": "db", "liveState": live.to_string(),
+              "targetState": live.to_string(), "normalizedLiveState": "not json",
+              "predictedLiveState": "null", "diff": "password: aHVudGVyMg==" },
+            { "group": "example.com", "kind": "Secret", "name": "not-core",
+              "liveState": "{\"data\":{\"k\":\"v\"}}" },
+            { "kind": "ConfigMap", "name": "cm", "liveState": "{\"data\":{\"k\":\"v\"}}" },
+        ]);
+        let out = redact_managed_resources(&serde_json::to_vec(&list).unwrap()).unwrap();
+        let text = String::from_utf8(out.clone()).unwrap();
+        assert!(!text.contains("aHVudGVyMg=="), "{text}");
+        assert!(!text.contains("admin"), "{text}");
+        let out: Value = serde_json::from_slice(&out).unwrap();
+        let state: Value =
+            serde_json::from_str(out[0]["liveState"].as_str().unwrap()).unwrap();
+        assert_eq!(state["data"]["password"], REDACTED);
+        assert_eq!(state["stringData"]["user"], REDACTED);
+        assert_eq!(state["metadata"]["annotations"], json!({ "team": "a" }));
+        assert_eq!(out[0]["normalizedLiveState"], "");
+        assert_eq!(out[0]["predictedLiveState"], "null");
+        assert_eq!(out[0]["diff"], "");
+        // Only core Secrets are Secrets; everything else is untouched.
+        assert_eq!(out[1], list[1]);
+        assert_eq!(out[2], list[2]);
+        assert!(redact_managed_resources(b"{}").is_err());
     }
 }

@@ -10,7 +10,6 @@
 pub use argocd_pull_core::status::*;
 
 pub mod patch;
-pub mod redis;
 pub mod trees;
 pub mod writer;
 

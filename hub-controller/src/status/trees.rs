@@ -30,7 +30,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
-use super::redis::{self, Redis};
+use argocd_pull_runtime::redis::{self, Redis};
 use crate::watch::cached::CachedApp;
 use crate::watch::caches::Caches;
 use crate::watch::watches::{Consumer, Event};

@@ -5,7 +5,7 @@
 /// Everything an agent sends on the stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub kind: ::core::option::Option<agent_message::Kind>,
 }
 /// Nested message and enum types in `AgentMessage`.
@@ -35,6 +35,10 @@ pub mod agent_message {
         /// Capability `projects`: answers one ProjectSet.
         #[prost(message, tag = "8")]
         ProjectSetAck(super::ProjectSetAck),
+        /// Capability `trees`: the resource tree of one Application, as the
+        /// cluster's Argo CD last cached it.
+        #[prost(message, tag = "9")]
+        Tree(super::ResourceTreeReport),
     }
 }
 /// Everything the hub sends on the stream.
@@ -427,6 +431,33 @@ pub struct ProjectSet {
     pub objects_json: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
 }
 /// Agent -> hub: the outcome of applying the ProjectSet of `version`.
+/// Capability `trees`, managed mode, agent -> hub: the resource tree and
+/// the managed resources of one Application the agent applied, as the
+/// cluster's Argo CD cached them (its Redis keys `app|resources-tree|...`
+/// and `app|managed-resources|...`), for the hub's argocd-server. Sent when
+/// they change, at most every 500 ms per Application, and all of them again
+/// after each Welcome. Nothing is acknowledged: the latest report wins, and
+/// a lost one is replaced by the next.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ResourceTreeReport {
+    /// The Application on the managed cluster.
+    #[prost(message, optional, tag = "1")]
+    pub key: ::core::option::Option<ObjectKey>,
+    /// The uid of the hub Application it was delivered for (its
+    /// `argocd-pull.io/hub-uid` annotation): the hub writes the tree under
+    /// that hub Application only.
+    #[prost(string, tag = "2")]
+    pub hub_uid: ::prost::alloc::string::String,
+    /// Argo CD's ApplicationTree, as JSON (its field names); empty when the
+    /// cluster's Argo CD has none (any more).
+    #[prost(bytes = "vec", tag = "3")]
+    pub tree_json: ::prost::alloc::vec::Vec<u8>,
+    /// Argo CD's list of ResourceDiff, as JSON, with every Secret's values
+    /// replaced by the agent before sending; empty when none, or when left out
+    /// to keep the message under the stream's size limit.
+    #[prost(bytes = "vec", tag = "4")]
+    pub managed_resources_json: ::prost::alloc::vec::Vec<u8>,
+}
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ProjectSetAck {
     #[prost(string, tag = "1")]

@@ -1,7 +1,9 @@
-//! The few Redis commands the tree writer sends to the hub's Argo CD Redis
-//! (`AUTH`, `SET` with an expiry, `DEL`, `PUBLISH`), over one connection
-//! opened on first use and again after any error: RESP written and read by
-//! hand, since nothing else of a Redis client is needed.
+//! The few Redis commands argocd-pull sends to an Argo CD's Redis: the
+//! hub's tree writer (`AUTH`, `SET` with an expiry, `DEL`, `PUBLISH`) and
+//! the agent's tree reporter (`GET`, and `PSUBSCRIBE` on a connection of
+//! its own), over one connection opened on first use and again after any
+//! error: RESP written and read by hand, since nothing else of a Redis
+//! client is needed.
 
 use std::time::Duration;
 
@@ -11,8 +13,12 @@ use tokio::sync::Mutex;
 
 /// How long one command (with connecting) may take (the error says 10 s).
 const TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest bulk reply read (the writer's replies are a few bytes).
+/// The longest bulk reply read unless [`Redis::with_max_reply`] says
+/// otherwise (the writer's replies are a few bytes).
 const MAX_REPLY: usize = 1 << 20;
+/// The most elements of an array reply read (a subscription's messages
+/// have three or four).
+const MAX_ARRAY: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -35,12 +41,14 @@ pub enum Reply {
     Simple(String),
     Integer(i64),
     Bulk(Option<Vec<u8>>),
+    Array(Vec<Reply>),
 }
 
 /// One connection to one Redis, used by one command at a time.
 pub struct Redis {
     addr: String,
     password: Option<String>,
+    max_reply: usize,
     conn: Mutex<Option<BufReader<TcpStream>>>,
 }
 
@@ -51,8 +59,16 @@ impl Redis {
         Self {
             addr: addr.into(),
             password,
+            max_reply: MAX_REPLY,
             conn: Mutex::new(None),
         }
+    }
+
+    /// Reads bulk replies up to `bytes` (a longer one is an error that
+    /// names its length).
+    pub fn with_max_reply(mut self, bytes: usize) -> Self {
+        self.max_reply = bytes;
+        self
     }
 
     pub fn addr(&self) -> &str {
@@ -90,6 +106,26 @@ impl Redis {
         }
     }
 
+    /// `PSUBSCRIBE pattern` on a connection of its own, which then only
+    /// receives: read the messages with [`Subscription::next`].
+    pub async fn psubscribe(&self, pattern: &str) -> Result<Subscription<'_>, Error> {
+        let mut conn = tokio::time::timeout(TIMEOUT, self.connect())
+            .await
+            .map_err(|_| self.timeout())??;
+        let confirm = tokio::time::timeout(
+            TIMEOUT,
+            self.round_trip(&mut conn, &[b"PSUBSCRIBE", pattern.as_bytes()]),
+        )
+        .await
+        .map_err(|_| self.timeout())??;
+        match confirm {
+            Reply::Array(items) if items.first() == Some(&Reply::Bulk(Some(b"psubscribe".to_vec()))) => {
+                Ok(Subscription { redis: self, conn })
+            }
+            other => Err(self.protocol(format!("PSUBSCRIBE answered {other:?}"))),
+        }
+    }
+
     /// One command; a connection that failed is dropped and opened again
     /// by the next command.
     pub async fn command(&self, args: &[&[u8]]) -> Result<Reply, Error> {
@@ -102,11 +138,7 @@ impl Redis {
             self.round_trip(stream, args).await
         })
         .await
-        .unwrap_or_else(|_| {
-            Err(Error::Timeout {
-                addr: self.addr.clone(),
-            })
-        });
+        .unwrap_or_else(|_| Err(self.timeout()));
         if matches!(
             result,
             Err(Error::Io { .. } | Error::Timeout { .. } | Error::Protocol { .. })
@@ -143,6 +175,25 @@ impl Redis {
     }
 
     async fn read_reply(&self, stream: &mut BufReader<TcpStream>) -> Result<Reply, Error> {
+        match self.read_item(stream).await? {
+            Item::Reply(reply) => Ok(reply),
+            Item::Array(len) => {
+                let mut items = Vec::with_capacity(len);
+                for _ in 0..len {
+                    match self.read_item(stream).await? {
+                        Item::Reply(reply) => items.push(reply),
+                        Item::Array(_) => {
+                            return Err(self.protocol("an array inside an array".into()));
+                        }
+                    }
+                }
+                Ok(Reply::Array(items))
+            }
+        }
+    }
+
+    /// One reply, or the length of an array whose elements follow.
+    async fn read_item(&self, stream: &mut BufReader<TcpStream>) -> Result<Item, Error> {
         let mut line = Vec::new();
         stream
             .read_until(b'\n', &mut line)
@@ -155,33 +206,55 @@ impl Redis {
             .split_first()
             .ok_or_else(|| self.protocol("an empty line".into()))?;
         let rest = String::from_utf8_lossy(rest).into_owned();
+        let length = |what: &str| {
+            rest.parse::<i64>()
+                .map_err(|_| self.protocol(format!("{what} length {rest:?}")))
+        };
         match *kind {
-            b'+' => Ok(Reply::Simple(rest)),
+            b'+' => Ok(Item::Reply(Reply::Simple(rest))),
             b'-' => Err(Error::Refused {
                 addr: self.addr.clone(),
                 message: rest,
             }),
             b':' => rest
                 .parse()
-                .map(Reply::Integer)
+                .map(|n| Item::Reply(Reply::Integer(n)))
                 .map_err(|_| self.protocol(format!("integer {rest:?}"))),
-            b'$' => {
-                let len: i64 = rest
-                    .parse()
-                    .map_err(|_| self.protocol(format!("bulk length {rest:?}")))?;
+            b'*' => {
+                let len = length("array")?;
                 if len < 0 {
-                    return Ok(Reply::Bulk(None));
+                    return Ok(Item::Reply(Reply::Bulk(None)));
                 }
                 let len = usize::try_from(len).unwrap_or(usize::MAX);
-                if len > MAX_REPLY {
-                    return Err(self.protocol(format!("a bulk reply of {len} bytes")));
+                if len > MAX_ARRAY {
+                    return Err(self.protocol(format!("an array of {len} elements")));
+                }
+                Ok(Item::Array(len))
+            }
+            b'$' => {
+                let len = length("bulk")?;
+                if len < 0 {
+                    return Ok(Item::Reply(Reply::Bulk(None)));
+                }
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                if len > self.max_reply {
+                    return Err(self.protocol(format!(
+                        "a bulk reply of {len} bytes (at most {} are read)",
+                        self.max_reply
+                    )));
                 }
                 let mut body = vec![0; len + 2];
                 stream.read_exact(&mut body).await.map_err(|e| self.io(e))?;
                 body.truncate(len);
-                Ok(Reply::Bulk(Some(body)))
+                Ok(Item::Reply(Reply::Bulk(Some(body))))
             }
             other => Err(self.protocol(format!("type byte {:?}", other as char))),
+        }
+    }
+
+    fn timeout(&self) -> Error {
+        Error::Timeout {
+            addr: self.addr.clone(),
         }
     }
 
@@ -196,6 +269,47 @@ impl Redis {
         Error::Protocol {
             addr: self.addr.clone(),
             what,
+        }
+    }
+}
+
+/// What one RESP line opens.
+enum Item {
+    Reply(Reply),
+    Array(usize),
+}
+
+/// A connection in subscriber mode, from [`Redis::psubscribe`].
+pub struct Subscription<'a> {
+    redis: &'a Redis,
+    conn: BufReader<TcpStream>,
+}
+
+impl Subscription<'_> {
+    /// The next message published on a channel the pattern matches:
+    /// `(channel, message)`. Waits as long as nothing is published; an
+    /// error ends the subscription (subscribe again).
+    pub async fn next(&mut self) -> Result<(String, Vec<u8>), Error> {
+        loop {
+            match self.redis.read_reply(&mut self.conn).await? {
+                Reply::Array(items) => match &items[..] {
+                    [Reply::Bulk(Some(kind)), _, Reply::Bulk(Some(channel)), Reply::Bulk(Some(message))]
+                        if kind == b"pmessage" =>
+                    {
+                        return Ok((
+                            String::from_utf8_lossy(channel).into_owned(),
+                            message.clone(),
+                        ));
+                    }
+                    // Confirmations of other (un)subscriptions.
+                    _ => continue,
+                },
+                other => {
+                    return Err(self
+                        .redis
+                        .protocol(format!("a subscriber received {other:?}")));
+                }
+            }
         }
     }
 }
