@@ -243,6 +243,16 @@ async fn run_controllers(
     });
     let grpc = grpc_config
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));
+    let trees = tree_redis.map(|redis| {
+        tracing::info!(
+            redis = redis.addr(),
+            "writing the hub copies' resource trees for the hub's argocd-server"
+        );
+        status::trees::Trees::new(redis, watches.caches(), &args.argocd_namespace, &args.trees)
+    });
+    if let (Some(hub), Some(trees)) = (&grpc, &trees) {
+        hub.set_trees(trees.clone());
+    }
     let mut holding = None;
     if let Some(hub) = &grpc {
         // Before the index is built and before the ManifestWork transport
@@ -318,13 +328,6 @@ async fn run_controllers(
     if let Some(hub) = &grpc {
         consumers.push(hub.clone());
     }
-    let trees = tree_redis.map(|redis| {
-        tracing::info!(
-            redis = redis.addr(),
-            "writing the hub copies' resource trees for the hub's argocd-server"
-        );
-        status::trees::Trees::new(redis, watches.caches(), &args.argocd_namespace, &args.trees)
-    });
     if let Some(t) = &trees {
         consumers.push(t.clone());
     }

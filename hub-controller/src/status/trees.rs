@@ -5,6 +5,17 @@
 //! status the hub copy already carries (its managed resources, with sync
 //! and health, brought back by either transport).
 //!
+//! An agent with the `trees` capability reports the whole tree its
+//! cluster's Argo CD cached (children with their health, such as
+//! ReplicaSets and Pods) and the managed resources (the diff, `argocd app
+//! manifests --source live`): [`Trees::reported`] keeps the last one of
+//! each hub copy, in the form argocd-server reads, and writes it in place
+//! of the tree from the status, with the managed resources under their own
+//! key, for as long as the copy is delivered to that cluster over gRPC.
+//! With several replicas, the tree of a copy delivered over gRPC is written
+//! by the replica that writes for its cluster only (the one its agent
+//! reports to, [`crate::transport::grpc::claims`]).
+//!
 //! Off unless `--argocd-redis` is set. Fed by the one set of watches (a
 //! [`Consumer`]): a change of a hub copy marks it; one task writes the
 //! marked trees (`SET` with the expiry argocd-server's own cache uses, then
@@ -21,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use argocd_pull_core::status::tree;
@@ -31,6 +42,7 @@ use kube::runtime::watcher;
 use tokio::sync::Notify;
 
 use argocd_pull_runtime::redis::{self, Redis};
+use crate::transport::grpc;
 use crate::watch::cached::CachedApp;
 use crate::watch::caches::Caches;
 use crate::watch::watches::{Consumer, Event};
@@ -87,9 +99,22 @@ impl TreeArgs {
     }
 }
 
-/// What was last written for one hub copy: the digest of its tree's JSON,
-/// or `None` for "no key".
+/// What was last written for one hub copy: the digest of its tree's JSON
+/// (and of its managed resources'), or `None` for "no key".
 type Last = Option<u64>;
+
+/// The largest reported tree or managed-resources list kept, compressed:
+/// a report over it is refused and the tree from the status stays.
+pub const MAX_REPORTED_BYTES: usize = 256 * 1024;
+
+/// The last tree an agent reported for one hub copy, as argocd-server
+/// reads it (compressed when argocd-server's cache is).
+struct Reported {
+    cluster: String,
+    hub_uid: String,
+    tree: Vec<u8>,
+    managed: Option<Vec<u8>>,
+}
 
 /// The tree writer.
 pub struct Trees {
@@ -101,6 +126,10 @@ pub struct Trees {
     marked: Mutex<HashSet<ObjectRef<CachedApp>>>,
     wake: Notify,
     last: Mutex<HashMap<ObjectRef<CachedApp>, Last>>,
+    reported: Mutex<HashMap<ObjectRef<CachedApp>, Reported>>,
+    /// The gRPC transport: which copies it delivers, to which cluster, and
+    /// whether this replica writes for that cluster.
+    grpc: OnceLock<Weak<grpc::Hub>>,
 }
 
 impl Trees {
@@ -114,7 +143,77 @@ impl Trees {
             marked: Mutex::default(),
             wake: Notify::new(),
             last: Mutex::default(),
+            reported: Mutex::default(),
+            grpc: OnceLock::new(),
         })
+    }
+
+    /// Tells the writer which copies the gRPC transport delivers.
+    pub fn set_grpc(&self, hub: &Arc<grpc::Hub>) {
+        let _ = self.grpc.set(Arc::downgrade(hub));
+    }
+
+    /// The tree and managed resources the agent of `cluster` reported for
+    /// its Application delivered for `key`, with the uid of the hub copy
+    /// it was delivered for: kept and written unless the copy is not that
+    /// one (any more), or what came is not a tree (the error says why).
+    pub fn reported(
+        &self,
+        cluster: &str,
+        key: ObjectRef<CachedApp>,
+        hub_uid: &str,
+        tree_json: &[u8],
+        managed_json: &[u8],
+    ) -> Result<(), String> {
+        let app = self
+            .caches
+            .apps
+            .get(&key)
+            .ok_or("its hub Application is gone")?;
+        if app.identity().uid.as_deref() != Some(hub_uid) {
+            return Err(format!(
+                "it is for hub Application uid {hub_uid}, not for the current one"
+            ));
+        }
+        let encode = |value: serde_json::Value, what: &str| {
+            let json = serde_json::to_vec(&value).expect("a Value always serializes");
+            let bytes = if self.gzip { gzip(&json) } else { json };
+            if bytes.len() > MAX_REPORTED_BYTES {
+                return Err(format!(
+                    "its {what} is {} bytes, over the {MAX_REPORTED_BYTES} kept",
+                    bytes.len()
+                ));
+            }
+            Ok(bytes)
+        };
+        let entry = if tree_json.is_empty() {
+            None
+        } else {
+            let tree = encode(tree::reported_tree(tree_json)?, "tree")?;
+            let managed = if managed_json.is_empty() {
+                None
+            } else {
+                Some(encode(
+                    tree::reported_managed_resources(managed_json)?,
+                    "managed resources",
+                )?)
+            };
+            Some(Reported {
+                cluster: cluster.to_string(),
+                hub_uid: hub_uid.to_string(),
+                tree,
+                managed,
+            })
+        };
+        {
+            let mut reported = self.reported.lock().unwrap();
+            match entry {
+                Some(entry) => reported.insert(key.clone(), entry),
+                None => reported.remove(&key),
+            };
+        }
+        self.mark(key);
+        Ok(())
     }
 
     fn mark(&self, key: ObjectRef<CachedApp>) {
@@ -177,30 +276,76 @@ impl Trees {
         }
     }
 
-    /// Writes the tree of one hub copy as the cache shows it now, unless
-    /// it is what was last written.
+    /// Writes the tree of one hub copy as the cache shows it now (or as
+    /// its agent reported it), unless it is what was last written.
     async fn write(&self, key: &ObjectRef<CachedApp>) -> Result<(), redis::Error> {
         let namespace = key.namespace.as_deref().unwrap_or_default();
         let instance = tree::instance_name(namespace, &key.name, &self.argocd_namespace);
-        let tree = self
-            .caches
-            .apps
-            .get(key)
-            .and_then(|app| tree::tree(app.status().as_ref()));
-        let json = tree.map(|t| serde_json::to_vec(&t).expect("a Value always serializes"));
-        let now: Last = json.as_deref().map(digest);
+        let app = self.caches.apps.get(key);
+        let hub = self.grpc.get().and_then(Weak::upgrade);
+        let hub_ref = crate::route::HubRef {
+            namespace: namespace.to_string(),
+            name: key.name.clone(),
+        };
+        let cluster = hub.as_ref().and_then(|h| h.grpc_cluster(&hub_ref));
+        if let (Some(hub), Some(cluster)) = (&hub, &cluster)
+            && !hub.acts_for(cluster)
+        {
+            // The replica its agent reports to writes it.
+            self.last.lock().unwrap().remove(key);
+            return Ok(());
+        }
+        let reported = {
+            let mut reported = self.reported.lock().unwrap();
+            let current = reported.get(key).is_some_and(|r| {
+                Some(&r.cluster) == cluster.as_ref()
+                    && app.as_ref().and_then(|a| a.identity().uid.as_deref())
+                        == Some(r.hub_uid.as_str())
+            });
+            if current {
+                reported.get(key).map(|r| (r.tree.clone(), r.managed.clone()))
+            } else {
+                // Moved to another cluster or transport, or deleted and
+                // created again: the tree from the status until its agent
+                // reports.
+                reported.remove(key);
+                None
+            }
+        };
+        let (tree, managed) = match reported {
+            Some((tree, managed)) => (Some(tree), managed),
+            None => {
+                let json = app
+                    .as_ref()
+                    .and_then(|app| tree::tree(app.status().as_ref()))
+                    .map(|t| serde_json::to_vec(&t).expect("a Value always serializes"));
+                (json.map(|j| if self.gzip { gzip(&j) } else { j }), None)
+            }
+        };
+        let now: Last = tree
+            .as_deref()
+            .map(|t| digest(t) ^ managed.as_deref().map_or(0, |m| digest(m).rotate_left(1)));
         if self.last.lock().unwrap().get(key) == Some(&now) {
             return Ok(());
         }
-        let redis_key = tree::tree_key(&instance, self.gzip);
-        let changed = match &json {
-            Some(json) => {
-                let value = if self.gzip { gzip(json) } else { json.clone() };
-                self.redis.set(&redis_key, &value, self.expiry).await?;
+        let tree_key = tree::tree_key(&instance, self.gzip);
+        let managed_key = tree::managed_resources_key(&instance, self.gzip);
+        let changed = match &tree {
+            Some(value) => {
+                self.redis.set(&tree_key, value, self.expiry).await?;
+                match &managed {
+                    Some(value) => self.redis.set(&managed_key, value, self.expiry).await?,
+                    None => {
+                        self.redis.del(&managed_key).await?;
+                    }
+                }
                 true
             }
             // Open trees hear of a key that went, not of one never there.
-            None => self.redis.del(&redis_key).await?,
+            None => {
+                let managed_went = self.redis.del(&managed_key).await?;
+                self.redis.del(&tree_key).await? || managed_went
+            }
         };
         if changed {
             self.redis
@@ -212,6 +357,7 @@ impl Trees {
             last.insert(key.clone(), now);
         } else {
             last.remove(key);
+            self.reported.lock().unwrap().remove(key);
         }
         Ok(())
     }

@@ -86,6 +86,9 @@ pub struct Hub {
     /// Counts the changes of AppProjects and credential Secrets, for the
     /// sessions that keep them on their clusters ([`Hub::project_set`]).
     projects_epoch: watch::Sender<u64>,
+    /// The writer of the hub copies' trees for argocd-server, when the hub
+    /// writes them (`--argocd-redis`): agents are then offered `trees`.
+    trees: std::sync::OnceLock<Arc<crate::status::trees::Trees>>,
 }
 
 impl Hub {
@@ -156,6 +159,7 @@ impl Hub {
                 acting,
                 holding,
                 projects_epoch: watch::channel(0).0,
+                trees: std::sync::OnceLock::new(),
             }
         })
     }
@@ -369,7 +373,7 @@ impl Hub {
     }
 
     /// Whether this replica writes for `cluster` (always, with one replica).
-    fn acts_for(&self, cluster: &str) -> bool {
+    pub fn acts_for(&self, cluster: &str) -> bool {
         self.acting.acts_for(cluster)
     }
 
@@ -391,6 +395,28 @@ impl Hub {
     /// See [`Acting::requeue_all`].
     pub fn requeue_all(&self) {
         self.acting.requeue_all();
+    }
+
+    /// Makes `trees` write the trees agents report (capability `trees`).
+    pub fn set_trees(self: &Arc<Self>, trees: Arc<crate::status::trees::Trees>) {
+        trees.set_grpc(self);
+        let _ = self.trees.set(trees);
+    }
+
+    pub fn trees(&self) -> Option<&Arc<crate::status::trees::Trees>> {
+        self.trees.get()
+    }
+
+    /// What this hub offers agents: every capability of the release, and
+    /// `trees` when it writes them.
+    pub fn offer(&self) -> argocd_pull_proto::version::HubOffer {
+        let mut offer = argocd_pull_proto::version::HubOffer::default();
+        if self.trees().is_some() {
+            offer
+                .capabilities
+                .insert(argocd_pull_proto::version::CAPABILITY_TREES.to_string());
+        }
+        offer
     }
 
     /// See [`Holding::set_holders`].

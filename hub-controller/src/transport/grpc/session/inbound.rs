@@ -10,9 +10,10 @@ use argocd_pull_proto::digest::{SetDigest, repairs_for};
 use argocd_pull_proto::limits;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, Digest, DigestSet, HubMessage, ObjectAck, ObjectKey,
-    ObservedApplication, OperationAck, ProjectSetAck, ResyncRequest, StatusReport, agent_message,
+    ObservedApplication, OperationAck, ProjectSetAck, ResourceTreeReport, ResyncRequest, StatusReport, agent_message,
     hub_message, status_report,
 };
+use kube::runtime::reflector::ObjectRef;
 use tonic::Status;
 
 use super::super::cluster::{ClusterState, Item, Observation, Report, Work, held};
@@ -36,6 +37,7 @@ pub(super) fn handle(
         Kind::OperationAck(ack) => session.operation_ack(ack),
         Kind::Digest(d) => session.digest(&d)?,
         Kind::ResyncRequest(r) => session.resync_request(r)?,
+        Kind::Tree(t) => session.tree(t),
     }
     Ok(())
 }
@@ -193,6 +195,40 @@ impl Inbound<'_> {
                 "the agent lists more Applications the hub does not know than it removes at a time; the rest wait for a later digest");
         }
         Ok(())
+    }
+
+    /// A resource tree the agent reports (capability `trees`): kept for the
+    /// hub copy its Application was delivered for, as its status is. One
+    /// of an Application the hub does not deliver to this agent, or not
+    /// for the current hub copy, is dropped and counted as refused (nothing
+    /// is acknowledged: the next report replaces it).
+    fn tree(self, t: ResourceTreeReport) {
+        let (hub, cs) = (self.hub, self.cs);
+        let Some(trees) = hub.trees() else { return };
+        let key = t.key.expect("validated");
+        let outcome = match (self.mode, hub.winner(&cs.name, &key)) {
+            (AgentMode::Managed, Some(owner)) => trees
+                .reported(
+                    &cs.name,
+                    ObjectRef::new(&owner.name).within(&owner.namespace),
+                    &t.hub_uid,
+                    &t.tree_json,
+                    &t.managed_resources_json,
+                )
+                .map_err(|why| ("tree-refused", why)),
+            (AgentMode::Managed, None) => Err((
+                "not-this-agents",
+                format!("the hub does not deliver it to cluster {}", cs.name),
+            )),
+            _ => Err(("tree-refused", "trees are for managed mode".to_string())),
+        };
+        if let Err((reason, why)) = outcome {
+            let n = cs.refused_reports.fetch_add(1, Ordering::Relaxed) + 1;
+            if n <= 10 || n.is_multiple_of(1000) {
+                tracing::warn!(cluster = %cs.name, namespace = %key.namespace, name = %key.name, reason, %why, refused_so_far = n, "refused a resource tree");
+            }
+            hub.metrics.refuse(&cs.name, reason);
+        }
     }
 
     /// Accepts or refuses one status report (refused: reason and message).

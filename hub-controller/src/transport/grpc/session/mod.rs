@@ -145,7 +145,7 @@ async fn handshake(
     let hello = read_hello(hub, cluster, inbound, out).await?;
     let negotiated = validate::first_agent_message(&hello)
         .map_err(Status::from)
-        .and_then(|h| version::negotiate(&Default::default(), h).map_err(Status::from));
+        .and_then(|h| version::negotiate(&hub.offer(), h).map_err(Status::from));
     let negotiated = match negotiated {
         Ok(n) => n,
         Err(status) => {
