@@ -64,6 +64,24 @@ impl Redis {
         }
     }
 
+    /// [`Redis::new`] with the password read from `password_file` (Argo
+    /// CD's `argocd-redis` Secret's `auth` key, mounted), when one is named.
+    pub fn with_password_file(
+        addr: impl Into<String>,
+        password_file: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
+        let password = match password_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("the Redis password file {}: {e}", path.display()))?
+                    .trim_end_matches(['\r', '\n'])
+                    .to_string(),
+            ),
+            None => None,
+        };
+        Ok(Self::new(addr, password))
+    }
+
     /// Reads bulk replies up to `bytes` (a longer one is an error that
     /// names its length).
     pub fn with_max_reply(mut self, bytes: usize) -> Self {
@@ -119,7 +137,9 @@ impl Redis {
         .await
         .map_err(|_| self.timeout())??;
         match confirm {
-            Reply::Array(items) if items.first() == Some(&Reply::Bulk(Some(b"psubscribe".to_vec()))) => {
+            Reply::Array(items)
+                if items.first() == Some(&Reply::Bulk(Some(b"psubscribe".to_vec()))) =>
+            {
                 Ok(Subscription { redis: self, conn })
             }
             other => Err(self.protocol(format!("PSUBSCRIBE answered {other:?}"))),
@@ -293,9 +313,12 @@ impl Subscription<'_> {
         loop {
             match self.redis.read_reply(&mut self.conn).await? {
                 Reply::Array(items) => match &items[..] {
-                    [Reply::Bulk(Some(kind)), _, Reply::Bulk(Some(channel)), Reply::Bulk(Some(message))]
-                        if kind == b"pmessage" =>
-                    {
+                    [
+                        Reply::Bulk(Some(kind)),
+                        _,
+                        Reply::Bulk(Some(channel)),
+                        Reply::Bulk(Some(message)),
+                    ] if kind == b"pmessage" => {
                         return Ok((
                             String::from_utf8_lossy(channel).into_owned(),
                             message.clone(),

@@ -28,6 +28,7 @@ pub mod reports;
 pub mod session;
 pub mod state;
 pub mod tls;
+pub mod trees;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -104,6 +105,16 @@ pub struct Args {
     /// Writers to this cluster's API server, in parallel across Applications.
     #[arg(long, env = "ARGOCD_PULL_WORKERS", default_value_t = 16)]
     pub workers: usize,
+    /// This cluster's Argo CD Redis (`host:port`, what its
+    /// application-controller's `--redis` names): report each Application's
+    /// resource tree and managed resources from there to a hub that writes
+    /// trees (capability `trees`, docs/ui.md). Unset, only statuses go.
+    #[arg(long, env = "ARGOCD_PULL_ARGOCD_REDIS")]
+    pub argocd_redis: Option<String>,
+    /// A file holding that Redis's password (the `auth` key of Argo CD's
+    /// `argocd-redis` Secret); none when unset.
+    #[arg(long, env = "ARGOCD_PULL_ARGOCD_REDIS_PASSWORD_FILE")]
+    pub argocd_redis_password_file: Option<PathBuf>,
 }
 
 /// Durations like `500ms`, `30s`, `5m`.
@@ -137,6 +148,8 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     pub tls_reload_interval: Duration,
     pub workers: usize,
+    /// `--argocd-redis` and its password file.
+    pub argocd_redis: Option<trees::RedisConfig>,
 }
 
 impl Args {
@@ -155,6 +168,10 @@ impl Args {
             backoff_max: self.reconnect_max,
             tls_reload_interval: self.tls_reload_interval,
             workers: self.workers,
+            argocd_redis: self.argocd_redis.clone().map(|addr| trees::RedisConfig {
+                addr,
+                password_file: self.argocd_redis_password_file.clone(),
+            }),
         }
     }
 }
@@ -247,6 +264,20 @@ pub async fn run_agent(
         tasks.spawn(p.clone().run(shutdown.clone()));
         p
     });
+    if let (Mode::Managed, Some(redis)) = (config.mode, &config.argocd_redis) {
+        match redis.open() {
+            Ok(redis) => {
+                let reporter = trees::Reporter::new(
+                    redis,
+                    &config.argocd_namespace,
+                    store.clone(),
+                    state.clone(),
+                );
+                tasks.spawn(reporter.run(shutdown.clone()));
+            }
+            Err(e) => tracing::error!(error = %e, "not reporting resource trees"),
+        }
+    }
     let connection = Arc::new(session::Connection {
         config,
         state,
@@ -344,6 +375,7 @@ mod tests {
             backoff_max: Duration::from_secs(30),
             tls_reload_interval: Duration::from_secs(10),
             workers: 16,
+            argocd_redis: None,
         }
     }
 

@@ -13,7 +13,7 @@ use argocd_pull_proto::limits::{self, MAX_MESSAGE_BYTES};
 use argocd_pull_proto::v1::transport_client::TransportClient;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, ApplicationDelete, ApplicationUpsert, Digest, DigestSet,
-    Heartbeat, HubMessage, ObjectAck, ObjectKey, ResyncRequest, Welcome, agent_message,
+    Heartbeat, Hello, HubMessage, ObjectAck, ObjectKey, ResyncRequest, Welcome, agent_message,
     hub_message,
 };
 use argocd_pull_proto::{validate, version};
@@ -81,6 +81,18 @@ impl Connection {
         }
     }
 
+    /// This release's Hello, with `trees` when a managed agent reads its
+    /// Argo CD's Redis.
+    fn hello(&self) -> Hello {
+        let mut hello = version::hello(self.mode(), env!("CARGO_PKG_VERSION"));
+        if self.config.mode == Mode::Managed && self.config.argocd_redis.is_some() {
+            hello
+                .capabilities
+                .push(version::CAPABILITY_TREES.to_string());
+        }
+        hello
+    }
+
     /// Connects, and reconnects, until shutdown.
     pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
         let mut backoff = Backoff::new(self.config.backoff_min, self.config.backoff_max);
@@ -143,7 +155,7 @@ impl Connection {
             mut inbound,
             welcome,
             negotiated,
-        } = match open(&self.config.hub_address, loaded.config, self.mode()).await {
+        } = match open_with(&self.config.hub_address, loaded.config, self.hello()).await {
             Ok(o) => o,
             Err(reason) => return End::Lost(reason),
         };
@@ -381,6 +393,21 @@ pub struct Opened {
 /// load generator of `make bench-grpc`, so that its simulated agents open
 /// their streams exactly as an agent does.
 pub async fn open(address: &str, tls: ClientTlsConfig, mode: AgentMode) -> Result<Opened, String> {
+    open_with(
+        address,
+        tls,
+        version::hello(mode, env!("CARGO_PKG_VERSION")),
+    )
+    .await
+}
+
+/// [`open`] with `hello` (this release's, with the optional capabilities
+/// the agent's configuration adds).
+pub async fn open_with(
+    address: &str,
+    tls: ClientTlsConfig,
+    hello: Hello,
+) -> Result<Opened, String> {
     let endpoint = Endpoint::from_shared(address.to_string())
         .and_then(|e| e.tls_config(tls))
         .map_err(|e| format!("hub address {address}: {e}"))?
@@ -404,7 +431,6 @@ pub async fn open(address: &str, tls: ClientTlsConfig, mode: AgentMode) -> Resul
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<AgentMessage>(128);
-    let hello = version::hello(mode, env!("CARGO_PKG_VERSION"));
     let _ = tx
         .send(AgentMessage {
             kind: Some(agent_message::Kind::Hello(hello.clone())),

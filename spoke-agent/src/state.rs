@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, ApplicationUpsert, Gone, ObjectAck, ObjectKey, ObservedApplication,
-    OperationRequest, ProjectSetAck, StatusReport, agent_message, status_report,
+    OperationRequest, ProjectSetAck, ResourceTreeReport, StatusReport, agent_message,
+    status_report,
 };
 use argocd_pull_proto::version;
 use tokio::sync::Notify;
@@ -65,6 +66,9 @@ pub struct Inner {
     /// after it (the cluster's Argo CD syncs what was applied, and the
     /// statuses it writes meanwhile belong to that delivery).
     traces: HashMap<ObjectKey, (String, Instant)>,
+    /// Capability `trees`: the latest tree of each Application not sent
+    /// yet, sent after everything else (a later one replaces it).
+    trees: std::collections::BTreeMap<ObjectKey, ResourceTreeReport>,
 }
 
 impl Inner {
@@ -78,6 +82,7 @@ impl Inner {
         self.outbox().requeue_in_flight();
         self.in_flight.clear();
         self.control.clear();
+        self.trees.clear();
     }
 }
 
@@ -86,6 +91,9 @@ pub struct AgentState {
     inner: Mutex<Inner>,
     /// Wakes the session's sender.
     pub wake: Notify,
+    /// Told when a stream whose hub negotiated `trees` starts: every tree
+    /// is reported again on it.
+    pub trees_wanted: Notify,
 }
 
 /// How long after an apply the reports of its key continue its trace.
@@ -251,6 +259,21 @@ impl AgentState {
         true
     }
 
+    /// Queues the tree of one Application when the current stream's hub
+    /// negotiated `trees` (replacing one not sent yet); returns whether it
+    /// did.
+    pub fn tree_report(&self, report: ResourceTreeReport) -> bool {
+        let mut inner = self.lock();
+        if inner.session.is_none() || !inner.capabilities.contains(version::CAPABILITY_TREES) {
+            return false;
+        }
+        let key = report.key.clone().unwrap_or_default();
+        inner.trees.insert(key, report);
+        drop(inner);
+        self.wake.notify_one();
+        true
+    }
+
     /// Queues the acknowledgement of the hub's message `seq` about `key`.
     pub fn object_ack(&self, key: ObjectKey, seq: u64, outcome: AckOutcome, message: String) {
         self.control(AgentMessage {
@@ -271,8 +294,13 @@ impl AgentState {
     pub fn attach(&self, id: u64, capabilities: BTreeSet<String>) {
         let mut inner = self.lock();
         inner.session = Some(id);
+        let trees = capabilities.contains(version::CAPABILITY_TREES);
         inner.capabilities = capabilities;
         inner.end_stream();
+        drop(inner);
+        if trees {
+            self.trees_wanted.notify_one();
+        }
     }
 
     pub fn detach(&self, id: u64) {
@@ -322,6 +350,14 @@ impl AgentState {
                     state: Some(state),
                     trace_parent,
                 })),
+            });
+        }
+        while out.len() < max {
+            let Some((_, tree)) = inner.trees.pop_first() else {
+                break;
+            };
+            out.push(AgentMessage {
+                kind: Some(agent_message::Kind::Tree(tree)),
             });
         }
         out

@@ -427,7 +427,11 @@ mod tests {
             reported_tree(br#"{"nodes": 3}"#).unwrap_err(),
             "the tree's nodes are not a list"
         );
-        assert!(reported_tree(b"not json").unwrap_err().starts_with("the tree is not JSON"));
+        assert!(
+            reported_tree(b"not json")
+                .unwrap_err()
+                .starts_with("the tree is not JSON")
+        );
     }
 
     #[test]
@@ -439,7 +443,10 @@ mod tests {
             json!([{ "kind": "ConfigMap", "name": "a", "liveState": "{}", "targetState": "{}" }])
         );
         assert!(reported_managed_resources(b"{}").is_err());
-        assert_eq!(managed_resources_key("gb", true), "app|managed-resources|gb|1.8.3.gz");
+        assert_eq!(
+            managed_resources_key("gb", true),
+            "app|managed-resources|gb|1.8.3.gz"
+        );
     }
 
     #[test]
@@ -465,8 +472,7 @@ mod tests {
         assert!(!text.contains("aHVudGVyMg=="), "{text}");
         assert!(!text.contains("admin"), "{text}");
         let out: Value = serde_json::from_slice(&out).unwrap();
-        let state: Value =
-            serde_json::from_str(out[0]["liveState"].as_str().unwrap()).unwrap();
+        let state: Value = serde_json::from_str(out[0]["liveState"].as_str().unwrap()).unwrap();
         assert_eq!(state["data"]["password"], REDACTED);
         assert_eq!(state["stringData"]["user"], REDACTED);
         assert_eq!(state["metadata"]["annotations"], json!({ "team": "a" }));

@@ -41,11 +41,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
-use argocd_pull_runtime::redis::{self, Redis};
 use crate::transport::grpc;
 use crate::watch::cached::CachedApp;
 use crate::watch::caches::Caches;
 use crate::watch::watches::{Consumer, Event};
+use argocd_pull_runtime::redis::{self, Redis};
 
 /// How the trees reach argocd-server's Redis.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -84,18 +84,9 @@ impl TreeArgs {
         let Some(addr) = &self.argocd_redis else {
             return Ok(None);
         };
-        let password = match &self.argocd_redis_password_file {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| {
-                        anyhow::anyhow!("--argocd-redis-password-file {}: {e}", path.display())
-                    })?
-                    .trim_end_matches(['\r', '\n'])
-                    .to_string(),
-            ),
-            None => None,
-        };
-        Ok(Some(Redis::new(addr.clone(), password)))
+        Redis::with_password_file(addr.clone(), self.argocd_redis_password_file.as_deref())
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--argocd-redis-password-file: {e}"))
     }
 }
 
@@ -303,7 +294,9 @@ impl Trees {
                         == Some(r.hub_uid.as_str())
             });
             if current {
-                reported.get(key).map(|r| (r.tree.clone(), r.managed.clone()))
+                reported
+                    .get(key)
+                    .map(|r| (r.tree.clone(), r.managed.clone()))
             } else {
                 // Moved to another cluster or transport, or deleted and
                 // created again: the tree from the status until its agent

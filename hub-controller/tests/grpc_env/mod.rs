@@ -384,6 +384,7 @@ impl Env {
             backoff_max: Duration::from_secs(2),
             tls_reload_interval: Duration::from_millis(500),
             workers: 8,
+            argocd_redis: None,
         }
     }
 

@@ -225,6 +225,7 @@ async fn one_run(args: &LatencyArgs, hub_bin: &Path, version: &mut String) -> Re
             backoff_max: Duration::from_secs(2),
             tls_reload_interval: Duration::from_secs(10),
             workers: 16,
+            argocd_redis: None,
         },
         spoke_client.clone(),
         AgentMetrics::default(),

@@ -10,8 +10,8 @@ use argocd_pull_proto::digest::{SetDigest, repairs_for};
 use argocd_pull_proto::limits;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, Digest, DigestSet, HubMessage, ObjectAck, ObjectKey,
-    ObservedApplication, OperationAck, ProjectSetAck, ResourceTreeReport, ResyncRequest, StatusReport, agent_message,
-    hub_message, status_report,
+    ObservedApplication, OperationAck, ProjectSetAck, ResourceTreeReport, ResyncRequest,
+    StatusReport, agent_message, hub_message, status_report,
 };
 use kube::runtime::reflector::ObjectRef;
 use tonic::Status;
