@@ -5,7 +5,7 @@
 //! patch that writes it ([`patch`]), the one writer of hub Applications
 //! ([`writer`]) that never decides from a cache older than its own writes,
 //! and the resource trees written for the hub's argocd-server ([`trees`],
-//! through [`redis`]).
+//! through [`argocd_pull_runtime::redis`]).
 
 pub use argocd_pull_core::status::*;
 
