@@ -108,7 +108,7 @@ fn node(resource: &Value) -> Option<Value> {
 
 /// The fields of a reported `ResourceNode` the hub keeps: what the tree
 /// draws (with health, images, info and networking), never a `uid`.
-const NODE_FIELDS: &[&str] = &[
+pub const NODE_FIELDS: &[&str] = &[
     "group",
     "version",
     "kind",
@@ -131,7 +131,7 @@ pub const MAX_NODES: usize = 10_000;
 /// namespace, name), so the UI draws the children under their owners.
 ///
 /// Left out: every `uid` (the live views must not open on the hub's own
-/// objects, as for the tree from the status, [`node`]); the orphaned
+/// objects, as for the tree from the status); the orphaned
 /// resources and the cluster's hosts (about the cluster, not the
 /// Application: they would show a tenant what else runs there); nodes
 /// beyond [`MAX_NODES`].
@@ -178,7 +178,7 @@ fn reported_node(node: &Value) -> Option<Value> {
 }
 
 /// The fields of a reported `ResourceDiff` the hub keeps.
-const DIFF_FIELDS: &[&str] = &[
+pub const DIFF_FIELDS: &[&str] = &[
     "group",
     "kind",
     "namespace",
