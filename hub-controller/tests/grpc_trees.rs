@@ -4,19 +4,27 @@
 //! argocd-server, through the hub-controller binary with `--argocd-redis`:
 //! its API's `resource-tree` shows the children under their owners, and
 //! `managed-resources` the live state. A tree for another hub Application
-//! (an old uid) is refused and changes nothing. The agent here is a raw
-//! client of the protocol, so that the test controls exactly what it says.
+//! (an old uid) is refused and changes nothing. In the first test the
+//! agent is a raw client of the protocol, so that the test controls
+//! exactly what it says; in the second it is the real agent reading a
+//! real Argo CD's Redis on the managed cluster, and the user reads what
+//! it reported with the `argocd` CLI against the hub.
 
 mod common;
 mod grpc_env;
 
+use std::io::Read as _;
+
 use argocd_pull_proto::v1::{AgentMessage, ResourceTreeReport, agent_message, hub_message};
 use argocd_pull_proto::version;
+use argocd_pull_runtime::redis::Redis;
+use argocd_pull_spoke_agent::Mode;
+use argocd_pull_spoke_agent::trees::RedisConfig;
 use common::grpc_client::{self, hello};
 use grpc_env::{Env, TIMEOUT};
 use http::Method;
 use serde_json::{Value, json};
-use testenv::argocd::{Server, ServerOptions};
+use testenv::argocd::{GitServer, Server, ServerOptions, Spoke, SpokeOptions};
 use testenv::wait;
 
 fn tree(hub_uid: &str, key: argocd_pull_proto::v1::ObjectKey, pod: &str) -> AgentMessage {
@@ -188,4 +196,167 @@ async fn argocd_server_shows_the_tree_and_live_states_an_agent_reports() {
     })
     .await;
     env.assert_logged("refused a resource tree");
+}
+
+/// `argocd app diff <app>` against `server`: its exit code (0 no
+/// difference, 1 a difference, anything else an error) and what it printed.
+fn argocd_diff(server: &Server, token: &str, app: &str) -> (Option<i32>, String) {
+    let out = std::process::Command::new(testenv::argocd::cli().unwrap())
+        .args(["app", "diff", app, "--plaintext", "--server"])
+        .arg(server.addr().to_string())
+        .args(["--auth-token", token])
+        .env("HOME", server.dir())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the_cluster() {
+    let mut env = Env::new(&["cluster1"]).await;
+    // The real Argo CD on cluster1, in place of the environment's fake.
+    env.spokes[0].argocd.stop();
+    let (spoke, git, server) = tokio::join!(
+        Spoke::start(&env.spokes[0].cluster, SpokeOptions::default()),
+        GitServer::start(),
+        Server::start(&env.hub, ServerOptions::default()),
+    );
+    let (spoke, git, server) = (
+        spoke.expect("Argo CD starts on cluster1"),
+        git.expect("the Git server starts"),
+        server.expect("argocd-server starts on the hub"),
+    );
+    env.spokes[0]
+        .cluster
+        .ensure_namespace("guestbook")
+        .await
+        .unwrap();
+    let repo = git.create_repo("guestbook").unwrap();
+    repo.commit(
+        "a ConfigMap and a Secret",
+        &[
+            (
+                "app/cm.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  colour: teal\n",
+            ),
+            (
+                "app/secret.yaml",
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2-on-cluster1\n",
+            ),
+        ],
+    )
+    .unwrap();
+
+    env.start_hub(&["--argocd-redis", &server.redis().to_string()])
+        .await;
+    let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
+    config.argocd_redis = Some(RedisConfig {
+        addr: spoke.redis().to_string(),
+        password_file: None,
+    });
+    env.start_agent_with(0, config);
+    env.wait_connected().await;
+
+    env.create(
+        "guestbook",
+        0,
+        json!({ "spec": {
+            "project": "default",
+            "source": { "repoURL": repo.url(), "path": "app", "targetRevision": "main" },
+            "destination": { "server": "https://kubernetes.default.svc", "namespace": "guestbook" },
+            // Not self-healing: a change on the cluster stays, as a diff.
+            "syncPolicy": { "automated": { "prune": true } },
+        }}),
+    )
+    .await;
+    let ns = env.team.clone();
+    let app = format!("{ns}/guestbook");
+    let token = server
+        .login("admin", server.admin_password())
+        .await
+        .unwrap();
+
+    // The live states the cluster's Argo CD cached, through the hub: only
+    // a reported tree carries them (the status has none).
+    let live = wait::until("the live manifests through the hub", TIMEOUT, || async {
+        let out = server
+            .cli(&token, &["app", "manifests", &app, "--source", "live"])
+            .map_err(|e| e.to_string())?;
+        if out.contains("colour: teal") {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    })
+    .await;
+    println!("$ argocd app manifests {app} --source live\n{live}");
+    assert!(live.contains("name: db"), "{live}");
+    assert!(!live.contains("hunter2"), "{live}");
+    let resources = server.cli(&token, &["app", "resources", &app]).unwrap();
+    println!("$ argocd app resources {app}\n{resources}");
+    assert!(
+        resources.contains("settings") && resources.contains("db"),
+        "{resources}"
+    );
+
+    // What left the cluster: the hub's Redis holds the managed resources
+    // without the Secret's value.
+    let redis = Redis::new(server.redis().to_string(), None).with_max_reply(8 << 20);
+    let instance = argocd_pull_core::status::tree::instance_name(&ns, "guestbook", "argocd");
+    let gz = redis
+        .get(&argocd_pull_core::status::tree::managed_resources_key(
+            &instance, true,
+        ))
+        .await
+        .unwrap()
+        .expect("the managed resources in the hub's Redis");
+    let mut stored = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut stored)
+        .unwrap();
+    assert!(stored.contains("teal"), "{stored}");
+    assert!(!stored.contains("hunter2"), "{stored}");
+    assert!(!stored.contains("aHVudGVyMi1vbi1jbHVzdGVyMQ"), "{stored}");
+    assert!(stored.contains("++++++++"), "{stored}");
+
+    // In sync: `argocd app diff` through the hub finds nothing (exit 0).
+    let (code, out) = argocd_diff(&server, &token, &app);
+    assert_eq!(code, Some(0), "{out}");
+
+    // A change on the cluster reaches the hub's view: the ConfigMap's data
+    // changed behind Argo CD's back shows in the live state and the diff.
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(env.spokes[0].client.clone(), "guestbook");
+    let started = std::time::Instant::now();
+    cms.patch(
+        "settings",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({ "data": { "colour": "amber" } })),
+    )
+    .await
+    .unwrap();
+    let diff = wait::until(
+        "the cluster's change in the hub's diff",
+        TIMEOUT,
+        || async {
+            match argocd_diff(&server, &token, &app) {
+                (Some(1), out) if out.contains("amber") => Ok(out),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    println!(
+        "a change on cluster1 showed in the hub's diff after {:?}\n$ argocd app diff {app}\n{diff}",
+        started.elapsed()
+    );
+    assert!(diff.contains("teal"), "{diff}");
+    let _ = spoke;
 }
