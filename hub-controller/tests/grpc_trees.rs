@@ -19,7 +19,7 @@ use argocd_pull_proto::v1::{AgentMessage, ResourceTreeReport, agent_message, hub
 use argocd_pull_proto::version;
 use argocd_pull_runtime::redis::Redis;
 use argocd_pull_spoke_agent::Mode;
-use argocd_pull_spoke_agent::trees::RedisConfig;
+use argocd_pull_spoke_agent::trees::{Password, RedisConfig};
 use common::grpc_client::{self, hello};
 use grpc_env::{Env, TIMEOUT};
 use http::Method;
@@ -142,6 +142,18 @@ async fn argocd_server_shows_the_tree_and_live_states_an_agent_reports() {
     tx.send(tree(&uid, key.clone(), "guestbook-ui-5d-abc"))
         .await
         .unwrap();
+    // argocd-server asked before the key is there waits for a refresh that
+    // no controller makes: Redis is checked first.
+    let redis = Redis::new(server.redis().to_string(), None);
+    let instance = argocd_pull_core::status::tree::instance_name(&ns, "guestbook", "argocd");
+    let tree_key = argocd_pull_core::status::tree::tree_key(&instance, true);
+    wait::until("the tree in the hub's Redis", TIMEOUT, || async {
+        match redis.get(&tree_key).await {
+            Ok(Some(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     let want = vec![
         "Deployment/guestbook-ui <- -".to_string(),
         "Pod/guestbook-ui-5d-abc <- ReplicaSet".to_string(),
@@ -259,7 +271,7 @@ async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the
     let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
     config.argocd_redis = Some(RedisConfig {
         addr: spoke.redis().to_string(),
-        password_file: None,
+        password: Password::None,
     });
     env.start_agent_with(0, config);
     env.wait_connected().await;

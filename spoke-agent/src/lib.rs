@@ -106,15 +106,26 @@ pub struct Args {
     #[arg(long, env = "ARGOCD_PULL_WORKERS", default_value_t = 16)]
     pub workers: usize,
     /// This cluster's Argo CD Redis (`host:port`, what its
-    /// application-controller's `--redis` names): report each Application's
-    /// resource tree and managed resources from there to a hub that writes
-    /// trees (capability `trees`, docs/ui.md). Unset, only statuses go.
+    /// application-controller's `--redis` names, such as
+    /// `argocd-redis.argocd.svc:6379`): report each Application's resource
+    /// tree and managed resources from there to a hub that writes trees
+    /// (capability `trees`, docs/ui.md). Unset, empty or `none`: only
+    /// statuses go.
     #[arg(long, env = "ARGOCD_PULL_ARGOCD_REDIS")]
     pub argocd_redis: Option<String>,
-    /// A file holding that Redis's password (the `auth` key of Argo CD's
-    /// `argocd-redis` Secret); none when unset.
+    /// A file holding that Redis's password. Unset, the password is the
+    /// `auth` key of `--argocd-redis-secret`.
     #[arg(long, env = "ARGOCD_PULL_ARGOCD_REDIS_PASSWORD_FILE")]
     pub argocd_redis_password_file: Option<PathBuf>,
+    /// The Secret in `--argocd-namespace` whose `auth` key is that Redis's
+    /// password (Argo CD's own), read through the API; none when it does
+    /// not exist.
+    #[arg(
+        long,
+        env = "ARGOCD_PULL_ARGOCD_REDIS_SECRET",
+        default_value = "argocd-redis"
+    )]
+    pub argocd_redis_secret: String,
 }
 
 /// Durations like `500ms`, `30s`, `5m`.
@@ -168,10 +179,17 @@ impl Args {
             backoff_max: self.reconnect_max,
             tls_reload_interval: self.tls_reload_interval,
             workers: self.workers,
-            argocd_redis: self.argocd_redis.clone().map(|addr| trees::RedisConfig {
-                addr,
-                password_file: self.argocd_redis_password_file.clone(),
-            }),
+            argocd_redis: self
+                .argocd_redis
+                .clone()
+                .filter(|a| !a.is_empty() && a != "none")
+                .map(|addr| trees::RedisConfig {
+                    addr,
+                    password: match &self.argocd_redis_password_file {
+                        Some(file) => trees::Password::File(file.clone()),
+                        None => trees::Password::Secret(self.argocd_redis_secret.clone()),
+                    },
+                }),
         }
     }
 }
@@ -265,7 +283,7 @@ pub async fn run_agent(
         p
     });
     if let (Mode::Managed, Some(redis)) = (config.mode, &config.argocd_redis) {
-        match redis.open() {
+        match redis.open(&client, &config.argocd_namespace).await {
             Ok(redis) => {
                 let reporter = trees::Reporter::new(
                     redis,
@@ -383,6 +401,35 @@ mod tests {
     fn flags_have_the_documented_defaults() {
         Args::command().debug_assert();
         assert_eq!(parse(&[]), defaults());
+    }
+
+    #[test]
+    fn the_argocd_redis_is_off_unless_named_and_its_password_argocds_secret() {
+        for off in [
+            &[][..],
+            &["--argocd-redis", ""],
+            &["--argocd-redis", "none"],
+        ] {
+            assert_eq!(parse(off).argocd_redis, None, "{off:?}");
+        }
+        assert_eq!(
+            parse(&["--argocd-redis", "argocd-redis.argocd.svc:6379"]).argocd_redis,
+            Some(trees::RedisConfig {
+                addr: "argocd-redis.argocd.svc:6379".into(),
+                password: trees::Password::Secret("argocd-redis".into()),
+            })
+        );
+        assert_eq!(
+            parse(&[
+                "--argocd-redis",
+                "r:6379",
+                "--argocd-redis-password-file",
+                "/p"
+            ])
+            .argocd_redis
+            .map(|r| r.password),
+            Some(trees::Password::File("/p".into()))
+        );
     }
 
     #[test]

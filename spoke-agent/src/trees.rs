@@ -44,17 +44,48 @@ const PATTERN: &str = "app|managed-resources|*";
 /// thousands of nodes.
 const MAX_VALUE: usize = 8 * 1024 * 1024;
 
-/// `--argocd-redis` and its password file.
+/// `--argocd-redis` and where its password comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisConfig {
     pub addr: String,
-    pub password_file: Option<PathBuf>,
+    pub password: Password,
+}
+
+/// Where the Redis password comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Password {
+    /// None (a test's Redis).
+    None,
+    /// `--argocd-redis-password-file`.
+    File(PathBuf),
+    /// The `auth` key of this Secret in the Argo CD namespace
+    /// (`--argocd-redis-secret`): none when it does not exist.
+    Secret(String),
 }
 
 impl RedisConfig {
-    pub fn open(&self) -> Result<Redis, String> {
-        Redis::with_password_file(self.addr.clone(), self.password_file.as_deref())
-            .map(|r| r.with_max_reply(MAX_VALUE))
+    /// The Redis, with its password read (a Secret through `client`, in
+    /// `namespace`).
+    pub async fn open(&self, client: &kube::Client, namespace: &str) -> Result<Redis, String> {
+        let redis = match &self.password {
+            Password::None => Redis::new(self.addr.clone(), None),
+            Password::File(file) => Redis::with_password_file(self.addr.clone(), Some(file))?,
+            Password::Secret(name) => {
+                let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+                    kube::Api::namespaced(client.clone(), namespace);
+                let secret = secrets.get_opt(name).await.map_err(|e| {
+                    format!("cannot read the Redis password from Secret {namespace}/{name}: {e}")
+                })?;
+                let password = secret
+                    .and_then(|s| s.data?.remove("auth"))
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+                if password.is_none() {
+                    tracing::info!(secret = %format!("{namespace}/{name}"), "no Redis password (no such Secret, or no auth key); connecting without");
+                }
+                Redis::new(self.addr.clone(), password)
+            }
+        };
+        Ok(redis.with_max_reply(MAX_VALUE))
     }
 }
 

@@ -155,6 +155,8 @@ fn every_value_lands_where_a_user_expects_it() {
             "agent.mode=autonomous",
             "--set",
             "hubController.rawFeedback=true",
+            "--set",
+            "agent.argocdRedis=argocd-redis.gitops-spoke.svc:6379",
         ],
     ));
     let deployment = find(&rendered, "Deployment", "argocd-pull-hub-controller");
@@ -197,6 +199,10 @@ fn every_value_lands_where_a_user_expects_it() {
         "https://grpc.hub.example.com:443"
     );
     assert_eq!(variable(&rendered, "AGENT_MODE"), "autonomous");
+    assert_eq!(
+        variable(&rendered, "ARGOCD_REDIS"),
+        "argocd-redis.gitops-spoke.svc:6379"
+    );
     // The agent's manifests: Helm's values in, OCM's variables untouched.
     let template = find(&rendered, "AddOnTemplate", "argocd-pull");
     let manifests = template["spec"]["agentSpec"]["workload"]["manifests"]
@@ -215,6 +221,14 @@ fn every_value_lands_where_a_user_expects_it() {
     let args = args_of(agent);
     assert!(args.contains(&"--cluster-name={{CLUSTER_NAME}}".to_string()));
     assert!(args.contains(&"--argocd-namespace=gitops-spoke".to_string()));
+    let env = agent["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "ARGOCD_PULL_ARGOCD_REDIS" && e["value"] == "{{ARGOCD_REDIS}}"),
+        "{env:?}"
+    );
     let ca = manifests.iter().find(|m| m["kind"] == "ConfigMap").unwrap();
     assert_eq!(ca["data"]["ca.crt"], "{{HUB_CA}}");
 }
