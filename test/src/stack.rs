@@ -195,6 +195,16 @@ impl Stack {
         for c in &shared.clusters {
             spokes.push(argocd::Spoke::start(c, argocd::SpokeOptions::default()).await?);
         }
+        if options.install == Install::Kustomize {
+            progress(&format!(
+                "each cluster's Argo CD Redis at {} inside its node, as argocd-redis.argocd.svc:6379 would be: the hub-controller writes the trees into argocd-server's, the agents read theirs",
+                pods::ARGOCD_REDIS
+            ));
+            pods::open_argocd_redis(&mut nodes[0], &testenv, argocd_server.redis())?;
+            for (node, spoke) in nodes[1..].iter_mut().zip(&spokes) {
+                pods::open_argocd_redis(node, &testenv, spoke.redis())?;
+            }
+        }
 
         let install = install_dir(hub);
         match options.install {
@@ -238,9 +248,18 @@ impl Stack {
         if options.install == Install::Kustomize {
             // The chart takes it from its values (`grpc.address`).
             progress(&format!(
-                "telling the agents where the hub is: HUB_GRPC_ADDRESS=https://{grpc} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}"
+                "telling the agents where the hub and their Argo CD's Redis are: HUB_GRPC_ADDRESS=https://{grpc} and ARGOCD_REDIS={} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}",
+                pods::ARGOCD_REDIS
             ));
-            set_hub_address(hub, DEPLOYMENT_CONFIG, &format!("https://{grpc}")).await?;
+            set_variables(
+                hub,
+                DEPLOYMENT_CONFIG,
+                &[
+                    ("HUB_GRPC_ADDRESS", &format!("https://{grpc}")),
+                    ("ARGOCD_REDIS", &pods::ARGOCD_REDIS.to_string()),
+                ],
+            )
+            .await?;
         }
         let stack = Self {
             spokes,
@@ -549,6 +568,12 @@ fn install_dir(hub: &Cluster) -> PathBuf {
 }
 
 async fn set_hub_address(hub: &Cluster, config: &str, address: &str) -> Result<()> {
+    set_variables(hub, config, &[("HUB_GRPC_ADDRESS", address)]).await
+}
+
+/// Sets `variables` on AddOnDeploymentConfig `config`, as the platform
+/// team would (server-side apply, so the controller's `HUB_CA` stays).
+async fn set_variables(hub: &Cluster, config: &str, variables: &[(&str, &str)]) -> Result<()> {
     let api = Api::<DynamicObject>::namespaced_with(
         hub.client().await?,
         HUB_NAMESPACE,
@@ -557,9 +582,10 @@ async fn set_hub_address(hub: &Cluster, config: &str, address: &str) -> Result<(
     let patch = json!({
         "apiVersion": "addon.open-cluster-management.io/v1alpha1",
         "kind": "AddOnDeploymentConfig",
-        "spec": { "customizedVariables": [
-            { "name": "HUB_GRPC_ADDRESS", "value": address },
-        ] },
+        "spec": { "customizedVariables": variables
+            .iter()
+            .map(|(name, value)| json!({ "name": name, "value": value }))
+            .collect::<Vec<_>>() },
     });
     api.patch(
         config,

@@ -31,6 +31,29 @@ pub const HUB_GRPC: SocketAddr =
 pub const HUB_ADMIN: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 213, 254, 2), 8080));
 
+/// Where pods reach their own cluster's Argo CD Redis (argocd-server's on
+/// the hub, the application-controller's on a managed cluster): an
+/// address of the harness's range on every node, which a relay takes to
+/// that Redis on this machine's loopback ([`open_argocd_redis`]), as the
+/// Service `argocd-redis.argocd.svc:6379` would in a real cluster.
+pub const ARGOCD_REDIS: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 213, 254, 3), 6379));
+
+/// Makes [`ARGOCD_REDIS`] inside `node` lead to `redis` on this machine's
+/// loopback: a relay from a unix socket to `redis` outside the node, and
+/// one from the address to that socket inside.
+pub fn open_argocd_redis(node: &mut Node, testenv: &Path, redis: SocketAddr) -> Result<()> {
+    let socket = node.dir().join("argocd-redis.sock");
+    node.relay(
+        testenv,
+        "relay-argocd-redis",
+        false,
+        &format!("unix:{}", socket.display()),
+        &format!("tcp:{redis}"),
+    )?;
+    node.reach(testenv, ARGOCD_REDIS, &socket)
+}
+
 /// A Deployment of argocd-pull as its pods show it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Status {
@@ -325,7 +348,9 @@ pub fn logs(cluster: &str, node: &Node) -> BTreeMap<String, PathBuf> {
 /// for their hub: one replica here (two cores; the churn test deletes the
 /// one pod and waits for the Deployment's replacement) and [`HUB_GRPC`] in
 /// the gRPC certificate, and the certificates checked every 10 s; with
-/// `raw_feedback`, `--raw-feedback` (the work agents have the gate).
+/// `raw_feedback`, `--raw-feedback` (the work agents have the gate); and
+/// `--argocd-redis` [`ARGOCD_REDIS`] (the hub's argocd-server's Redis):
+/// the hub copies' trees for the hub's Argo CD UI and CLI.
 pub fn hub_overlay(dir: &Path, raw_feedback: bool) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     // kustomize takes only relative paths to a base.
@@ -351,9 +376,13 @@ patches:
       # A new AddOnDeploymentConfig gets HUB_CA within seconds, not a minute.
       - op: add
         path: /spec/template/spec/containers/0/args/-
-        value: --certificate-check-interval=10s{}
+        value: --certificate-check-interval=10s
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --argocd-redis={}{}
 "#,
             HUB_GRPC.ip(),
+            ARGOCD_REDIS,
             if raw_feedback {
                 "\n      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: --raw-feedback"
             } else {

@@ -3,7 +3,9 @@
 //! logged in as the local admin through its session API, its Application
 //! list carries each hub copy's sync and health, on either transport; the
 //! CLI and the UI (headless Chromium) show each, its tree's nodes
-//! included (cluster2's from its ManifestWork's raw feedback).
+//! included (cluster2's from its ManifestWork's raw feedback). Over gRPC,
+//! the CLI also reads what cluster1's own Argo CD cached, as the agent
+//! reported it: the live manifests and the diff.
 
 use std::time::Duration;
 
@@ -43,6 +45,35 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
         },
     )
     .await;
+    // What cluster1's Argo CD cached, through the hub, as its agent
+    // reported it: the live manifests and the diff (in sync: exit 0).
+    let grpc_app = format!("argocd/{}", names[0]);
+    let live = eventually(
+        stack,
+        "the live manifests of cluster1's Application through the hub",
+        || async {
+            let out = server
+                .cli(&token, &["app", "manifests", &grpc_app, "--source", "live"])
+                .map_err(|e| e.to_string())?;
+            if out.contains("kind: ConfigMap") {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await;
+    eprintln!("$ argocd app manifests {grpc_app} --source live\n{live}");
+    for name in names {
+        let app = format!("argocd/{name}");
+        let out = server.cli(&token, &["app", "resources", &app]).unwrap();
+        eprintln!("$ argocd app resources {app}\n{out}");
+        assert!(out.contains("ConfigMap"), "{out}");
+    }
+    let diff = server
+        .cli(&token, &["app", "diff", &grpc_app])
+        .unwrap_or_else(|e| panic!("argocd app diff {grpc_app}: {e}"));
+    eprintln!("$ argocd app diff {grpc_app}   (exit 0: in sync)\n{diff}");
     // The same as the CLI shows it, and on the UI, as a person opens each:
     // the Application's page with its health and sync, and the tree's
     // nodes: the resources its cluster reported in the hub copy's status,

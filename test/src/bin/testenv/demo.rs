@@ -137,9 +137,17 @@ pub async fn run(dir: PathBuf, git_port: u16, timeout: Duration) -> Result<()> {
             String::from_utf8_lossy(&login.stderr)
         );
     }
+    let c1 = format!("{NAMESPACE}/guestbook-cluster1");
+    let c2 = format!("{NAMESPACE}/guestbook-cluster2");
     for args in [
         &["app", "list"][..],
-        &["app", "get", &format!("{NAMESPACE}/guestbook-cluster1")],
+        &["app", "get", &c1],
+        // What cluster1's own Argo CD cached, as its agent reported it.
+        &["app", "resources", &c1],
+        &["app", "manifests", &c1, "--source", "live"],
+        &["app", "diff", &c1],
+        // cluster2's, from its ManifestWork's feedback.
+        &["app", "resources", &c2],
     ] {
         let out = std::process::Command::new(&cli)
             .args(args)
@@ -245,10 +253,12 @@ Break something on purpose (an Application for a cluster OCM does not know):
 
 The hub's Argo CD UI:  {ui}  (user admin, password {password})
   open {ui}/applications/argocd/guestbook-{c1} for {c1}'s Application: its sync and health as {c1} reported them
-  (the resource tree, live manifests and logs of a pulled Application are not there yet: see docs/ui.md)
+  (its tree, live states and diff are what {c1}'s Argo CD cached; a resource's LIVE MANIFEST tab, events and logs are not there yet: see docs/ui.md)
 Its CLI, logged in as admin:
   {argocd} app list
   {argocd} app get argocd/guestbook-{c1}
+  {argocd} app manifests argocd/guestbook-{c1} --source live
+  {argocd} app diff argocd/guestbook-{c1}
 
 The fleet as the hub sees it (`make install-plugin` puts it on the PATH as `kubectl argocd-pull`):
   {plugin} --kubeconfig {hub_kubeconfig} --admin http://{admin} status
