@@ -157,6 +157,12 @@ BENCH_ABUSE_ARGS ?= --good-agents 100 --bad-handshakes 10000
 bench-abuse: bench-grpc-build
 	$(BENCH_GRPC) abuse $(BENCH_ABUSE_ARGS)
 
+## bench-trees: the cluster's own tree in the hub's Argo CD: a change on a managed cluster to the hub's argocd-server showing it (p50/p99/min/max over 50 changes), argocd-server's reads of the tree and live states (p50/p99), BENCH_GRPC_REPEAT times (docs/ui.md)
+.PHONY: bench-trees
+BENCH_TREES_ARGS ?= --changes 50 --reads 200
+bench-trees: bench-grpc-build
+	$(BENCH_GRPC) trees $(BENCH_TREES_ARGS)
+
 bench-grpc-build: tools
 	@bash test/tools/build-argocd-agent.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-grpc: argocd-agent is not available (set ARGOCD_AGENT_SRC, docs/benchmarks.md); its column will say so"; }

@@ -320,6 +320,7 @@ async fn one_run(args: &AbuseArgs, hub_bin: &std::path::Path) -> Result<Figures>
         allowed_targets: &allowed,
         log: Some(logs.join("grpc-abuse-hub.log")),
         max_connections: None,
+        extra_args: &[],
     })?;
     hub_process.ready(timeout).await?;
     fleet.new_epoch();

@@ -319,6 +319,7 @@ async fn start<'a>(
                 allowed_targets: targets,
                 log: Some(logs.join("compare-ours-hub.log")),
                 max_connections: None,
+                extra_args: &[],
             };
             let mut hub_process = HubProcess::start(&options)?;
             hub_process.ready(Duration::from_secs(60)).await?;

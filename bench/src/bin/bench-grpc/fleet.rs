@@ -633,6 +633,7 @@ pub async fn one_run(
         allowed_targets: &allowed,
         log: Some(log.to_path_buf()),
         max_connections: fleet_connections(args.agents),
+        extra_args: &[],
     };
 
     // ----------------------------------------------------------- first start

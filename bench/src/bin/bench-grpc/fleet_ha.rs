@@ -402,6 +402,7 @@ async fn one_run(
                 allowed_targets: &allowed,
                 log: Some(log.clone()),
                 max_connections: None,
+                extra_args: &[],
             },
             &name,
         )?;

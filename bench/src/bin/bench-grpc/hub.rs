@@ -168,6 +168,8 @@ pub struct HubOptions<'a> {
     /// `--grpc-max-connections`; `None`: the hub's default (4096), which a
     /// fleet of more agents than that needs raised.
     pub max_connections: Option<usize>,
+    /// Any other flags.
+    pub extra_args: &'a [String],
 }
 
 /// The hub-controller process.
@@ -219,6 +221,7 @@ impl HubProcess {
         for rule in o.allowed_targets {
             cmd.args(["--allowed-target", rule]);
         }
+        cmd.args(o.extra_args);
         if let Some(max) = o.max_connections {
             cmd.args(["--grpc-max-connections", &max.to_string()]);
         }

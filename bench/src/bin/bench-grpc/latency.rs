@@ -208,6 +208,7 @@ async fn one_run(args: &LatencyArgs, hub_bin: &Path, version: &mut String) -> Re
         allowed_targets: &[format!("{NS}=*")],
         log: None,
         max_connections: None,
+        extra_args: &[],
     })?;
     hub_process.ready(Duration::from_secs(60)).await?;
 

@@ -49,6 +49,7 @@ mod fleet_load_generator;
 mod hub;
 mod latency;
 mod report;
+mod trees;
 
 use std::path::PathBuf;
 
@@ -95,6 +96,11 @@ enum Part {
     /// certificates and one valid agent that floods and never reads abuse
     /// the hub; the hub's peak memory.
     Abuse(abuse::AbuseArgs),
+    /// The cluster's own tree in the hub's Argo CD (capability `trees`):
+    /// a change on the managed cluster to the hub's argocd-server showing
+    /// it (p50, p99, min, max), and argocd-server's reads of the tree and
+    /// the live states (p50, p99).
+    Trees(trees::TreesArgs),
 }
 
 #[tokio::main]
@@ -121,5 +127,6 @@ async fn main() -> Result<()> {
         Part::Compare(a) => compare::run(a, args.repeat, &hub_bin).await,
         Part::Abuse(a) => abuse::run(a, args.repeat, &hub_bin).await,
         Part::FleetCompare(a) => fleet_compare::run(a, args.repeat, &hub_bin).await,
+        Part::Trees(a) => trees::run(a, args.repeat, &hub_bin).await,
     }
 }

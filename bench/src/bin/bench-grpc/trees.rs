@@ -1,0 +1,293 @@
+//! The cluster's own tree and live states in the hub's Argo CD (capability
+//! `trees`, docs/ui.md): how long a change on the managed cluster takes to
+//! show through the hub's argocd-server, and how fast argocd-server serves
+//! the tree and the live states the hub-controller wrote.
+//!
+//! One run: a hub and a managed cluster (real API servers), Argo CD on the
+//! managed cluster (application-controller, repo-server, Redis) syncing one
+//! ConfigMap from a local Git server, argocd-server with its Redis on the
+//! hub, the hub-controller binary with `--argocd-redis`, and the agent
+//! (in this process, as the latency part runs it) reading the cluster's
+//! Redis. Each change sets the ConfigMap's data on the managed cluster
+//! (behind Argo CD's back: the Application does not self-heal); the time is
+//! until argocd-server's `managed-resources` (what `argocd app manifests
+//! --source live` and `argocd app diff` read) shows the new value. The
+//! path: Kubernetes watch -> the application-controller's cache -> its
+//! Redis and `PUBLISH` -> the agent (within its 500 ms batch) -> the hub ->
+//! the hub's Redis -> argocd-server.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use argocd_pull_apis::argocd::{Application, application_resource};
+use argocd_pull_bench::stats::{Percentiles, percentiles};
+use argocd_pull_runtime::Readiness;
+use argocd_pull_spoke_agent::trees::{Password, RedisConfig};
+use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
+use http::Method;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use testenv::argocd::{GitServer, Server, ServerOptions, Spoke, SpokeOptions};
+use testenv::{Cluster, ClusterConfig, CrdSet};
+
+use crate::hub::{self, HubOptions, HubProcess, Pki, SPOKE_NS, agent_subject};
+use crate::report::{self, Row, print_runs};
+
+#[derive(clap::Args, Debug)]
+pub struct TreesArgs {
+    /// Changes on the managed cluster timed one at a time.
+    #[arg(long, default_value_t = 50)]
+    changes: usize,
+    /// Reads of the tree and of the live states, each, for their latency.
+    #[arg(long, default_value_t = 200)]
+    reads: usize,
+}
+
+const NS: &str = "bench";
+const APP: &str = "trees";
+/// How long a change may take to show through the hub.
+const WITHIN: Duration = Duration::from_secs(60);
+
+struct Figures {
+    change: Percentiles,
+    fastest: Duration,
+    tree_read: Percentiles,
+    live_read: Percentiles,
+}
+
+pub async fn run(args: TreesArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
+    let runs = report::each_round("trees", repeat, async |_| one_run(&args, hub_bin).await).await;
+    let at = |pick: fn(&Figures) -> Duration| {
+        report::per_run(&runs, move |f| Some(pick(f).as_secs_f64()))
+    };
+    let rows = vec![
+        Row::new(
+            "a change on the cluster -> in the hub's live states, p50",
+            at(|f| f.change.p50),
+            report::ms,
+        ),
+        Row::new(
+            "a change on the cluster -> in the hub's live states, p99",
+            at(|f| f.change.p99),
+            report::ms,
+        )
+        .target("< 2 s", |v| v < 2.0),
+        Row::new(
+            "a change on the cluster -> in the hub's live states, min",
+            at(|f| f.fastest),
+            report::ms,
+        ),
+        Row::new(
+            "a change on the cluster -> in the hub's live states, max",
+            at(|f| f.change.max),
+            report::ms,
+        ),
+        Row::new(
+            "argocd-server resource-tree through the hub, p50",
+            at(|f| f.tree_read.p50),
+            report::ms,
+        ),
+        Row::new(
+            "argocd-server resource-tree through the hub, p99",
+            at(|f| f.tree_read.p99),
+            report::ms,
+        )
+        .target("< 300 ms", |v| v < 0.300),
+        Row::new(
+            "argocd-server managed-resources (live states) through the hub, p50",
+            at(|f| f.live_read.p50),
+            report::ms,
+        ),
+        Row::new(
+            "argocd-server managed-resources (live states) through the hub, p99",
+            at(|f| f.live_read.p99),
+            report::ms,
+        )
+        .target("< 300 ms", |v| v < 0.300),
+    ];
+    print_runs(
+        &format!(
+            "The cluster's own tree in the hub's Argo CD: {} changes and {} reads of each per run, {repeat} run(s)",
+            args.changes, args.reads
+        ),
+        &rows,
+    );
+    let mut failed = false;
+    for (i, r) in runs.iter().enumerate() {
+        if let Err(e) = r {
+            println!("\nrun {}: {e:#}", i + 1);
+            failed = true;
+        }
+    }
+    if failed {
+        bail!("a run failed");
+    }
+    Ok(())
+}
+
+async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
+    eprintln!("bench-grpc trees: a hub and a managed cluster, Argo CD on each, a Git server");
+    let (hub, spoke) = tokio::join!(
+        Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)),
+        Cluster::start(ClusterConfig::new("spoke1", CrdSet::Managed)),
+    );
+    let (hub, spoke) = (hub?, spoke?);
+    let (argocd, git, server) = tokio::join!(
+        Spoke::start(&spoke, SpokeOptions::default()),
+        GitServer::start(),
+        Server::start(&hub, ServerOptions::default()),
+    );
+    let (argocd, git, server) = (argocd?, git?, server?);
+    let hub_client = hub.client().await?;
+    let spoke_client = spoke.client().await?;
+    spoke.ensure_namespace(SPOKE_NS).await?;
+    spoke.ensure_namespace(APP).await?;
+    hub.ensure_namespace(NS).await?;
+    hub.ensure_namespace(hub::CONTROLLER_NS).await?;
+    hub::join(&hub_client, "spoke1").await?;
+    let repo = git.create_repo(APP)?;
+    repo.commit(
+        "one ConfigMap",
+        &[(
+            "app/cm.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  value: v0\n",
+        )],
+    )?;
+
+    let pki = Pki::new()?;
+    let spoke_tls = pki.agent_files("spoke1", &agent_subject("spoke1", "bench"))?;
+    let grpc_addr = testenv::net::free_addr()?;
+    let extra = vec![format!("--argocd-redis={}", server.redis())];
+    let mut hub_process = HubProcess::start(&HubOptions {
+        bin: hub_bin,
+        hub: &hub,
+        pki: &pki,
+        grpc_addr,
+        allowed_targets: &[format!("{NS}=*")],
+        log: None,
+        max_connections: None,
+        extra_args: &extra,
+    })?;
+    hub_process.ready(Duration::from_secs(60)).await?;
+
+    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    let agent = tokio::spawn(argocd_pull_spoke_agent::run_agent(
+        AgentConfig {
+            cluster_name: "spoke1".into(),
+            hub_address: format!("https://{grpc_addr}"),
+            tls: spoke_tls,
+            argocd_namespace: SPOKE_NS.into(),
+            mode: Mode::Managed,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+            tls_reload_interval: Duration::from_secs(10),
+            workers: 16,
+            argocd_redis: Some(RedisConfig {
+                addr: argocd.redis().to_string(),
+                password: Password::None,
+            }),
+        },
+        spoke_client.clone(),
+        AgentMetrics::default(),
+        Readiness::default(),
+        shutdown,
+    ));
+
+    let mut app = hub::application(NS, APP, "spoke1");
+    app["spec"]["source"] = json!({ "repoURL": repo.url(), "path": "app", "targetRevision": "main" });
+    // Synced once, then left alone: a change on the cluster stays a diff.
+    app["spec"]["syncPolicy"] = json!({ "automated": { "prune": true } });
+    let app: Application = serde_json::from_value(app)?;
+    Api::<Application>::namespaced_with(hub_client.clone(), NS, &application_resource())
+        .create(&PostParams::default(), &app)
+        .await?;
+    let token = server.login("admin", server.admin_password()).await?;
+    let live = |value: String| {
+        let (server, token) = (&server, &token);
+        async move {
+            let (code, body) = server
+                .api(
+                    Method::GET,
+                    &format!("/api/v1/applications/{APP}/managed-resources?appNamespace={NS}"),
+                    Some(token),
+                    None,
+                )
+                .await?;
+            let shown = code == 200
+                && body["items"].as_array().into_iter().flatten().any(|i| {
+                    i["liveState"]
+                        .as_str()
+                        .is_some_and(|s| s.contains(&format!("\"value\":\"{value}\"")))
+                });
+            anyhow::Ok(shown)
+        }
+    };
+    eprintln!("bench-grpc trees: waiting for the first sync to show through the hub");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !live("v0".into()).await.unwrap_or(false) {
+        if Instant::now() > deadline {
+            bail!("the synced ConfigMap never showed in the hub's managed-resources");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    eprintln!("bench-grpc trees: timing {} changes on the cluster", args.changes);
+    let cms: Api<ConfigMap> = Api::namespaced(spoke_client.clone(), APP);
+    let mut changes = Vec::with_capacity(args.changes);
+    for i in 1..=args.changes {
+        let value = format!("v{i}");
+        let start = Instant::now();
+        cms.patch(
+            "settings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { "value": value } })),
+        )
+        .await?;
+        loop {
+            if live(value.clone()).await? {
+                break;
+            }
+            if start.elapsed() > WITHIN {
+                bail!("change {i} did not show through the hub within {WITHIN:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        changes.push(start.elapsed());
+    }
+
+    eprintln!("bench-grpc trees: {} reads of each", args.reads);
+    let mut tree_reads = Vec::with_capacity(args.reads);
+    let mut live_reads = Vec::with_capacity(args.reads);
+    for _ in 0..args.reads {
+        let start = Instant::now();
+        let (code, body) = server
+            .api(
+                Method::GET,
+                &format!("/api/v1/applications/{APP}/resource-tree?appNamespace={NS}"),
+                Some(&token),
+                None,
+            )
+            .await?;
+        tree_reads.push(start.elapsed());
+        if code != 200 || body["nodes"].as_array().is_none_or(Vec::is_empty) {
+            bail!("resource-tree answered {code}: {body}");
+        }
+        let start = Instant::now();
+        if !live(format!("v{}", args.changes)).await? {
+            bail!("managed-resources lost the last value");
+        }
+        live_reads.push(start.elapsed());
+    }
+    stop.fire();
+    let _ = agent.await;
+    drop(hub_process);
+    let fastest = *changes.iter().min().context("no changes timed")?;
+    Ok(Figures {
+        change: percentiles(changes).context("no changes timed")?,
+        fastest,
+        tree_read: percentiles(tree_reads).context("no reads")?,
+        live_read: percentiles(live_reads).context("no reads")?,
+    })
+}
