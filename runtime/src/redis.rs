@@ -65,7 +65,8 @@ impl Redis {
     }
 
     /// [`Redis::new`] with the password read from `password_file` (Argo
-    /// CD's `argocd-redis` Secret's `auth` key, mounted), when one is named.
+    /// CD's `argocd-redis` Secret's `auth` key, mounted), when one is named;
+    /// the error is `<path>: <why>`, for the caller to prefix with its flag.
     pub fn with_password_file(
         addr: impl Into<String>,
         password_file: Option<&std::path::Path>,
@@ -73,7 +74,7 @@ impl Redis {
         let password = match password_file {
             Some(path) => Some(
                 std::fs::read_to_string(path)
-                    .map_err(|e| format!("the Redis password file {}: {e}", path.display()))?
+                    .map_err(|e| format!("{}: {e}", path.display()))?
                     .trim_end_matches(['\r', '\n'])
                     .to_string(),
             ),

@@ -6,9 +6,10 @@
 //!
 //! The application-controller publishes on `app|managed-resources|<app>|...`
 //! each time it caches an Application's tree; the reporter subscribes to
-//! those channels, and every 500 ms reads the trees of the Applications
-//! named since, and queues a report for each one that changed since it was
-//! last sent. After each Welcome that negotiated `trees` it reports every
+//! those channels and reads the trees of the Applications named: at once
+//! after a quiet spell, then at most every 500 ms while changes keep
+//! coming. It queues a report for each one that changed since it was last
+//! sent. After each Welcome that negotiated `trees` it reports every
 //! Application again. Secrets' values are replaced before anything leaves
 //! the cluster ([`tree::redact_managed_resources`]). A Redis that fails is
 //! retried with the agent's usual backoff and stops nothing else.
@@ -34,7 +35,7 @@ use kube::runtime::reflector::Store;
 use crate::cache::Cache;
 use crate::state::AgentState;
 
-/// How often the trees named since are read and reported.
+/// How often, at most, the trees named since are read and reported.
 pub const INTERVAL: Duration = Duration::from_millis(500);
 
 /// The channels the application-controller publishes on.
@@ -69,7 +70,8 @@ impl RedisConfig {
     pub async fn open(&self, client: &kube::Client, namespace: &str) -> Result<Redis, String> {
         let redis = match &self.password {
             Password::None => Redis::new(self.addr.clone(), None),
-            Password::File(file) => Redis::with_password_file(self.addr.clone(), Some(file))?,
+            Password::File(file) => Redis::with_password_file(self.addr.clone(), Some(file))
+                .map_err(|e| format!("--argocd-redis-password-file {e}"))?,
             Password::Secret(name) => {
                 let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
                     kube::Api::namespaced(client.clone(), namespace);
@@ -147,9 +149,12 @@ impl Reporter {
         // Whatever changed while not subscribed: everything again.
         sent.clear();
         let mut named: HashSet<ObjectKey> = self.all();
-        let mut tick = tokio::time::interval(INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Reads go at once after a quiet spell, then at most every
+        // INTERVAL while changes keep coming (what came meanwhile waits
+        // for the next).
+        let mut last_read = tokio::time::Instant::now() - INTERVAL;
         loop {
+            let read_at = (last_read + INTERVAL).max(tokio::time::Instant::now());
             tokio::select! {
                 message = subscription.next() => {
                     let (channel, _) = message?;
@@ -161,10 +166,11 @@ impl Reporter {
                     sent.clear();
                     named = self.all();
                 }
-                _ = tick.tick() => {
+                () = tokio::time::sleep_until(read_at), if !named.is_empty() => {
                     for key in std::mem::take(&mut named) {
                         self.report(&key, sent).await?;
                     }
+                    last_read = tokio::time::Instant::now();
                     backoff.reset();
                 }
             }

@@ -86,7 +86,7 @@ impl TreeArgs {
         };
         Redis::with_password_file(addr.clone(), self.argocd_redis_password_file.as_deref())
             .map(Some)
-            .map_err(|e| anyhow::anyhow!("--argocd-redis-password-file: {e}"))
+            .map_err(|e| anyhow::anyhow!("--argocd-redis-password-file {e}"))
     }
 }
 

@@ -196,7 +196,8 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
     ));
 
     let mut app = hub::application(NS, APP, "spoke1");
-    app["spec"]["source"] = json!({ "repoURL": repo.url(), "path": "app", "targetRevision": "main" });
+    app["spec"]["source"] =
+        json!({ "repoURL": repo.url(), "path": "app", "targetRevision": "main" });
     // Synced once, then left alone: a change on the cluster stays a diff.
     app["spec"]["syncPolicy"] = json!({ "automated": { "prune": true } });
     let app: Application = serde_json::from_value(app)?;
@@ -233,7 +234,10 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    eprintln!("bench-grpc trees: timing {} changes on the cluster", args.changes);
+    eprintln!(
+        "bench-grpc trees: timing {} changes on the cluster",
+        args.changes
+    );
     let cms: Api<ConfigMap> = Api::namespaced(spoke_client.clone(), APP);
     let mut changes = Vec::with_capacity(args.changes);
     for i in 1..=args.changes {
