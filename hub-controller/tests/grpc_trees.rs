@@ -338,14 +338,59 @@ async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the
     assert!(!stored.contains("aHVudGVyMi1vbi1jbHVzdGVyMQ"), "{stored}");
     assert!(stored.contains("++++++++"), "{stored}");
 
+    // Changes one at a time, a second apart: every one shows through the
+    // hub (the controller publishes before it writes the live states; an
+    // agent that read only on the publish lost about one in ten).
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(env.spokes[0].client.clone(), "guestbook");
+    for i in 1..=8 {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let colour = format!("teal-{i}");
+        cms.patch(
+            "settings",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "data": { "colour": colour } })),
+        )
+        .await
+        .unwrap();
+        wait::until(&format!("change {i} through the hub"), TIMEOUT, || async {
+            let out = server
+                .cli(&token, &["app", "manifests", &app, "--source", "live"])
+                .map_err(|e| e.to_string())?;
+            if out.contains(&format!("colour: {colour}")) {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        })
+        .await;
+    }
+    // Set back as Git has it: in sync again.
+    cms.patch(
+        "settings",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({ "data": { "colour": "teal" } })),
+    )
+    .await
+    .unwrap();
+    wait::until(
+        "the ConfigMap back in sync through the hub",
+        TIMEOUT,
+        || async {
+            match argocd_diff(&server, &token, &app) {
+                (Some(0), _) => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+
     // In sync: `argocd app diff` through the hub finds nothing (exit 0).
     let (code, out) = argocd_diff(&server, &token, &app);
     assert_eq!(code, Some(0), "{out}");
 
     // A change on the cluster reaches the hub's view: the ConfigMap's data
     // changed behind Argo CD's back shows in the live state and the diff.
-    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-        kube::Api::namespaced(env.spokes[0].client.clone(), "guestbook");
     let started = std::time::Instant::now();
     cms.patch(
         "settings",

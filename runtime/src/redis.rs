@@ -127,7 +127,7 @@ impl Redis {
 
     /// `PSUBSCRIBE pattern` on a connection of its own, which then only
     /// receives: read the messages with [`Subscription::next`].
-    pub async fn psubscribe(&self, pattern: &str) -> Result<Subscription<'_>, Error> {
+    pub async fn psubscribe(&self, pattern: &str) -> Result<Subscription, Error> {
         let mut conn = tokio::time::timeout(TIMEOUT, self.connect())
             .await
             .map_err(|_| self.timeout())??;
@@ -141,7 +141,15 @@ impl Redis {
             Reply::Array(items)
                 if items.first() == Some(&Reply::Bulk(Some(b"psubscribe".to_vec()))) =>
             {
-                Ok(Subscription { redis: self, conn })
+                Ok(Subscription {
+                    redis: Redis {
+                        addr: self.addr.clone(),
+                        password: None,
+                        max_reply: self.max_reply,
+                        conn: Mutex::new(None),
+                    },
+                    conn,
+                })
             }
             other => Err(self.protocol(format!("PSUBSCRIBE answered {other:?}"))),
         }
@@ -300,16 +308,22 @@ enum Item {
     Array(usize),
 }
 
-/// A connection in subscriber mode, from [`Redis::psubscribe`].
-pub struct Subscription<'a> {
-    redis: &'a Redis,
+/// A connection in subscriber mode, from [`Redis::psubscribe`]; owns
+/// everything it reads with, so that a task of its own can read it.
+pub struct Subscription {
+    /// How replies are read and errors named (never connects).
+    redis: Redis,
     conn: BufReader<TcpStream>,
 }
 
-impl Subscription<'_> {
+impl Subscription {
     /// The next message published on a channel the pattern matches:
     /// `(channel, message)`. Waits as long as nothing is published; an
     /// error ends the subscription (subscribe again).
+    ///
+    /// Not cancel-safe: a read dropped halfway loses the stream's framing.
+    /// Await it to the end (in a task of its own, say), never in a
+    /// `select!` that may drop it.
     pub async fn next(&mut self) -> Result<(String, Vec<u8>), Error> {
         loop {
             match self.redis.read_reply(&mut self.conn).await? {

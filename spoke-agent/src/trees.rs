@@ -8,8 +8,9 @@
 //! each time it caches an Application's tree; the reporter subscribes to
 //! those channels and reads the trees of the Applications named: at once
 //! after a quiet spell, then at most every 500 ms while changes keep
-//! coming. It queues a report for each one that changed since it was last
-//! sent. After each Welcome that negotiated `trees` it reports every
+//! coming, and each once more 500 ms later (the controller publishes
+//! before it writes the live states). It queues a report for each one that
+//! changed since it was last sent. After each Welcome that negotiated `trees` it reports every
 //! Application again. Secrets' values are replaced before anything leaves
 //! the cluster ([`tree::redact_managed_resources`]). A Redis that fails is
 //! retried with the agent's usual backoff and stops nothing else.
@@ -29,6 +30,7 @@ use argocd_pull_proto::v1::{ObjectKey, ResourceTreeReport};
 use argocd_pull_runtime::backoff::Backoff;
 use argocd_pull_runtime::redis::{self, Redis};
 use argocd_pull_runtime::shutdown::Shutdown;
+use argocd_pull_runtime::task::AbortOnDrop;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
@@ -146,18 +148,39 @@ impl Reporter {
         backoff: &mut Backoff,
     ) -> Result<(), redis::Error> {
         let mut subscription = self.redis.psubscribe(PATTERN).await?;
+        // Read in a task of its own: a read that a `select!` dropped
+        // halfway would lose the stream's framing (and then wait, for
+        // bytes that never come, while changes go unreported).
+        let (names, mut named_rx) = tokio::sync::mpsc::channel(1024);
+        let _reader = AbortOnDrop(tokio::spawn(async move {
+            loop {
+                let next = subscription.next().await.map(|(channel, _)| channel);
+                let failed = next.is_err();
+                if names.send(next).await.is_err() || failed {
+                    return;
+                }
+            }
+        }));
         // Whatever changed while not subscribed: everything again.
         sent.clear();
         let mut named: HashSet<ObjectKey> = self.all();
         // Reads go at once after a quiet spell, then at most every
         // INTERVAL while changes keep coming (what came meanwhile waits
-        // for the next).
+        // for the next). Each Application named is read once more an
+        // INTERVAL later: the application-controller publishes when it
+        // writes the tree, and writes the managed resources (the live
+        // states) just after (`setAppManagedResources`), so the first read
+        // may see the new tree with the old live states, and nothing is
+        // published again.
         let mut last_read = tokio::time::Instant::now() - INTERVAL;
+        let mut again: HashSet<ObjectKey> = HashSet::new();
         loop {
             let read_at = (last_read + INTERVAL).max(tokio::time::Instant::now());
             tokio::select! {
-                message = subscription.next() => {
-                    let (channel, _) = message?;
+                message = named_rx.recv() => {
+                    // The reader sends its error before it ends.
+                    let Some(message) = message else { return Ok(()) };
+                    let channel = message?;
                     if let Some(key) = self.key_of_channel(&channel) {
                         named.insert(key);
                     }
@@ -166,10 +189,12 @@ impl Reporter {
                     sent.clear();
                     named = self.all();
                 }
-                () = tokio::time::sleep_until(read_at), if !named.is_empty() => {
-                    for key in std::mem::take(&mut named) {
-                        self.report(&key, sent).await?;
+                () = tokio::time::sleep_until(read_at), if !named.is_empty() || !again.is_empty() => {
+                    let now = std::mem::take(&mut named);
+                    for key in now.union(&again) {
+                        self.report(key, sent).await?;
                     }
+                    again = now;
                     last_read = tokio::time::Instant::now();
                     backoff.reset();
                 }

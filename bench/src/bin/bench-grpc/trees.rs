@@ -43,6 +43,12 @@ pub struct TreesArgs {
     /// Reads of the tree and of the live states, each, for their latency.
     #[arg(long, default_value_t = 200)]
     reads: usize,
+    /// Quiet time before each change (milliseconds), so that each is a
+    /// change on its own: the agent reads a tree at once after a quiet
+    /// spell and at most every 500 ms while changes keep coming (0 times
+    /// changes back to back, which that limit paces).
+    #[arg(long, default_value_t = 1000)]
+    gap_ms: u64,
 }
 
 const NS: &str = "bench";
@@ -109,8 +115,8 @@ pub async fn run(args: TreesArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
     ];
     print_runs(
         &format!(
-            "The cluster's own tree in the hub's Argo CD: {} changes and {} reads of each per run, {repeat} run(s)",
-            args.changes, args.reads
+            "The cluster's own tree in the hub's Argo CD: {} changes ({} ms apart) and {} reads of each per run, {repeat} run(s)",
+            args.changes, args.gap_ms, args.reads
         ),
         &rows,
     );
@@ -241,6 +247,7 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
     let cms: Api<ConfigMap> = Api::namespaced(spoke_client.clone(), APP);
     let mut changes = Vec::with_capacity(args.changes);
     for i in 1..=args.changes {
+        tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
         let value = format!("v{i}");
         let start = Instant::now();
         cms.patch(
