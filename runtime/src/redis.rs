@@ -141,7 +141,7 @@ impl Redis {
             Reply::Array(items)
                 if items.first() == Some(&Reply::Bulk(Some(b"psubscribe".to_vec()))) =>
             {
-                Ok(Subscription {
+                let reader = Reader {
                     redis: Redis {
                         addr: self.addr.clone(),
                         password: None,
@@ -149,6 +149,13 @@ impl Redis {
                         conn: Mutex::new(None),
                     },
                     conn,
+                };
+                let (tx, messages) = tokio::sync::mpsc::channel(1024);
+                let task = tokio::spawn(reader.run(tx));
+                Ok(Subscription {
+                    messages,
+                    _reader: crate::task::AbortOnDrop(task),
+                    addr: self.addr.clone(),
                 })
             }
             other => Err(self.protocol(format!("PSUBSCRIBE answered {other:?}"))),
@@ -308,23 +315,50 @@ enum Item {
     Array(usize),
 }
 
-/// A connection in subscriber mode, from [`Redis::psubscribe`]; owns
-/// everything it reads with, so that a task of its own can read it.
+/// A connection in subscriber mode, from [`Redis::psubscribe`]. A task of
+/// its own reads the connection (a read dropped halfway would lose the
+/// stream's framing), so [`Subscription::next`] is cancel-safe and may sit
+/// in a `select!`; dropping the subscription ends the task.
 pub struct Subscription {
-    /// How replies are read and errors named (never connects).
-    redis: Redis,
-    conn: BufReader<TcpStream>,
+    messages: tokio::sync::mpsc::Receiver<Result<(String, Vec<u8>), Error>>,
+    _reader: crate::task::AbortOnDrop<()>,
+    addr: String,
 }
 
 impl Subscription {
     /// The next message published on a channel the pattern matches:
     /// `(channel, message)`. Waits as long as nothing is published; an
-    /// error ends the subscription (subscribe again).
-    ///
-    /// Not cancel-safe: a read dropped halfway loses the stream's framing.
-    /// Await it to the end (in a task of its own, say), never in a
-    /// `select!` that may drop it.
+    /// error ends the subscription (subscribe again). Cancel-safe.
     pub async fn next(&mut self) -> Result<(String, Vec<u8>), Error> {
+        self.messages.recv().await.unwrap_or_else(|| {
+            Err(Error::Protocol {
+                addr: self.addr.clone(),
+                what: "the subscription ended".into(),
+            })
+        })
+    }
+}
+
+/// Reads a subscribed connection to the end of each message.
+struct Reader {
+    /// How replies are read and errors named (never connects).
+    redis: Redis,
+    conn: BufReader<TcpStream>,
+}
+
+impl Reader {
+    /// Sends each message, then the error that ends the connection.
+    async fn run(mut self, tx: tokio::sync::mpsc::Sender<Result<(String, Vec<u8>), Error>>) {
+        loop {
+            let next = self.next().await;
+            let failed = next.is_err();
+            if tx.send(next).await.is_err() || failed {
+                return;
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Result<(String, Vec<u8>), Error> {
         loop {
             match self.redis.read_reply(&mut self.conn).await? {
                 Reply::Array(items) => match &items[..] {

@@ -30,7 +30,6 @@ use argocd_pull_proto::v1::{ObjectKey, ResourceTreeReport};
 use argocd_pull_runtime::backoff::Backoff;
 use argocd_pull_runtime::redis::{self, Redis};
 use argocd_pull_runtime::shutdown::Shutdown;
-use argocd_pull_runtime::task::AbortOnDrop;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
@@ -148,19 +147,6 @@ impl Reporter {
         backoff: &mut Backoff,
     ) -> Result<(), redis::Error> {
         let mut subscription = self.redis.psubscribe(PATTERN).await?;
-        // Read in a task of its own: a read that a `select!` dropped
-        // halfway would lose the stream's framing (and then wait, for
-        // bytes that never come, while changes go unreported).
-        let (names, mut named_rx) = tokio::sync::mpsc::channel(1024);
-        let _reader = AbortOnDrop(tokio::spawn(async move {
-            loop {
-                let next = subscription.next().await.map(|(channel, _)| channel);
-                let failed = next.is_err();
-                if names.send(next).await.is_err() || failed {
-                    return;
-                }
-            }
-        }));
         // Whatever changed while not subscribed: everything again.
         sent.clear();
         let mut named: HashSet<ObjectKey> = self.all();
@@ -177,10 +163,8 @@ impl Reporter {
         loop {
             let read_at = (last_read + INTERVAL).max(tokio::time::Instant::now());
             tokio::select! {
-                message = named_rx.recv() => {
-                    // The reader sends its error before it ends.
-                    let Some(message) = message else { return Ok(()) };
-                    let channel = message?;
+                message = subscription.next() => {
+                    let (channel, _) = message?;
                     if let Some(key) = self.key_of_channel(&channel) {
                         named.insert(key);
                     }
