@@ -21,22 +21,10 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// The tree argocd-server answers for `app`: its nodes as `kind/name
 /// health`, sorted; the error text when it has none.
 async fn tree_nodes(server: &Server, token: &str, app: &str) -> Result<Vec<String>, String> {
-    let (code, tree) = server
-        .api(
-            Method::GET,
-            &format!("/api/v1/applications/{app}/resource-tree?appNamespace={NAMESPACE}"),
-            Some(token),
-            None,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    if code != 200 {
-        return Err(format!("{code}: {tree}"));
-    }
-    let mut nodes: Vec<String> = tree["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let mut nodes: Vec<String> = server
+        .tree_nodes(token, NAMESPACE, app)
+        .await?
+        .iter()
         .map(|n| {
             let text = |p: &str| n.pointer(p).and_then(Value::as_str).unwrap_or("");
             format!(

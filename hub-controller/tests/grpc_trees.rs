@@ -58,22 +58,10 @@ fn tree(hub_uid: &str, key: argocd_pull_proto::v1::ObjectKey, pod: &str) -> Agen
 
 /// `kind/name <- parent kind` of each node argocd-server's tree has, sorted.
 async fn nodes(server: &Server, token: &str, app: &str, ns: &str) -> Result<Vec<String>, String> {
-    let (code, tree) = server
-        .api(
-            Method::GET,
-            &format!("/api/v1/applications/{app}/resource-tree?appNamespace={ns}"),
-            Some(token),
-            None,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    if code != 200 {
-        return Err(format!("{code}: {tree}"));
-    }
-    let mut out: Vec<String> = tree["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let mut out: Vec<String> = server
+        .tree_nodes(token, ns, app)
+        .await?
+        .iter()
         .map(|n| {
             let parent = n
                 .pointer("/parentRefs/0/kind")

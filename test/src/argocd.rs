@@ -343,6 +343,32 @@ impl Server {
         }
     }
 
+    /// The nodes of the resource tree argocd-server answers for
+    /// Application `namespace/app` (its API's `resource-tree`, what the UI
+    /// and `argocd app resources` read); the status and body when it has
+    /// none. Ask only once the tree is in Redis: on a miss argocd-server
+    /// waits for a refresh.
+    pub async fn tree_nodes(
+        &self,
+        token: &str,
+        namespace: &str,
+        app: &str,
+    ) -> std::result::Result<Vec<serde_json::Value>, String> {
+        let (code, tree) = self
+            .api(
+                http::Method::GET,
+                &format!("/api/v1/applications/{app}/resource-tree?appNamespace={namespace}"),
+                Some(token),
+                None,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if code != 200 {
+            return Err(format!("{code}: {tree}"));
+        }
+        Ok(tree["nodes"].as_array().cloned().unwrap_or_default())
+    }
+
     /// One call of Argo CD's REST API with bearer `token`: its status code
     /// and JSON body (`null` when the body is empty or not JSON).
     pub async fn api(

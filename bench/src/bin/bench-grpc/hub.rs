@@ -332,3 +332,25 @@ impl HubProcess {
 /// default one it would wait for its old Lease to expire before its
 /// ManifestWork side and status writes resume.
 pub const NOT_DEFAULT: &str = "--leader-elect=false (one replica, no Lease)";
+
+/// The configuration of the one real agent the latency and trees parts
+/// run in their own process: cluster `spoke1`, dialling `grpc_addr`,
+/// managed mode, a quick reconnect; `argocd_redis` for trees.
+pub fn agent_config(
+    grpc_addr: SocketAddr,
+    tls: argocd_pull_spoke_agent::tls::TlsFiles,
+    argocd_redis: Option<argocd_pull_spoke_agent::trees::RedisConfig>,
+) -> argocd_pull_spoke_agent::AgentConfig {
+    argocd_pull_spoke_agent::AgentConfig {
+        cluster_name: "spoke1".into(),
+        hub_address: format!("https://{grpc_addr}"),
+        tls,
+        argocd_namespace: SPOKE_NS.into(),
+        mode: argocd_pull_spoke_agent::Mode::Managed,
+        backoff_min: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(2),
+        tls_reload_interval: Duration::from_secs(10),
+        workers: 16,
+        argocd_redis,
+    }
+}

@@ -15,7 +15,7 @@ use argocd_pull_proto::v1::{
     ObservedApplication, StatusReport, agent_message, hub_message, status_report,
 };
 use argocd_pull_runtime::Readiness;
-use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
+use argocd_pull_spoke_agent::metrics::AgentMetrics;
 use futures::StreamExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -216,18 +216,7 @@ async fn one_run(args: &LatencyArgs, hub_bin: &Path, version: &mut String) -> Re
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let readiness = Readiness::default();
     let agent = tokio::spawn(argocd_pull_spoke_agent::run_agent(
-        AgentConfig {
-            cluster_name: "spoke1".into(),
-            hub_address: format!("https://{grpc_addr}"),
-            tls: spoke_tls,
-            argocd_namespace: SPOKE_NS.into(),
-            mode: Mode::Managed,
-            backoff_min: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(2),
-            tls_reload_interval: Duration::from_secs(10),
-            workers: 16,
-            argocd_redis: None,
-        },
+        hub::agent_config(grpc_addr, spoke_tls, None),
         spoke_client.clone(),
         AgentMetrics::default(),
         readiness.clone(),

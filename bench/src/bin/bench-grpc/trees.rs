@@ -23,8 +23,8 @@ use anyhow::{Context, Result, bail};
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_bench::stats::{Percentiles, percentiles};
 use argocd_pull_runtime::Readiness;
+use argocd_pull_spoke_agent::metrics::AgentMetrics;
 use argocd_pull_spoke_agent::trees::{Password, RedisConfig};
-use argocd_pull_spoke_agent::{AgentConfig, Mode, metrics::AgentMetrics};
 use http::Method;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -180,21 +180,14 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
 
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let agent = tokio::spawn(argocd_pull_spoke_agent::run_agent(
-        AgentConfig {
-            cluster_name: "spoke1".into(),
-            hub_address: format!("https://{grpc_addr}"),
-            tls: spoke_tls,
-            argocd_namespace: SPOKE_NS.into(),
-            mode: Mode::Managed,
-            backoff_min: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(2),
-            tls_reload_interval: Duration::from_secs(10),
-            workers: 16,
-            argocd_redis: Some(RedisConfig {
+        hub::agent_config(
+            grpc_addr,
+            spoke_tls,
+            Some(RedisConfig {
                 addr: argocd.redis().to_string(),
                 password: Password::None,
             }),
-        },
+        ),
         spoke_client.clone(),
         AgentMetrics::default(),
         Readiness::default(),
@@ -273,17 +266,13 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
     let mut live_reads = Vec::with_capacity(args.reads);
     for _ in 0..args.reads {
         let start = Instant::now();
-        let (code, body) = server
-            .api(
-                Method::GET,
-                &format!("/api/v1/applications/{APP}/resource-tree?appNamespace={NS}"),
-                Some(&token),
-                None,
-            )
-            .await?;
+        let nodes = server
+            .tree_nodes(&token, NS, APP)
+            .await
+            .map_err(anyhow::Error::msg)?;
         tree_reads.push(start.elapsed());
-        if code != 200 || body["nodes"].as_array().is_none_or(Vec::is_empty) {
-            bail!("resource-tree answered {code}: {body}");
+        if nodes.is_empty() {
+            bail!("resource-tree answered no nodes");
         }
         let start = Instant::now();
         if !live(format!("v{}", args.changes)).await? {
