@@ -10,6 +10,7 @@
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
+pub mod live;
 pub mod render;
 pub mod report;
 pub mod route;

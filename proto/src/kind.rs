@@ -18,6 +18,7 @@ impl AgentMessage {
             Some(Kind::Heartbeat(_)) => "heartbeat",
             Some(Kind::ProjectSetAck(_)) => "project_set_ack",
             Some(Kind::Tree(_)) => "tree",
+            Some(Kind::LiveResponse(_)) => "live_response",
         }
     }
 }
@@ -36,6 +37,8 @@ impl HubMessage {
             Some(Kind::ResyncRequest(_)) => "resync_request",
             Some(Kind::Heartbeat(_)) => "heartbeat",
             Some(Kind::ProjectSet(_)) => "project_set",
+            Some(Kind::LiveRequest(_)) => "live_request",
+            Some(Kind::LiveCancel(_)) => "live_cancel",
         }
     }
 }

@@ -17,6 +17,13 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// there.
 pub const MAX_OBJECT_JSON_BYTES: usize = 1536 * 1024;
 
+/// The largest chunk of one live answer (`LiveResponse.body`): an object
+/// up to [`MAX_OBJECT_JSON_BYTES`] goes in several.
+pub const MAX_LIVE_CHUNK_BYTES: usize = 256 * 1024;
+
+/// The longest path of one live read (`LiveRequest.path`, with its query).
+pub const MAX_LIVE_PATH_LEN: usize = 4096;
+
 /// A payload or message over its limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {

@@ -9,7 +9,7 @@
 
 use crate::{
     digest::SetDigest,
-    limits::MAX_OBJECT_JSON_BYTES,
+    limits::{MAX_LIVE_CHUNK_BYTES, MAX_LIVE_PATH_LEN, MAX_OBJECT_JSON_BYTES},
     v1::{
         AckOutcome, AgentMessage, HubMessage, ObjectKey, RefreshKind, agent_message, hub_message,
         operation_request, status_report,
@@ -80,7 +80,40 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
         Some(Kind::Heartbeat(_)) => Ok(()),
         Some(Kind::ProjectSetAck(a)) => project_set_ack(a),
         Some(Kind::Tree(t)) => tree(t),
+        Some(Kind::LiveResponse(r)) => live_response(r),
     }
+}
+
+/// An agent's LiveResponse: an id, and a chunk within the limit of one
+/// chunk.
+fn live_response(r: &crate::v1::LiveResponse) -> Result<(), Malformed> {
+    const W: &str = "LiveResponse";
+    if r.id == 0 {
+        return Err(malformed(W, "id is 0"));
+    }
+    if r.body.len() > MAX_LIVE_CHUNK_BYTES {
+        return Err(malformed(
+            W,
+            format!("body is over {MAX_LIVE_CHUNK_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// A hub's LiveRequest: an id and a path of the Kubernetes API within
+/// [`MAX_LIVE_PATH_LEN`] (what the path asks for is the agent's to check).
+fn live_request(r: &crate::v1::LiveRequest) -> Result<(), Malformed> {
+    const W: &str = "LiveRequest";
+    if r.id == 0 {
+        return Err(malformed(W, "id is 0"));
+    }
+    if !r.path.starts_with('/') || r.path.len() > MAX_LIVE_PATH_LEN {
+        return Err(malformed(
+            W,
+            format!("path must start with / and be at most {MAX_LIVE_PATH_LEN} characters"),
+        ));
+    }
+    Ok(())
 }
 
 /// An agent's ResourceTreeReport: a key, the hub uid it is for, and each
@@ -226,6 +259,8 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
         Some(Kind::Digest(d)) => digest(d),
         Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
         Some(Kind::ProjectSet(p)) => project_set(p),
+        Some(Kind::LiveRequest(r)) => live_request(r),
+        Some(Kind::LiveCancel(_)) => Ok(()),
     }
 }
 

@@ -41,6 +41,13 @@ pub const CAPABILITY_PROJECTS: &str = "projects";
 /// trees for its argocd-server; so never part of [`CAPABILITIES`].
 pub const CAPABILITY_TREES: &str = "trees";
 
+/// Managed mode: the hub forwards reads of its argocd-server's live views
+/// (`LiveRequest`: a live object, its events, a pod's log) to the agent,
+/// which answers them (`LiveResponse`) for objects of Applications it
+/// applied. Offered only by a hub with a live endpoint and an agent that
+/// serves them; so never part of [`CAPABILITIES`].
+pub const CAPABILITY_LIVE_VIEWS: &str = "live-views";
+
 /// Every capability this release implements, offered by default.
 pub const CAPABILITIES: &[&str] = &[
     CAPABILITY_TERMINATE_OPERATION,

@@ -5,7 +5,7 @@
 /// Everything an agent sends on the stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub kind: ::core::option::Option<agent_message::Kind>,
 }
 /// Nested message and enum types in `AgentMessage`.
@@ -39,12 +39,18 @@ pub mod agent_message {
         /// cluster's Argo CD last cached it.
         #[prost(message, tag = "9")]
         Tree(super::ResourceTreeReport),
+        /// Capability `live-views`: a chunk of the answer to one LiveRequest.
+        #[prost(message, tag = "10")]
+        LiveResponse(super::LiveResponse),
     }
 }
 /// Everything the hub sends on the stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(
+        oneof = "hub_message::Kind",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"
+    )]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -78,6 +84,13 @@ pub mod hub_message {
         /// the cluster's Applications use, whole.
         #[prost(message, tag = "9")]
         ProjectSet(super::ProjectSet),
+        /// Capability `live-views`: a read the hub's argocd-server asked of the
+        /// cluster (a live object, its events, a pod's log).
+        #[prost(message, tag = "10")]
+        LiveRequest(super::LiveRequest),
+        /// Capability `live-views`: whoever asked went away; stop answering.
+        #[prost(message, tag = "11")]
+        LiveCancel(super::LiveCancel),
     }
 }
 /// The agent's opening message.
@@ -469,6 +482,50 @@ pub struct ProjectSetAck {
     pub outcome: i32,
     #[prost(string, tag = "3")]
     pub message: ::prost::alloc::string::String,
+}
+/// Capability `live-views`, managed mode, hub -> agent: one read of the
+/// cluster's Kubernetes API that the hub's argocd-server asked through the
+/// hub's live endpoint, in the shape of that API: the path (with its query)
+/// after the endpoint's `/clusters/<cluster>` prefix, for example
+/// `/api/v1/namespaces/guestbook/configmaps/settings` or
+/// `/api/v1/namespaces/guestbook/pods/ui-5d-x/log?container=ui&follow=true`.
+/// The agent serves discovery (`/version`, `/api`, `/apis` and one group
+/// version's resources), a get of one object, the events of one object and
+/// one pod's log, and only for objects of Applications it applied for this
+/// hub (or owned by one, within five owner references); anything else gets a
+/// Kubernetes Status 403. It never writes for a LiveRequest.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LiveRequest {
+    /// Unique per stream; the answer's chunks carry it.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub path: ::prost::alloc::string::String,
+}
+/// Agent -> hub: a chunk of the answer to LiveRequest `id`. The first chunk
+/// carries the HTTP status and content type; the last has `last` set. A
+/// followed log sends a chunk per read of the log, until the pod's log ends
+/// or the hub sends LiveCancel.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LiveResponse {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// The first chunk: 200, or the code of the Kubernetes Status in `body`.
+    #[prost(uint32, tag = "2")]
+    pub http_status: u32,
+    /// The first chunk: `application/json` or `text/plain`.
+    #[prost(string, tag = "3")]
+    pub content_type: ::prost::alloc::string::String,
+    #[prost(bytes = "vec", tag = "4")]
+    pub body: ::prost::alloc::vec::Vec<u8>,
+    #[prost(bool, tag = "5")]
+    pub last: bool,
+}
+/// Hub -> agent: nobody reads the answer to LiveRequest `id` any more.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LiveCancel {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
 }
 /// How the Applications of a managed cluster are owned. See "Modes" at the
 /// top of transport.proto.
