@@ -30,6 +30,8 @@ pub(crate) struct Share {
     pub claims: Option<Arc<grpc::claims::Claims>>,
     pub metrics: metrics::Metrics,
     pub page: report::StatusPage,
+    /// The live endpoint, which the cluster Secrets point at when it is on.
+    pub live: grpc::live::LiveArgs,
 }
 
 /// Leads whenever this replica holds the Lease of `election` (always
@@ -100,6 +102,7 @@ impl Share {
                 self.client.clone(),
                 self.argocd_namespace.clone(),
                 self.hub_hosts.clone(),
+                self.live.clone(),
                 down.clone(),
             )),
             tokio::spawn(manifestwork::sweep::run(

@@ -103,6 +103,8 @@ pub struct Args {
     pub certs: certs::CertArgs,
     #[command(flatten)]
     pub trees: status::trees::TreeArgs,
+    #[command(flatten)]
+    pub live: grpc::live::LiveArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -309,6 +311,25 @@ async fn run_controllers(
         }
         None => None,
     };
+    let live_server = match (&grpc, args.live.enabled()?) {
+        (_, false) => None,
+        (None, true) => {
+            anyhow::bail!("the live endpoint (--live-addr) needs the gRPC transport (--grpc-addr)")
+        }
+        (Some(hub), true) => {
+            hub.set_live_views(args.live.live_url.as_deref().expect("enabled"));
+            Some(
+                grpc::live::serve(
+                    hub.clone(),
+                    &args.live,
+                    hub.config.tls.cert.clone(),
+                    hub.config.tls.key.clone(),
+                    shutdown.clone().wait(),
+                )
+                .await?,
+            )
+        }
+    };
     let ctx = manifestwork::Context::new(
         client.clone(),
         render::work::WorkOptions {
@@ -361,6 +382,7 @@ async fn run_controllers(
             claims: claims.clone(),
             metrics,
             page: page.clone(),
+            live: args.live.clone(),
         },
         election,
         shutdown.clone(),
@@ -371,6 +393,9 @@ async fn run_controllers(
         w.await?;
     }
     if let Some(server) = grpc_server {
+        server.await?;
+    }
+    if let Some(server) = live_server {
         server.await?;
     }
     if let Some((claiming, following)) = claiming {

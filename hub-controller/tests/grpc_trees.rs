@@ -405,3 +405,288 @@ async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the
     assert!(diff.contains("teal"), "{diff}");
     let _ = spoke;
 }
+
+/// A client of the Kubernetes API at `url` (a cluster's path on the hub's
+/// live endpoint) trusting `ca_pem`, presenting `token`.
+fn live_client(url: &str, ca_pem: &str, token: &str) -> kube::Client {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut config = kube::Config::new(url.parse().unwrap());
+    config.root_cert = Some(vec![
+        CertificateDer::from_pem_slice(ca_pem.as_bytes())
+            .unwrap()
+            .to_vec(),
+    ]);
+    config.auth_info.token = Some(token.to_string().into());
+    kube::Client::try_from(config).unwrap()
+}
+
+/// The code and message of a failed read through the live endpoint.
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        other => panic!("not refused by the API: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothing_else() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Event};
+    let mut env = Env::new(&["cluster1"]).await;
+    env.spokes[0].argocd.stop();
+    let (spoke, git, server) = tokio::join!(
+        Spoke::start(&env.spokes[0].cluster, SpokeOptions::default()),
+        GitServer::start(),
+        Server::start(&env.hub, ServerOptions::default()),
+    );
+    let (spoke, git, server) = (
+        spoke.expect("Argo CD starts on cluster1"),
+        git.expect("the Git server starts"),
+        server.expect("argocd-server starts on the hub"),
+    );
+    let cluster1 = env.spokes[0].client.clone();
+    env.spokes[0]
+        .cluster
+        .ensure_namespace("guestbook")
+        .await
+        .unwrap();
+    let repo = git.create_repo("guestbook").unwrap();
+    repo.commit(
+        "a ConfigMap and a Secret",
+        &[
+            (
+                "app/cm.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  colour: teal\n",
+            ),
+            (
+                "app/secret.yaml",
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2-on-cluster1\n",
+            ),
+        ],
+    )
+    .unwrap();
+
+    // The hub-controller with its live endpoint; the cluster Secret it
+    // writes points argocd-server there.
+    let token = "live-token-of-this-test";
+    let tokens = env.dir.path().join("live-tokens");
+    std::fs::write(&tokens, format!("{token}\n")).unwrap();
+    let live_addr = testenv::net::free_addr().unwrap();
+    let live_url = format!("https://127.0.0.1:{}", live_addr.port());
+    let ca_file = env.dir.path().join("ca.crt");
+    env.start_hub(&[
+        "--argocd-redis",
+        &server.redis().to_string(),
+        "--live-addr",
+        &live_addr.to_string(),
+        "--live-url",
+        &live_url,
+        "--live-token-file",
+        tokens.to_str().unwrap(),
+        "--live-ca-file",
+        ca_file.to_str().unwrap(),
+    ])
+    .await;
+    let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
+    config.argocd_redis = Some(RedisConfig {
+        addr: spoke.redis().to_string(),
+        password: Password::None,
+    });
+    config.live_views = true;
+    env.start_agent_with(0, config);
+    env.wait_connected().await;
+
+    env.create(
+        "guestbook",
+        0,
+        json!({ "spec": {
+            "project": "default",
+            "source": { "repoURL": repo.url(), "path": "app", "targetRevision": "main" },
+            // The cluster's own Secret, by name, as ApplicationSets give it.
+            "destination": { "name": "cluster1", "namespace": "guestbook" },
+            "syncPolicy": { "automated": { "prune": true } },
+        }}),
+    )
+    .await;
+    let ns = env.team.clone();
+    let session = server
+        .login("admin", server.admin_password())
+        .await
+        .unwrap();
+    let resource = |kind: &str, name: &str| {
+        format!(
+            "/api/v1/applications/guestbook/resource?appNamespace={ns}&namespace=guestbook&resourceName={name}&version=v1&kind={kind}&group="
+        )
+    };
+
+    // The LIVE MANIFEST tab: argocd-server reads the cluster through the
+    // cluster Secret, the live endpoint and the agent.
+    let manifest = wait::until("the live manifest through the hub", TIMEOUT, || async {
+        match server
+            .api(
+                Method::GET,
+                &resource("ConfigMap", "settings"),
+                Some(&session),
+                None,
+            )
+            .await
+        {
+            Ok((200, body)) => Ok(body["manifest"].as_str().unwrap_or("").to_string()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let live: Value = serde_json::from_str(&manifest).unwrap();
+    assert_eq!(live["data"]["colour"], "teal", "{manifest}");
+    assert!(live["metadata"]["uid"].is_string(), "{manifest}");
+
+    // A change on the cluster is what the next read shows (read, not cached).
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(cluster1.clone(), "guestbook");
+    cms.patch(
+        "settings",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({ "data": { "colour": "amber" } })),
+    )
+    .await
+    .unwrap();
+    let (code, body) = server
+        .api(
+            Method::GET,
+            &resource("ConfigMap", "settings"),
+            Some(&session),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body["manifest"].as_str().unwrap().contains("amber"),
+        "{body}"
+    );
+
+    // Its events, as the UI's EVENTS tab reads them.
+    let uid = live["metadata"]["uid"].as_str().unwrap().to_string();
+    let events: kube::Api<Event> = kube::Api::namespaced(cluster1.clone(), "guestbook");
+    events
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "settings.1", "namespace": "guestbook" },
+                "involvedObject": { "apiVersion": "v1", "kind": "ConfigMap", "namespace": "guestbook",
+                                    "name": "settings", "uid": uid },
+                "reason": "Checked", "message": "seen by the test on cluster1", "type": "Normal",
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (code, body) = server
+        .api(
+            Method::GET,
+            &format!(
+                "/api/v1/applications/guestbook/events?appNamespace={ns}&resourceNamespace=guestbook&resourceName=settings&resourceUID={uid}"
+            ),
+            Some(&session),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.to_string().contains("seen by the test on cluster1"),
+        "{body}"
+    );
+
+    // Straight at the live endpoint, as only argocd-server may call it.
+    let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+    let endpoint = live_client(&format!("{live_url}/clusters/cluster1"), &ca_pem, token);
+    let live_cms: kube::Api<ConfigMap> = kube::Api::namespaced(endpoint.clone(), "guestbook");
+    assert_eq!(
+        live_cms.get("settings").await.unwrap().data.unwrap()["colour"],
+        "amber"
+    );
+    // A Secret leaves the cluster without its values.
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(endpoint.clone(), "guestbook");
+    let db = serde_json::to_string(&secrets.get("db").await.unwrap()).unwrap();
+    assert!(!db.contains("aHVudGVy") && !db.contains("hunter2"), "{db}");
+    assert!(db.contains("++++++++"), "{db}");
+    // What a managed resource owns is served (the owner references are
+    // followed on the cluster, as from a Pod to its Deployment).
+    cms.create(
+        &Default::default(),
+        &serde_json::from_value(json!({ "metadata": { "name": "settings-child",
+            "ownerReferences": [{ "apiVersion": "v1", "kind": "ConfigMap", "name": "settings", "uid": uid }] },
+            "data": { "k": "v" } }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        live_cms.get("settings-child").await.unwrap().data.unwrap()["k"],
+        "v"
+    );
+    // An object of no pulled Application: refused by the agent.
+    cms.create(
+        &Default::default(),
+        &serde_json::from_value(
+            json!({ "metadata": { "name": "not-pulled" }, "data": { "k": "v" } }),
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let (code, message) = refused(live_cms.get("not-pulled").await);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("belongs to no Application argocd-pull applied on cluster1"),
+        "{message}"
+    );
+    // ... and by argocd-server, which finds it in no tree.
+    let (code, body) = server
+        .api(
+            Method::GET,
+            &resource("ConfigMap", "not-pulled"),
+            Some(&session),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_ne!(code, 200, "{body}");
+    // Writes, lists and watches are refused before they reach the cluster.
+    let (code, message) = refused(
+        live_cms
+            .patch(
+                "settings",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({ "data": { "colour": "written" } })),
+            )
+            .await,
+    );
+    assert_eq!(code, 405, "{message}");
+    let (code, message) = refused(live_cms.list(&Default::default()).await);
+    assert_eq!(code, 403, "{message}");
+    assert!(message.contains("reads only"), "{message}");
+    assert_eq!(
+        cms.get("settings").await.unwrap().data.unwrap()["colour"],
+        "amber"
+    );
+    // The wrong token, and a cluster with no agent here.
+    let stranger = live_client(&format!("{live_url}/clusters/cluster1"), &ca_pem, "guessed");
+    let (code, _) = refused(
+        kube::Api::<ConfigMap>::namespaced(stranger, "guestbook")
+            .get("settings")
+            .await,
+    );
+    assert_eq!(code, 401);
+    let elsewhere = live_client(&format!("{live_url}/clusters/cluster9"), &ca_pem, token);
+    let (code, message) = refused(
+        kube::Api::<ConfigMap>::namespaced(elsewhere, "guestbook")
+            .get("settings")
+            .await,
+    );
+    assert_eq!(code, 501, "{message}");
+    assert!(message.contains("need the gRPC transport"), "{message}");
+    println!("a cluster without an agent here: {message}");
+    let _ = spoke;
+}

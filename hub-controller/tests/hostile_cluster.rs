@@ -31,6 +31,7 @@ async fn a_cluster_secret_never_points_at_the_hub_a_loopback_or_inside_a_cluster
         client.clone(),
         "argocd".into(),
         vec![hub_host.clone()],
+        Default::default(),
         shutdown,
     ));
 
@@ -130,6 +131,7 @@ async fn a_cluster_never_gets_another_clusters_server() {
         client.clone(),
         "argocd".into(),
         vec!["hub.argocd-pull.test".into()],
+        Default::default(),
         shutdown,
     ));
     let clusters: Api<ManagedCluster> = Api::all(client.clone());

@@ -660,6 +660,7 @@ async fn every_managed_cluster_gets_an_argocd_cluster_secret_until_it_goes() {
         counted,
         "argocd".into(),
         Vec::new(),
+        Default::default(),
         shutdown,
     ));
 

@@ -22,6 +22,7 @@
 
 pub mod apply;
 pub mod cache;
+pub mod live;
 pub mod metrics;
 pub mod projects;
 pub mod reports;
@@ -126,6 +127,13 @@ pub struct Args {
         default_value = "argocd-redis"
     )]
     pub argocd_redis_secret: String,
+    /// Serve the hub's live views (capability `live-views`, docs/ui.md): a
+    /// resource's live manifest, its events and its pods' logs, read with
+    /// this agent's own identity, only for the objects of Applications it
+    /// applied for the hub and what they own. Needs `get` on those kinds,
+    /// `get` on `pods/log` and `list` on `events`.
+    #[arg(long, env = "ARGOCD_PULL_LIVE_VIEWS")]
+    pub live_views: bool,
 }
 
 /// Durations like `500ms`, `30s`, `5m`.
@@ -161,6 +169,8 @@ pub struct AgentConfig {
     pub workers: usize,
     /// `--argocd-redis` and its password file.
     pub argocd_redis: Option<trees::RedisConfig>,
+    /// `--live-views`.
+    pub live_views: bool,
 }
 
 impl Args {
@@ -190,6 +200,7 @@ impl Args {
                         None => trees::Password::Secret(self.argocd_redis_secret.clone()),
                     },
                 }),
+            live_views: self.live_views,
         }
     }
 }
@@ -296,6 +307,14 @@ pub async fn run_agent(
             Err(e) => tracing::error!(error = %e, "not reporting resource trees"),
         }
     }
+    let live = (config.mode == Mode::Managed && config.live_views).then(|| {
+        live::Reader::new(
+            client.clone(),
+            store.clone(),
+            state.clone(),
+            &config.cluster_name,
+        )
+    });
     let connection = Arc::new(session::Connection {
         config,
         state,
@@ -303,6 +322,7 @@ pub async fn run_agent(
         metrics,
         readiness,
         projects,
+        live,
     });
     tasks.spawn(connection.run(shutdown.clone()));
     shutdown.wait().await;
@@ -394,6 +414,7 @@ mod tests {
             tls_reload_interval: Duration::from_secs(10),
             workers: 16,
             argocd_redis: None,
+            live_views: false,
         }
     }
 
@@ -453,6 +474,7 @@ mod tests {
             "/k",
             "--hub-ca",
             "/ca",
+            "--live-views",
         ]);
         let overridden = AgentConfig {
             tls: tls::TlsFiles {
@@ -466,6 +488,7 @@ mod tests {
             backoff_max: Duration::from_secs(120),
             tls_reload_interval: Duration::from_secs(3600),
             workers: 4,
+            live_views: true,
             ..defaults()
         };
         assert_eq!(config, overridden);

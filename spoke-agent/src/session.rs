@@ -67,6 +67,9 @@ pub struct Connection {
     pub readiness: Readiness,
     /// Managed mode: the AppProjects and credentials the hub sends.
     pub projects: Option<Arc<crate::projects::Projects>>,
+    /// Managed mode with `--live-views`: the reader of the hub's live
+    /// views.
+    pub live: Option<Arc<crate::live::Reader>>,
 }
 
 impl Connection {
@@ -82,13 +85,18 @@ impl Connection {
     }
 
     /// This release's Hello, with `trees` when a managed agent reads its
-    /// Argo CD's Redis.
+    /// Argo CD's Redis and `live-views` when it serves them.
     fn hello(&self) -> Hello {
         let mut hello = version::hello(self.mode(), env!("CARGO_PKG_VERSION"));
         if self.config.mode == Mode::Managed && self.config.argocd_redis.is_some() {
             hello
                 .capabilities
                 .push(version::CAPABILITY_TREES.to_string());
+        }
+        if self.config.mode == Mode::Managed && self.live.is_some() {
+            hello
+                .capabilities
+                .push(version::CAPABILITY_LIVE_VIEWS.to_string());
         }
         hello
     }
@@ -190,6 +198,9 @@ impl Connection {
             .await;
         drop(sender);
         self.state().detach(id);
+        if let Some(live) = &self.live {
+            live.cancel_all();
+        }
         end
     }
 
@@ -257,6 +268,19 @@ impl Connection {
             Kind::ObjectAck(a) => self.object_ack(a),
             Kind::Digest(d) => self.digest(&d)?,
             Kind::ResyncRequest(r) => self.resync_request(&r)?,
+            Kind::LiveRequest(r) => match (&self.live, self.state().live_session()) {
+                (Some(live), Some(session)) => live.request(session, r),
+                _ => {
+                    return Err(
+                        "the hub sent a live read, which this stream did not negotiate".into(),
+                    );
+                }
+            },
+            Kind::LiveCancel(c) => {
+                if let Some(live) = &self.live {
+                    live.cancel(c.id);
+                }
+            }
         }
         Ok(())
     }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::v1::{
-    AckOutcome, AgentMessage, ApplicationUpsert, Gone, ObjectAck, ObjectKey, ObservedApplication,
-    OperationRequest, ProjectSetAck, ResourceTreeReport, StatusReport, agent_message,
-    status_report,
+    AckOutcome, AgentMessage, ApplicationUpsert, Gone, LiveResponse, ObjectAck, ObjectKey,
+    ObservedApplication, OperationRequest, ProjectSetAck, ResourceTreeReport, StatusReport,
+    agent_message, status_report,
 };
 use argocd_pull_proto::version;
 use tokio::sync::Notify;
@@ -69,6 +69,11 @@ pub struct Inner {
     /// Capability `trees`: the latest tree of each Application not sent
     /// yet, sent after everything else (a later one replaces it).
     trees: std::collections::BTreeMap<ObjectKey, ResourceTreeReport>,
+    /// Capability `live-views`: the chunks of live answers not sent yet,
+    /// sent after the status reports; at most [`LIVE_QUEUE`] (a reader
+    /// waits for room, so a slow hub holds back a followed log, not the
+    /// stream).
+    live: VecDeque<LiveResponse>,
 }
 
 impl Inner {
@@ -83,6 +88,7 @@ impl Inner {
         self.in_flight.clear();
         self.control.clear();
         self.trees.clear();
+        self.live.clear();
     }
 }
 
@@ -94,7 +100,12 @@ pub struct AgentState {
     /// Told when a stream whose hub negotiated `trees` starts: every tree
     /// is reported again on it.
     pub trees_wanted: Notify,
+    /// Told when a chunk of a live answer was sent (there is room).
+    live_room: Notify,
 }
+
+/// At most this many chunks of live answers wait to be sent.
+pub const LIVE_QUEUE: usize = 16;
 
 /// How long after an apply the reports of its key continue its trace.
 pub const TRACE_REPORTS: std::time::Duration = std::time::Duration::from_secs(60);
@@ -274,6 +285,42 @@ impl AgentState {
         true
     }
 
+    /// Queues a chunk of a live answer for stream `session`, waiting while
+    /// [`LIVE_QUEUE`] chunks wait; false when that stream ended (or never
+    /// negotiated `live-views`): the answer is dropped.
+    pub async fn live_response(&self, session: u64, response: LiveResponse) -> bool {
+        loop {
+            let room = self.live_room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut inner = self.lock();
+                if inner.session != Some(session)
+                    || !inner.capabilities.contains(version::CAPABILITY_LIVE_VIEWS)
+                {
+                    return false;
+                }
+                if inner.live.len() < LIVE_QUEUE {
+                    inner.live.push_back(response);
+                    drop(inner);
+                    self.wake.notify_one();
+                    return true;
+                }
+            }
+            room.await;
+        }
+    }
+
+    /// The current stream, when its hub negotiated `live-views`.
+    pub fn live_session(&self) -> Option<u64> {
+        let inner = self.lock();
+        inner
+            .capabilities
+            .contains(version::CAPABILITY_LIVE_VIEWS)
+            .then_some(inner.session)
+            .flatten()
+    }
+
     /// Queues the acknowledgement of the hub's message `seq` about `key`.
     pub fn object_ack(&self, key: ObjectKey, seq: u64, outcome: AckOutcome, message: String) {
         self.control(AgentMessage {
@@ -298,6 +345,7 @@ impl AgentState {
         inner.capabilities = capabilities;
         inner.end_stream();
         drop(inner);
+        self.live_room.notify_waiters();
         if trees {
             self.trees_wanted.notify_one();
         }
@@ -309,6 +357,9 @@ impl AgentState {
             inner.session = None;
             inner.end_stream();
         }
+        drop(inner);
+        // Live readers waiting for room see that their stream ended.
+        self.live_room.notify_waiters();
     }
 
     /// Up to `max` messages for session `id`, control messages first.
@@ -351,6 +402,19 @@ impl AgentState {
                     trace_parent,
                 })),
             });
+        }
+        let mut sent_live = false;
+        while out.len() < max {
+            let Some(chunk) = inner.live.pop_front() else {
+                break;
+            };
+            sent_live = true;
+            out.push(AgentMessage {
+                kind: Some(agent_message::Kind::LiveResponse(chunk)),
+            });
+        }
+        if sent_live {
+            self.live_room.notify_waiters();
         }
         while out.len() < max {
             let Some((_, tree)) = inner.trees.pop_first() else {

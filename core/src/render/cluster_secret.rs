@@ -247,6 +247,52 @@ pub fn choose_server<'a>(
     (server, refused)
 }
 
+/// What the cluster Secrets carry when the hub's live endpoint serves
+/// argocd-server's live views (`--live-url`): the endpoint's URL, the
+/// token argocd-server presents, and the CA of the endpoint's certificate
+/// (PEM).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveEndpoint {
+    pub url: String,
+    pub token: String,
+    pub ca_pem: String,
+}
+
+impl LiveEndpoint {
+    /// The server of `cluster`'s Secret: its path on the live endpoint.
+    pub fn server(&self, cluster: &str) -> String {
+        live_server(&self.url, cluster)
+    }
+}
+
+/// `cluster`'s path on the live endpoint at `url`.
+pub fn live_server(url: &str, cluster: &str) -> String {
+    format!("{}/clusters/{cluster}", url.trim_end_matches('/'))
+}
+
+/// The cluster Secret for `cluster` with the live endpoint's server and
+/// credentials: argocd-server's reads of the cluster go to the hub's live
+/// endpoint, which forwards them to the cluster's agent.
+pub fn live_cluster_secret(
+    cluster: &ManagedCluster,
+    argocd_namespace: &str,
+    live: &LiveEndpoint,
+) -> Secret {
+    use base64::Engine as _;
+    let mut secret = cluster_secret(cluster, argocd_namespace, &live.server(&cluster.name_any()));
+    let config = serde_json::json!({
+        "bearerToken": live.token,
+        "tlsClientConfig": {
+            "caData": base64::engine::general_purpose::STANDARD.encode(&live.ca_pem),
+        },
+    });
+    secret
+        .string_data
+        .get_or_insert_with(Default::default)
+        .insert("config".into(), config.to_string());
+    secret
+}
+
 /// The cluster Secret for `cluster`, with `server` ([`choose_server`]),
 /// owned by the cluster so that it goes when the cluster is removed from
 /// OCM.
@@ -288,6 +334,31 @@ mod tests {
             "metadata": { "name": "cluster1", "uid": "u-1" }, "spec": spec
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn with_the_live_endpoint_the_secret_points_there_with_its_credentials() {
+        let c = cluster(
+            json!({ "managedClusterClientConfigs": [{ "url": "https://c1.example:6443" }] }),
+        );
+        let live = LiveEndpoint {
+            url: "https://argocd-pull-live.argocd-pull.svc:8444/".into(),
+            token: "t0ken".into(),
+            ca_pem: "-----BEGIN CERTIFICATE-----".into(),
+        };
+        let s = live_cluster_secret(&c, "argocd", &live);
+        let data = s.string_data.unwrap();
+        assert_eq!(
+            data["server"],
+            "https://argocd-pull-live.argocd-pull.svc:8444/clusters/cluster1"
+        );
+        let config: serde_json::Value = serde_json::from_str(&data["config"]).unwrap();
+        assert_eq!(config["bearerToken"], "t0ken");
+        assert_eq!(
+            config["tlsClientConfig"]["caData"],
+            "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"
+        );
+        assert_eq!(data["name"], "cluster1");
     }
 
     #[test]

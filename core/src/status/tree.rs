@@ -130,12 +130,15 @@ pub const MAX_NODES: usize = 10_000;
 /// the fields of [`NODE_FIELDS`] and its `parentRefs` (group, kind,
 /// namespace, name), so the UI draws the children under their owners.
 ///
-/// Left out: every `uid` (the live views must not open on the hub's own
-/// objects, as for the tree from the status); the orphaned
+/// Left out: every `uid` unless `uids` (a node's uid is what opens
+/// argocd-server's live views of it, which must never open on the hub's
+/// own objects: `uids` only when the copy's destination is the cluster's
+/// own Secret on the live endpoint,
+/// [`crate::live::opens_live_views`]); the orphaned
 /// resources and the cluster's hosts (about the cluster, not the
 /// Application: they would show a tenant what else runs there); nodes
 /// beyond [`MAX_NODES`].
-pub fn reported_tree(json: &[u8]) -> Result<Value, String> {
+pub fn reported_tree(json: &[u8], uids: bool) -> Result<Value, String> {
     let tree: Value =
         serde_json::from_slice(json).map_err(|e| format!("the tree is not JSON: {e}"))?;
     let nodes = match tree.get("nodes") {
@@ -145,13 +148,13 @@ pub fn reported_tree(json: &[u8]) -> Result<Value, String> {
     };
     let nodes: Vec<Value> = nodes
         .iter()
-        .filter_map(reported_node)
+        .filter_map(|n| reported_node(n, uids))
         .take(MAX_NODES)
         .collect();
     Ok(json!({ "nodes": nodes }))
 }
 
-fn reported_node(node: &Value) -> Option<Value> {
+fn reported_node(node: &Value, uids: bool) -> Option<Value> {
     let node = node.as_object()?;
     let text = |field: &str| node.get(field).and_then(Value::as_str);
     text("kind").filter(|k| !k.is_empty())?;
@@ -165,14 +168,18 @@ fn reported_node(node: &Value) -> Option<Value> {
             .iter()
             .filter_map(|p| {
                 let p = p.as_object()?;
-                let refs: Map<String, Value> = ["group", "kind", "namespace", "name"]
+                let refs: Map<String, Value> = ["group", "kind", "namespace", "name", "uid"]
                     .iter()
+                    .filter(|f| uids || **f != "uid")
                     .filter_map(|f| Some((f.to_string(), p.get(*f)?.clone())))
                     .collect();
                 Some(Value::Object(refs))
             })
             .collect();
         kept.insert("parentRefs".into(), parents.into());
+    }
+    if uids && let Some(uid) = node.get("uid").filter(|u| u.is_string()) {
+        kept.insert("uid".into(), uid.clone());
     }
     Some(kept.into())
 }
@@ -269,9 +276,18 @@ fn redact_secret(state: &str) -> String {
     if state.is_empty() || state == "null" {
         return state.to_string();
     }
-    let Ok(Value::Object(mut secret)) = serde_json::from_str::<Value>(state) else {
+    let Ok(mut secret @ Value::Object(_)) = serde_json::from_str::<Value>(state) else {
         return String::new();
     };
+    redact_secret_object(&mut secret);
+    secret.to_string()
+}
+
+/// One Secret object with every value of its `data` and `stringData`
+/// replaced by [`REDACTED`] (the keys stay) and its
+/// `last-applied-configuration` annotation removed (it holds the values
+/// too). Anything else is left as it is.
+pub fn redact_secret_object(secret: &mut Value) {
     for field in ["data", "stringData"] {
         if let Some(Value::Object(values)) = secret.get_mut(field) {
             for v in values.values_mut() {
@@ -285,7 +301,6 @@ fn redact_secret(state: &str) -> String {
     {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
-    Value::Object(secret).to_string()
 }
 
 #[cfg(test)]
@@ -408,7 +423,7 @@ mod tests {
             "hosts": [{ "name": "node-1" }],
             "shardsCount": 1,
         });
-        let got = reported_tree(&serde_json::to_vec(&spoke).unwrap()).unwrap();
+        let got = reported_tree(&serde_json::to_vec(&spoke).unwrap(), false).unwrap();
         assert_eq!(
             got,
             json!({ "nodes": [
@@ -421,14 +436,20 @@ mod tests {
                   "info": [{ "name": "Status Reason", "value": "Running" }] },
             ]})
         );
-        assert_eq!(reported_tree(b"{}").unwrap(), json!({ "nodes": [] }));
-        assert!(reported_tree(b"[1]").is_ok_and(|t| t == json!({ "nodes": [] })));
+        // With the live endpoint for the copy's cluster: the uids too.
+        let got = reported_tree(&serde_json::to_vec(&spoke).unwrap(), true).unwrap();
+        assert_eq!(got["nodes"][0]["uid"], "d-1");
+        assert_eq!(got["nodes"][1]["uid"], "p-1");
+        assert_eq!(got["nodes"][1]["parentRefs"][0]["uid"], "rs-1");
+        assert!(got["nodes"][1].get("secret").is_none());
+        assert_eq!(reported_tree(b"{}", false).unwrap(), json!({ "nodes": [] }));
+        assert!(reported_tree(b"[1]", false).is_ok_and(|t| t == json!({ "nodes": [] })));
         assert_eq!(
-            reported_tree(br#"{"nodes": 3}"#).unwrap_err(),
+            reported_tree(br#"{"nodes": 3}"#, false).unwrap_err(),
             "the tree's nodes are not a list"
         );
         assert!(
-            reported_tree(b"not json")
+            reported_tree(b"not json", false)
                 .unwrap_err()
                 .starts_with("the tree is not JSON")
         );

@@ -180,7 +180,24 @@ impl Trees {
         let entry = if tree_json.is_empty() {
             None
         } else {
-            let tree = encode(tree::reported_tree(tree_json)?, "tree")?;
+            // Node uids open argocd-server's live views: only for a copy
+            // aimed at this cluster's Secret on the live endpoint.
+            let uids = self
+                .grpc
+                .get()
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|hub| {
+                    hub.live_url().is_some_and(|url| {
+                        let server =
+                            argocd_pull_core::render::cluster_secret::live_server(url, cluster);
+                        argocd_pull_core::live::opens_live_views(
+                            app.application().data.pointer("/spec/destination"),
+                            cluster,
+                            &server,
+                        )
+                    })
+                });
+            let tree = encode(tree::reported_tree(tree_json, uids)?, "tree")?;
             let managed = if managed_json.is_empty() {
                 None
             } else {

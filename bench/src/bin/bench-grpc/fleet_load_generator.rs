@@ -434,7 +434,8 @@ impl SimulatedAgent {
         let local = &mut *guard;
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
-            Kind::Heartbeat(_) => {}
+            // The simulated agents offer no `live-views`.
+            Kind::Heartbeat(_) | Kind::LiveRequest(_) | Kind::LiveCancel(_) => {}
             // Kept as an agent keeps them, in memory: nothing to check.
             Kind::ProjectSet(p) => self.state.control(AgentMessage {
                 kind: Some(agent_message::Kind::ProjectSetAck(ProjectSetAck {

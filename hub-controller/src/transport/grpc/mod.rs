@@ -26,6 +26,7 @@ pub mod holders;
 pub mod hub;
 pub mod identity;
 pub mod issued;
+pub mod live;
 pub mod metrics;
 pub mod render;
 pub mod revoke;

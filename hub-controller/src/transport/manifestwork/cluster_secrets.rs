@@ -30,8 +30,8 @@ use tokio::sync::mpsc;
 
 use super::WORK_MANAGER;
 use crate::render::cluster_secret::{
-    ServerRefused, choose_server, cluster_secret, cluster_url, placeholder, same_server,
-    secret_name, slim,
+    ServerRefused, choose_server, cluster_secret, cluster_url, live_cluster_secret, placeholder,
+    same_server, secret_name, slim,
 };
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -53,6 +53,8 @@ struct Ctx {
     /// The hosts the hub's API server is known by (see
     /// [`crate::render::cluster_secret::check_server`]).
     hub: Vec<String>,
+    /// With the live endpoint on, every Secret points there.
+    live: crate::transport::grpc::live::LiveArgs,
     recorder: Recorder,
     /// Every ManagedCluster (slimmed), which each server is chosen among.
     clusters: Store<ManagedCluster>,
@@ -108,6 +110,7 @@ pub async fn run(
     client: Client,
     argocd_namespace: String,
     hub: Vec<String>,
+    live: crate::transport::grpc::live::LiveArgs,
     shutdown: argocd_pull_runtime::shutdown::Shutdown,
 ) {
     let clusters: Api<ManagedCluster> = Api::all(client.clone());
@@ -126,6 +129,7 @@ pub async fn run(
         namespace: argocd_namespace,
         first_pass: Mutex::new(Spread::new(Instant::now(), FIRST_PASS_PER_SECOND)),
         hub,
+        live,
         clusters: reader.clone(),
         chosen: Mutex::default(),
         again,
@@ -165,6 +169,26 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
         return Ok(Action::await_change());
     }
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    if ctx.live.enabled().unwrap_or(false) {
+        // The live endpoint's server: nothing the cluster wrote is used.
+        let live = match ctx.live.endpoint() {
+            Ok(Some(live)) => live,
+            Ok(None) => unreachable!("enabled"),
+            Err(e) => {
+                tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write the cluster Secret for the live endpoint; retrying");
+                return Ok(Action::requeue(Duration::from_secs(15)));
+            }
+        };
+        let secret = live_cluster_secret(&cluster, &ctx.namespace, &live);
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        api.patch(
+            &secret.name_any(),
+            &PatchParams::apply(WORK_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+        return Ok(Action::requeue(RESTORE_EVERY));
+    }
     let wait = ctx
         .first_pass
         .lock()

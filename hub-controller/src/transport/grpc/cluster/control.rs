@@ -9,6 +9,14 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::ClusterState;
 
+impl super::Inner {
+    /// Queues `m` ahead of object messages (the caller wakes the sender).
+    pub(super) fn push_control(&mut self, m: HubMessage) {
+        self.control.push_back(m);
+        self.count_control();
+    }
+}
+
 impl ClusterState {
     /// Asks the agent for its observed entries of one bucket again.
     pub fn request_resync(&self, bucket: u32) {
@@ -31,10 +39,7 @@ impl ClusterState {
     /// Queues an acknowledgement. The session reads the agent's next
     /// message only when [`Self::control_len`] is below its bound.
     pub fn control(&self, m: HubMessage) {
-        let mut inner = self.lock();
-        inner.control.push_back(m);
-        inner.count_control();
-        drop(inner);
+        self.lock().push_control(m);
         self.wake.notify_one();
     }
 

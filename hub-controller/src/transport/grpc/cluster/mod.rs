@@ -35,6 +35,7 @@ use crate::transport::grpc::assign::{Desired, HubRef};
 mod control;
 mod delivery;
 pub mod held;
+pub mod live;
 mod ops;
 pub use ops::{Ops, PendingOp};
 mod sessions;
@@ -172,6 +173,8 @@ pub struct Inner {
     pub observed: HashMap<ObjectKey, Observation>,
     pub ops: Ops,
     session: Option<Session>,
+    /// Capability `live-views`: the reads under way on the session.
+    live: live::LiveReads,
     /// Acknowledgements, sent ahead of object messages; the session bounds
     /// it (`--grpc-control-queue`).
     control: VecDeque<HubMessage>,
@@ -248,6 +251,8 @@ impl Inner {
 
     /// Forgets what was queued for a session that is gone.
     fn clear_session_queues(&mut self) {
+        // Their readers see the answer end.
+        self.live.clear();
         self.outbox().requeue_in_flight();
         // What the agent's own requests queued goes with it.
         let removals = std::mem::take(&mut self.removals);

@@ -38,6 +38,15 @@ impl Clusters {
             .clone()
     }
 
+    /// The state of `cluster` if this replica has one (never created).
+    pub fn find(&self, cluster: &str) -> Option<Arc<ClusterState>> {
+        self.by_name
+            .lock()
+            .expect("never poisoned")
+            .get(cluster)
+            .cloned()
+    }
+
     pub fn all(&self) -> Vec<Arc<ClusterState>> {
         self.by_name
             .lock()

@@ -89,6 +89,9 @@ pub struct Hub {
     /// The writer of the hub copies' trees for argocd-server, when the hub
     /// writes them (`--argocd-redis`): agents are then offered `trees`.
     trees: std::sync::OnceLock<Arc<crate::status::trees::Trees>>,
+    /// The live endpoint's URL when it serves argocd-server
+    /// (`--live-addr`): agents are then offered `live-views`.
+    live_url: std::sync::OnceLock<String>,
 }
 
 impl Hub {
@@ -160,6 +163,7 @@ impl Hub {
                 holding,
                 projects_epoch: watch::channel(0).0,
                 trees: std::sync::OnceLock::new(),
+                live_url: std::sync::OnceLock::new(),
             }
         })
     }
@@ -211,6 +215,12 @@ impl Hub {
     /// The state of `cluster`, created on first use.
     pub fn cluster(&self, cluster: &str) -> Arc<ClusterState> {
         self.clusters.get(cluster)
+    }
+
+    /// The state of `cluster` if there is one (a name nobody uses is not
+    /// given one).
+    pub fn find_cluster(&self, cluster: &str) -> Option<Arc<ClusterState>> {
+        self.clusters.find(cluster)
     }
 
     pub fn clusters(&self) -> Vec<Arc<ClusterState>> {
@@ -407,10 +417,26 @@ impl Hub {
         self.trees.get()
     }
 
-    /// What this hub offers agents: every capability of the release, and
-    /// `trees` when it writes them.
+    /// Agents are offered `live-views`: the live endpoint serves at `url`.
+    pub fn set_live_views(&self, url: &str) {
+        let _ = self.live_url.set(url.trim_end_matches('/').to_string());
+    }
+
+    /// The live endpoint's URL, when it serves.
+    pub fn live_url(&self) -> Option<&str> {
+        self.live_url.get().map(String::as_str)
+    }
+
+    /// What this hub offers agents: every capability of the release,
+    /// `trees` when it writes them and `live-views` when its live endpoint
+    /// serves.
     pub fn offer(&self) -> argocd_pull_proto::version::HubOffer {
         let mut offer = argocd_pull_proto::version::HubOffer::default();
+        if self.live_url().is_some() {
+            offer
+                .capabilities
+                .insert(argocd_pull_proto::version::CAPABILITY_LIVE_VIEWS.to_string());
+        }
         if self.trees().is_some() {
             offer
                 .capabilities

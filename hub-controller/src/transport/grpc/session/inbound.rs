@@ -38,6 +38,7 @@ pub(super) fn handle(
         Kind::Digest(d) => session.digest(&d)?,
         Kind::ResyncRequest(r) => session.resync_request(r)?,
         Kind::Tree(t) => session.tree(t),
+        Kind::LiveResponse(r) => cs.live_answer(r),
     }
     Ok(())
 }

@@ -1,0 +1,122 @@
+//! Capability `live-views`, one cluster's share: the reads of the hub's
+//! live endpoint under way on the agent's session, each with the channel
+//! its answer's chunks go to. At most [`MAX_LIVE_READS`] at once; all of
+//! them end (their channels close) when the session ends.
+
+use std::collections::HashMap;
+
+use argocd_pull_proto::v1::{HubMessage, LiveCancel, LiveRequest, LiveResponse, hub_message};
+use argocd_pull_proto::version::CAPABILITY_LIVE_VIEWS;
+use tokio::sync::mpsc;
+
+use super::ClusterState;
+
+/// Reads under way per cluster; more are answered 429.
+pub const MAX_LIVE_READS: usize = 8;
+/// Chunks of one answer waiting for their reader; a reader slower than
+/// that (a followed log nobody reads) is cut off.
+pub const LIVE_CHUNKS: usize = 32;
+
+#[derive(Default)]
+pub struct LiveReads {
+    next_id: u64,
+    pending: HashMap<u64, mpsc::Sender<LiveResponse>>,
+}
+
+impl LiveReads {
+    pub(super) fn clear(&mut self) {
+        self.pending.clear();
+    }
+}
+
+/// Why a read cannot be sent to the cluster's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    /// No agent session on this replica.
+    NoAgent,
+    /// The agent does not serve live views; its version.
+    NotOffered(String),
+    /// [`MAX_LIVE_READS`] are under way.
+    Busy,
+}
+
+impl ClusterState {
+    /// Sends a read of `path` to the agent; the chunks of its answer come
+    /// on the receiver, which ends when the answer or the session does.
+    pub fn live_read(
+        &self,
+        path: &str,
+    ) -> Result<(u64, mpsc::Receiver<LiveResponse>), Unavailable> {
+        let mut inner = self.lock();
+        let Some(session) = &inner.session else {
+            return Err(Unavailable::NoAgent);
+        };
+        if !session
+            .agent
+            .capabilities
+            .iter()
+            .any(|c| c == CAPABILITY_LIVE_VIEWS)
+        {
+            return Err(Unavailable::NotOffered(session.agent.version.clone()));
+        }
+        if inner.live.pending.len() >= MAX_LIVE_READS {
+            return Err(Unavailable::Busy);
+        }
+        inner.live.next_id += 1;
+        let id = inner.live.next_id;
+        let (tx, rx) = mpsc::channel(LIVE_CHUNKS);
+        inner.live.pending.insert(id, tx);
+        inner.push_control(HubMessage {
+            kind: Some(hub_message::Kind::LiveRequest(LiveRequest {
+                id,
+                path: path.to_string(),
+            })),
+        });
+        drop(inner);
+        self.wake.notify_one();
+        Ok((id, rx))
+    }
+
+    /// One chunk of an answer, from the agent: handed to its reader; a
+    /// chunk of a read nobody waits for any more is dropped, and a reader
+    /// too slow for its answer is cut off (the agent is told to stop).
+    pub fn live_answer(&self, chunk: LiveResponse) {
+        let mut inner = self.lock();
+        let id = chunk.id;
+        let last = chunk.last;
+        let Some(tx) = inner.live.pending.get(&id) else {
+            return;
+        };
+        let cut = tx.try_send(chunk).is_err();
+        if cut || last {
+            inner.live.pending.remove(&id);
+        }
+        if cut && !last {
+            inner.push_control(cancel(id));
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The reader of `id` went away: the agent is told to stop, unless the
+    /// answer was whole.
+    pub fn live_cancel(&self, id: u64) {
+        let mut inner = self.lock();
+        if inner.live.pending.remove(&id).is_some() {
+            inner.push_control(cancel(id));
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Reads under way.
+    pub fn live_reads(&self) -> usize {
+        self.lock().live.pending.len()
+    }
+}
+
+fn cancel(id: u64) -> HubMessage {
+    HubMessage {
+        kind: Some(hub_message::Kind::LiveCancel(LiveCancel { id })),
+    }
+}
