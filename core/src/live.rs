@@ -236,6 +236,12 @@ fn events(namespace: &str, selector: &str) -> Result<Read, Refusal> {
             )));
         };
         let value = value.trim_start_matches('=');
+        if !value.is_empty() && !valid_segment(value) {
+            return Err(Refusal::new(
+                400,
+                format!("{value:?} is not a name or uid of the Kubernetes API"),
+            ));
+        }
         match field {
             "involvedObject.name" => name = Some(value.to_string()),
             "involvedObject.uid" => uid = Some(value.to_string()),
@@ -488,6 +494,7 @@ mod tests {
             "/api/v1/namespaces/gb/events?fieldSelector=type%3DWarning",
             "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Da%2CinvolvedObject.namespace%3Dother",
             "/apis/apps/v1/namespaces/gb/pods/a/log",
+            "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3D",
             "/healthz",
             "/",
         ] {
@@ -500,6 +507,15 @@ mod tests {
         }
         assert_eq!(refused("GET", "/api/v1/namespaces/../secrets/a").0, 400);
         assert_eq!(refused("GET", "/api/v1/namespaces/gb//a").0, 400);
+        // A value that would add a term of its own to the cluster's query.
+        assert_eq!(
+            refused(
+                "GET",
+                "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Da%5C%2Cx"
+            )
+            .0,
+            400
+        );
     }
 
     #[test]
