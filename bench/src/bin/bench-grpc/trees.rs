@@ -15,6 +15,12 @@
 //! path: Kubernetes watch -> the application-controller's cache -> its
 //! Redis and `PUBLISH` -> the agent (within its 500 ms batch) -> the hub ->
 //! the hub's Redis -> argocd-server.
+//!
+//! The same run times the live views (capability `live-views`): the hub's
+//! argocd-server reading the ConfigMap's live manifest as the UI's LIVE
+//! MANIFEST tab does (argocd-server -> the hub-controller's live endpoint
+//! -> the agent's stream -> the cluster's API server, and back), next to
+//! the same object read straight from the cluster's API server.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -61,6 +67,8 @@ struct Figures {
     fastest: Duration,
     tree_read: Percentiles,
     live_read: Percentiles,
+    manifest_read: Percentiles,
+    direct_read: Percentiles,
 }
 
 pub async fn run(args: TreesArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
@@ -112,6 +120,27 @@ pub async fn run(args: TreesArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
             report::ms,
         )
         .target("< 300 ms", |v| v < 0.300),
+        Row::new(
+            "argocd-server live manifest (LIVE MANIFEST tab) through the hub and the agent, p50",
+            at(|f| f.manifest_read.p50),
+            report::ms,
+        ),
+        Row::new(
+            "argocd-server live manifest (LIVE MANIFEST tab) through the hub and the agent, p99",
+            at(|f| f.manifest_read.p99),
+            report::ms,
+        )
+        .target("< 300 ms", |v| v < 0.300),
+        Row::new(
+            "... the same object read straight from the cluster's API server, p50",
+            at(|f| f.direct_read.p50),
+            report::ms,
+        ),
+        Row::new(
+            "... the same object read straight from the cluster's API server, p99",
+            at(|f| f.direct_read.p99),
+            report::ms,
+        ),
     ];
     print_runs(
         &format!(
@@ -165,7 +194,18 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
     let pki = Pki::new()?;
     let spoke_tls = pki.agent_files("spoke1", &agent_subject("spoke1", "bench"))?;
     let grpc_addr = testenv::net::free_addr()?;
-    let extra = vec![format!("--argocd-redis={}", server.redis())];
+    // The live endpoint, which the cluster Secret points argocd-server at.
+    let live_dir = tempfile::tempdir()?;
+    let tokens = live_dir.path().join("tokens");
+    std::fs::write(&tokens, "bench-live-token\n")?;
+    let live_addr = testenv::net::free_addr()?;
+    let extra = vec![
+        format!("--argocd-redis={}", server.redis()),
+        format!("--live-addr={live_addr}"),
+        format!("--live-url=https://{live_addr}"),
+        format!("--live-token-file={}", tokens.display()),
+        format!("--live-ca-file={}", pki.ca_file().display()),
+    ];
     let mut hub_process = HubProcess::start(&HubOptions {
         bin: hub_bin,
         hub: &hub,
@@ -179,15 +219,17 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
     hub_process.ready(Duration::from_secs(60)).await?;
 
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+    let mut config = hub::agent_config(
+        grpc_addr,
+        spoke_tls,
+        Some(RedisConfig {
+            addr: argocd.redis().to_string(),
+            password: Password::None,
+        }),
+    );
+    config.live_views = true;
     let agent = tokio::spawn(argocd_pull_spoke_agent::run_agent(
-        hub::agent_config(
-            grpc_addr,
-            spoke_tls,
-            Some(RedisConfig {
-                addr: argocd.redis().to_string(),
-                password: Password::None,
-            }),
-        ),
+        config,
         spoke_client.clone(),
         AgentMetrics::default(),
         Readiness::default(),
@@ -199,6 +241,8 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
         json!({ "repoURL": repo.url(), "path": "app", "targetRevision": "main" });
     // Synced once, then left alone: a change on the cluster stays a diff.
     app["spec"]["syncPolicy"] = json!({ "automated": { "prune": true } });
+    // The cluster's own Secret, which opens the live views.
+    app["spec"]["destination"] = json!({ "name": "spoke1", "namespace": APP });
     let app: Application = serde_json::from_value(app)?;
     Api::<Application>::namespaced_with(hub_client.clone(), NS, &application_resource())
         .create(&PostParams::default(), &app)
@@ -280,6 +324,50 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
         }
         live_reads.push(start.elapsed());
     }
+    eprintln!(
+        "bench-grpc trees: {} reads of the live manifest through the hub, and straight from the cluster",
+        args.reads
+    );
+    let manifest = || {
+        let (server, token) = (&server, &token);
+        async move {
+            let (code, body) = server
+                .api(
+                    Method::GET,
+                    &format!(
+                        "/api/v1/applications/{APP}/resource?appNamespace={NS}&namespace={APP}&resourceName=settings&version=v1&kind=ConfigMap&group="
+                    ),
+                    Some(token),
+                    None,
+                )
+                .await?;
+            anyhow::Ok((code, body))
+        }
+    };
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        match manifest().await? {
+            (200, _) => break,
+            other if Instant::now() > deadline => {
+                bail!("the live manifest never came through the hub: {other:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let want = format!("\"value\":\"v{}\"", args.changes);
+    let mut manifest_reads = Vec::with_capacity(args.reads);
+    let mut direct_reads = Vec::with_capacity(args.reads);
+    for _ in 0..args.reads {
+        let start = Instant::now();
+        let (code, body) = manifest().await?;
+        manifest_reads.push(start.elapsed());
+        if code != 200 || !body["manifest"].as_str().is_some_and(|m| m.contains(&want)) {
+            bail!("the live manifest through the hub is not the cluster's: {code} {body}");
+        }
+        let start = Instant::now();
+        cms.get("settings").await?;
+        direct_reads.push(start.elapsed());
+    }
     stop.fire();
     let _ = agent.await;
     drop(hub_process);
@@ -289,5 +377,7 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
         fastest,
         tree_read: percentiles(tree_reads).context("no reads")?,
         live_read: percentiles(live_reads).context("no reads")?,
+        manifest_read: percentiles(manifest_reads).context("no reads")?,
+        direct_read: percentiles(direct_reads).context("no reads")?,
     })
 }
