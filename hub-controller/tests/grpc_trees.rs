@@ -597,6 +597,39 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         "{body}"
     );
 
+    // A tenant whose Argo CD rights are on another project's Applications
+    // sees nothing of this one's cluster: argocd-server refuses before it
+    // asks.
+    testenv::argocd::add_local_account(
+        &env.hub,
+        "tenant-b",
+        "tenant-b-password",
+        "p, role:team-b, applications, get, team-b/*, allow\n\
+         p, role:team-b, logs, get, team-b/*, allow\n\
+         g, tenant-b, role:team-b\n",
+    )
+    .await
+    .unwrap();
+    let tenant = wait::until("the tenant logs in", TIMEOUT, || async {
+        server
+            .login("tenant-b", "tenant-b-password")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    for path in [
+        resource("ConfigMap", "settings"),
+        format!(
+            "/api/v1/applications/guestbook/events?appNamespace={ns}&resourceNamespace=guestbook&resourceName=settings&resourceUID={uid}"
+        ),
+    ] {
+        let (code, body) = server
+            .api(Method::GET, &path, Some(&tenant), None)
+            .await
+            .unwrap();
+        assert_eq!(code, 403, "{path}: {body}");
+    }
+
     // Straight at the live endpoint, as only argocd-server may call it.
     let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
     let endpoint = live_client(&format!("{live_url}/clusters/cluster1"), &ca_pem, token);

@@ -632,6 +632,50 @@ async fn set_admin_password(cluster: &Cluster, password: &str) -> Result<()> {
     Ok(())
 }
 
+/// Adds the local account `name` (login only) with `password`, and sets
+/// Argo CD's RBAC (`argocd-rbac-cm`'s `policy.csv`) to `policy`, as a
+/// platform team gives a tenant its rights; argocd-server picks both up
+/// without a restart.
+pub async fn add_local_account(
+    cluster: &Cluster,
+    name: &str,
+    password: &str,
+    policy: &str,
+) -> Result<()> {
+    let hash = run(Command::new(cli()?).args(["account", "bcrypt", "--password", password]))?;
+    let client = cluster.client().await?;
+    let pp = PatchParams::apply(&format!("{FIELD_MANAGER}-account-{name}")).force();
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "argocd-cm", "namespace": NAMESPACE },
+        "data": { format!("accounts.{name}"): "login" },
+    }))
+    .expect("a valid ConfigMap");
+    Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .patch("argocd-cm", &pp, &Patch::Apply(&cm))
+        .await?;
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "argocd-secret", "namespace": NAMESPACE },
+        "stringData": { format!("accounts.{name}.password"): hash },
+    }))
+    .expect("a valid Secret");
+    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .patch("argocd-secret", &pp, &Patch::Apply(&secret))
+        .await?;
+    let rbac: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "argocd-rbac-cm", "namespace": NAMESPACE,
+                      "labels": { "app.kubernetes.io/part-of": "argocd" } },
+        "data": { "policy.csv": policy },
+    }))
+    .expect("a valid ConfigMap");
+    Api::<ConfigMap>::namespaced(client, NAMESPACE)
+        .patch("argocd-rbac-cm", &pp, &Patch::Apply(&rbac))
+        .await?;
+    Ok(())
+}
+
 /// The API resource of `appprojects.argoproj.io`.
 pub fn appproject_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
