@@ -218,10 +218,12 @@ fn argocd_diff(server: &Server, token: &str, app: &str) -> (Option<i32>, String)
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the_cluster() {
-    let mut env = Env::new(&["cluster1"]).await;
-    // The real Argo CD on cluster1, in place of the environment's fake.
+/// cluster1 with a real Argo CD in place of the environment's fake,
+/// argocd-server on the hub, and a Git repository whose `app` folder holds
+/// a ConfigMap (`settings`, `colour: teal`) and a Secret (`db`, password
+/// `hunter2-on-cluster1`), for namespace `guestbook`.
+async fn with_real_argocd() -> (Env, Spoke, GitServer, Server, testenv::argocd::Repo) {
+    let env = Env::new(&["cluster1"]).await;
     env.spokes[0].argocd.stop();
     let (spoke, git, server) = tokio::join!(
         Spoke::start(&env.spokes[0].cluster, SpokeOptions::default()),
@@ -253,27 +255,50 @@ async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the
         ],
     )
     .unwrap();
+    (env, spoke, git, server, repo)
+}
 
-    env.start_hub(&["--argocd-redis", &server.redis().to_string()])
-        .await;
+/// cluster1's agent reading `spoke`'s Argo CD Redis, serving live views
+/// when `live_views`; once connected.
+async fn reading_agent(env: &mut Env, spoke: &Spoke, live_views: bool) {
     let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
     config.argocd_redis = Some(RedisConfig {
         addr: spoke.redis().to_string(),
         password: Password::None,
     });
+    config.live_views = live_views;
     env.start_agent_with(0, config);
     env.wait_connected().await;
+}
 
+/// The pulled Application `guestbook` for cluster1 from `repo`, with the
+/// hub copy's `destination`; synced once and not self-healing, so that a
+/// change on the cluster stays, as a diff.
+async fn create_guestbook(env: &Env, repo: &testenv::argocd::Repo, destination: Value) {
     env.create(
         "guestbook",
         0,
         json!({ "spec": {
             "project": "default",
             "source": { "repoURL": repo.url(), "path": "app", "targetRevision": "main" },
-            "destination": { "server": "https://kubernetes.default.svc", "namespace": "guestbook" },
-            // Not self-healing: a change on the cluster stays, as a diff.
+            "destination": destination,
             "syncPolicy": { "automated": { "prune": true } },
         }}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the_cluster() {
+    let (mut env, spoke, _git, server, repo) = with_real_argocd().await;
+
+    env.start_hub(&["--argocd-redis", &server.redis().to_string()])
+        .await;
+    reading_agent(&mut env, &spoke, false).await;
+    create_guestbook(
+        &env,
+        &repo,
+        json!({ "server": "https://kubernetes.default.svc", "namespace": "guestbook" }),
     )
     .await;
     let ns = env.team.clone();
@@ -432,39 +457,8 @@ fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothing_else() {
     use k8s_openapi::api::core::v1::{ConfigMap, Event};
-    let mut env = Env::new(&["cluster1"]).await;
-    env.spokes[0].argocd.stop();
-    let (spoke, git, server) = tokio::join!(
-        Spoke::start(&env.spokes[0].cluster, SpokeOptions::default()),
-        GitServer::start(),
-        Server::start(&env.hub, ServerOptions::default()),
-    );
-    let (spoke, git, server) = (
-        spoke.expect("Argo CD starts on cluster1"),
-        git.expect("the Git server starts"),
-        server.expect("argocd-server starts on the hub"),
-    );
+    let (mut env, spoke, _git, server, repo) = with_real_argocd().await;
     let cluster1 = env.spokes[0].client.clone();
-    env.spokes[0]
-        .cluster
-        .ensure_namespace("guestbook")
-        .await
-        .unwrap();
-    let repo = git.create_repo("guestbook").unwrap();
-    repo.commit(
-        "a ConfigMap and a Secret",
-        &[
-            (
-                "app/cm.yaml",
-                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  colour: teal\n",
-            ),
-            (
-                "app/secret.yaml",
-                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\nstringData:\n  password: hunter2-on-cluster1\n",
-            ),
-        ],
-    )
-    .unwrap();
 
     // The hub-controller with its live endpoint; the cluster Secret it
     // writes points argocd-server there.
@@ -487,25 +481,12 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         ca_file.to_str().unwrap(),
     ])
     .await;
-    let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
-    config.argocd_redis = Some(RedisConfig {
-        addr: spoke.redis().to_string(),
-        password: Password::None,
-    });
-    config.live_views = true;
-    env.start_agent_with(0, config);
-    env.wait_connected().await;
-
-    env.create(
-        "guestbook",
-        0,
-        json!({ "spec": {
-            "project": "default",
-            "source": { "repoURL": repo.url(), "path": "app", "targetRevision": "main" },
-            // The cluster's own Secret, by name, as ApplicationSets give it.
-            "destination": { "name": "cluster1", "namespace": "guestbook" },
-            "syncPolicy": { "automated": { "prune": true } },
-        }}),
+    reading_agent(&mut env, &spoke, true).await;
+    // The cluster's own Secret, by name, as ApplicationSets give it.
+    create_guestbook(
+        &env,
+        &repo,
+        json!({ "name": "cluster1", "namespace": "guestbook" }),
     )
     .await;
     let ns = env.team.clone();
@@ -517,6 +498,14 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         format!(
             "/api/v1/applications/guestbook/resource?appNamespace={ns}&namespace=guestbook&resourceName={name}&version=v1&kind={kind}&group="
         )
+    };
+
+    // What argocd-server answers `token` at `path`.
+    let read = async |token: &str, path: &str| {
+        server
+            .api(Method::GET, path, Some(token), None)
+            .await
+            .unwrap()
     };
 
     // The LIVE MANIFEST tab: argocd-server reads the cluster through the
@@ -549,15 +538,7 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
     )
     .await
     .unwrap();
-    let (code, body) = server
-        .api(
-            Method::GET,
-            &resource("ConfigMap", "settings"),
-            Some(&session),
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, body) = read(&session, &resource("ConfigMap", "settings")).await;
     assert_eq!(code, 200, "{body}");
     assert!(
         body["manifest"].as_str().unwrap().contains("amber"),
@@ -580,17 +561,9 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         )
         .await
         .unwrap();
-    let (code, body) = server
-        .api(
-            Method::GET,
-            &format!(
+    let (code, body) = read(&session, &format!(
                 "/api/v1/applications/guestbook/events?appNamespace={ns}&resourceNamespace=guestbook&resourceName=settings&resourceUID={uid}"
-            ),
-            Some(&session),
-            None,
-        )
-        .await
-        .unwrap();
+            )).await;
     assert_eq!(code, 200, "{body}");
     assert!(
         body.to_string().contains("seen by the test on cluster1"),
@@ -623,10 +596,7 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
             "/api/v1/applications/guestbook/events?appNamespace={ns}&resourceNamespace=guestbook&resourceName=settings&resourceUID={uid}"
         ),
     ] {
-        let (code, body) = server
-            .api(Method::GET, &path, Some(&tenant), None)
-            .await
-            .unwrap();
+        let (code, body) = read(&tenant, &path).await;
         assert_eq!(code, 403, "{path}: {body}");
     }
 
@@ -676,15 +646,7 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         "{message}"
     );
     // ... and by argocd-server, which finds it in no tree.
-    let (code, body) = server
-        .api(
-            Method::GET,
-            &resource("ConfigMap", "not-pulled"),
-            Some(&session),
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, body) = read(&session, &resource("ConfigMap", "not-pulled")).await;
     assert_ne!(code, 200, "{body}");
     // Writes, lists and watches are refused before they reach the cluster.
     let (code, message) = refused(

@@ -179,14 +179,8 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
                 return Ok(Action::requeue(Duration::from_secs(15)));
             }
         };
-        let secret = live_cluster_secret(&cluster, &ctx.namespace, &live);
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-        api.patch(
-            &secret.name_any(),
-            &PatchParams::apply(WORK_MANAGER).force(),
-            &Patch::Apply(&secret),
-        )
-        .await?;
+        ctx.write(&live_cluster_secret(&cluster, &ctx.namespace, &live))
+            .await?;
         return Ok(Action::requeue(RESTORE_EVERY));
     }
     let wait = ctx
@@ -214,18 +208,24 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
     if before.as_ref() != Some(&now) {
         ctx.look_again_at_others(&cluster, &fleet, before.unwrap_or_default(), Some(now));
     }
-    let secret = cluster_secret(&cluster, &ctx.namespace, &server);
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    api.patch(
-        &secret.name_any(),
-        &PatchParams::apply(WORK_MANAGER).force(),
-        &Patch::Apply(&secret),
-    )
-    .await?;
+    ctx.write(&cluster_secret(&cluster, &ctx.namespace, &server))
+        .await?;
     Ok(Action::requeue(RESTORE_EVERY))
 }
 
 impl Ctx {
+    /// Applies `secret` (whole: fields it no longer has go).
+    async fn write(&self, secret: &Secret) -> Result<(), kube::Error> {
+        Api::<Secret>::namespaced(self.client.clone(), &self.namespace)
+            .patch(
+                &secret.name_any(),
+                &PatchParams::apply(WORK_MANAGER).force(),
+                &Patch::Apply(secret),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// `cluster` changed what it gives or gets (`before`, `now`; `None`:
     /// it is going): every other cluster of `fleet` whose URL is one of
     /// those, or is `cluster`'s placeholder, and every cluster whose
