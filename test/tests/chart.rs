@@ -569,3 +569,73 @@ fn the_alert_rules_pass_promtool_test_rules() {
         assert!(out.status.success(), "promtool {args:?}:\n{text}");
     }
 }
+
+/// The live endpoint (docs/ui.md): nothing of it by default; asked for, the
+/// controller serves it with a token Secret the chart keeps and the
+/// serving CA, behind its own Service, named in the serving certificate,
+/// and the NetworkPolicy lets in only argocd-server.
+#[test]
+fn the_live_endpoint_is_served_and_reachable_only_when_asked() {
+    let defaults = template(&[]);
+    let args = args_of(find(&defaults, "Deployment", "argocd-pull-hub-controller"));
+    assert!(!args.iter().any(|a| a.starts_with("--live-")), "{args:?}");
+    assert!(
+        !defaults
+            .iter()
+            .any(|o| o["metadata"]["name"] == "argocd-pull-live"
+                || o["metadata"]["name"] == "argocd-pull-live-tokens"),
+        "live objects rendered by default"
+    );
+
+    let on = template(&["liveViews.enabled=true", "networkPolicy.enabled=true"]);
+    let deployment = find(&on, "Deployment", "argocd-pull-hub-controller");
+    let args = args_of(deployment);
+    for expected in [
+        "--live-addr=0.0.0.0:8444",
+        "--live-url=https://argocd-pull-live.argocd-pull.svc:8444",
+        "--live-token-file=/var/run/argocd-pull/live-tokens/tokens",
+        "--live-ca-file=/var/run/argocd-pull/live-ca/tls.crt",
+        "--grpc-san=argocd-pull-live.argocd-pull.svc",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(volumes.contains("argocd-pull-live-tokens"), "{volumes}");
+    assert!(volumes.contains("argocd-pull-serving-ca"), "{volumes}");
+    let service = find(&on, "Service", "argocd-pull-live");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "live");
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+    let tokens = find(&on, "Secret", "argocd-pull-live-tokens");
+    let token = tokens["data"]["tokens"].as_str().unwrap();
+    assert!(
+        token.len() >= 64,
+        "a random token of 48 characters: {token}"
+    );
+    let policy = find(&on, "NetworkPolicy", "argocd-pull-hub-controller");
+    let live_rule = policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ports"][0]["port"] == "live")
+        .expect("a rule for the live port");
+    assert_eq!(
+        live_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "argocd-server"
+    );
+    // A Secret of the user's own is used as it is.
+    let own = template(&[
+        "liveViews.enabled=true",
+        "liveViews.tokenSecret=my-live-tokens",
+    ]);
+    none_of(
+        &own.iter()
+            .filter(|o| o["metadata"]["name"] == "argocd-pull-live-tokens")
+            .cloned()
+            .collect::<Vec<_>>(),
+        "Secret",
+    );
+    let volumes = find(&own, "Deployment", "argocd-pull-hub-controller")["spec"]["template"]
+        ["spec"]["volumes"]
+        .to_string();
+    assert!(volumes.contains("my-live-tokens"), "{volumes}");
+}
