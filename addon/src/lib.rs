@@ -83,6 +83,9 @@ pub struct AddonConfig {
     /// The managed clusters' Argo CD Redis the agents report trees from
     /// (`ARGOCD_REDIS`), `none` for none.
     pub argocd_redis: String,
+    /// Whether the agents serve the hub's live views (`LIVE_VIEWS`):
+    /// `true` or `false`.
+    pub live_views: String,
 }
 
 impl Default for AddonConfig {
@@ -95,6 +98,7 @@ impl Default for AddonConfig {
             agent_mode: DEFAULT_MODE.into(),
             otlp_endpoint: "none".into(),
             argocd_redis: "none".into(),
+            live_views: "false".into(),
         }
     }
 }
@@ -115,8 +119,15 @@ pub fn default_variables(config: &AddonConfig) -> Vec<(&'static str, String)> {
         // This cluster's Argo CD Redis (`host:port`), whose resource trees
         // the agent reports for the hub's Argo CD UI; `none`: off.
         ("ARGOCD_REDIS", config.argocd_redis.clone()),
+        // `true`: the agent serves the hub's live views (a resource's live
+        // manifest, its events, its pods' logs) and is bound to the read
+        // ClusterRole they need; `false`: neither.
+        (LIVE_VIEWS_VARIABLE, config.live_views.clone()),
     ]
 }
+
+/// The variable that turns the agents' live views on (`true`) or off.
+pub const LIVE_VIEWS_VARIABLE: &str = "LIVE_VIEWS";
 
 /// The ClusterManagementAddOn that makes the addon known to OCM. Installed
 /// manually (`clusteradm addon enable`); see [`placements_strategy`] for
@@ -218,6 +229,31 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{AGENT_NAME}-{{{{AGENT_MODE}}}}") },
             "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
         }),
+        // The live views read what they serve with the agent's identity:
+        // `get` on every kind (a Secret leaves without its values), and the
+        // events of an object. Bound only while LIVE_VIEWS is `true`: the
+        // binding is named after the value (its roleRef cannot change, so a
+        // new value is a new binding and the work agent deletes the old
+        // one), and the `false` role grants nothing.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-live-true"), "labels": labels },
+            "rules": [
+                { "apiGroups": ["*"], "resources": ["*"], "verbs": ["get"] },
+                { "apiGroups": [""], "resources": ["events"], "verbs": ["list"] },
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-live-false"), "labels": labels },
+            "rules": [],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": format!("{AGENT_NAME}-live-{{{{{LIVE_VIEWS_VARIABLE}}}}}"), "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{AGENT_NAME}-live-{{{{{LIVE_VIEWS_VARIABLE}}}}}") },
+            "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
+        }),
         json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": { "name": HUB_CA_CONFIGMAP, "namespace": AGENT_NAMESPACE, "labels": labels },
@@ -272,7 +308,8 @@ fn agent_role(config: &AddonConfig, mode: &str, verbs: &[&str], labels: &Value) 
 /// The agent's RBAC as OCM renders it for a cluster whose agent runs in
 /// `mode` (`managed` or `autonomous`): the template's ServiceAccount,
 /// ClusterRole(Binding), Roles and RoleBinding with `{{AGENT_MODE}}`
-/// substituted, in apply order. For tests that run as the agent.
+/// substituted (and `{{LIVE_VIEWS}}` with the config's), in apply order.
+/// For tests that run as the agent.
 pub fn agent_rbac(config: &AddonConfig, mode: &str) -> Vec<Value> {
     let template = add_on_template(config);
     template["spec"]["agentSpec"]["workload"]["manifests"]
@@ -287,8 +324,12 @@ pub fn agent_rbac(config: &AddonConfig, mode: &str) -> Vec<Value> {
                     .is_some_and(|v| v.starts_with("rbac.authorization.k8s.io/"))
         })
         .map(|m| {
-            serde_json::from_str(&m.to_string().replace("{{AGENT_MODE}}", mode))
-                .expect("substituting a name keeps it JSON")
+            serde_json::from_str(
+                &m.to_string()
+                    .replace("{{AGENT_MODE}}", mode)
+                    .replace("{{LIVE_VIEWS}}", &config.live_views),
+            )
+            .expect("substituting a name keeps it JSON")
         })
         .collect()
 }
@@ -330,6 +371,7 @@ fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
                         "env": [
                             { "name": "ARGOCD_PULL_OTLP_ENDPOINT", "value": "{{OTLP_ENDPOINT}}" },
                             { "name": "ARGOCD_PULL_ARGOCD_REDIS", "value": "{{ARGOCD_REDIS}}" },
+                            { "name": "ARGOCD_PULL_LIVE_VIEWS", "value": "{{LIVE_VIEWS}}" },
                         ],
                         "ports": [{ "name": "admin", "containerPort": 8080 }],
                         "livenessProbe": { "httpGet": { "path": "/healthz", "port": "admin" } },
@@ -441,7 +483,7 @@ pub fn render(config: &AddonConfig) -> String {
 /// escaped so that Helm leaves them for OCM. `make generate` writes it; a
 /// test fails when the checked-in file drifts.
 pub fn render_helm_template() -> String {
-    const VALUES: [(&str, &str); 6] = [
+    const VALUES: [(&str, &str); 7] = [
         (
             "ARGOCDPULLHELMAGENTIMAGE",
             r#"{{ include "argocd-pull.agentImage" . }}"#,
@@ -460,6 +502,10 @@ pub fn render_helm_template() -> String {
             "ARGOCDPULLHELMARGOCDREDIS",
             r#"{{ .Values.agent.argocdRedis | default "none" }}"#,
         ),
+        (
+            "ARGOCDPULLHELMLIVEVIEWS",
+            r#"{{ .Values.agent.liveViews | toString | quote }}"#,
+        ),
     ];
     let config = AddonConfig {
         agent_image: VALUES[0].0.into(),
@@ -468,6 +514,7 @@ pub fn render_helm_template() -> String {
         agent_mode: VALUES[3].0.into(),
         otlp_endpoint: VALUES[4].0.into(),
         argocd_redis: VALUES[5].0.into(),
+        live_views: VALUES[6].0.into(),
     };
     let mut text = String::from(
         "{{- /* Generated by `make generate` (argocd-pull-addon render --helm) from addon/src/lib.rs: do not edit. */ -}}\n",
@@ -580,12 +627,12 @@ mod tests {
     #[test]
     fn the_agent_never_updates_and_autonomous_mode_cannot_create_or_delete() {
         let config = AddonConfig::default();
-        let verbs = |mode: &str| -> Vec<(String, String, Vec<String>)> {
-            agent_rbac(&config, mode)
+        let verbs = |config: &AddonConfig, mode: &str| -> Vec<(String, String, Vec<String>)> {
+            agent_rbac(config, mode)
                 .iter()
                 .filter(|m| m["kind"] == "Role" || m["kind"] == "ClusterRole")
                 .map(|m| {
-                    let bound = agent_rbac(&config, mode).iter().any(|b| {
+                    let bound = agent_rbac(config, mode).iter().any(|b| {
                         b["roleRef"]["name"] == m["metadata"]["name"]
                             && b["roleRef"]["kind"] == m["kind"]
                     });
@@ -604,7 +651,7 @@ mod tests {
                 .collect()
         };
         for mode in ["managed", "autonomous"] {
-            for (kind, resources, verbs) in verbs(mode) {
+            for (kind, resources, verbs) in verbs(&config, mode) {
                 // Managed mode also keeps the AppProjects and credentials
                 // the hub sends, in the Argo CD namespace only, and never
                 // deletes a project.
@@ -629,11 +676,38 @@ mod tests {
             }
         }
         assert!(
-            verbs("managed")
+            verbs(&config, "managed")
                 .iter()
                 .any(|(_, _, v)| v.contains(&"create".to_string())),
             "managed mode creates"
         );
+        // With LIVE_VIEWS `true`, and only then, the agent may also read
+        // (get) any object and list events, and nothing more.
+        let live = AddonConfig {
+            live_views: "true".into(),
+            ..AddonConfig::default()
+        };
+        for mode in ["managed", "autonomous"] {
+            let off: Vec<_> = verbs(&config, mode);
+            let on: Vec<_> = verbs(&live, mode);
+            let added: Vec<_> = on.iter().filter(|r| !off.contains(r)).collect();
+            assert_eq!(
+                added,
+                vec![
+                    &(
+                        "ClusterRole".to_string(),
+                        r#"["*"]"#.to_string(),
+                        vec!["get".to_string()]
+                    ),
+                    &(
+                        "ClusterRole".to_string(),
+                        r#"["events"]"#.to_string(),
+                        vec!["list".to_string()]
+                    ),
+                ],
+                "{mode}"
+            );
+        }
     }
 
     #[test]
