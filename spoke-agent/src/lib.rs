@@ -132,8 +132,29 @@ pub struct Args {
     /// this agent's own identity, only for the objects of Applications it
     /// applied for the hub and what they own. Needs `get` on those kinds,
     /// `get` on `pods/log` and `list` on `events`.
-    #[arg(long, env = "ARGOCD_PULL_LIVE_VIEWS")]
+    /// `--live-views` alone is `true`; the addon's variable gives `true`,
+    /// `false`, or nothing (a cluster configuration without it), which is
+    /// `false`.
+    #[arg(
+        long,
+        env = "ARGOCD_PULL_LIVE_VIEWS",
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_switch
+    )]
     pub live_views: bool,
+}
+
+/// A switch's value: `true`, `false`, or empty (`false`), as an
+/// AddOnDeploymentConfig variable gives it.
+pub fn parse_switch(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "" | "false" | "0" | "no" | "off" => Ok(false),
+        "true" | "1" | "yes" | "on" => Ok(true),
+        _ => Err(format!("{s:?} is neither true nor false")),
+    }
 }
 
 /// Durations like `500ms`, `30s`, `5m`.
@@ -492,6 +513,21 @@ mod tests {
             ..defaults()
         };
         assert_eq!(config, overridden);
+    }
+
+    #[test]
+    fn a_switch_is_true_false_or_empty() {
+        for (v, want) in [
+            ("", false),
+            ("false", false),
+            ("True", true),
+            ("true", true),
+        ] {
+            assert_eq!(parse_switch(v), Ok(want), "{v:?}");
+        }
+        assert!(parse_switch("maybe").is_err());
+        assert!(!parse(&["--live-views=false"]).live_views);
+        assert!(parse(&["--live-views"]).live_views);
     }
 
     #[test]
