@@ -157,7 +157,7 @@ BENCH_ABUSE_ARGS ?= --good-agents 100 --bad-handshakes 10000
 bench-abuse: bench-grpc-build
 	$(BENCH_GRPC) abuse $(BENCH_ABUSE_ARGS)
 
-## bench-trees: the cluster's own tree in the hub's Argo CD: a change on a managed cluster to the hub's argocd-server showing it (p50/p99/min/max over 50 changes), argocd-server's reads of the tree and live states (p50/p99), BENCH_GRPC_REPEAT times (docs/ui.md)
+## bench-trees: the cluster's own tree in the hub's Argo CD: a change on a managed cluster to the hub's argocd-server showing it (p50/p99/min/max over 50 changes), argocd-server's reads of the tree and live states and of a live manifest through the live endpoint and the agent, next to a direct read (p50/p99), BENCH_GRPC_REPEAT times (docs/ui.md)
 .PHONY: bench-trees
 BENCH_TREES_ARGS ?= --changes 50 --reads 200
 bench-trees: bench-grpc-build
