@@ -212,8 +212,9 @@ trap 'rm -rf "$work"' EXIT
 for n in "${names[@]}"; do
   case $n in
     hub-controller|spoke-agent) build_image "$n" ;;
-    # The harness's sandbox image (test/tools/node/pause.c), for its nodes.
-    pause) build_image "$n" ;;
+    # The harness's sandbox image (test/tools/node/pause.c) and its pod
+    # that writes a line a second (test/tools/node/ticker.c), for its nodes.
+    pause|ticker) build_image "$n" ;;
     *) die "unknown image $n (hub-controller or spoke-agent)" ;;
   esac
 done

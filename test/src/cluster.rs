@@ -199,6 +199,14 @@ impl Cluster {
                 p("sa.key")
             ))
             .arg("--allow-privileged=true")
+            // Its way to the kubelets (`kubectl logs`, `exec`): through
+            // the egress proxy a node starts when it joins, inside the
+            // node's network namespace (testenv::node), never a dial
+            // from this machine's own to a node's address.
+            .arg(format!(
+                "--egress-selector-config-file={}",
+                write_egress_config(&dir)?.display()
+            ))
             // Off unless asked for: `ARGOCD_PULL_APISERVER_PROFILING=1`
             // serves /debug/pprof to the admin, to profile a benchmark's
             // API server (docs/benchmarks.md).
@@ -337,6 +345,12 @@ impl Cluster {
     }
 
     /// The cluster's data folder (logs, certificates, kubeconfig).
+    /// The unix socket of this API server's egress proxy to its nodes'
+    /// kubelets (served once a node joins).
+    pub fn egress_socket(&self) -> PathBuf {
+        egress_socket(&self.dir)
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -500,4 +514,32 @@ fn write_kubeconfig_user(
     // It holds a private key or a token.
     pki::write_private(path, serde_yaml::to_string(&config)?.as_bytes())?;
     Ok(())
+}
+
+fn egress_socket(dir: &Path) -> PathBuf {
+    dir.join("egress.sock")
+}
+
+/// The API server's EgressSelectorConfiguration: what it sends to the
+/// cluster (kubelets, pods, Services) goes as an HTTP `CONNECT` over
+/// [`egress_socket`]; the rest (etcd, webhooks by URL) as before.
+fn write_egress_config(dir: &Path) -> Result<PathBuf> {
+    let file = dir.join("egress.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+  - name: cluster
+    connection:
+      proxyProtocol: HTTPConnect
+      transport:
+        uds:
+          udsName: {}
+"#,
+            egress_socket(dir).display()
+        ),
+    )?;
+    Ok(file)
 }

@@ -372,6 +372,17 @@ build_node() {
   log "node components built in $((SECONDS - t0))s"
 }
 
+# The harness's pod that writes a line a second (node/ticker.c, image
+# argocd-pull-ticker): what the hub's Argo CD shows as a pod's logs.
+build_ticker() {
+  local m=$here/node out=$bin/node
+  if fresh ticker "$m/ticker.c" <(declare -f build_ticker) && [ -x "$out/ticker" ]; then return; fi
+  mkdir -p "$out"
+  gcc -static -Os -o "$out/ticker" "$m/ticker.c"
+  mark ticker "$m/ticker.c" <(declare -f build_ticker)
+  log "ticker built"
+}
+
 # The previous release's hub-controller and spoke-agent (versions.env), built
 # from this repository's own history in a copy under the cache: the upgrade
 # test runs them next to this build's binaries.
@@ -568,6 +579,7 @@ build_runc
 build_iptables
 build_helm
 build_node
+build_ticker
 build_previous
 build_argocd_server
 build_chromium

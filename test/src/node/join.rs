@@ -57,10 +57,13 @@ impl Node {
         let host_kubeconfig = d.join("host.kubeconfig");
         std::fs::write(&host_kubeconfig, &admin)?;
 
-        // Sandbox image.
-        let pause_out = d.join("images");
-        let pause = crate::images::build_one(&paths::bin_dir().join("node"), "pause", &pause_out)?;
-        self.import(&pause)?;
+        // The sandbox image, and the pod that writes a line a second
+        // (what the hub's Argo CD shows as a pod's logs).
+        let images = d.join("images");
+        for name in ["pause", "ticker"] {
+            let image = crate::images::build_one(&paths::bin_dir().join("node"), name, &images)?;
+            self.import(&image)?;
+        }
 
         let root = cgroup_root(self.net.name())?;
         std::fs::write(d.join("cgroup-root"), &root)?;
@@ -84,6 +87,19 @@ impl Node {
             .args(["--leader-elect=false", "--secure-port=0", "--v=1"]);
         self.processes.spawn("kube-scheduler", &mut scheduler)?;
 
+        // The API server's way to this kubelet (`kubectl logs`, `exec`, the
+        // pods' logs argocd-pull's agents read): its egress proxy, a
+        // unix socket outside, dialled from inside this node's namespace,
+        // for this node's kubelet only.
+        let kubelet = format!("{}:10250", self.net.ip());
+        self.relay_with(
+            testenv,
+            "relay-kubelet",
+            true,
+            &format!("unix:{}", cluster.egress_socket().display()),
+            &format!("tcp:{kubelet}"),
+            &[format!("{}:10250", self.name), kubelet.clone()],
+        )?;
         wait_ready(cluster, &self.name, &d.join("kubelet.log")).await
     }
 }

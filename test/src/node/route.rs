@@ -40,12 +40,29 @@ impl Node {
         listen: &str,
         to: &str,
     ) -> Result<()> {
+        self.relay_with(testenv, name, inside, listen, to, &[])
+    }
+
+    /// [`Node::relay`], each connection first asking with an HTTP
+    /// `CONNECT` for one of `connect` (`host:port`s).
+    pub fn relay_with(
+        &mut self,
+        testenv: &Path,
+        name: &str,
+        inside: bool,
+        listen: &str,
+        to: &str,
+        connect: &[String],
+    ) -> Result<()> {
         let mut cmd = if inside {
             self.containerd.inside(testenv)
         } else {
             Command::new(testenv)
         };
         cmd.args(["relay", "--listen", listen, "--to", to]);
+        if !connect.is_empty() {
+            cmd.arg(format!("--http-connect={}", connect.join(",")));
+        }
         self.processes.spawn(name, &mut cmd)
     }
 

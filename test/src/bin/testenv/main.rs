@@ -84,6 +84,10 @@ enum Cmd {
         listen: testenv::relay::Endpoint,
         #[arg(long)]
         to: testenv::relay::Endpoint,
+        /// Serve HTTP `CONNECT` requests for these `host:port`s only
+        /// (comma-separated), as an API server's egress proxy.
+        #[arg(long, value_delimiter = ',')]
+        http_connect: Vec<String>,
     },
     /// Stop the clusters of a running `testenv up` in --dir.
     Down {
@@ -123,7 +127,11 @@ async fn main() -> Result<()> {
         Cmd::Down { timeout } => down(dir, timeout).await,
         Cmd::Demo { git_port, timeout } => demo::run(dir, git_port, timeout).await,
         Cmd::Status { namespace } => demo::status(dir, &namespace).await,
-        Cmd::Relay { listen, to } => Ok(testenv::relay::relay(listen, to).await?),
+        Cmd::Relay {
+            listen,
+            to,
+            http_connect,
+        } => Ok(testenv::relay::relay(listen, to, http_connect).await?),
     }
 }
 
