@@ -111,8 +111,13 @@ pub struct Stack {
     /// this machine's loopback, as `kubectl port-forward` would give it:
     /// `kubectl argocd-pull --admin http://<admin>`.
     pub admin: SocketAddr,
+    /// The hub-controller's live endpoint, relayed to this machine's
+    /// loopback: what the cluster Secrets point the hub's argocd-server at.
+    pub live: SocketAddr,
     proxy: tokio::task::JoinHandle<()>,
-    admin_proxy: tokio::task::JoinHandle<()>,
+    /// What keeps [`Self::admin`] and the live endpoint pointed at the
+    /// hub-controller's pod.
+    forwards: Vec<tokio::task::JoinHandle<()>>,
     /// The hub's node first, then each managed cluster's, in order.
     nodes: Vec<Node>,
     fleet: Arc<Fleet>,
@@ -121,7 +126,9 @@ pub struct Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         self.proxy.abort();
-        self.admin_proxy.abort();
+        for f in &self.forwards {
+            f.abort();
+        }
     }
 }
 
@@ -207,11 +214,20 @@ impl Stack {
         }
 
         let install = install_dir(hub);
+        // The live endpoint, on a loopback port of this machine, where the
+        // hub's argocd-server (here too) reads a gRPC cluster's objects
+        // and pods' logs through its agent (docs/ui.md).
+        let live = crate::net::free_addr()?;
         match options.install {
             Install::Kustomize => {
-                let overlay = pods::hub_overlay(&install, options.raw_feedback)?;
+                let overlay = pods::hub_overlay(
+                    &install,
+                    options.raw_feedback,
+                    &format!("https://{live}"),
+                    &live_token()?,
+                )?;
                 progress(&format!(
-                    "installing argocd-pull on the hub:  kubectl apply -k {}  (deploy/hub, one replica, {} in the gRPC certificate's SANs)",
+                    "installing argocd-pull on the hub:  kubectl apply -k {}  (deploy/hub, one replica, {} in the gRPC certificate's SANs, the live endpoint at https://{live})",
                     overlay.display(),
                     HUB_GRPC.ip()
                 ));
@@ -236,19 +252,23 @@ impl Stack {
             HUB_GRPC_SERVICE.0,
             HUB_GRPC_SERVICE.1,
         ));
-        let admin_proxy = tokio::spawn(pods::follow_pods(
-            hub.client().await?,
-            nodes[0].netns().to_string(),
-            HUB_NAMESPACE,
-            format!("app.kubernetes.io/name={HUB_CONTROLLER}"),
-            pods::HUB_ADMIN.port(),
-        ));
-        let admin = pods::forward_admin(&mut nodes[0], &testenv)?;
+        let mut forwards = Vec::new();
+        let admin = crate::net::free_addr()?;
+        for (inside, local) in [(pods::HUB_ADMIN, admin), (pods::HUB_LIVE, live)] {
+            forwards.push(tokio::spawn(pods::follow_pods(
+                hub.client().await?,
+                nodes[0].netns().to_string(),
+                HUB_NAMESPACE,
+                format!("app.kubernetes.io/name={HUB_CONTROLLER}"),
+                inside,
+            )));
+            pods::forward(&mut nodes[0], &testenv, inside, local)?;
+        }
         let grpc = HUB_GRPC;
         if options.install == Install::Kustomize {
             // The chart takes it from its values (`grpc.address`).
             progress(&format!(
-                "telling the agents where the hub and their Argo CD's Redis are: HUB_GRPC_ADDRESS=https://{grpc} and ARGOCD_REDIS={} in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}",
+                "telling the agents where the hub and their Argo CD's Redis are, and to serve the live views: HUB_GRPC_ADDRESS=https://{grpc}, ARGOCD_REDIS={} and LIVE_VIEWS=true in AddOnDeploymentConfig {HUB_NAMESPACE}/{DEPLOYMENT_CONFIG}",
                 pods::ARGOCD_REDIS
             ));
             set_variables(
@@ -257,6 +277,7 @@ impl Stack {
                 &[
                     ("HUB_GRPC_ADDRESS", &format!("https://{grpc}")),
                     ("ARGOCD_REDIS", &pods::ARGOCD_REDIS.to_string()),
+                    ("LIVE_VIEWS", "true"),
                 ],
             )
             .await?;
@@ -269,8 +290,9 @@ impl Stack {
             git,
             grpc,
             admin,
+            live,
             proxy,
-            admin_proxy,
+            forwards,
             nodes,
             fleet,
         };
@@ -557,8 +579,64 @@ fn commit_example_app(repo: &Repo) -> Result<()> {
         .iter()
         .map(|(p, c)| (p.as_str(), c.as_str()))
         .collect();
+    // A pod that writes a line a second, so that the hub's Argo CD has a
+    // pod's logs to show (the harness's image, test/tools/node/ticker.c;
+    // a user's guestbook would have its own pods).
+    let ticker = ticker_deployment();
+    let mut refs = refs;
+    refs.push((TICKER_FILE, &ticker));
     repo.commit("the guestbook example", &refs)?;
     Ok(())
+}
+
+/// Where the harness puts its [`ticker_deployment`] in the example's
+/// repository.
+const TICKER_FILE: &str = "guestbook/ticker.yaml";
+
+/// What each line of the guestbook's ticker pod starts with (then a
+/// counter).
+pub const TICKER_LINE: &str = "guestbook ticker line";
+
+/// A Deployment of one pod that writes [`TICKER_LINE`] and a counter every
+/// second, from the image the nodes import (`argocd-pull-ticker`).
+fn ticker_deployment() -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: guestbook-ticker
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {{app: guestbook-ticker}}
+  template:
+    metadata:
+      labels: {{app: guestbook-ticker}}
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: ticker
+          image: argocd-pull-ticker:{version}
+          imagePullPolicy: Never
+          args: ["{TICKER_LINE}"]
+          securityContext:
+            runAsNonRoot: true
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {{drop: [ALL]}}
+"#,
+        version = env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// A token for the live endpoint (what the chart's `lookup` keeps at
+/// random): 24 random bytes, in hex.
+fn live_token() -> Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 24];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Where the stack keeps what it installs argocd-pull on the hub from

@@ -31,6 +31,13 @@ pub const HUB_GRPC: SocketAddr =
 pub const HUB_ADMIN: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 213, 254, 2), 8080));
 
+/// Where the harness reaches the hub-controller's live endpoint
+/// (`--live-addr`) inside the hub's node, as it does [`HUB_ADMIN`]; the
+/// stack relays a loopback port of the machine to it, which the hub's
+/// argocd-server (on this machine) reaches through the cluster Secrets.
+pub const HUB_LIVE: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 213, 254, 4), 8444));
+
 /// Where pods reach their own cluster's Argo CD Redis (argocd-server's on
 /// the hub, the application-controller's on a managed cluster): an
 /// address of the harness's range on every node, which a relay takes to
@@ -100,20 +107,24 @@ pub async fn join(nodes: &mut [Node], clusters: &[&Cluster], testenv: &Path) -> 
     Ok(())
 }
 
-/// Makes [`HUB_ADMIN`] inside the hub's node reachable at a loopback port
-/// of this machine (returned), as `kubectl port-forward` would; the pods
-/// behind it are kept by [`follow_pods`].
-pub fn forward_admin(hub: &mut Node, testenv: &Path) -> Result<SocketAddr> {
-    let socket = hub.expose(testenv, HUB_ADMIN)?;
-    let local = crate::net::free_addr()?;
+/// Makes `inside` (an address inside the hub's node, [`HUB_ADMIN`] or
+/// [`HUB_LIVE`]) reachable at `local`, a loopback address of this machine,
+/// as `kubectl port-forward` would; the pods behind it are kept by
+/// [`follow_pods`].
+pub fn forward(
+    hub: &mut Node,
+    testenv: &Path,
+    inside: SocketAddr,
+    local: SocketAddr,
+) -> Result<()> {
+    let socket = hub.expose(testenv, inside)?;
     hub.relay(
         testenv,
-        "relay-hub-admin",
+        &format!("relay-hub-{}", inside.port()),
         false,
         &format!("tcp:{local}"),
         &format!("unix:{}", socket.display()),
-    )?;
-    Ok(local)
+    )
 }
 
 /// Keeps [`HUB_GRPC`] inside network namespace `netns` (the hub's node)
@@ -155,23 +166,25 @@ pub async fn follow_service(
     .await
 }
 
-/// Keeps [`HUB_ADMIN`] inside network namespace `netns` (the hub's node)
-/// pointed at port `port` of the running pods that `selector` picks in
-/// `namespace` (ready or not: a standby's admin port answers too), as
-/// `kubectl port-forward` would reach one; until aborted.
+/// Keeps `address` ([`HUB_ADMIN`], [`HUB_LIVE`]) inside network namespace
+/// `netns` (the hub's node) pointed at the same port of the running pods
+/// that `selector` picks in `namespace` (ready or not: a standby's admin
+/// port answers too), as `kubectl port-forward` would reach one; until
+/// aborted.
 pub async fn follow_pods(
     client: kube::Client,
     netns: String,
     namespace: &str,
     selector: String,
-    port: u16,
+    address: SocketAddr,
 ) {
     let pods: Api<Pod> = Api::namespaced(client, namespace);
     let selector = ListParams::default().labels(&selector);
+    let port = address.port();
     follow(
         &netns,
-        HUB_ADMIN,
-        "the hub-controller's admin address",
+        address,
+        &format!("the hub-controller's port {port}"),
         || async {
             let list = pods.list(&selector).await.ok()?;
             Some(
@@ -348,15 +361,54 @@ pub fn logs(cluster: &str, node: &Node) -> BTreeMap<String, PathBuf> {
 /// for their hub: one replica here (two cores; the churn test deletes the
 /// one pod and waits for the Deployment's replacement) and [`HUB_GRPC`] in
 /// the gRPC certificate, and the certificates checked every 10 s; with
-/// `raw_feedback`, `--raw-feedback` (the work agents have the gate); and
+/// `raw_feedback`, `--raw-feedback` (the work agents have the gate);
 /// `--argocd-redis` [`ARGOCD_REDIS`] (the hub's argocd-server's Redis):
-/// the hub copies' trees for the hub's Argo CD UI and CLI.
-pub fn hub_overlay(dir: &Path, raw_feedback: bool) -> Result<PathBuf> {
+/// the hub copies' trees for the hub's Argo CD UI and CLI; and the live
+/// endpoint (docs/ui.md) on [`HUB_LIVE`]'s port, which argocd-server
+/// reaches at `live_url` (a loopback address of this machine, in the
+/// serving certificate too) with `token`, as the chart's `liveViews`
+/// sets it up.
+pub fn hub_overlay(dir: &Path, raw_feedback: bool, live_url: &str, token: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     // kustomize takes only relative paths to a base.
     let up = "../".repeat(dir.components().count().saturating_sub(1));
     let base = crate::paths::workspace_dir().join("deploy/hub");
     let base = format!("{up}{}", base.display().to_string().trim_start_matches('/'));
+    let live_host = live_url
+        .trim_start_matches("https://")
+        .rsplit_once(':')
+        .map_or(live_url, |(host, _)| host);
+    std::fs::write(
+        dir.join("live-tokens.yaml"),
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: argocd-pull-live-tokens
+  namespace: argocd-pull
+type: Opaque
+stringData:
+  tokens: "{token}\n"
+"#
+        ),
+    )?;
+    let arg = |value: &str| {
+        format!(
+            "      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: {value}\n"
+        )
+    };
+    let mut args = arg(&format!("--grpc-san={}", HUB_GRPC.ip()));
+    // A new AddOnDeploymentConfig gets HUB_CA within seconds, not a minute.
+    args += &arg("--certificate-check-interval=10s");
+    args += &arg(&format!("--argocd-redis={ARGOCD_REDIS}"));
+    if raw_feedback {
+        args += &arg("--raw-feedback");
+    }
+    args += &arg(&format!("--grpc-san={live_host}"));
+    args += &arg(&format!("--live-addr=0.0.0.0:{}", HUB_LIVE.port()));
+    args += &arg(&format!("--live-url={live_url}"));
+    args += &arg("--live-token-file=/var/run/argocd-pull/live-tokens/tokens");
+    args += &arg("--live-ca-file=/var/run/argocd-pull/live-ca/tls.crt");
     std::fs::write(
         dir.join("kustomization.yaml"),
         format!(
@@ -364,30 +416,28 @@ pub fn hub_overlay(dir: &Path, raw_feedback: bool) -> Result<PathBuf> {
 kind: Kustomization
 resources:
   - {base}
+  - live-tokens.yaml
 patches:
   - target: {{kind: Deployment, name: argocd-pull-hub-controller}}
     patch: |-
       - op: replace
         path: /spec/replicas
         value: 1
+{args}      - op: add
+        path: /spec/template/spec/containers/0/volumeMounts/-
+        value: {{name: live-tokens, mountPath: /var/run/argocd-pull/live-tokens, readOnly: true}}
       - op: add
-        path: /spec/template/spec/containers/0/args/-
-        value: --grpc-san={}
-      # A new AddOnDeploymentConfig gets HUB_CA within seconds, not a minute.
+        path: /spec/template/spec/containers/0/volumeMounts/-
+        value: {{name: live-ca, mountPath: /var/run/argocd-pull/live-ca, readOnly: true}}
       - op: add
-        path: /spec/template/spec/containers/0/args/-
-        value: --certificate-check-interval=10s
+        path: /spec/template/spec/volumes/-
+        value: {{name: live-tokens, secret: {{secretName: argocd-pull-live-tokens}}}}
+      # The serving CA's certificate, which the controller creates at its
+      # first start (read again when it appears).
       - op: add
-        path: /spec/template/spec/containers/0/args/-
-        value: --argocd-redis={}{}
-"#,
-            HUB_GRPC.ip(),
-            ARGOCD_REDIS,
-            if raw_feedback {
-                "\n      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: --raw-feedback"
-            } else {
-                ""
-            }
+        path: /spec/template/spec/volumes/-
+        value: {{name: live-ca, secret: {{secretName: argocd-pull-serving-ca, optional: true, items: [{{key: tls.crt, path: tls.crt}}]}}}}
+"#
         ),
     )?;
     Ok(dir.to_path_buf())

@@ -11,9 +11,13 @@ use std::time::Duration;
 
 use testenv::browser::Browser;
 use testenv::paths;
-use testenv::stack::Stack;
+use testenv::stack::{Stack, TICKER_LINE};
 
 const UI_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The guestbook's Deployment whose pod writes [`TICKER_LINE`]s (the
+/// harness adds it to the example, `testenv::stack`).
+const TICKER: &str = "guestbook-ticker";
 
 use super::support::{at, eventually};
 
@@ -74,6 +78,97 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
         .cli(&token, &["app", "diff", &grpc_app])
         .unwrap_or_else(|e| panic!("argocd app diff {grpc_app}: {e}"));
     eprintln!("$ argocd app diff {grpc_app}   (exit 0: in sync)\n{diff}");
+    // A resource's live manifest (the UI's LIVE MANIFEST tab), read on
+    // cluster1 when asked, through the hub's live endpoint and cluster1's
+    // agent; cluster2's, in ManifestWorks, cannot be read from the hub,
+    // and the answer says so.
+    let get_resource = |app: &str| {
+        [
+            "app",
+            "get-resource",
+            app,
+            "--kind",
+            "ConfigMap",
+            "--resource-name",
+            "guestbook-ui",
+            "-o",
+            "yaml",
+        ]
+        .map(String::from)
+    };
+    let args = get_resource(&grpc_app);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let live_manifest = eventually(
+        stack,
+        "cluster1's live ConfigMap through the hub",
+        || async {
+            let out = server.cli(&token, &args).map_err(|e| e.to_string())?;
+            if out.contains("kind: ConfigMap") && out.contains("resourceVersion") {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await;
+    eprintln!("$ argocd {}\n{live_manifest}", args.join(" "));
+    let mw_app = format!("argocd/{}", names[1]);
+    let args = get_resource(&mw_app);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = eventually(
+        stack,
+        "cluster2's live ConfigMap refused with why",
+        || async {
+            match server.cli(&token, &args) {
+                Err(e) if e.to_string().contains("need the gRPC transport") => Ok(e.to_string()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    eprintln!("$ argocd {}   (exit 20)\n{refused}", args.join(" "));
+    // A pod's logs, read on cluster1 when asked, through the hub's live
+    // endpoint and cluster1's agent: the guestbook's ticker writes a line
+    // a second, so the last lines differ from one read to the next.
+    let logs_args = [
+        "app",
+        "logs",
+        &grpc_app,
+        "--group",
+        "apps",
+        "--kind",
+        "Deployment",
+        "--name",
+        TICKER,
+        "--tail",
+        "3",
+    ];
+    let ticks = |out: &str| -> Vec<u64> {
+        out.lines()
+            .filter_map(|l| l.trim().strip_prefix(TICKER_LINE)?.trim().parse().ok())
+            .collect()
+    };
+    let first = eventually(stack, "the ticker pod's logs through the hub", || async {
+        let out = server.cli(&token, &logs_args).map_err(|e| e.to_string())?;
+        if ticks(&out).len() == 3 {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    })
+    .await;
+    eprintln!("$ argocd {}\n{first}", logs_args.join(" "));
+    let last_of = |out: &str| ticks(out).last().copied().unwrap_or_default();
+    let later = eventually(stack, "later lines of the ticker pod", || async {
+        let out = server.cli(&token, &logs_args).map_err(|e| e.to_string())?;
+        if last_of(&out) > last_of(&first) {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    })
+    .await;
+    eprintln!("$ argocd {}   (again)\n{later}", logs_args.join(" "));
     // The same as the CLI shows it, and on the UI, as a person opens each:
     // the Application's page with its health and sync, and the tree's
     // nodes: the resources its cluster reported in the hub copy's status,
@@ -110,19 +205,45 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        // Let the page settle (fonts, icons) before the picture.
-        tokio::time::sleep(Duration::from_secs(2)).await;
         let file = if i == 0 {
             "hub-ui-app.png".to_string()
         } else {
             format!("hub-ui-app-{}.png", transport_of(name))
         };
-        page.screenshot(&browser.dir().join(&file)).await.unwrap();
-        if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
-            let docs = paths::workspace_dir().join("docs/img").join(&file);
-            page.screenshot(&docs).await.unwrap();
-            eprintln!("screenshot: {}", docs.display());
-        }
+        screenshot(&browser, &mut page, &file).await;
+    }
+    // The ticker's logs on the UI, as a person opens them: its node in
+    // cluster1's tree, the LOGS tab.
+    page.navigate(&format!(
+        "{}/applications/argocd/{}?node=apps%2FDeployment%2Fguestbook%2F{TICKER}%2F0&tab=logs",
+        server.url(),
+        names[0]
+    ))
+    .await
+    .unwrap();
+    let lines = format!("(() => document.body.innerText.split({TICKER_LINE:?}).length > 3)()");
+    server
+        .ui_wait_for(
+            &mut page,
+            &format!("{TICKER}'s LOGS tab with lines of its pod"),
+            &lines,
+            UI_TIMEOUT,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    screenshot(&browser, &mut page, "hub-ui-logs.png").await;
+}
+
+/// A picture of `page` in the browser's folder, and in docs/img when
+/// `ARGOCD_PULL_SCREENSHOTS` is set.
+async fn screenshot(browser: &Browser, page: &mut testenv::browser::Page, file: &str) {
+    // Let the page settle (fonts, icons) before the picture.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    page.screenshot(&browser.dir().join(file)).await.unwrap();
+    if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
+        let docs = paths::workspace_dir().join("docs/img").join(file);
+        page.screenshot(&docs).await.unwrap();
+        eprintln!("screenshot: {}", docs.display());
     }
 }
 

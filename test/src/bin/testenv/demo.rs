@@ -146,8 +146,42 @@ pub async fn run(dir: PathBuf, git_port: u16, timeout: Duration) -> Result<()> {
         &["app", "resources", &c1],
         &["app", "manifests", &c1, "--source", "live"],
         &["app", "diff", &c1],
-        // cluster2's, from its ManifestWork's feedback.
+        // Read on cluster1 when asked, through the hub's live endpoint and
+        // cluster1's agent: a live manifest and a pod's logs.
+        &[
+            "app",
+            "get-resource",
+            &c1,
+            "--kind",
+            "ConfigMap",
+            "--resource-name",
+            "guestbook-ui",
+        ],
+        &[
+            "app",
+            "logs",
+            &c1,
+            "--group",
+            "apps",
+            "--kind",
+            "Deployment",
+            "--name",
+            "guestbook-ticker",
+            "--tail",
+            "5",
+        ],
+        // cluster2's, from its ManifestWork's feedback; its live views need
+        // the gRPC transport, and say so.
         &["app", "resources", &c2],
+        &[
+            "app",
+            "get-resource",
+            &c2,
+            "--kind",
+            "ConfigMap",
+            "--resource-name",
+            "guestbook-ui",
+        ],
     ] {
         let out = std::process::Command::new(&cli)
             .args(args)
@@ -253,12 +287,15 @@ Break something on purpose (an Application for a cluster OCM does not know):
 
 The hub's Argo CD UI:  {ui}  (user admin, password {password})
   open {ui}/applications/argocd/guestbook-{c1} for {c1}'s Application: its sync and health as {c1} reported them
-  (its tree, live states and diff are what {c1}'s Argo CD cached; a resource's LIVE MANIFEST tab, events and logs are not there yet: see docs/ui.md)
+  (its tree, live states and diff are what {c1}'s Argo CD cached; a resource's LIVE MANIFEST, EVENTS and LOGS tabs are read on {c1} through its agent: docs/ui.md)
+  open {ui}/applications/argocd/guestbook-{c1}?node=apps%2FDeployment%2Fguestbook%2Fguestbook-ticker%2F0&tab=logs for its ticker pod's logs
 Its CLI, logged in as admin:
   {argocd} app list
   {argocd} app get argocd/guestbook-{c1}
   {argocd} app manifests argocd/guestbook-{c1} --source live
   {argocd} app diff argocd/guestbook-{c1}
+  {argocd} app get-resource argocd/guestbook-{c1} --kind ConfigMap --resource-name guestbook-ui
+  {argocd} app logs argocd/guestbook-{c1} --group apps --kind Deployment --name guestbook-ticker --follow
 
 The fleet as the hub sees it (`make install-plugin` puts it on the PATH as `kubectl argocd-pull`):
   {plugin} --kubeconfig {hub_kubeconfig} --admin http://{admin} status
