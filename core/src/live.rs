@@ -17,6 +17,12 @@ use serde_json::{Value, json};
 /// Application manages (a Pod, its ReplicaSet, its Deployment is two).
 pub const MAX_OWNER_HOPS: usize = 5;
 
+/// How long the agent follows one pod's log (`follow=true`) before it
+/// ends the stream, as the API server's own request timeout would: a
+/// reader left open does not hold one of the cluster's live reads for
+/// ever. Argo CD's UI and CLI start a new follow when they want more.
+pub const MAX_FOLLOW: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// The query parameters of a pod's log that are passed on; any other is
 /// dropped (`insecureSkipTLSVerifyBackend` above all).
 pub const LOG_PARAMS: &[&str] = &[
@@ -383,7 +389,7 @@ pub fn opens_live_views(destination: Option<&Value>, cluster: &str, live_server:
 /// The answer when an object belongs to no Application the agent applied.
 pub fn not_owned(object: &ResourceRef, cluster: &str) -> Refusal {
     Refusal::forbidden(format!(
-        "{object} belongs to no Application argocd-pull applied on {cluster}: only the resources of a pulled Application, and what they own, are served"
+        "{object} belongs to no Application argocd-pull applied on {cluster}: only the resources of a pulled Application, and what they own, are served (an Application delivered to {cluster} in a ManifestWork has no live views: they need the gRPC transport)"
     ))
 }
 

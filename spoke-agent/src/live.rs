@@ -123,8 +123,12 @@ impl Reader {
                 namespace,
                 pod,
                 query,
-                ..
-            } => return self.logs(session, id, &namespace, &pod, &query).await,
+                follow,
+            } => {
+                return self
+                    .logs(session, id, &namespace, &pod, &query, follow)
+                    .await;
+            }
         };
         match answer {
             Ok(body) if body.len() > MAX_ANSWER_BYTES => {
@@ -256,8 +260,17 @@ impl Reader {
         Ok(serde_json::to_vec(&list).expect("a Value always serializes"))
     }
 
-    /// One pod's log, streamed in chunks as the API gives it.
-    async fn logs(&self, session: u64, id: u64, namespace: &str, pod: &str, query: &str) {
+    /// One pod's log, streamed in chunks as the API gives it; a followed
+    /// one for [`live::MAX_FOLLOW`] at the most.
+    async fn logs(
+        &self,
+        session: u64,
+        id: u64,
+        namespace: &str,
+        pod: &str,
+        query: &str,
+        follow: bool,
+    ) {
         let r = ResourceRef::new("v1", "Pod", namespace, pod);
         match self.belongs(&r, None).await {
             Ok(true) => {}
@@ -281,12 +294,18 @@ impl Reader {
             Err(e) => return self.refuse(session, id, &refusal_of(e)).await,
         };
         let text = "text/plain";
+        let until = tokio::time::Instant::now() + live::MAX_FOLLOW;
         loop {
-            let chunk = match stream.fill_buf().await {
-                Ok([]) => Vec::new(),
-                Ok(buf) => buf[..buf.len().min(MAX_LIVE_CHUNK_BYTES)].to_vec(),
-                Err(e) => {
+            let next = tokio::time::timeout_at(until, stream.fill_buf()).await;
+            let chunk = match next {
+                Ok(Ok([])) => Vec::new(),
+                Ok(Ok(buf)) => buf[..buf.len().min(MAX_LIVE_CHUNK_BYTES)].to_vec(),
+                Ok(Err(e)) => {
                     tracing::debug!(error = %e, pod, "a followed log ended");
+                    Vec::new()
+                }
+                Err(_) => {
+                    tracing::debug!(pod, follow, "a followed log reached its time limit");
                     Vec::new()
                 }
             };
