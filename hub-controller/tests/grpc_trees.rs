@@ -647,7 +647,12 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
     );
     // ... and by argocd-server, which finds it in no tree.
     let (code, body) = read(&session, &resource("ConfigMap", "not-pulled")).await;
-    assert_ne!(code, 200, "{body}");
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.to_string()
+            .contains("not-pulled not found as part of application"),
+        "{body}"
+    );
     // Writes, lists and watches are refused before they reach the cluster.
     let (code, message) = refused(
         live_cms

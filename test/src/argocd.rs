@@ -86,36 +86,11 @@ impl Spoke {
         let redis_bin = require(&paths::bin_dir().join("redis-server"))?;
         install(cluster).await?;
         let procs = Processes::new(cluster.dir().join("argocd"))?;
-        let dir = procs.dir.clone();
 
         let redis = procs.start_redis(&redis_bin).await?;
         let redis = SocketAddr::from(([127, 0, 0, 1], redis));
 
-        let tmp = dir.join("repo-server-tmp");
-        std::fs::create_dir_all(&tmp)?;
-        let ports = procs
-            .start("repo-server", 2, |ports| {
-                let mut cmd = component(&argocd, "argocd-repo-server");
-                cmd.arg("--address=127.0.0.1")
-                    .arg(format!("--port={}", ports[0]))
-                    .arg("--metrics-address=127.0.0.1")
-                    .arg(format!("--metrics-port={}", ports[1]))
-                    .arg(format!("--redis={redis}"))
-                    .arg("--disable-tls")
-                    // Its default (a path in the image) is refused with
-                    // --disable-tls.
-                    .arg("--client-ca-path=")
-                    // Clones go to $TMPDIR/_argocd-repo.
-                    .env("TMPDIR", &tmp)
-                    .env("ARGOCD_ASK_PASS_SOCK", dir.join("askpass.sock"))
-                    .env("ARGOCD_GPG_ENABLED", "false")
-                    // git runs with GIT_ASKPASS=argocd: our binary answers
-                    // as the askpass helper too.
-                    .env("PATH", path_with(&paths::bin_dir()));
-                cmd
-            })
-            .await?;
-        let repo_server = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+        let repo_server = start_repo_server(&procs, &argocd, redis).await?;
 
         let kubeconfig = cluster.kubeconfig().to_path_buf();
         procs
@@ -272,6 +247,12 @@ impl Server {
         set_admin_password(cluster, &options.admin_password).await?;
         let procs = Processes::new(cluster.dir().join("argocd-server"))?;
         let redis = procs.start_redis(&redis_bin).await?;
+        // What the UI asks a repo-server for (a commit's author and
+        // message under LAST SYNC, the manifests of Git): a hub's Argo CD
+        // runs one, as here.
+        let argocd = require(&paths::bin_dir().join("argocd"))?;
+        let repo_server =
+            start_repo_server(&procs, &argocd, SocketAddr::from(([127, 0, 0, 1], redis))).await?;
         let kubeconfig = cluster.kubeconfig().to_path_buf();
         let ports = procs
             .start_on("argocd-server", 2, options.port, |ports| {
@@ -286,10 +267,7 @@ impl Server {
                     .arg(format!("--metrics-port={}", ports[1]))
                     .arg("--insecure")
                     .arg(format!("--redis=127.0.0.1:{redis}"))
-                    // The hub runs no repo-server (nothing renders there);
-                    // what would ask one (a diff, a new Application's
-                    // details) fails fast instead of waiting for a Service.
-                    .arg("--repo-server=127.0.0.1:1")
+                    .arg(format!("--repo-server={repo_server}"))
                     .arg("--repo-server-plaintext")
                     .arg("--dex-server=")
                     .arg("--repo-server-timeout-seconds=5")
@@ -645,33 +623,57 @@ pub async fn add_local_account(
     let hash = run(Command::new(cli()?).args(["account", "bcrypt", "--password", password]))?;
     let client = cluster.client().await?;
     let pp = PatchParams::apply(&format!("{FIELD_MANAGER}-account-{name}")).force();
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": { "name": "argocd-cm", "namespace": NAMESPACE },
-        "data": { format!("accounts.{name}"): "login" },
-    }))
-    .expect("a valid ConfigMap");
-    Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
-        .patch("argocd-cm", &pp, &Patch::Apply(&cm))
-        .await?;
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": "argocd-secret", "namespace": NAMESPACE },
-        "stringData": { format!("accounts.{name}.password"): hash },
-    }))
-    .expect("a valid Secret");
-    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
-        .patch("argocd-secret", &pp, &Patch::Apply(&secret))
-        .await?;
-    let rbac: ConfigMap = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": { "name": "argocd-rbac-cm", "namespace": NAMESPACE,
-                      "labels": { "app.kubernetes.io/part-of": "argocd" } },
-        "data": { "policy.csv": policy },
-    }))
-    .expect("a valid ConfigMap");
-    Api::<ConfigMap>::namespaced(client, NAMESPACE)
-        .patch("argocd-rbac-cm", &pp, &Patch::Apply(&rbac))
+    apply_in_namespace::<ConfigMap>(
+        &client,
+        &pp,
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "argocd-cm", "namespace": NAMESPACE },
+            "data": { format!("accounts.{name}"): "login" },
+        }),
+    )
+    .await?;
+    apply_in_namespace::<Secret>(
+        &client,
+        &pp,
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "argocd-secret", "namespace": NAMESPACE },
+            "stringData": { format!("accounts.{name}.password"): hash },
+        }),
+    )
+    .await?;
+    apply_in_namespace::<ConfigMap>(
+        &client,
+        &pp,
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "argocd-rbac-cm", "namespace": NAMESPACE,
+                          "labels": { "app.kubernetes.io/part-of": "argocd" } },
+            "data": { "policy.csv": policy },
+        }),
+    )
+    .await
+}
+
+/// Server-side applies `object` (a `K`, named in its metadata) in Argo
+/// CD's namespace with `pp`.
+async fn apply_in_namespace<K>(
+    client: &kube::Client,
+    pp: &PatchParams,
+    object: serde_json::Value,
+) -> Result<()>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let object: K = serde_json::from_value(object).expect("a valid object");
+    let name = object.meta().name.clone().unwrap_or_default();
+    Api::<K>::namespaced(client.clone(), NAMESPACE)
+        .patch(&name, pp, &Patch::Apply(&object))
         .await?;
     Ok(())
 }
@@ -917,6 +919,41 @@ fn application_namespaces(cmd: &mut Command, namespaces: &[String]) {
     if !namespaces.is_empty() {
         cmd.arg(format!("--application-namespaces={}", namespaces.join(",")));
     }
+}
+
+/// Starts a repo-server of `argocd` in `procs`, with Redis `redis`;
+/// returns its gRPC address (plain text).
+async fn start_repo_server(
+    procs: &Processes,
+    argocd: &Path,
+    redis: SocketAddr,
+) -> Result<SocketAddr> {
+    let dir = procs.dir.clone();
+    let tmp = dir.join("repo-server-tmp");
+    std::fs::create_dir_all(&tmp)?;
+    let ports = procs
+        .start("repo-server", 2, |ports| {
+            let mut cmd = component(argocd, "argocd-repo-server");
+            cmd.arg("--address=127.0.0.1")
+                .arg(format!("--port={}", ports[0]))
+                .arg("--metrics-address=127.0.0.1")
+                .arg(format!("--metrics-port={}", ports[1]))
+                .arg(format!("--redis={redis}"))
+                .arg("--disable-tls")
+                // Its default (a path in the image) is refused with
+                // --disable-tls.
+                .arg("--client-ca-path=")
+                // Clones go to $TMPDIR/_argocd-repo.
+                .env("TMPDIR", &tmp)
+                .env("ARGOCD_ASK_PASS_SOCK", dir.join("askpass.sock"))
+                .env("ARGOCD_GPG_ENABLED", "false")
+                // git runs with GIT_ASKPASS=argocd: our binary answers
+                // as the askpass helper too.
+                .env("PATH", path_with(&paths::bin_dir()));
+            cmd
+        })
+        .await?;
+    Ok(SocketAddr::from(([127, 0, 0, 1], ports[0])))
 }
 
 fn component(argocd: &Path, name: &str) -> Command {

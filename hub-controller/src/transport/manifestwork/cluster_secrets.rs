@@ -169,19 +169,18 @@ async fn reconcile(cluster: Arc<ManagedCluster>, ctx: Arc<Ctx>) -> Result<Action
         return Ok(Action::await_change());
     }
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
-    if ctx.live.enabled().unwrap_or(false) {
-        // The live endpoint's server: nothing the cluster wrote is used.
-        let live = match ctx.live.endpoint() {
-            Ok(Some(live)) => live,
-            Ok(None) => unreachable!("enabled"),
-            Err(e) => {
-                tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write the cluster Secret for the live endpoint; retrying");
-                return Ok(Action::requeue(Duration::from_secs(15)));
-            }
-        };
-        ctx.write(&live_cluster_secret(&cluster, &ctx.namespace, &live))
-            .await?;
-        return Ok(Action::requeue(RESTORE_EVERY));
+    // With the live endpoint, its server: nothing the cluster wrote is used.
+    match ctx.live.endpoint() {
+        Ok(Some(live)) => {
+            ctx.write(&live_cluster_secret(&cluster, &ctx.namespace, &live))
+                .await?;
+            return Ok(Action::requeue(RESTORE_EVERY));
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(cluster = %cluster.name_any(), error = %e, "cannot write the cluster Secret for the live endpoint; retrying");
+            return Ok(Action::requeue(Duration::from_secs(15)));
+        }
     }
     let wait = ctx
         .first_pass

@@ -108,11 +108,6 @@ impl ClusterState {
             self.wake.notify_one();
         }
     }
-
-    /// Reads under way.
-    pub fn live_reads(&self) -> usize {
-        self.lock().live.pending.len()
-    }
 }
 
 fn cancel(id: u64) -> HubMessage {
