@@ -92,7 +92,7 @@ async fn client(cli: &Cli) -> anyhow::Result<kube::Client> {
         context: cli.context.clone(),
         ..Default::default()
     };
-    let config = match &cli.kubeconfig {
+    let mut config = match &cli.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
                 .map_err(|e| anyhow::anyhow!("cannot read kubeconfig {}: {e}", path.display()))?;
@@ -101,6 +101,10 @@ async fn client(cli: &Cli) -> anyhow::Result<kube::Client> {
         None if cli.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
         None => kube::Config::infer().await?,
     };
+    // A command answers at once: kube's default retries a 503 fifteen
+    // times (20 s), and a pod the API server cannot reach through its pod
+    // proxy answers 503 every time; the message says what to do instead.
+    config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }
 
