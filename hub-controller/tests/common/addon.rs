@@ -451,6 +451,7 @@ impl AddonHub {
                 false,
                 &format!("unix:{}", socket.display()),
                 &format!("tcp:{grpc}"),
+                &[],
             )
             .unwrap();
             node.reach(&testenv, HUB_GRPC, &socket).unwrap();

@@ -27,8 +27,16 @@ impl Node {
             false,
             &to_api,
             &format!("tcp:{api}"),
+            &[],
         )?;
-        self.relay(testenv, "relay-inside", true, "tcp:0.0.0.0:6443", &to_api)?;
+        self.relay(
+            testenv,
+            "relay-inside",
+            true,
+            "tcp:0.0.0.0:6443",
+            &to_api,
+            &[],
+        )?;
         // Pods reach the API server as kubernetes.default's ClusterIP.
         self.net.iptables(&[
             "-t",
@@ -92,7 +100,7 @@ impl Node {
         // unix socket outside, dialled from inside this node's namespace,
         // for this node's kubelet only.
         let kubelet = format!("{}:10250", self.net.ip());
-        self.relay_with(
+        self.relay(
             testenv,
             "relay-kubelet",
             true,

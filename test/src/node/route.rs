@@ -31,21 +31,10 @@ pub struct Memory {
 impl Node {
     /// Starts `testenv relay --listen <listen> --to <to>` (see
     /// [`crate::relay`]), inside the node's namespaces if `inside`, else on
-    /// the machine; its log is `<name>.log` in the node's folder.
+    /// the machine, each connection first asking with an HTTP `CONNECT`
+    /// for one of `connect` (`host:port`s) unless it is empty; its log is
+    /// `<name>.log` in the node's folder.
     pub fn relay(
-        &mut self,
-        testenv: &Path,
-        name: &str,
-        inside: bool,
-        listen: &str,
-        to: &str,
-    ) -> Result<()> {
-        self.relay_with(testenv, name, inside, listen, to, &[])
-    }
-
-    /// [`Node::relay`], each connection first asking with an HTTP
-    /// `CONNECT` for one of `connect` (`host:port`s).
-    pub fn relay_with(
         &mut self,
         testenv: &Path,
         name: &str,
@@ -91,6 +80,7 @@ impl Node {
             true,
             &format!("unix:{}", socket.display()),
             &format!("tcp:{address}"),
+            &[],
         )?;
         Ok(socket)
     }
@@ -108,6 +98,7 @@ impl Node {
             true,
             &format!("tcp:{address}"),
             &format!("unix:{}", socket.display()),
+            &[],
         )
     }
 

@@ -57,6 +57,7 @@ pub fn open_argocd_redis(node: &mut Node, testenv: &Path, redis: SocketAddr) -> 
         false,
         &format!("unix:{}", socket.display()),
         &format!("tcp:{redis}"),
+        &[],
     )?;
     node.reach(testenv, ARGOCD_REDIS, &socket)
 }
@@ -124,6 +125,7 @@ pub fn forward(
         false,
         &format!("tcp:{local}"),
         &format!("unix:{}", socket.display()),
+        &[],
     )
 }
 
