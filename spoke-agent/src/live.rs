@@ -20,7 +20,6 @@ use argocd_pull_proto::v1::{LiveRequest, LiveResponse};
 use argocd_pull_runtime::task::AbortOnDrop;
 use futures::AsyncBufReadExt;
 use kube::ResourceExt;
-use kube::core::GroupVersionKind;
 use serde_json::Value;
 
 use crate::cache::Cache;
@@ -40,9 +39,9 @@ pub struct Reader {
     cluster: String,
     /// The reads under way, by request id (cancelled by dropping).
     running: Mutex<HashMap<u64, AbortOnDrop<()>>>,
-    /// Plural resource names by group, version and kind (owners are named
-    /// by kind; the API is asked by resource).
-    plurals: Mutex<HashMap<GroupVersionKind, (String, bool)>>,
+    /// How each kind is served, by group and kind (owners are named by
+    /// kind; the API is asked by resource): [`Reader::plural`]'s memory.
+    plurals: Mutex<HashMap<(String, String), Plural>>,
 }
 
 /// The JSON content type.
@@ -383,83 +382,90 @@ impl Reader {
     /// when it is not there. A namespaced kind is read in `r`'s namespace,
     /// a cluster-scoped one without.
     async fn read(&self, r: &ResourceRef) -> Result<Option<Value>, Refusal> {
-        let Some((version, plural, namespaced)) = self.plural(&r.group, &r.kind).await? else {
+        let Some(kind) = self.plural(&r.group, &r.kind).await? else {
             return Ok(None);
         };
         let target = live::Target {
             group: r.group.clone(),
-            version,
-            resource: plural,
-            namespace: (namespaced && !r.namespace.is_empty()).then(|| r.namespace.clone()),
+            version: kind.version,
+            resource: kind.plural,
+            namespace: (kind.namespaced && !r.namespace.is_empty()).then(|| r.namespace.clone()),
             name: r.name.clone(),
         };
         match self.fetch(&target.path()).await {
             Ok(body) => Ok(serde_json::from_slice(&body).ok()),
-            Err(refusal) if refusal.code == 404 => Ok(None),
+            Err(refusal) if refusal.code == 404 => {
+                let key = (r.group.clone(), r.kind.clone());
+                self.plurals.lock().expect("not poisoned").remove(&key);
+                Ok(None)
+            }
             Err(refusal) => Err(refusal),
         }
     }
 
-    /// The preferred version, plural and scope of `group`/`kind`.
-    async fn plural(
-        &self,
-        group: &str,
-        kind: &str,
-    ) -> Result<Option<(String, String, bool)>, Refusal> {
-        let versions: Vec<String> = if group.is_empty() {
-            vec!["v1".into()]
+    /// The preferred version, plural and scope of `group`/`kind`, from the
+    /// cluster's discovery the first time, then from memory (at most 1,024
+    /// kinds; forgotten when a read at it finds nothing, so a CRD whose
+    /// version went is looked up again).
+    async fn plural(&self, group: &str, kind: &str) -> Result<Option<Plural>, Refusal> {
+        let key = (group.to_string(), kind.to_string());
+        if let Some(known) = self.plurals.lock().expect("not poisoned").get(&key) {
+            return Ok(Some(known.clone()));
+        }
+        let version = if group.is_empty() {
+            "v1".to_string()
         } else {
             let body = self.fetch(&format!("/apis/{group}")).await?;
             let g: Value = serde_json::from_slice(&body).unwrap_or_default();
-            let preferred = g
+            match g
                 .pointer("/preferredVersion/version")
                 .and_then(Value::as_str)
-                .map(str::to_string);
-            preferred.into_iter().collect()
-        };
-        for version in versions {
-            let gvk = GroupVersionKind::gvk(group, &version, kind);
-            if let Some((plural, namespaced)) = self
-                .plurals
-                .lock()
-                .expect("not poisoned")
-                .get(&gvk)
-                .cloned()
             {
-                return Ok(Some((version, plural, namespaced)));
+                Some(v) => v.to_string(),
+                None => return Ok(None),
             }
-            let path = if group.is_empty() {
-                "/api/v1".to_string()
-            } else {
-                format!("/apis/{group}/{version}")
-            };
-            let body = self.fetch(&path).await?;
-            let list: Value = serde_json::from_slice(&body).unwrap_or_default();
-            let found = list
-                .get("resources")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|r| {
-                    r.get("kind").and_then(Value::as_str) == Some(kind)
-                        && !r
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("/")
-                            .contains('/')
-                });
-            if let Some(r) = found {
-                let plural = r["name"].as_str().unwrap_or_default().to_string();
-                let namespaced = r["namespaced"].as_bool().unwrap_or(true);
-                let mut plurals = self.plurals.lock().expect("not poisoned");
-                if plurals.len() < 1024 {
-                    plurals.insert(gvk, (plural.clone(), namespaced));
-                }
-                return Ok(Some((version, plural, namespaced)));
-            }
+        };
+        let path = if group.is_empty() {
+            "/api/v1".to_string()
+        } else {
+            format!("/apis/{group}/{version}")
+        };
+        let body = self.fetch(&path).await?;
+        let list: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let found = list
+            .get("resources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|r| {
+                r.get("kind").and_then(Value::as_str) == Some(kind)
+                    && !r
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("/")
+                        .contains('/')
+            });
+        let Some(r) = found else { return Ok(None) };
+        let known = Plural {
+            version,
+            plural: r["name"].as_str().unwrap_or_default().to_string(),
+            namespaced: r["namespaced"].as_bool().unwrap_or(true),
+        };
+        let mut plurals = self.plurals.lock().expect("not poisoned");
+        if plurals.len() < 1024 {
+            plurals.insert(key, known.clone());
         }
-        Ok(None)
+        Ok(Some(known))
     }
+}
+
+/// How the cluster's API serves one kind: its preferred version, its
+/// resource name and whether it is namespaced.
+#[derive(Clone, Debug)]
+struct Plural {
+    version: String,
+    plural: String,
+    namespaced: bool,
 }
 
 /// `key=value&...`, encoded.
