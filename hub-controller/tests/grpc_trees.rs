@@ -544,6 +544,17 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         body["manifest"].as_str().unwrap().contains("amber"),
         "{body}"
     );
+    // ... while the discovery argocd-server asks before each read came
+    // from the hub's memory the second time (the object never does).
+    let metrics = env.hub_process.as_ref().unwrap().metrics().await;
+    let reads = |answer: &str| {
+        grpc_env::series::value(
+            &metrics,
+            &format!("argocd_pull_hub_grpc_live_reads_total{{answer=\"{answer}\"}}"),
+        )
+    };
+    assert!(reads("cache") >= 1.0, "{metrics}");
+    assert!(reads("cluster") >= 2.0, "{metrics}");
 
     // Its events, as the UI's EVENTS tab reads them.
     let uid = live["metadata"]["uid"].as_str().unwrap().to_string();

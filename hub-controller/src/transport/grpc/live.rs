@@ -37,6 +37,8 @@ use tokio_rustls::server::TlsStream;
 use super::Hub;
 use super::cluster::live::{MAX_LIVE_READS, Unavailable};
 
+mod discovery;
+
 /// Flags of the live endpoint (docs/configuration.md, docs/ui.md).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct LiveArgs {
@@ -133,6 +135,8 @@ struct Endpoint {
     hub: Arc<Hub>,
     tokens: Arc<Reloaded<Vec<String>>>,
     timeout: Duration,
+    /// The clusters' discovery answers, kept for [`discovery::TTL`].
+    discovery: Arc<discovery::Cache>,
 }
 
 /// The modification times of a [`Reloaded`]'s files.
@@ -227,6 +231,7 @@ pub async fn serve(
         hub,
         tokens,
         timeout: args.live_timeout,
+        discovery: Arc::default(),
     };
     let router = Router::new()
         .route("/clusters/{cluster}/{*rest}", any(handle))
@@ -307,48 +312,90 @@ async fn handle(
     axum::extract::Path((cluster, rest)): axum::extract::Path<(String, String)>,
     request: Request,
 ) -> Response {
-    if let Err(r) = authorized(&endpoint, request.headers()) {
-        return refusal(&r);
+    let (by, response) = read(&endpoint, &cluster, &rest, request).await;
+    endpoint.hub.metrics.live_read(by);
+    response
+}
+
+/// The answer to one read, and who gave it (the `answer` label of
+/// `argocd_pull_hub_grpc_live_reads_total`): `cluster` (its agent, whatever
+/// it said), `cache` (discovery kept here), `refused` (by the endpoint,
+/// before any cluster: a token, a path, no agent, too many reads) or
+/// `failed` (the agent went or did not answer in time).
+async fn read(
+    endpoint: &Endpoint,
+    cluster: &str,
+    rest: &str,
+    request: Request,
+) -> (&'static str, Response) {
+    let refused = |r: &Refusal| ("refused", refusal(r));
+    if let Err(r) = authorized(endpoint, request.headers()) {
+        return refused(&r);
     }
     let mut path = format!("/{rest}");
     if let Some(q) = request.uri().query() {
         path.push('?');
         path.push_str(q);
     }
-    if let Err(r) = live::parse(request.method().as_str(), &path) {
-        tracing::info!(%cluster, method = %request.method(), %path, reason = %r.message, "refused a live read");
-        return refusal(&r);
-    }
-    let Some(cs) = endpoint.hub.find_cluster(&cluster) else {
-        return refusal(&unavailable(&cluster, Unavailable::NoAgent));
+    let read = match live::parse(request.method().as_str(), &path) {
+        Ok(read) => read,
+        Err(r) => {
+            tracing::info!(%cluster, method = %request.method(), %path, reason = %r.message, "refused a live read");
+            return refused(&r);
+        }
     };
+    let Some(cs) = endpoint.hub.find_cluster(cluster) else {
+        return refused(&unavailable(cluster, Unavailable::NoAgent));
+    };
+    let discovery = matches!(read, live::Read::Discovery(_));
+    if discovery
+        && let Some(kept) = endpoint
+            .discovery
+            .get(cluster, &path, std::time::Instant::now())
+    {
+        let body = Body::from(kept.body);
+        return ("cache", answer(StatusCode::OK, &kept.content_type, body));
+    }
     let (id, mut chunks) = match cs.live_read(&path) {
         Ok(read) => read,
-        Err(why) => return refusal(&unavailable(&cluster, why)),
+        Err(why) => return refused(&unavailable(cluster, why)),
     };
     let first = match tokio::time::timeout(endpoint.timeout, chunks.recv()).await {
         Ok(Some(chunk)) => chunk,
         Ok(None) => {
-            return refusal(&Refusal::new(
-                503,
-                format!("the agent of cluster {cluster} disconnected before it answered"),
-            ));
+            return (
+                "failed",
+                refusal(&Refusal::new(
+                    503,
+                    format!("the agent of cluster {cluster} disconnected before it answered"),
+                )),
+            );
         }
         Err(_) => {
             cs.live_cancel(id);
-            return refusal(&Refusal::new(
-                504,
-                format!(
-                    "the agent of cluster {cluster} did not answer within {:?}",
-                    endpoint.timeout
-                ),
-            ));
+            return (
+                "failed",
+                refusal(&Refusal::new(
+                    504,
+                    format!(
+                        "the agent of cluster {cluster} did not answer within {:?}",
+                        endpoint.timeout
+                    ),
+                )),
+            );
         }
     };
     let code = StatusCode::from_u16(first.http_status as u16).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = HeaderValue::from_str(&first.content_type)
-        .unwrap_or(HeaderValue::from_static("application/json"));
+    let content_type = first.content_type.clone();
     let body = if first.last {
+        if discovery && code == StatusCode::OK {
+            let kept = discovery::Answer {
+                content_type: content_type.clone(),
+                body: first.body.clone(),
+            };
+            let now = std::time::Instant::now();
+            endpoint.discovery.put(cluster, &path, kept, now);
+        }
         Body::from(first.body)
     } else {
         // Dropped when the reader goes away: the agent is told to stop.
@@ -368,6 +415,14 @@ async fn handle(
         });
         Body::from_stream(futures::StreamExt::chain(head, rest))
     };
+    ("cluster", answer(code, &content_type, body))
+}
+
+/// A response of `code` with `body` of `content_type` (JSON when that is
+/// not a valid header value).
+fn answer(code: StatusCode, content_type: &str, body: Body) -> Response {
+    let content_type =
+        HeaderValue::from_str(content_type).unwrap_or(HeaderValue::from_static("application/json"));
     let mut response = Response::new(body);
     *response.status_mut() = code;
     response

@@ -54,6 +54,18 @@ pub struct RefusalLabel {
     pub reason: &'static str,
 }
 
+/// The values of [`AnswerLabel::answer`].
+pub const LIVE_ANSWERS: [&str; 4] = ["cluster", "cache", "refused", "failed"];
+
+/// Who answered a read of the live endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnswerLabel {
+    /// `cluster` (through its agent), `cache` (a discovery answer kept on
+    /// the hub), `refused` (by the endpoint, before any cluster) or
+    /// `failed` (the agent went or did not answer in time).
+    pub answer: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
@@ -97,6 +109,8 @@ pub struct GrpcMetrics {
     pub connections_dropped: Counter,
     /// Entries of the deny list of client certificates in force.
     pub denied_certificates: Gauge,
+    /// Reads of the live endpoint, by who answered.
+    pub live_reads: Family<AnswerLabel, Counter>,
     /// The transport whose clusters the fleet figures are taken from.
     hub: Arc<OnceLock<Weak<Hub>>>,
 }
@@ -126,6 +140,7 @@ impl Default for GrpcMetrics {
             connections_open: Gauge::default(),
             connections_dropped: Counter::default(),
             denied_certificates: Gauge::default(),
+            live_reads: Family::default(),
             hub: Arc::default(),
         }
     }
@@ -270,6 +285,15 @@ impl GrpcMetrics {
             "Client certificate fingerprints on the deny list",
             self.denied_certificates.clone(),
         );
+        r.register(
+            "live_reads",
+            "Reads of the live endpoint, by who answered: the cluster (through its agent), the hub's discovery cache, the endpoint's refusal, or none in time",
+            self.live_reads.clone(),
+        );
+        // Known from the start, so a rate over them starts at zero.
+        for answer in LIVE_ANSWERS {
+            let _ = self.live_reads.get_or_create(&AnswerLabel { answer });
+        }
     }
 
     /// The fleet figures come from `hub`'s clusters from now on.
@@ -291,6 +315,11 @@ impl GrpcMetrics {
                 .get_or_create(&KindLabel { direction, kind })
                 .inc();
         }
+    }
+
+    /// Counts a read of the live endpoint answered by `answer`.
+    pub fn live_read(&self, answer: &'static str) {
+        self.live_reads.get_or_create(&AnswerLabel { answer }).inc();
     }
 
     /// Counts a refusal; `cluster` must come from a verified certificate
