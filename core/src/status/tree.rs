@@ -64,57 +64,29 @@ pub fn tree_channel(instance: &str) -> String {
 /// whose status is `status`: one node per entry of `status.resources`,
 /// with its health. `None` when the status lists no resources (the key
 /// stays missing: nothing is known, which is not an empty tree).
-///
-/// With `live_views` (the copy's destination is its cluster's Secret on
-/// argocd-pull's live endpoint, [`crate::live::opens_live_views`]), each
-/// node carries a stand-in uid ([`stand_in_uid`]): the hub does not know
-/// the object's, and a uid is all argocd-server needs to ask the endpoint
-/// for the node's live views, which reads them through the cluster's agent
-/// or answers why it cannot (a ManifestWork cluster: they need the gRPC
-/// transport; an older agent: its version), in the UI's own error text.
-pub fn tree(status: Option<&Value>, live_views: bool) -> Option<Value> {
+pub fn tree(status: Option<&Value>) -> Option<Value> {
     let resources = status?.get("resources")?.as_array()?;
-    let nodes: Vec<Value> = resources
-        .iter()
-        .filter_map(node)
-        .map(|mut node| {
-            if live_views {
-                let uid = stand_in_uid(&node);
-                node["uid"] = uid.into();
-            }
-            node
-        })
-        .collect();
+    let nodes: Vec<Value> = resources.iter().filter_map(node).collect();
     Some(json!({ "nodes": nodes }))
-}
-
-/// The uid a node built from the status carries for the live views: its
-/// group, kind, namespace and name, marked as argocd-pull's (no object's
-/// uid looks like it), one per node as real uids are.
-pub fn stand_in_uid(node: &Value) -> String {
-    let text = |f: &str| node.get(f).and_then(Value::as_str).unwrap_or("");
-    format!(
-        "argocd-pull:{}:{}:{}:{}",
-        text("group"),
-        text("kind"),
-        text("namespace"),
-        text("name")
-    )
 }
 
 /// A `ResourceNode` from one `ResourceStatus`; `None` without a kind or
 /// name (not a resource Argo CD could draw).
 ///
-/// Only the fields named below are taken, and never the status's `uid`
-/// (see [`tree`] for the stand-in one): argocd-server
+/// Only the fields named below are taken, and never a `uid`: argocd-server
 /// serves a node's live manifest, its pods' logs and its actions only for
 /// nodes with a uid, from the cluster the hub copy's destination names,
 /// with the hub's credentials for it. A hub copy's destination is often the
 /// hub itself (`https://kubernetes.default.svc`, as upstream's examples
 /// write it), and the names here come from the cluster's report: with a
 /// uid, a cluster could make the hub's UI show any hub object of a kind
-/// and name it chooses. The live views come through argocd-pull's own
-/// endpoint instead (docs/ui.md, deliverable 2).
+/// and name it chooses. Nor a uid of our own, even for a copy aimed at the
+/// live endpoint: Argo CD's Application has no status subresource, so
+/// whoever may update the hub copy (a tenant) writes these names too, and
+/// argocd-server would read them on the cluster, where the agent serves
+/// every pulled Application's objects, another tenant's included. The
+/// live views come from the trees the agents report (docs/ui.md,
+/// deliverable 2).
 fn node(resource: &Value) -> Option<Value> {
     let text = |field: &str| resource.get(field).and_then(Value::as_str);
     text("kind").filter(|k| !k.is_empty())?;
@@ -381,7 +353,7 @@ mod tests {
             ],
         });
         assert_eq!(
-            tree(Some(&status), false).unwrap(),
+            tree(Some(&status)).unwrap(),
             json!({ "nodes": [
                 { "version": "v1", "kind": "Service", "namespace": "guestbook",
                   "name": "guestbook-ui", "health": { "status": "Healthy" } },
@@ -396,17 +368,11 @@ mod tests {
 
     #[test]
     fn no_resources_listed_is_no_tree_and_an_empty_list_an_empty_one() {
-        assert_eq!(tree(None, false), None);
+        assert_eq!(tree(None), None);
+        assert_eq!(tree(Some(&json!({ "sync": { "status": "Synced" } }))), None);
+        assert_eq!(tree(Some(&json!({ "resources": "not a list" }))), None);
         assert_eq!(
-            tree(Some(&json!({ "sync": { "status": "Synced" } })), false),
-            None
-        );
-        assert_eq!(
-            tree(Some(&json!({ "resources": "not a list" })), false),
-            None
-        );
-        assert_eq!(
-            tree(Some(&json!({ "resources": [] })), false),
+            tree(Some(&json!({ "resources": [] }))),
             Some(json!({ "nodes": [] }))
         );
     }
@@ -422,28 +388,9 @@ mod tests {
               "images": [ "x" ], "networkingInfo": {}, "info": [ { "name": "a", "value": "b" } ] },
         ] });
         assert_eq!(
-            tree(Some(&status), false).unwrap(),
+            tree(Some(&status)).unwrap(),
             json!({ "nodes": [ { "version": "v1", "kind": "Secret", "namespace": "argocd",
                                  "name": "argocd-secret" } ] })
-        );
-    }
-
-    #[test]
-    fn with_the_live_views_each_node_carries_a_stand_in_uid_never_the_clusters() {
-        let status = json!({ "resources": [
-            { "version": "v1", "kind": "ConfigMap", "namespace": "guestbook", "name": "ui",
-              "uid": "6f1c2e" },
-            { "group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole",
-              "name": "reader" },
-        ] });
-        assert_eq!(
-            tree(Some(&status), true).unwrap(),
-            json!({ "nodes": [
-                { "version": "v1", "kind": "ConfigMap", "namespace": "guestbook", "name": "ui",
-                  "uid": "argocd-pull::ConfigMap:guestbook:ui" },
-                { "group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole",
-                  "name": "reader", "uid": "argocd-pull:rbac.authorization.k8s.io:ClusterRole::reader" },
-            ] })
         );
     }
 
@@ -457,7 +404,7 @@ mod tests {
             { "kind": "ConfigMap", "name": "kept", "health": { "status": 3 } },
         ] });
         assert_eq!(
-            tree(Some(&status), false).unwrap(),
+            tree(Some(&status)).unwrap(),
             json!({ "nodes": [ { "kind": "ConfigMap", "name": "kept" } ] })
         );
     }

@@ -144,22 +144,6 @@ impl Trees {
         let _ = self.grpc.set(Arc::downgrade(hub));
     }
 
-    /// Whether the hub copy `app`, delivered to `cluster`, opens
-    /// argocd-server's live views (its nodes carry uids): with the live
-    /// endpoint on, and only for a copy aimed at that cluster's Secret there.
-    fn opens_live_views(&self, app: &CachedApp, cluster: &str) -> bool {
-        self.grpc.get().and_then(Weak::upgrade).is_some_and(|hub| {
-            hub.live_url().is_some_and(|url| {
-                let server = argocd_pull_core::render::cluster_secret::live_server(url, cluster);
-                argocd_pull_core::live::opens_live_views(
-                    app.application().data.pointer("/spec/destination"),
-                    cluster,
-                    &server,
-                )
-            })
-        })
-    }
-
     /// The tree and managed resources the agent of `cluster` reported for
     /// its Application delivered for `key`, with the uid of the hub copy
     /// it was delivered for: kept and written unless the copy is not that
@@ -196,7 +180,23 @@ impl Trees {
         let entry = if tree_json.is_empty() {
             None
         } else {
-            let uids = self.opens_live_views(&app, cluster);
+            // Node uids open argocd-server's live views: only for a copy
+            // aimed at this cluster's Secret on the live endpoint.
+            let uids = self
+                .grpc
+                .get()
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|hub| {
+                    hub.live_url().is_some_and(|url| {
+                        let server =
+                            argocd_pull_core::render::cluster_secret::live_server(url, cluster);
+                        argocd_pull_core::live::opens_live_views(
+                            app.application().data.pointer("/spec/destination"),
+                            cluster,
+                            &server,
+                        )
+                    })
+                });
             let tree = encode(tree::reported_tree(tree_json, uids)?, "tree")?;
             let managed = if managed_json.is_empty() {
                 None
@@ -325,19 +325,9 @@ impl Trees {
         let (tree, managed) = match reported {
             Some((tree, managed)) => (Some(tree), managed),
             None => {
-                // A ManifestWork cluster's (or an agent's that reports
-                // no tree): its nodes open the live views too, which say
-                // why they cannot be read when they cannot.
                 let json = app
                     .as_ref()
-                    .and_then(|app| {
-                        let target = cluster.as_deref().or_else(|| {
-                            app.annotations()
-                                .get(argocd_pull_apis::keys::MANAGED_CLUSTER)
-                        });
-                        let live_views = target.is_some_and(|c| self.opens_live_views(app, c));
-                        tree::tree(app.status().as_ref(), live_views)
-                    })
+                    .and_then(|app| tree::tree(app.status().as_ref()))
                     .map(|t| serde_json::to_vec(&t).expect("a Value always serializes"));
                 (json.map(|j| if self.gzip { gzip(&j) } else { j }), None)
             }

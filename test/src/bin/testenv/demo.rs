@@ -170,8 +170,9 @@ pub async fn run(dir: PathBuf, git_port: u16, timeout: Duration) -> Result<()> {
             "--tail",
             "5",
         ],
-        // cluster2's, from its ManifestWork's feedback; its live views need
-        // the gRPC transport, and say so.
+        // cluster2's, from its ManifestWork's feedback; its tree has no
+        // uids (the status it comes from is the hub copy's, which a tenant
+        // may write), so argocd-server reads nothing live there.
         &["app", "resources", &c2],
         &[
             "app",
