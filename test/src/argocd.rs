@@ -594,20 +594,16 @@ async fn set_admin_password(cluster: &Cluster, password: &str) -> Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": "argocd-secret", "namespace": NAMESPACE },
-        "stringData": { "admin.password": hash, "admin.passwordMtime": now },
-    }))
-    .expect("a valid Secret");
-    Api::<Secret>::namespaced(cluster.client().await?, NAMESPACE)
-        .patch(
-            "argocd-secret",
-            &PatchParams::apply(&format!("{FIELD_MANAGER}-admin")).force(),
-            &Patch::Apply(&secret),
-        )
-        .await?;
-    Ok(())
+    apply_in_namespace::<Secret>(
+        &cluster.client().await?,
+        &PatchParams::apply(&format!("{FIELD_MANAGER}-admin")).force(),
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "argocd-secret", "namespace": NAMESPACE },
+            "stringData": { "admin.password": hash, "admin.passwordMtime": now },
+        }),
+    )
+    .await
 }
 
 /// Adds the local account `name` (login only) with `password`, and sets
@@ -701,23 +697,25 @@ async fn install(cluster: &Cluster) -> Result<()> {
     let client = cluster.client().await?;
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     let part_of = json!({ "app.kubernetes.io/part-of": "argocd" });
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": { "name": "argocd-cm", "namespace": NAMESPACE, "labels": part_of },
-    }))
-    .expect("a valid ConfigMap");
-    Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
-        .patch("argocd-cm", &pp, &Patch::Apply(&cm))
-        .await?;
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": "argocd-secret", "namespace": NAMESPACE, "labels": part_of },
-        "stringData": { "server.secretkey": format!("{:032x}", rand_u128()) },
-    }))
-    .expect("a valid Secret");
-    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
-        .patch("argocd-secret", &pp, &Patch::Apply(&secret))
-        .await?;
+    apply_in_namespace::<ConfigMap>(
+        &client,
+        &pp,
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "argocd-cm", "namespace": NAMESPACE, "labels": part_of },
+        }),
+    )
+    .await?;
+    apply_in_namespace::<Secret>(
+        &client,
+        &pp,
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "argocd-secret", "namespace": NAMESPACE, "labels": part_of },
+            "stringData": { "server.secretkey": format!("{:032x}", rand_u128()) },
+        }),
+    )
+    .await?;
     default_project(cluster).await
 }
 

@@ -111,9 +111,6 @@ pub struct Stack {
     /// this machine's loopback, as `kubectl port-forward` would give it:
     /// `kubectl argocd-pull --admin http://<admin>`.
     pub admin: SocketAddr,
-    /// The hub-controller's live endpoint, relayed to this machine's
-    /// loopback: what the cluster Secrets point the hub's argocd-server at.
-    pub live: SocketAddr,
     proxy: tokio::task::JoinHandle<()>,
     /// What keeps [`Self::admin`] and the live endpoint pointed at the
     /// hub-controller's pod.
@@ -290,7 +287,6 @@ impl Stack {
             git,
             grpc,
             admin,
-            live,
             proxy,
             forwards,
             nodes,
