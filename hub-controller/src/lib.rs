@@ -173,6 +173,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             client.clone(),
             grpc::claims::ClaimsConfig {
                 abandoned_after: args.grpc.abandoned_claim_after,
+                live_address: args
+                    .live
+                    .enabled()?
+                    .then(|| args.live.live_peer_addr.clone())
+                    .flatten(),
                 ..grpc::claims::ClaimsConfig::new(&c.namespace, &c.identity)
             },
         )),

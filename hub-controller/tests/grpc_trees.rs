@@ -8,7 +8,9 @@
 //! agent is a raw client of the protocol, so that the test controls
 //! exactly what it says; in the second it is the real agent reading a
 //! real Argo CD's Redis on the managed cluster, and the user reads what
-//! it reported with the `argocd` CLI against the hub.
+//! it reported with the `argocd` CLI against the hub. The last two read
+//! the cluster live through the hub's endpoint: through one replica, and
+//! through a replica the agent is not connected to.
 
 mod common;
 mod grpc_env;
@@ -224,16 +226,26 @@ fn argocd_diff(server: &Server, token: &str, app: &str) -> (Option<i32>, String)
 /// `hunter2-on-cluster1`), for namespace `guestbook`.
 async fn with_real_argocd() -> (Env, Spoke, GitServer, Server, testenv::argocd::Repo) {
     let env = Env::new(&["cluster1"]).await;
-    env.spokes[0].argocd.stop();
-    let (spoke, git, server) = tokio::join!(
-        Spoke::start(&env.spokes[0].cluster, SpokeOptions::default()),
-        GitServer::start(),
+    let (cluster1, server) = tokio::join!(
+        argocd_on_cluster1(&env),
         Server::start(&env.hub, ServerOptions::default()),
     );
-    let (spoke, git, server) = (
+    let (spoke, git, repo) = cluster1;
+    let server = server.expect("argocd-server starts on the hub");
+    (env, spoke, git, server, repo)
+}
+
+/// Argo CD on cluster1 (instead of the environment's stand-in), and a Git
+/// server with the guestbook: a ConfigMap and a Secret.
+async fn argocd_on_cluster1(env: &Env) -> (Spoke, GitServer, testenv::argocd::Repo) {
+    env.spokes[0].argocd.stop();
+    let (spoke, git) = tokio::join!(
+        Spoke::start(&env.spokes[0].cluster, SpokeOptions::default()),
+        GitServer::start(),
+    );
+    let (spoke, git) = (
         spoke.expect("Argo CD starts on cluster1"),
         git.expect("the Git server starts"),
-        server.expect("argocd-server starts on the hub"),
     );
     env.spokes[0]
         .cluster
@@ -255,13 +267,19 @@ async fn with_real_argocd() -> (Env, Spoke, GitServer, Server, testenv::argocd::
         ],
     )
     .unwrap();
-    (env, spoke, git, server, repo)
+    (spoke, git, repo)
 }
 
 /// cluster1's agent reading `spoke`'s Argo CD Redis, serving live views
 /// when `live_views`; once connected.
 async fn reading_agent(env: &mut Env, spoke: &Spoke, live_views: bool) {
-    let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
+    let hub = env.hub_address();
+    reading_agent_of(env, &hub, spoke, live_views).await;
+}
+
+/// [`reading_agent`] dialling the hub at `address`.
+async fn reading_agent_of(env: &mut Env, address: &str, spoke: &Spoke, live_views: bool) {
+    let mut config = env.agent_config(0, address, Mode::Managed);
     config.argocd_redis = Some(RedisConfig {
         addr: spoke.redis().to_string(),
         password: Password::None,
@@ -443,6 +461,8 @@ fn live_client(url: &str, ca_pem: &str, token: &str) -> kube::Client {
             .to_vec(),
     ]);
     config.auth_info.token = Some(token.to_string().into());
+    // Every answer as the endpoint gave it: no retries of a 503.
+    config.default_retry = false;
     kube::Client::try_from(config).unwrap()
 }
 
@@ -699,5 +719,158 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
     assert_eq!(code, 501, "{message}");
     assert!(message.contains("need the gRPC transport"), "{message}");
     println!("a cluster without an agent here: {message}");
+    let _ = spoke;
+}
+
+/// The live endpoint's flags for a replica listening on `addr`, reached by
+/// argocd-server at `url` and by the other replicas at `addr`.
+fn live_flags(env: &Env, addr: std::net::SocketAddr, url: &str) -> Vec<String> {
+    let d = env.dir.path();
+    vec![
+        format!("--live-addr={addr}"),
+        format!("--live-url={url}"),
+        format!("--live-token-file={}", d.join("live-tokens").display()),
+        format!("--live-ca-file={}", d.join("ca.crt").display()),
+        format!("--live-peer-addr={addr}"),
+    ]
+}
+
+/// With several replicas, argocd-server's read reaches any of them (its
+/// Service balances), while the cluster's agent is connected to one: a
+/// replica the agent is not on forwards the read to the one it is on (its
+/// presence Lease says where), and the answer, refusals and answers of
+/// several chunks included, comes back as that one gave it. A read that
+/// was forwarded already is not forwarded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_read_reaching_a_replica_the_agent_is_not_on_is_forwarded_to_the_one_it_is() {
+    use grpc_env::replicas::Replica;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let mut env = Env::new(&["cluster1"]).await;
+    env.hub.ensure_namespace("argocd").await.unwrap();
+    let (spoke, _git, repo) = argocd_on_cluster1(&env).await;
+    let token = "live-token-of-the-replicas";
+    std::fs::write(env.dir.path().join("live-tokens"), format!("{token}\n")).unwrap();
+    let mut replicas: Vec<(Replica, String)> = Vec::new();
+    for name in ["hub-0", "hub-1"] {
+        let addr = testenv::net::free_addr().unwrap();
+        let url = format!("https://{addr}");
+        let flags = live_flags(&env, addr, &url);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        replicas.push((env.start_replica(name, &flags).await, url));
+    }
+    // The agent dials hub-0 only.
+    let on = format!("https://{}", replicas[0].0.grpc);
+    reading_agent_of(&mut env, &on, &spoke, true).await;
+    wait::until("cluster1's agent on hub-0", TIMEOUT, || async {
+        if replicas[0].0.agents().await == ["cluster1"] {
+            Ok(())
+        } else {
+            Err(format!("hub-0 serves {:?}", replicas[0].0.agents().await))
+        }
+    })
+    .await;
+    create_guestbook(
+        &env,
+        &repo,
+        json!({ "name": "cluster1", "namespace": "guestbook" }),
+    )
+    .await;
+    let ca_pem = std::fs::read_to_string(env.dir.path().join("ca.crt")).unwrap();
+    let through = |i: usize| {
+        let endpoint = live_client(
+            &format!("{}/clusters/cluster1", replicas[i].1),
+            &ca_pem,
+            token,
+        );
+        kube::Api::<ConfigMap>::namespaced(endpoint, "guestbook")
+    };
+
+    // Through hub-1, which has no agent of cluster1: forwarded to hub-0.
+    let settings = wait::until("the ConfigMap through hub-1", TIMEOUT, || async {
+        through(1).get("settings").await.map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(settings.data.as_ref().unwrap()["colour"], "teal");
+    // An answer of several chunks (256 KiB each on the agent's stream)
+    // streams through both replicas whole: a ConfigMap the managed one
+    // owns, of 600 KB.
+    let cluster1 = env.spokes[0].client.clone();
+    let large = "x".repeat(600_000);
+    kube::Api::<ConfigMap>::namespaced(cluster1.clone(), "guestbook")
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "settings-large",
+                "ownerReferences": [{ "apiVersion": "v1", "kind": "ConfigMap", "name": "settings",
+                                      "uid": settings.metadata.uid.clone().unwrap() }] },
+                "data": { "large": large } }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let got = through(1).get("settings-large").await.unwrap();
+    assert_eq!(got.data.unwrap()["large"], large);
+    let reads = async |i: usize, answer: &str| {
+        let metrics = replicas[i].0.process.metrics().await;
+        grpc_env::series::value(
+            &metrics,
+            &format!("argocd_pull_hub_grpc_live_reads_total{{answer=\"{answer}\"}}"),
+        )
+    };
+    assert!(reads(1, "forwarded").await >= 1.0);
+    assert_eq!(reads(1, "cluster").await, 0.0, "hub-1 asked no agent");
+    assert!(reads(0, "cluster").await >= 1.0, "hub-0 asked its agent");
+    assert_eq!(reads(0, "forwarded").await, 0.0);
+    // The agent's refusal comes back as it gave it.
+    kube::Api::<ConfigMap>::namespaced(cluster1, "guestbook")
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "not-pulled" } })).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (code, message) = refused(through(1).get("not-pulled").await);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("belongs to no Application argocd-pull applied on cluster1"),
+        "{message}"
+    );
+    // The wrong token is refused by hub-1 itself, before any forwarding.
+    let forwarded = reads(1, "forwarded").await;
+    let stranger = live_client(
+        &format!("{}/clusters/cluster1", replicas[1].1),
+        &ca_pem,
+        "guessed",
+    );
+    let (code, _) = refused(
+        kube::Api::<ConfigMap>::namespaced(stranger, "guestbook")
+            .get("settings")
+            .await,
+    );
+    assert_eq!(code, 401);
+    assert_eq!(reads(1, "forwarded").await, forwarded);
+    // A read already forwarded once is not forwarded again: hub-1 answers
+    // it itself, and hub-0 is not asked.
+    let asked = reads(0, "cluster").await;
+    let request = http::Request::get("/api/v1/namespaces/guestbook/configmaps/settings")
+        .header("x-argocd-pull-forwarded-by", "hub-0")
+        .body(Vec::new())
+        .unwrap();
+    let endpoint = live_client(
+        &format!("{}/clusters/cluster1", replicas[1].1),
+        &ca_pem,
+        token,
+    );
+    let started = std::time::Instant::now();
+    let (code, message) = refused(endpoint.request_text(request).await);
+    println!(
+        "a read forwarded twice, refused in {:?}: {message}",
+        started.elapsed()
+    );
+    assert_eq!(code, 503, "{message}");
+    assert!(
+        message.contains("moving between hub-controller replicas"),
+        "{message}"
+    );
+    assert_eq!(reads(0, "cluster").await, asked);
     let _ = spoke;
 }

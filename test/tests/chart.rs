@@ -596,6 +596,7 @@ fn the_live_endpoint_is_served_and_reachable_only_when_asked() {
         "--live-token-file=/var/run/argocd-pull/live-tokens/tokens",
         "--live-ca-file=/var/run/argocd-pull/live-ca/tls.crt",
         "--grpc-san=argocd-pull-live.argocd-pull.svc",
+        "--live-peer-addr=$(POD_IP):8444",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
     }
@@ -622,6 +623,16 @@ fn the_live_endpoint_is_served_and_reachable_only_when_asked() {
         live_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
         "argocd-server"
     );
+    // ... and the other replicas, which forward reads to the one a
+    // cluster's agent is connected to (in the Deployment's own namespace).
+    assert_eq!(
+        live_rule["from"][1]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "argocd-pull-hub-controller"
+    );
+    assert!(live_rule["from"][1]["namespaceSelector"].is_null());
+    assert_eq!(live_rule["from"].as_array().unwrap().len(), 2);
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(env.contains("status.podIP"), "{env}");
     // A Secret of the user's own is used as it is.
     let own = template(&[
         "liveViews.enabled=true",

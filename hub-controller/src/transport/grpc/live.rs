@@ -10,10 +10,11 @@
 //! Only a caller with one of the tokens of `--live-token-file` is served
 //! (401 otherwise); only reads of single objects, one object's events, one
 //! pod's log and discovery ([`argocd_pull_core::live::parse`], 403 or 405
-//! otherwise, before anything reaches a cluster). A cluster with no agent
-//! connected to this replica, or one that does not serve live views, is
-//! answered 501 with what to do; every answer that is not the cluster's is
-//! a Kubernetes `Status`.
+//! otherwise, before anything reaches a cluster). A read of a cluster whose
+//! agent is connected to another replica goes there (`live/forward.rs`). A
+//! cluster with no agent connected to any replica, or one that does not
+//! serve live views, is answered 501 with what to do; every answer that is
+//! not the cluster's is a Kubernetes `Status`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,7 @@ use super::Hub;
 use super::cluster::live::{MAX_LIVE_READS, Unavailable};
 
 mod discovery;
+mod forward;
 
 /// Flags of the live endpoint (docs/configuration.md, docs/ui.md).
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -68,6 +70,12 @@ pub struct LiveArgs {
     /// answer.
     #[arg(long = "live-timeout", env = "ARGOCD_PULL_LIVE_TIMEOUT", default_value = "30s", value_parser = argocd_pull_runtime::parse_duration)]
     pub live_timeout: Duration,
+    /// With several replicas: `host:port` at which the other replicas
+    /// reach this one's live endpoint (the pod's IP and the live port). A
+    /// read that reaches a replica the cluster's agent is not connected to
+    /// is forwarded to the one it is; unset, such a read is answered 501.
+    #[arg(long = "live-peer-addr", env = "ARGOCD_PULL_LIVE_PEER_ADDR")]
+    pub live_peer_addr: Option<String>,
 }
 
 impl LiveArgs {
@@ -137,6 +145,8 @@ struct Endpoint {
     timeout: Duration,
     /// The clusters' discovery answers, kept for [`discovery::TTL`].
     discovery: Arc<discovery::Cache>,
+    /// The other replicas, with several.
+    peers: Option<Arc<forward::Peers>>,
 }
 
 /// The modification times of a [`Reloaded`]'s files.
@@ -227,11 +237,20 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on the live address {addr}: {e}"))?;
     tracing::info!(addr = %tcp.local_addr()?, "live endpoint listening");
+    let peers = match hub.claims() {
+        Some(claims) => Some(Arc::new(forward::Peers::new(
+            claims.identity(),
+            args.live_url.as_deref().expect("enabled"),
+            args.live_ca_file.clone().expect("enabled"),
+        )?)),
+        None => None,
+    };
     let endpoint = Endpoint {
         hub,
         tokens,
         timeout: args.live_timeout,
         discovery: Arc::default(),
+        peers,
     };
     let router = Router::new()
         .route("/clusters/{cluster}/{*rest}", any(handle))
@@ -319,9 +338,10 @@ async fn handle(
 
 /// The answer to one read, and who gave it (the `answer` label of
 /// `argocd_pull_hub_grpc_live_reads_total`): `cluster` (its agent, whatever
-/// it said), `cache` (discovery kept here), `refused` (by the endpoint,
+/// it said), `cache` (discovery kept here), `forwarded` (the replica the
+/// agent is connected to, whatever it said), `refused` (by the endpoint,
 /// before any cluster: a token, a path, no agent, too many reads) or
-/// `failed` (the agent went or did not answer in time).
+/// `failed` (the agent or its replica went or did not answer in time).
 async fn read(
     endpoint: &Endpoint,
     cluster: &str,
@@ -329,23 +349,25 @@ async fn read(
     request: Request,
 ) -> (&'static str, Response) {
     let refused = |r: &Refusal| ("refused", refusal(r));
-    if let Err(r) = authorized(endpoint, request.headers()) {
+    let (head, _) = request.into_parts();
+    let (uri, headers, method) = (head.uri, head.headers, head.method);
+    if let Err(r) = authorized(endpoint, &headers) {
         return refused(&r);
     }
     let mut path = format!("/{rest}");
-    if let Some(q) = request.uri().query() {
+    if let Some(q) = uri.query() {
         path.push('?');
         path.push_str(q);
     }
-    let read = match live::parse(request.method().as_str(), &path) {
+    let read = match live::parse(method.as_str(), &path) {
         Ok(read) => read,
         Err(r) => {
-            tracing::info!(%cluster, method = %request.method(), %path, reason = %r.message, "refused a live read");
+            tracing::info!(%cluster, %method, %path, reason = %r.message, "refused a live read");
             return refused(&r);
         }
     };
     let Some(cs) = endpoint.hub.find_cluster(cluster) else {
-        return refused(&unavailable(cluster, Unavailable::NoAgent));
+        return elsewhere(endpoint, cluster, &uri, &headers).await;
     };
     let discovery = matches!(read, live::Read::Discovery(_));
     if discovery
@@ -358,6 +380,7 @@ async fn read(
     }
     let (id, mut chunks) = match cs.live_read(&path) {
         Ok(read) => read,
+        Err(Unavailable::NoAgent) => return elsewhere(endpoint, cluster, &uri, &headers).await,
         Err(why) => return refused(&unavailable(cluster, why)),
     };
     let first = match tokio::time::timeout(endpoint.timeout, chunks.recv()).await {
@@ -416,6 +439,57 @@ async fn read(
         Body::from_stream(futures::StreamExt::chain(head, rest))
     };
     ("cluster", answer(code, &content_type, body))
+}
+
+/// A read of `cluster`, whose agent is not connected here: forwarded to
+/// the replica it is connected to, if another replica holds its claim and
+/// the read was not forwarded already.
+async fn elsewhere(
+    endpoint: &Endpoint,
+    cluster: &str,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+) -> (&'static str, Response) {
+    let refused = |r: &Refusal| ("refused", refusal(r));
+    if let Some(by) = headers.get(forward::FORWARDED_BY) {
+        // The replica that sent it believed the agent was here: it just
+        // moved (or is moving) between replicas.
+        let by = String::from_utf8_lossy(by.as_bytes());
+        tracing::info!(%cluster, forwarded_by = %by, "a forwarded live read found no agent here");
+        return refused(&Refusal::new(
+            503,
+            format!(
+                "the agent of cluster {cluster} is moving between hub-controller replicas; try again"
+            ),
+        ));
+    }
+    let peer = endpoint
+        .peers
+        .as_ref()
+        .zip(endpoint.hub.claims().and_then(|c| c.live_peer(cluster)));
+    let Some((peers, (holder, address))) = peer else {
+        return refused(&unavailable(cluster, Unavailable::NoAgent));
+    };
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    match peers
+        .forward(&address, path, headers, endpoint.timeout)
+        .await
+    {
+        Ok(response) => ("forwarded", response),
+        Err(e) => {
+            tracing::warn!(%cluster, replica = %holder, %address, error = %e, "cannot forward a live read to the replica the agent is connected to");
+            let code = forward::status(&e).as_u16();
+            (
+                "failed",
+                refusal(&Refusal::new(
+                    code,
+                    format!(
+                        "the agent of cluster {cluster} is connected to hub-controller replica {holder}, which did not answer at {address}: {e}"
+                    ),
+                )),
+            )
+        }
+    }
 }
 
 /// A response of `code` with `body` of `content_type` (JSON when that is
@@ -486,7 +560,7 @@ fn unavailable(cluster: &str, why: Unavailable) -> Refusal {
         Unavailable::NoAgent => Refusal::new(
             501,
             format!(
-                "live views of cluster {cluster} need the gRPC transport: no argocd-pull agent of {cluster} is connected to this hub-controller (a cluster served in ManifestWorks shows its tree and status only)"
+                "live views of cluster {cluster} need the gRPC transport: no argocd-pull agent of {cluster} is connected to the hub-controller (a cluster served in ManifestWorks shows its tree and status only; with several replicas, each needs --live-peer-addr)"
             ),
         ),
         Unavailable::NotOffered(version) => Refusal::new(

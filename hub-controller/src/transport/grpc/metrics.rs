@@ -55,7 +55,7 @@ pub struct RefusalLabel {
 }
 
 /// The values of [`AnswerLabel::answer`].
-pub const LIVE_ANSWERS: [&str; 4] = ["cluster", "cache", "refused", "failed"];
+pub const LIVE_ANSWERS: [&str; 5] = ["cluster", "cache", "forwarded", "refused", "failed"];
 
 /// Who answered a read of the live endpoint.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

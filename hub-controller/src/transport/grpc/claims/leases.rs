@@ -11,7 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{CLUSTER_ANNOTATION, Claims, ROLE_LABEL, version_of};
+use super::{CLUSTER_ANNOTATION, Claims, LIVE_ADDRESS_ANNOTATION, ROLE_LABEL, version_of};
 
 impl Claims {
     pub(super) async fn watch(self: Arc<Self>) {
@@ -71,6 +71,7 @@ impl Claims {
             Kind::Presence(id) => self.view().presence_seen(
                 id,
                 l.spec.clone().unwrap_or_default(),
+                l.annotations().get(LIVE_ADDRESS_ANNOTATION).cloned(),
                 Instant::now(),
                 self.config.presence_duration,
             ),

@@ -52,6 +52,10 @@ pub const ROLE_LABEL: &str = "argocd-pull.io/lease";
 pub const CLUSTER_ANNOTATION: &str = "argocd-pull.io/cluster";
 /// The replica whose agent session asks the holder to let go.
 pub const WANTED_BY_ANNOTATION: &str = "argocd-pull.io/wanted-by";
+/// On a presence: where the other replicas reach this one's live endpoint
+/// (`host:port`), to forward a live read of a cluster whose agent is
+/// connected here.
+pub const LIVE_ADDRESS_ANNOTATION: &str = "argocd-pull.io/live-address";
 
 /// Where the Leases live and how fast presence moves.
 #[derive(Clone, Debug)]
@@ -68,6 +72,9 @@ pub struct ClaimsConfig {
     pub renew_deadline: Duration,
     /// A claim without a live holder this long is deleted by the leader.
     pub abandoned_after: Duration,
+    /// Where the other replicas reach this one's live endpoint (its
+    /// presence says so), if it serves one.
+    pub live_address: Option<String>,
 }
 
 impl ClaimsConfig {
@@ -82,6 +89,7 @@ impl ClaimsConfig {
             renew_every: Duration::from_secs(2),
             renew_deadline: Duration::from_secs(6),
             abandoned_after: Duration::from_secs(80),
+            live_address: None,
         }
     }
 }
@@ -226,6 +234,18 @@ impl Claims {
         self.view()
             .held_version(&self.config.identity, cluster)
             .is_some()
+    }
+
+    /// This replica's identity.
+    pub fn identity(&self) -> &str {
+        &self.config.identity
+    }
+
+    /// The live replica other than this one that holds `cluster`'s claim,
+    /// with where its live endpoint is, if its presence says.
+    pub fn live_peer(&self, cluster: &str) -> Option<(String, String)> {
+        let me = self.me();
+        self.view().live_peer(&me, cluster, Instant::now())
     }
 
     /// Whether another replica asked this one to let go of `cluster`.

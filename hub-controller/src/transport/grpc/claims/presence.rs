@@ -14,7 +14,10 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
 use super::view::Deaths;
-use super::{CLUSTER_ANNOTATION, Claims, ClaimsConfig, ROLE_LABEL, delete_at, now, rule};
+use super::{
+    CLUSTER_ANNOTATION, Claims, ClaimsConfig, LIVE_ADDRESS_ANNOTATION, ROLE_LABEL, delete_at, now,
+    rule,
+};
 
 impl Claims {
     /// Keeps this replica's presence and the view until `shutdown`
@@ -179,6 +182,7 @@ impl Claims {
 struct Presence {
     api: Api<Lease>,
     identity: String,
+    live_address: Option<String>,
     duration: Duration,
     lease: Option<Lease>,
 }
@@ -188,6 +192,7 @@ impl Presence {
         Self {
             api,
             identity: config.identity.clone(),
+            live_address: config.live_address.clone(),
             duration: config.presence_duration,
             lease: None,
         }
@@ -221,6 +226,11 @@ impl Presence {
         let written = match presence.take() {
             Some(mut l) => {
                 l.spec = Some(spec);
+                let annotations = l.annotations_mut();
+                match &self.live_address {
+                    Some(a) => annotations.insert(LIVE_ADDRESS_ANNOTATION.into(), a.clone()),
+                    None => annotations.remove(LIVE_ADDRESS_ANNOTATION),
+                };
                 match self.api.replace(&name, &PostParams::default(), &l).await {
                     Ok(l) => l,
                     Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
@@ -239,6 +249,10 @@ impl Presence {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         labels: Some([(ROLE_LABEL.to_string(), "presence".to_string())].into()),
+                        annotations: self
+                            .live_address
+                            .clone()
+                            .map(|a| [(LIVE_ADDRESS_ANNOTATION.to_string(), a)].into()),
                         ..Default::default()
                     },
                     spec: Some(spec),

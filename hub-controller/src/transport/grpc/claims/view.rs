@@ -51,6 +51,8 @@ pub struct View {
     claims: HashMap<String, Record>,
     /// Presences by identity: the Lease spec and when it last changed.
     presences: HashMap<String, (LeaseSpec, Observer)>,
+    /// Where each replica's live endpoint is, as its presence says.
+    live_addresses: HashMap<String, String>,
     /// Identities found dead, since when.
     dead: HashMap<String, Instant>,
     /// Claims without a live holder, since when.
@@ -79,6 +81,17 @@ impl View {
             holder_alive: alive,
             wanted_by: r.wanted_by.as_deref(),
         })
+    }
+
+    /// The replica other than `me` that holds `cluster`'s claim and is
+    /// alive at `at`, with its live endpoint's address, if it has one.
+    pub fn live_peer(&mut self, me: &Me, cluster: &str, at: Instant) -> Option<(String, String)> {
+        let holder = self.claims.get(cluster)?.holder.clone()?;
+        if holder == me.identity || !self.alive(me, &holder, at) {
+            return None;
+        }
+        let address = self.live_addresses.get(&holder)?.clone();
+        Some((holder, address))
     }
 
     /// Whether a claim of `cluster` is known.
@@ -138,8 +151,20 @@ impl View {
         before.as_ref() != self.claims.get(cluster)
     }
 
-    /// A presence Lease as the watch saw it at `at`.
-    pub fn presence_seen(&mut self, id: &str, spec: LeaseSpec, at: Instant, duration: Duration) {
+    /// A presence Lease as the watch saw it at `at`, with the live address
+    /// it names.
+    pub fn presence_seen(
+        &mut self,
+        id: &str,
+        spec: LeaseSpec,
+        live_address: Option<String>,
+        at: Instant,
+        duration: Duration,
+    ) {
+        match live_address {
+            Some(a) => self.live_addresses.insert(id.to_string(), a),
+            None => self.live_addresses.remove(id),
+        };
         let entry = self
             .presences
             .entry(id.to_string())
@@ -151,6 +176,7 @@ impl View {
     /// A presence Lease was deleted.
     pub fn presence_gone(&mut self, id: &str) {
         self.presences.remove(id);
+        self.live_addresses.remove(id);
         self.dead.remove(id);
     }
 
@@ -158,6 +184,7 @@ impl View {
     /// returns the clusters whose claim was not listed (to record gone).
     pub fn listed(&mut self, claims: &HashSet<String>, presences: &HashSet<String>) -> Vec<String> {
         self.presences.retain(|id, _| presences.contains(id));
+        self.live_addresses.retain(|id, _| presences.contains(id));
         self.dead.retain(|id, _| presences.contains(id));
         self.claims
             .keys()
@@ -306,12 +333,12 @@ mod tests {
         let mut v = View::default();
         v.record("c1", Some(&claim("b", 1, None)), None);
         v.record("c2", Some(&claim("a", 2, None)), None);
-        v.presence_seen("b", presence("b", 100), t0, 8 * SECOND);
+        v.presence_seen("b", presence("b", 100), None, t0, 8 * SECOND);
         let alive =
             |v: &mut View, c, at, suspended| v.claim(&me(suspended), c, at).unwrap().holder_alive;
         assert!(alive(&mut v, "c1", t0 + 8 * SECOND, false));
         assert!(!alive(&mut v, "c1", t0 + 9 * SECOND, false), "not renewed");
-        v.presence_seen("b", presence("b", 109), t0 + 9 * SECOND, 8 * SECOND);
+        v.presence_seen("b", presence("b", 109), None, t0 + 9 * SECOND, 8 * SECOND);
         assert!(alive(&mut v, "c1", t0 + 10 * SECOND, false), "renewed");
         assert!(alive(&mut v, "c2", t0, false));
         assert!(!alive(&mut v, "c2", t0, true), "suspended");
@@ -326,8 +353,8 @@ mod tests {
         let mut v = View::default();
         v.record("c1", Some(&claim("b", 1, None)), None);
         v.record("c2", Some(&claim("a", 2, None)), None);
-        v.presence_seen("b", presence("b", 100), t0, 8 * SECOND);
-        v.presence_seen("a", presence("a", 100), t0, 8 * SECOND);
+        v.presence_seen("b", presence("b", 100), None, t0, 8 * SECOND);
+        v.presence_seen("a", presence("a", 100), None, t0, 8 * SECOND);
         let check = |v: &mut View, secs: u32| v.check(&me(false), t0 + SECOND * secs, 80 * SECOND);
         assert_eq!(check(&mut v, 8), Deaths::default());
         assert_eq!(
@@ -351,5 +378,44 @@ mod tests {
         let listed = v.listed(&["c2".to_string()].into(), &["a".to_string()].into());
         assert_eq!(listed, ["c1"]);
         assert_eq!(check(&mut v, 91).stale, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_live_read_goes_to_the_live_holder_that_says_where_it_listens() {
+        let t0 = Instant::now();
+        let mut v = View::default();
+        v.record("c1", Some(&claim("b", 1, None)), None);
+        v.record("c2", Some(&claim("a", 2, None)), None);
+        v.record("c3", Some(&claim("c", 3, None)), None);
+        v.presence_seen(
+            "b",
+            presence("b", 100),
+            Some("10.0.0.2:8444".into()),
+            t0,
+            8 * SECOND,
+        );
+        v.presence_seen("c", presence("c", 100), None, t0, 8 * SECOND);
+        let peer = |v: &mut View, c, secs| v.live_peer(&me(false), c, t0 + SECOND * secs);
+        assert_eq!(
+            peer(&mut v, "c1", 1),
+            Some(("b".to_string(), "10.0.0.2:8444".to_string()))
+        );
+        assert_eq!(peer(&mut v, "c2", 1), None, "this replica's own");
+        assert_eq!(peer(&mut v, "c3", 1), None, "a holder with no address");
+        assert_eq!(peer(&mut v, "c9", 1), None, "nobody's");
+        assert_eq!(peer(&mut v, "c1", 9), None, "a holder not renewed");
+        // A presence renewed without the address no longer has one.
+        v.presence_seen("b", presence("b", 109), None, t0 + 9 * SECOND, 8 * SECOND);
+        assert_eq!(peer(&mut v, "c1", 10), None);
+        v.presence_seen(
+            "b",
+            presence("b", 110),
+            Some("10.0.0.3:8444".into()),
+            t0 + 10 * SECOND,
+            8 * SECOND,
+        );
+        assert_eq!(peer(&mut v, "c1", 11).unwrap().1, "10.0.0.3:8444");
+        v.presence_gone("b");
+        assert_eq!(peer(&mut v, "c1", 11), None, "gone");
     }
 }
