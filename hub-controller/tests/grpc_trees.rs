@@ -631,7 +631,11 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         assert_eq!(code, 403, "{path}: {body}");
     }
 
-    // Straight at the live endpoint, as only argocd-server may call it.
+    // Straight at the live endpoint, as only argocd-server may call it;
+    // while a client that connected first says nothing: it holds its own
+    // handshake (10 s), not the endpoint's, so it is still open when the
+    // read is answered.
+    let silent = std::net::TcpStream::connect(live_addr).unwrap();
     let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
     let endpoint = live_client(&format!("{live_url}/clusters/cluster1"), &ca_pem, token);
     let live_cms: kube::Api<ConfigMap> = kube::Api::namespaced(endpoint.clone(), "guestbook");
@@ -639,6 +643,17 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
         live_cms.get("settings").await.unwrap().data.unwrap()["colour"],
         "amber"
     );
+    silent.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let still_open = matches!(
+        std::io::Read::read(&mut &silent, &mut byte),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+    );
+    assert!(
+        still_open,
+        "the silent connection was closed before the read was answered"
+    );
+    drop(silent);
     // A Secret leaves the cluster without its values.
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(endpoint.clone(), "guestbook");

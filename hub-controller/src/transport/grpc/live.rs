@@ -261,7 +261,7 @@ pub async fn serve(
             ))
         })
         .with_state(endpoint);
-    let listener = Listener { tcp, tls };
+    let listener = Listener::new(tcp, tls)?;
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router)
             .with_graceful_shutdown(shutdown)
@@ -272,10 +272,74 @@ pub async fn serve(
     }))
 }
 
-/// TCP connections, each through its TLS handshake (at most 10 s).
+/// Handshakes under way at once; a connection beyond is closed at once.
+const MAX_HANDSHAKES: usize = 64;
+/// How long a client has to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TCP connections, each through its TLS handshake, several at once: a
+/// client that opens a connection and says nothing holds one handshake
+/// for [`HANDSHAKE_TIMEOUT`], not the endpoint.
 struct Listener {
-    tcp: TcpListener,
-    tls: Reloaded<Arc<ServerConfig>>,
+    local: SocketAddr,
+    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl Listener {
+    fn new(tcp: TcpListener, tls: Reloaded<Arc<ServerConfig>>) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let (done, ready) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match tcp.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the live endpoint cannot accept");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, "{MAX_HANDSHAKES} live endpoint handshakes under way: closed a connection");
+                    continue;
+                };
+                let config = match tls.get() {
+                    Ok(c) => c.as_ref().clone(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "the live endpoint has no serving certificate");
+                        continue;
+                    }
+                };
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let handshake = TlsAcceptor::from(config).accept(tcp);
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                        Ok(Ok(tls)) => {
+                            drop(slot);
+                            let _ = done.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "a live endpoint handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%peer, "a live endpoint handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            local,
+            ready,
+            accepting,
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
 }
 
 impl axum::serve::Listener for Listener {
@@ -283,35 +347,16 @@ impl axum::serve::Listener for Listener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let (tcp, peer) = match self.tcp.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the live endpoint cannot accept");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let config = match self.tls.get() {
-                Ok(c) => c.as_ref().clone(),
-                Err(e) => {
-                    tracing::error!(error = %e, "the live endpoint has no serving certificate");
-                    continue;
-                }
-            };
-            let handshake = TlsAcceptor::from(config).accept(tcp);
-            match tokio::time::timeout(Duration::from_secs(10), handshake).await {
-                Ok(Ok(tls)) => return (tls, peer),
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "a live endpoint handshake failed")
-                }
-                Err(_) => tracing::debug!(%peer, "a live endpoint handshake timed out"),
-            }
+        match self.ready.recv().await {
+            Some(c) => c,
+            // The accepting task ended (it does not, but for its abort):
+            // nothing more comes.
+            None => std::future::pending().await,
         }
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.tcp.local_addr()
+        Ok(self.local)
     }
 }
 
