@@ -23,6 +23,7 @@ use argocd_pull_runtime::redis::Redis;
 use argocd_pull_spoke_agent::Mode;
 use argocd_pull_spoke_agent::trees::{Password, RedisConfig};
 use common::grpc_client::{self, hello};
+use grpc_env::live::{client as live_client, refused};
 use grpc_env::{Env, TIMEOUT};
 use http::Method;
 use serde_json::{Value, json};
@@ -449,31 +450,6 @@ async fn the_agent_reports_what_its_argocd_cached_and_no_secret_value_leaves_the
     let _ = spoke;
 }
 
-/// A client of the Kubernetes API at `url` (a cluster's path on the hub's
-/// live endpoint) trusting `ca_pem`, presenting `token`.
-fn live_client(url: &str, ca_pem: &str, token: &str) -> kube::Client {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut config = kube::Config::new(url.parse().unwrap());
-    config.root_cert = Some(vec![
-        CertificateDer::from_pem_slice(ca_pem.as_bytes())
-            .unwrap()
-            .to_vec(),
-    ]);
-    config.auth_info.token = Some(token.to_string().into());
-    // Every answer as the endpoint gave it: no retries of a 503.
-    config.default_retry = false;
-    kube::Client::try_from(config).unwrap()
-}
-
-/// The code and message of a failed read through the live endpoint.
-fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
-    match result {
-        Err(kube::Error::Api(s)) => (s.code, s.message),
-        other => panic!("not refused by the API: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothing_else() {
     use k8s_openapi::api::core::v1::{ConfigMap, Event};
@@ -737,19 +713,6 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
     let _ = spoke;
 }
 
-/// The live endpoint's flags for a replica listening on `addr`, reached by
-/// argocd-server at `url` and by the other replicas at `addr`.
-fn live_flags(env: &Env, addr: std::net::SocketAddr, url: &str) -> Vec<String> {
-    let d = env.dir.path();
-    vec![
-        format!("--live-addr={addr}"),
-        format!("--live-url={url}"),
-        format!("--live-token-file={}", d.join("live-tokens").display()),
-        format!("--live-ca-file={}", d.join("ca.crt").display()),
-        format!("--live-peer-addr={addr}"),
-    ]
-}
-
 /// With several replicas, argocd-server's read reaches any of them (its
 /// Service balances), while the cluster's agent is connected to one: a
 /// replica the agent is not on forwards the read to the one it is on (its
@@ -769,7 +732,7 @@ async fn a_live_read_reaching_a_replica_the_agent_is_not_on_is_forwarded_to_the_
     for name in ["hub-0", "hub-1"] {
         let addr = testenv::net::free_addr().unwrap();
         let url = format!("https://{addr}");
-        let flags = live_flags(&env, addr, &url);
+        let flags = grpc_env::live::flags(&env, addr, &url);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         replicas.push((env.start_replica(name, &flags).await, url));
     }

@@ -39,6 +39,7 @@ impl HubMessage {
             Some(Kind::ProjectSet(_)) => "project_set",
             Some(Kind::LiveRequest(_)) => "live_request",
             Some(Kind::LiveCancel(_)) => "live_cancel",
+            Some(Kind::LiveCredit(_)) => "live_credit",
         }
     }
 }

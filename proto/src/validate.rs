@@ -260,7 +260,7 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
         Some(Kind::ResyncRequest(_)) | Some(Kind::Heartbeat(_)) => Ok(()),
         Some(Kind::ProjectSet(p)) => project_set(p),
         Some(Kind::LiveRequest(r)) => live_request(r),
-        Some(Kind::LiveCancel(_)) => Ok(()),
+        Some(Kind::LiveCancel(_)) | Some(Kind::LiveCredit(_)) => Ok(()),
     }
 }
 

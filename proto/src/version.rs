@@ -48,6 +48,13 @@ pub const CAPABILITY_TREES: &str = "trees";
 /// serves them; so never part of [`CAPABILITIES`].
 pub const CAPABILITY_LIVE_VIEWS: &str = "live-views";
 
+/// With `live-views`: the answer to a `LiveRequest` flows by credits
+/// (`LiveRequest.window`, `LiveCredit`), so that a slow reader makes the
+/// agent wait instead of being cut off. Offered with `live-views` by a hub
+/// and an agent of this release; a hub without it cuts a reader off after
+/// the chunks it holds, an agent without it sends without waiting.
+pub const CAPABILITY_LIVE_CREDITS: &str = "live-credits";
+
 /// Every capability this release implements, offered by default.
 pub const CAPABILITIES: &[&str] = &[
     CAPABILITY_TERMINATE_OPERATION,

@@ -39,6 +39,10 @@ pub struct Reader {
     cluster: String,
     /// The reads under way, by request id (cancelled by dropping).
     running: Mutex<HashMap<u64, AbortOnDrop<()>>>,
+    /// The chunks each read may still send (capability `live-credits`:
+    /// its window, then what the hub grants back); a read without an entry
+    /// sends without waiting.
+    credits: Mutex<HashMap<u64, Arc<tokio::sync::Semaphore>>>,
     /// How each kind is served, by group and kind (owners are named by
     /// kind; the API is asked by resource): [`Reader::plural`]'s memory.
     plurals: Mutex<HashMap<(String, String), Plural>>,
@@ -60,6 +64,7 @@ impl Reader {
             state,
             cluster: cluster.to_string(),
             running: Mutex::default(),
+            credits: Mutex::default(),
             plurals: Mutex::default(),
         })
     }
@@ -81,24 +86,45 @@ impl Reader {
             });
             return;
         }
+        if request.window > 0 {
+            let window = tokio::sync::Semaphore::new(request.window as usize);
+            self.credits().insert(id, Arc::new(window));
+        }
         let me = self.clone();
         running.insert(
             id,
             AbortOnDrop(tokio::spawn(async move {
                 me.serve(session, request).await;
                 me.running.lock().expect("not poisoned").remove(&id);
+                me.credits().remove(&id);
             })),
         );
+    }
+
+    fn credits(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<tokio::sync::Semaphore>>> {
+        self.credits.lock().expect("not poisoned")
+    }
+
+    /// The hub's reader of request `id` took `chunks` more.
+    pub fn credit(&self, id: u64, chunks: u32) {
+        if let Some(window) = self.credits().get(&id) {
+            // Capped where the semaphore would panic: whatever the hub
+            // grants, nothing here breaks.
+            let room = tokio::sync::Semaphore::MAX_PERMITS - window.available_permits();
+            window.add_permits((chunks as usize).min(room));
+        }
     }
 
     /// Stops answering request `id` (the hub's reader went away).
     pub fn cancel(&self, id: u64) {
         self.running.lock().expect("not poisoned").remove(&id);
+        self.credits().remove(&id);
     }
 
     /// Stops every read (the stream they answer on ended).
     pub fn cancel_all(&self) {
         self.running.lock().expect("not poisoned").clear();
+        self.credits().clear();
     }
 
     async fn serve(&self, session: u64, request: LiveRequest) {
@@ -172,7 +198,16 @@ impl Reader {
             chunks.push(&[]);
         }
         let n = chunks.len();
+        let window = self.credits().get(&id).cloned();
         for (i, chunk) in chunks.into_iter().enumerate() {
+            // With a window, each chunk waits for room in it: the hub's
+            // reader is slower than the cluster.
+            if let Some(window) = &window {
+                match window.acquire().await {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => return false,
+                }
+            }
             let response = LiveResponse {
                 id,
                 http_status: http_status.into(),

@@ -85,7 +85,8 @@ impl Connection {
     }
 
     /// This release's Hello, with `trees` when a managed agent reads its
-    /// Argo CD's Redis and `live-views` when it serves them.
+    /// Argo CD's Redis and `live-views` (with `live-credits`) when it
+    /// serves them.
     fn hello(&self) -> Hello {
         let mut hello = version::hello(self.mode(), env!("CARGO_PKG_VERSION"));
         if self.config.mode == Mode::Managed && self.config.argocd_redis.is_some() {
@@ -97,6 +98,9 @@ impl Connection {
             hello
                 .capabilities
                 .push(version::CAPABILITY_LIVE_VIEWS.to_string());
+            hello
+                .capabilities
+                .push(version::CAPABILITY_LIVE_CREDITS.to_string());
         }
         hello
     }
@@ -279,6 +283,11 @@ impl Connection {
             Kind::LiveCancel(c) => {
                 if let Some(live) = &self.live {
                     live.cancel(c.id);
+                }
+            }
+            Kind::LiveCredit(c) => {
+                if let Some(live) = &self.live {
+                    live.credit(c.id, c.chunks);
                 }
             }
         }

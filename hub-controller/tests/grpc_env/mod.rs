@@ -7,6 +7,7 @@
 //! refresh request, and releases its finalizer on deletion.
 #![allow(dead_code)]
 
+pub mod live;
 pub mod mode;
 pub mod replicas;
 pub mod series;

@@ -49,7 +49,7 @@ pub mod agent_message {
 pub struct HubMessage {
     #[prost(
         oneof = "hub_message::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
     )]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
@@ -91,6 +91,9 @@ pub mod hub_message {
         /// Capability `live-views`: whoever asked went away; stop answering.
         #[prost(message, tag = "11")]
         LiveCancel(super::LiveCancel),
+        /// Capability `live-credits`: more chunks of an answer may come.
+        #[prost(message, tag = "12")]
+        LiveCredit(super::LiveCredit),
     }
 }
 /// The agent's opening message.
@@ -501,6 +504,13 @@ pub struct LiveRequest {
     pub id: u64,
     #[prost(string, tag = "2")]
     pub path: ::prost::alloc::string::String,
+    /// Capability `live-credits`: the agent sends at most this many chunks of
+    /// the answer beyond those the hub granted again with LiveCredit (a reader
+    /// slower than the cluster, such as a followed log read slowly, makes the
+    /// agent wait, not the hub cut it off). 0: no limit (a hub without
+    /// `live-credits`).
+    #[prost(uint32, tag = "3")]
+    pub window: u32,
 }
 /// Agent -> hub: a chunk of the answer to LiveRequest `id`. The first chunk
 /// carries the HTTP status and content type; the last has `last` set. A
@@ -526,6 +536,15 @@ pub struct LiveResponse {
 pub struct LiveCancel {
     #[prost(uint64, tag = "1")]
     pub id: u64,
+}
+/// Capability `live-credits`, hub -> agent: the reader of LiveRequest `id`
+/// took `chunks` more chunks of its answer; the agent may send as many more.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LiveCredit {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint32, tag = "2")]
+    pub chunks: u32,
 }
 /// How the Applications of a managed cluster are owned. See "Modes" at the
 /// top of transport.proto.

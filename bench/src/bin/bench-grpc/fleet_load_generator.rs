@@ -435,7 +435,10 @@ impl SimulatedAgent {
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
             // The simulated agents offer no `live-views`.
-            Kind::Heartbeat(_) | Kind::LiveRequest(_) | Kind::LiveCancel(_) => {}
+            Kind::Heartbeat(_)
+            | Kind::LiveRequest(_)
+            | Kind::LiveCancel(_)
+            | Kind::LiveCredit(_) => {}
             // Kept as an agent keeps them, in memory: nothing to check.
             Kind::ProjectSet(p) => self.state.control(AgentMessage {
                 kind: Some(agent_message::Kind::ProjectSetAck(ProjectSetAck {

@@ -36,7 +36,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::Hub;
-use super::cluster::live::{MAX_LIVE_READS, Unavailable};
+use super::cluster::live::{CREDIT_BATCH, MAX_LIVE_READS, Unavailable};
 
 mod discovery;
 mod forward;
@@ -423,7 +423,7 @@ async fn read(
         let body = Body::from(kept.body);
         return ("cache", answer(StatusCode::OK, &kept.content_type, body));
     }
-    let (id, mut chunks) = match cs.live_read(&path) {
+    let (id, mut chunks, credits) = match cs.live_read(&path) {
         Ok(read) => read,
         Err(Unavailable::NoAgent) => return elsewhere(endpoint, cluster, &uri, &headers).await,
         Err(why) => return refused(&unavailable(cluster, why)),
@@ -467,11 +467,14 @@ async fn read(
         Body::from(first.body)
     } else {
         // Dropped when the reader goes away: the agent is told to stop.
-        let guard = Cancel {
+        let mut guard = Cancel {
             cs,
             id,
             done: false,
+            credits,
+            taken: 0,
         };
+        guard.took_one();
         let head = futures::stream::once(async move { Ok::<_, std::io::Error>(first.body) });
         let rest = futures::stream::unfold((chunks, guard), |(mut chunks, mut guard)| async move {
             if guard.done {
@@ -479,6 +482,7 @@ async fn read(
             }
             let chunk = chunks.recv().await?;
             guard.done = chunk.last;
+            guard.took_one();
             Some((Ok(chunk.body), (chunks, guard)))
         });
         Body::from_stream(futures::StreamExt::chain(head, rest))
@@ -551,11 +555,28 @@ fn answer(code: StatusCode, content_type: &str, body: Body) -> Response {
 }
 
 /// Tells the agent to stop when the reader goes away before the answer's
-/// last chunk.
+/// last chunk; with `live-credits`, grants back what the reader took.
 struct Cancel {
     cs: Arc<super::cluster::ClusterState>,
     id: u64,
     done: bool,
+    credits: bool,
+    /// Chunks taken and not granted back yet.
+    taken: usize,
+}
+
+impl Cancel {
+    /// The reader took a chunk off the channel: room for one more.
+    fn took_one(&mut self) {
+        if !self.credits || self.done {
+            return;
+        }
+        self.taken += 1;
+        if self.taken >= CREDIT_BATCH {
+            self.cs.live_credit(self.id, self.taken);
+            self.taken = 0;
+        }
+    }
 }
 
 impl Drop for Cancel {

@@ -5,17 +5,23 @@
 
 use std::collections::HashMap;
 
-use argocd_pull_proto::v1::{HubMessage, LiveCancel, LiveRequest, LiveResponse, hub_message};
-use argocd_pull_proto::version::CAPABILITY_LIVE_VIEWS;
+use argocd_pull_proto::v1::{
+    HubMessage, LiveCancel, LiveCredit, LiveRequest, LiveResponse, hub_message,
+};
+use argocd_pull_proto::version::{CAPABILITY_LIVE_CREDITS, CAPABILITY_LIVE_VIEWS};
 use tokio::sync::mpsc;
 
 use super::ClusterState;
 
 /// Reads under way per cluster; more are answered 429.
 pub const MAX_LIVE_READS: usize = 8;
-/// Chunks of one answer waiting for their reader; a reader slower than
-/// that (a followed log nobody reads) is cut off.
+/// Chunks of one answer waiting for their reader: an agent with
+/// `live-credits` sends no more than that beyond what the reader took (the
+/// window of each read); a reader slower than that on an agent without it
+/// (a followed log nobody reads) is cut off.
 pub const LIVE_CHUNKS: usize = 32;
+/// The reader's chunks are granted back to the agent this many at a time.
+pub const CREDIT_BATCH: usize = 8;
 
 #[derive(Default)]
 pub struct LiveReads {
@@ -43,10 +49,12 @@ pub enum Unavailable {
 impl ClusterState {
     /// Sends a read of `path` to the agent; the chunks of its answer come
     /// on the receiver, which ends when the answer or the session does.
+    /// With `live-credits` (the third value), the reader grants what it
+    /// took back with [`Self::live_credit`].
     pub fn live_read(
         &self,
         path: &str,
-    ) -> Result<(u64, mpsc::Receiver<LiveResponse>), Unavailable> {
+    ) -> Result<(u64, mpsc::Receiver<LiveResponse>, bool), Unavailable> {
         let mut inner = self.lock();
         let Some(session) = &inner.session else {
             return Err(Unavailable::NoAgent);
@@ -59,6 +67,11 @@ impl ClusterState {
         {
             return Err(Unavailable::NotOffered(session.agent.version.clone()));
         }
+        let credits = session
+            .agent
+            .capabilities
+            .iter()
+            .any(|c| c == CAPABILITY_LIVE_CREDITS);
         if inner.live.pending.len() >= MAX_LIVE_READS {
             return Err(Unavailable::Busy);
         }
@@ -70,11 +83,28 @@ impl ClusterState {
             kind: Some(hub_message::Kind::LiveRequest(LiveRequest {
                 id,
                 path: path.to_string(),
+                window: if credits { LIVE_CHUNKS as u32 } else { 0 },
             })),
         });
         drop(inner);
         self.wake.notify_one();
-        Ok((id, rx))
+        Ok((id, rx, credits))
+    }
+
+    /// The reader of `id` took `chunks` more chunks: the agent may send as
+    /// many more (capability `live-credits`).
+    pub fn live_credit(&self, id: u64, chunks: usize) {
+        let mut inner = self.lock();
+        if inner.live.pending.contains_key(&id) {
+            inner.push_control(HubMessage {
+                kind: Some(hub_message::Kind::LiveCredit(LiveCredit {
+                    id,
+                    chunks: chunks as u32,
+                })),
+            });
+            drop(inner);
+            self.wake.notify_one();
+        }
     }
 
     /// One chunk of an answer, from the agent: handed to its reader; a

@@ -436,6 +436,9 @@ impl Hub {
             offer
                 .capabilities
                 .insert(argocd_pull_proto::version::CAPABILITY_LIVE_VIEWS.to_string());
+            offer
+                .capabilities
+                .insert(argocd_pull_proto::version::CAPABILITY_LIVE_CREDITS.to_string());
         }
         if self.trees().is_some() {
             offer

@@ -1,0 +1,43 @@
+//! The hub's live endpoint, as argocd-server calls it: its flags, and a
+//! Kubernetes client of one cluster's path on it.
+
+use super::Env;
+
+/// The live endpoint's flags for a replica listening on `addr`, reached by
+/// argocd-server at `url` and by the other replicas at `addr`; its tokens
+/// in `live-tokens` of the environment's folder, its CA the test CA.
+pub fn flags(env: &Env, addr: std::net::SocketAddr, url: &str) -> Vec<String> {
+    let d = env.dir.path();
+    vec![
+        format!("--live-addr={addr}"),
+        format!("--live-url={url}"),
+        format!("--live-token-file={}", d.join("live-tokens").display()),
+        format!("--live-ca-file={}", d.join("ca.crt").display()),
+        format!("--live-peer-addr={addr}"),
+    ]
+}
+
+/// A client of the Kubernetes API at `url` (a cluster's path on the hub's
+/// live endpoint) trusting `ca_pem`, presenting `token`.
+pub fn client(url: &str, ca_pem: &str, token: &str) -> kube::Client {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut config = kube::Config::new(url.parse().unwrap());
+    config.root_cert = Some(vec![
+        CertificateDer::from_pem_slice(ca_pem.as_bytes())
+            .unwrap()
+            .to_vec(),
+    ]);
+    config.auth_info.token = Some(token.to_string().into());
+    // Every answer as the endpoint gave it: no retries of a 503.
+    config.default_retry = false;
+    kube::Client::try_from(config).unwrap()
+}
+
+/// The code and message of a failed read through the live endpoint.
+pub fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        other => panic!("not refused by the API: {other:?}"),
+    }
+}
