@@ -163,11 +163,17 @@ BENCH_TREES_ARGS ?= --changes 50 --reads 200
 bench-trees: bench-grpc-build
 	$(BENCH_GRPC) trees $(BENCH_TREES_ARGS)
 
+## bench-logs: a pod's log followed through the hub's argocd-server, the live endpoint and the agent, next to the same lines straight from the cluster's API server: lines per second, BENCH_GRPC_REPEAT times (docs/ui.md)
+.PHONY: bench-logs
+BENCH_LOGS_ARGS ?= --lines 20000 --reads 5
+bench-logs: bench-grpc-build
+	$(BENCH_GRPC) logs $(BENCH_LOGS_ARGS)
+
 bench-grpc-build: tools
 	@bash test/tools/build-argocd-agent.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-grpc: argocd-agent is not available (set ARGOCD_AGENT_SRC, docs/benchmarks.md); its column will say so"; }
-	$(CARGO) build --release --locked -p argocd-pull-hub-controller -p argocd-pull-spoke-agent -p argocd-pull-bench \
-	  --bin hub-controller --bin spoke-agent --bin bench-grpc
+	$(CARGO) build --release --locked -p argocd-pull-hub-controller -p argocd-pull-spoke-agent -p argocd-pull-bench -p argocd-pull-test \
+	  --bin hub-controller --bin spoke-agent --bin bench-grpc --bin testenv
 
 clean:
 	$(CARGO) clean

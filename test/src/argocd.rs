@@ -356,11 +356,60 @@ impl Server {
         token: Option<&str>,
         body: Option<&serde_json::Value>,
     ) -> Result<(u16, serde_json::Value)> {
-        use http_body_util::{BodyExt, Full};
-        let failed = |e: &dyn std::fmt::Display| Error::Command {
+        use http_body_util::BodyExt;
+        let (response, conn) = self.send(method.clone(), path, token, body).await?;
+        let code = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.failed(&method, path, &e))?
+            .to_bytes();
+        conn.abort();
+        Ok((
+            code,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        ))
+    }
+
+    /// A `GET` of Argo CD's REST API whose answer streams (a followed log:
+    /// one JSON object a line), read line by line as it comes.
+    pub async fn stream(&self, path: &str, token: &str) -> Result<(u16, Lines)> {
+        let (response, conn) = self
+            .send(http::Method::GET, path, Some(token), None)
+            .await?;
+        let code = response.status().as_u16();
+        Ok((
+            code,
+            Lines {
+                body: response.into_body(),
+                buffer: Vec::new(),
+                conn,
+            },
+        ))
+    }
+
+    fn failed(&self, method: &http::Method, path: &str, e: &dyn std::fmt::Display) -> Error {
+        Error::Command {
             command: format!("{method} {}{path}", self.url()),
             output: e.to_string(),
-        };
+        }
+    }
+
+    /// Sends one request on a connection of its own; its answer's head,
+    /// and the connection's task (aborted when done with).
+    async fn send(
+        &self,
+        method: http::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(
+        http::Response<hyper::body::Incoming>,
+        tokio::task::JoinHandle<std::result::Result<(), hyper::Error>>,
+    )> {
+        use http_body_util::Full;
+        let failed = |e: &dyn std::fmt::Display| self.failed(&method, path, e);
         let stream = tokio::net::TcpStream::connect(self.addr).await?;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
@@ -383,18 +432,7 @@ impl Server {
             .await
             .map_err(|e| failed(&e))?
             .map_err(|e| failed(&e))?;
-        let code = response.status().as_u16();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| failed(&e))?
-            .to_bytes();
-        conn.abort();
-        Ok((
-            code,
-            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
-        ))
+        Ok((response, conn))
     }
 
     /// The Applications argocd-server lists to session `token` (`GET
@@ -1085,5 +1123,49 @@ impl Processes {
 
     fn log_tail(&self, name: &str, lines: usize) -> String {
         self.group().log_tail(name, lines)
+    }
+}
+
+/// The lines of a streamed answer of argocd-server ([`Server::stream`]).
+pub struct Lines {
+    body: hyper::body::Incoming,
+    buffer: Vec<u8>,
+    conn: tokio::task::JoinHandle<std::result::Result<(), hyper::Error>>,
+}
+
+impl Lines {
+    /// The next whole line; `None` when the answer ended.
+    pub async fn next(&mut self) -> Result<Option<String>> {
+        use http_body_util::BodyExt;
+        loop {
+            if let Some(at) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=at).collect();
+                return Ok(Some(String::from_utf8_lossy(&line[..at]).into_owned()));
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        self.buffer.extend_from_slice(data);
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(Error::Command {
+                        command: "a streamed answer of argocd-server".into(),
+                        output: e.to_string(),
+                    });
+                }
+                None if self.buffer.is_empty() => return Ok(None),
+                None => {
+                    let line = std::mem::take(&mut self.buffer);
+                    return Ok(Some(String::from_utf8_lossy(&line).into_owned()));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        self.conn.abort();
     }
 }

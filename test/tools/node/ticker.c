@@ -4,9 +4,11 @@
  * registry serves busybox here; build.sh links this statically, and
  * deploy/images/build.sh makes it image argocd-pull-ticker. Exits on
  * SIGINT or SIGTERM. The line is its first argument (default "tick"),
- * followed by a counter. */
+ * followed by a counter. A second argument writes that many lines at
+ * once first (a chatty pod, for the log benchmark), then one a second. */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stopping = 0;
@@ -14,14 +16,17 @@ static void stop(int sig) { (void)sig; stopping = 1; }
 
 int main(int argc, char **argv) {
   const char *say = argc > 1 ? argv[1] : "tick";
+  unsigned long burst = argc > 2 ? strtoul(argv[2], NULL, 10) : 0;
   struct sigaction a = {0};
   a.sa_handler = stop;
   sigaction(SIGINT, &a, NULL);
   sigaction(SIGTERM, &a, NULL);
   for (unsigned long n = 1; !stopping; n++) {
     printf("%s %lu\n", say, n);
-    fflush(stdout);
-    sleep(1);
+    if (n >= burst) {
+      fflush(stdout);
+      sleep(1);
+    }
   }
   return 0;
 }

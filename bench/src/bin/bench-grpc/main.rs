@@ -48,6 +48,7 @@ mod fleet_ha;
 mod fleet_load_generator;
 mod hub;
 mod latency;
+mod logs;
 mod report;
 mod trees;
 
@@ -101,6 +102,10 @@ enum Part {
     /// it (p50, p99, min, max), and argocd-server's reads of the tree and
     /// the live states (p50, p99).
     Trees(trees::TreesArgs),
+    /// A pod's log followed through the hub's argocd-server, the live
+    /// endpoint and the agent, next to the same lines followed straight
+    /// from the cluster: lines per second.
+    Logs(logs::LogsArgs),
 }
 
 #[tokio::main]
@@ -128,5 +133,6 @@ async fn main() -> Result<()> {
         Part::Abuse(a) => abuse::run(a, args.repeat, &hub_bin).await,
         Part::FleetCompare(a) => fleet_compare::run(a, args.repeat, &hub_bin).await,
         Part::Trees(a) => trees::run(a, args.repeat, &hub_bin).await,
+        Part::Logs(a) => logs::run(a, args.repeat, &hub_bin).await,
     }
 }

@@ -162,111 +162,181 @@ pub async fn run(args: TreesArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A hub and a managed cluster with the Application `trees` of `files`
+/// delivered over gRPC: what [`one_run`] and the log benchmark start from.
+pub struct Stage {
+    /// A node of the managed cluster, when asked: it runs the pods.
+    _node: Option<testenv::node::Node>,
+    pub server: Server,
+    pub token: String,
+    pub spoke_client: kube::Client,
+    stop: argocd_pull_runtime::shutdown::Trigger,
+    agent: tokio::task::JoinHandle<()>,
+    hub_process: HubProcess,
+    _live_dir: tempfile::TempDir,
+    _git: GitServer,
+    _argocd: Spoke,
+    _spoke: Cluster,
+    _hub: Cluster,
+}
+
+impl Stage {
+    /// Hub, managed cluster (with a node joined by the harness's `testenv`
+    /// binary when given), Argo CD on each, a Git server with `files` in
+    /// `app/`, the hub-controller `hub_bin` with its live endpoint, the
+    /// agent (in this process) reading the cluster's Argo CD Redis and
+    /// serving live views, and the Application `trees` created on the hub
+    /// (synced once, then left alone: a change on the cluster stays a diff).
+    pub async fn start(
+        what: &str,
+        hub_bin: &Path,
+        files: &[(&str, &str)],
+        node: Option<&Path>,
+    ) -> Result<Stage> {
+        eprintln!("bench-grpc {what}: a hub and a managed cluster, Argo CD on each, a Git server");
+        let (hub, spoke) = tokio::join!(
+            Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)),
+            Cluster::start(ClusterConfig::new("spoke1", CrdSet::Managed)),
+        );
+        let (hub, spoke) = (hub?, spoke?);
+        let joined = async {
+            let Some(testenv) = node else {
+                return anyhow::Ok(None);
+            };
+            let mut n = testenv::node::Node::start("bench").await?;
+            n.join(&spoke, testenv).await?;
+            anyhow::Ok(Some(n))
+        };
+        let (argocd, git, server, node) = tokio::join!(
+            Spoke::start(&spoke, SpokeOptions::default()),
+            GitServer::start(),
+            Server::start(&hub, ServerOptions::default()),
+            joined,
+        );
+        let (argocd, git, server, node) = (argocd?, git?, server?, node?);
+        let hub_client = hub.client().await?;
+        let spoke_client = spoke.client().await?;
+        spoke.ensure_namespace(SPOKE_NS).await?;
+        spoke.ensure_namespace(APP).await?;
+        hub.ensure_namespace(NS).await?;
+        hub.ensure_namespace(hub::CONTROLLER_NS).await?;
+        hub::join(&hub_client, "spoke1").await?;
+        let repo = git.create_repo(APP)?;
+        let files: Vec<(String, &str)> = files
+            .iter()
+            .map(|(name, text)| (format!("app/{name}"), *text))
+            .collect();
+        let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        repo.commit("the Application's files", &files)?;
+
+        let pki = Pki::new()?;
+        let spoke_tls = pki.agent_files("spoke1", &agent_subject("spoke1", "bench"))?;
+        let grpc_addr = testenv::net::free_addr()?;
+        // The live endpoint, which the cluster Secret points argocd-server at.
+        let live_dir = tempfile::tempdir()?;
+        let tokens = live_dir.path().join("tokens");
+        std::fs::write(&tokens, "bench-live-token\n")?;
+        let live_addr = testenv::net::free_addr()?;
+        let extra = vec![
+            format!("--argocd-redis={}", server.redis()),
+            format!("--live-addr={live_addr}"),
+            format!("--live-url=https://{live_addr}"),
+            format!("--live-token-file={}", tokens.display()),
+            format!("--live-ca-file={}", pki.ca_file().display()),
+        ];
+        let mut hub_process = HubProcess::start(&HubOptions {
+            bin: hub_bin,
+            hub: &hub,
+            pki: &pki,
+            grpc_addr,
+            allowed_targets: &[format!("{NS}=*")],
+            log: None,
+            max_connections: None,
+            extra_args: &extra,
+        })?;
+        hub_process.ready(Duration::from_secs(60)).await?;
+
+        let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
+        let mut config = hub::agent_config(
+            grpc_addr,
+            spoke_tls,
+            Some(RedisConfig {
+                addr: argocd.redis().to_string(),
+                password: Password::None,
+            }),
+        );
+        config.live_views = true;
+        let agent = tokio::spawn(argocd_pull_spoke_agent::run_agent(
+            config,
+            spoke_client.clone(),
+            AgentMetrics::default(),
+            Readiness::default(),
+            shutdown,
+        ));
+
+        let mut app = hub::application(NS, APP, "spoke1");
+        app["spec"]["source"] =
+            json!({ "repoURL": repo.url(), "path": "app", "targetRevision": "main" });
+        app["spec"]["syncPolicy"] = json!({ "automated": { "prune": true } });
+        // The cluster's own Secret, which opens the live views.
+        app["spec"]["destination"] = json!({ "name": "spoke1", "namespace": APP });
+        let app: Application = serde_json::from_value(app)?;
+        Api::<Application>::namespaced_with(hub_client.clone(), NS, &application_resource())
+            .create(&PostParams::default(), &app)
+            .await?;
+        let token = server.login("admin", server.admin_password()).await?;
+        Ok(Stage {
+            _node: node,
+            server,
+            token,
+            spoke_client,
+            stop,
+            agent,
+            hub_process,
+            _live_dir: live_dir,
+            _git: git,
+            _argocd: argocd,
+            _spoke: spoke,
+            _hub: hub,
+        })
+    }
+
+    /// Stops the agent, then the rest.
+    pub async fn stop(self) {
+        self.stop.fire();
+        let _ = self.agent.await;
+        drop(self.hub_process);
+    }
+}
+
 async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
-    eprintln!("bench-grpc trees: a hub and a managed cluster, Argo CD on each, a Git server");
-    let (hub, spoke) = tokio::join!(
-        Cluster::start(ClusterConfig::new("hub", CrdSet::Hub)),
-        Cluster::start(ClusterConfig::new("spoke1", CrdSet::Managed)),
-    );
-    let (hub, spoke) = (hub?, spoke?);
-    let (argocd, git, server) = tokio::join!(
-        Spoke::start(&spoke, SpokeOptions::default()),
-        GitServer::start(),
-        Server::start(&hub, ServerOptions::default()),
-    );
-    let (argocd, git, server) = (argocd?, git?, server?);
-    let hub_client = hub.client().await?;
-    let spoke_client = spoke.client().await?;
-    spoke.ensure_namespace(SPOKE_NS).await?;
-    spoke.ensure_namespace(APP).await?;
-    hub.ensure_namespace(NS).await?;
-    hub.ensure_namespace(hub::CONTROLLER_NS).await?;
-    hub::join(&hub_client, "spoke1").await?;
-    let repo = git.create_repo(APP)?;
-    repo.commit(
-        "one ConfigMap",
+    let stage = Stage::start(
+        "trees",
+        hub_bin,
         &[(
-            "app/cm.yaml",
+            "cm.yaml",
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  value: v0\n",
         )],
-    )?;
-
-    let pki = Pki::new()?;
-    let spoke_tls = pki.agent_files("spoke1", &agent_subject("spoke1", "bench"))?;
-    let grpc_addr = testenv::net::free_addr()?;
-    // The live endpoint, which the cluster Secret points argocd-server at.
-    let live_dir = tempfile::tempdir()?;
-    let tokens = live_dir.path().join("tokens");
-    std::fs::write(&tokens, "bench-live-token\n")?;
-    let live_addr = testenv::net::free_addr()?;
-    let extra = vec![
-        format!("--argocd-redis={}", server.redis()),
-        format!("--live-addr={live_addr}"),
-        format!("--live-url=https://{live_addr}"),
-        format!("--live-token-file={}", tokens.display()),
-        format!("--live-ca-file={}", pki.ca_file().display()),
-    ];
-    let mut hub_process = HubProcess::start(&HubOptions {
-        bin: hub_bin,
-        hub: &hub,
-        pki: &pki,
-        grpc_addr,
-        allowed_targets: &[format!("{NS}=*")],
-        log: None,
-        max_connections: None,
-        extra_args: &extra,
-    })?;
-    hub_process.ready(Duration::from_secs(60)).await?;
-
-    let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
-    let mut config = hub::agent_config(
-        grpc_addr,
-        spoke_tls,
-        Some(RedisConfig {
-            addr: argocd.redis().to_string(),
-            password: Password::None,
-        }),
-    );
-    config.live_views = true;
-    let agent = tokio::spawn(argocd_pull_spoke_agent::run_agent(
-        config,
-        spoke_client.clone(),
-        AgentMetrics::default(),
-        Readiness::default(),
-        shutdown,
-    ));
-
-    let mut app = hub::application(NS, APP, "spoke1");
-    app["spec"]["source"] =
-        json!({ "repoURL": repo.url(), "path": "app", "targetRevision": "main" });
-    // Synced once, then left alone: a change on the cluster stays a diff.
-    app["spec"]["syncPolicy"] = json!({ "automated": { "prune": true } });
-    // The cluster's own Secret, which opens the live views.
-    app["spec"]["destination"] = json!({ "name": "spoke1", "namespace": APP });
-    let app: Application = serde_json::from_value(app)?;
-    Api::<Application>::namespaced_with(hub_client.clone(), NS, &application_resource())
-        .create(&PostParams::default(), &app)
-        .await?;
-    let token = server.login("admin", server.admin_password()).await?;
-    let live = |value: String| {
-        let (server, token) = (&server, &token);
-        async move {
-            let (code, body) = server
-                .api(
-                    Method::GET,
-                    &format!("/api/v1/applications/{APP}/managed-resources?appNamespace={NS}"),
-                    Some(token),
-                    None,
-                )
-                .await?;
-            let shown = code == 200
-                && body["items"].as_array().into_iter().flatten().any(|i| {
-                    i["liveState"]
-                        .as_str()
-                        .is_some_and(|s| s.contains(&format!("\"value\":\"{value}\"")))
-                });
-            anyhow::Ok(shown)
-        }
+        None,
+    )
+    .await?;
+    let (server, token, spoke_client) = (&stage.server, &stage.token, &stage.spoke_client);
+    let live = |value: String| async move {
+        let (code, body) = server
+            .api(
+                Method::GET,
+                &format!("/api/v1/applications/{APP}/managed-resources?appNamespace={NS}"),
+                Some(token),
+                None,
+            )
+            .await?;
+        let shown = code == 200
+            && body["items"].as_array().into_iter().flatten().any(|i| {
+                i["liveState"]
+                    .as_str()
+                    .is_some_and(|s| s.contains(&format!("\"value\":\"{value}\"")))
+            });
+        anyhow::Ok(shown)
     };
     eprintln!("bench-grpc trees: waiting for the first sync to show through the hub");
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -311,7 +381,7 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
     for _ in 0..args.reads {
         let start = Instant::now();
         let nodes = server
-            .tree_nodes(&token, NS, APP)
+            .tree_nodes(token, NS, APP)
             .await
             .map_err(anyhow::Error::msg)?;
         tree_reads.push(start.elapsed());
@@ -328,10 +398,8 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
         "bench-grpc trees: {} reads of the live manifest through the hub, and straight from the cluster",
         args.reads
     );
-    let manifest = || {
-        let (server, token) = (&server, &token);
-        async move {
-            let (code, body) = server
+    let manifest = || async move {
+        let (code, body) = server
                 .api(
                     Method::GET,
                     &format!(
@@ -341,8 +409,7 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
                     None,
                 )
                 .await?;
-            anyhow::Ok((code, body))
-        }
+        anyhow::Ok((code, body))
     };
     let deadline = Instant::now() + WITHIN;
     loop {
@@ -374,9 +441,7 @@ async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
             }
         }
     }
-    stop.fire();
-    let _ = agent.await;
-    drop(hub_process);
+    stage.stop().await;
     let fastest = *changes.iter().min().context("no changes timed")?;
     Ok(Figures {
         change: percentiles(changes).context("no changes timed")?,
