@@ -173,6 +173,8 @@ pub struct Stage {
     stop: argocd_pull_runtime::shutdown::Trigger,
     agent: tokio::task::JoinHandle<()>,
     hub_process: HubProcess,
+    /// The certificates the hub-controller reads while it runs.
+    _pki: Pki,
     _live_dir: tempfile::TempDir,
     _git: GitServer,
     _argocd: Spoke,
@@ -293,6 +295,7 @@ impl Stage {
             stop,
             agent,
             hub_process,
+            _pki: pki,
             _live_dir: live_dir,
             _git: git,
             _argocd: argocd,
