@@ -137,6 +137,11 @@ bench-grpc-compare: bench-grpc-build
 bench-grpc-fleet: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
 
+## bench-grpc-fleet-live: the fleet with the hub's live views on: every cluster read once through the live endpoint (discovery and an object), the hub's memory before and after (docs/ui.md)
+.PHONY: bench-grpc-fleet-live
+bench-grpc-fleet-live: bench-grpc-build
+	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS) --live
+
 ## bench-grpc-fleet-compare: the fleet next to argocd-agent (its own agent code, 1,000 agents in one load generator, against its principal), each on a fresh hub, alternating (docs/benchmarks.md)
 .PHONY: bench-grpc-fleet-compare
 # argocd-agent never has every hub copy right at 1,000 x 10 (not within 20

@@ -62,6 +62,31 @@ pub struct FleetArgs {
     /// Longest reconnect delay of the agents (the spoke-agent's default).
     #[arg(long, default_value = "30s", value_parser = argocd_pull_spoke_agent::parse_duration)]
     reconnect_max: Duration,
+    /// Also serve the hub's live views (capability `live-views`): the hub
+    /// with its live endpoint, every agent answering reads with what the
+    /// hub's own API server answers; after the first steady state, every
+    /// cluster read once as argocd-server reads a resource (discovery,
+    /// then the object), and the hub's memory measured again.
+    #[arg(long)]
+    pub live: bool,
+}
+
+/// The paths of one live read of each cluster, in the order argocd-server
+/// asks them (discovery, then the object).
+const LIVE_PATHS: [&str; 3] = [
+    "/api",
+    "/apis",
+    "/api/v1/namespaces/default/configmaps/kube-root-ca.crt",
+];
+
+/// What `--live` measured.
+pub struct LiveFigures {
+    /// The hub's VmRSS after every cluster was read (KiB).
+    pub rss: Option<u64>,
+    /// How long the reads of every cluster took.
+    pub took: Duration,
+    /// Reads answered 200, of [`LIVE_PATHS`] for every cluster.
+    pub ok: usize,
 }
 
 /// Namespace of the hub Applications.
@@ -211,6 +236,7 @@ pub struct Figures {
     pub peak3: Option<u64>,
     pub failed_attempts: u64,
     pub end: End,
+    pub live: Option<LiveFigures>,
 }
 
 /// How a fleet run ended, as `fleet` and `fleet-ha` check it.
@@ -400,6 +426,37 @@ pub async fn run(args: FleetArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         }
         rows
     };
+    if args.live {
+        rows.push(Row::new(
+            format!(
+                "live views: every cluster read once (discovery and an object, {} reads)",
+                n * LIVE_PATHS.len()
+            ),
+            of(&|f| f.live.as_ref().map(|l| l.took.as_secs_f64())),
+            report::secs,
+        ));
+        rows.push(Row::new(
+            format!(
+                "live views: reads answered 200 (of {})",
+                n * LIVE_PATHS.len()
+            ),
+            of(&|f| f.live.as_ref().map(|l| l.ok as f64)),
+            report::count,
+        ));
+        rows.push(Row::new(
+            "live views: hub RSS after reading every cluster (VmRSS)",
+            of(&|f| f.live.as_ref().and_then(|l| l.rss).map(|k| k as f64)),
+            report::mib,
+        ));
+        rows.push(Row::new(
+            "live views: hub RSS added per cluster by reading it (KiB)",
+            of(&|f| {
+                let after = f.live.as_ref()?.rss? as f64;
+                Some((after - f.steady_rss? as f64) / n as f64)
+            }),
+            |v| format!("{v:.1}"),
+        ));
+    }
     rows.extend(phase_rows("first start", |f| &f.first, false));
     rows.push(Row::new(
         "first start: status writes to hub Applications",
@@ -624,6 +681,15 @@ pub async fn one_run(
     for i in 1..=3 {
         let _ = std::fs::remove_file(log(i));
     }
+    let live_dir = tempfile::tempdir()?;
+    let live = if args.live {
+        let (flags, endpoint) = live_endpoint(live_dir.path(), &pki)?;
+        fleet.serve_live(std::sync::Arc::new(live_answers(&client).await?));
+        Some((flags, endpoint))
+    } else {
+        None
+    };
+    let live_flags = live.as_ref().map(|(f, _)| f.clone()).unwrap_or_default();
     let allowed = [format!("{NS}=*")];
     let options = |log: &Path| HubOptions {
         bin: hub_bin,
@@ -633,7 +699,7 @@ pub async fn one_run(
         allowed_targets: &allowed,
         log: Some(log.to_path_buf()),
         max_connections: fleet_connections(args.agents),
-        extra_args: &[],
+        extra_args: &live_flags,
     };
 
     // ----------------------------------------------------------- first start
@@ -665,6 +731,21 @@ pub async fn one_run(
     let steady_cpu = testenv::procfs::cpu_time(hub1.pid);
     let peak1 = hub1.memory_kib("VmHWM");
     let steady_connected = hub1.metric("argocd_pull_hub_grpc_agents_connected").await;
+    let live = match &live {
+        Some((_, endpoint)) => {
+            eprintln!("bench-grpc fleet: reading every cluster through the live endpoint");
+            let start = Instant::now();
+            let (ok, reads) = read_every_cluster(endpoint, &clusters, args.concurrency).await;
+            let took = start.elapsed();
+            eprintln!("bench-grpc fleet: {ok} of {reads} live reads answered 200");
+            Some(LiveFigures {
+                rss: hub1.memory_kib("VmRSS"),
+                took,
+                ok,
+            })
+        }
+        None => None,
+    };
 
     // --------------------------------------------------------- SIGKILL + start
     eprintln!("bench-grpc fleet: killing the hub-controller (SIGKILL) and starting it again");
@@ -747,7 +828,67 @@ pub async fn one_run(
         peak3,
         failed_attempts,
         end: End::new(matching, connected, pending, vec![log1, log2, log3]),
+        live,
     })
+}
+
+/// The hub's live endpoint for `--live`: its flags (a token file in
+/// `dir`, the benchmark's CA) and a client of it.
+fn live_endpoint(dir: &Path, pki: &crate::hub::Pki) -> Result<(Vec<String>, kube::Client)> {
+    let addr = testenv::net::free_addr()?;
+    anyhow::ensure!(addr.ip().is_loopback(), "traffic stays on loopback");
+    let tokens = dir.join("live-tokens");
+    std::fs::write(&tokens, "bench-live-token\n")?;
+    let url = format!("https://{addr}");
+    let flags = vec![
+        format!("--live-addr={addr}"),
+        format!("--live-url={url}"),
+        format!("--live-token-file={}", tokens.display()),
+        format!("--live-ca-file={}", pki.ca_file().display()),
+    ];
+    let mut config = kube::Config::new(url.parse()?);
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let ca = CertificateDer::from_pem_slice(pki.ca.pem.cert_pem.as_bytes())?;
+    config.root_cert = Some(vec![ca.to_vec()]);
+    config.auth_info.token = Some("bench-live-token".to_string().into());
+    config.default_retry = false;
+    Ok((flags, kube::Client::try_from(config)?))
+}
+
+/// What the hub's API server answers to [`LIVE_PATHS`]: the simulated
+/// clusters answer the same.
+async fn live_answers(client: &kube::Client) -> Result<crate::fleet_load_generator::LiveAnswers> {
+    let mut answers = crate::fleet_load_generator::LiveAnswers::new();
+    for path in LIVE_PATHS {
+        let request = http::Request::get(path)
+            .header(http::header::ACCEPT, "application/json")
+            .body(Vec::new())?;
+        let body = client.request_text(request).await?;
+        answers.insert(path.to_string(), body.into_bytes());
+    }
+    Ok(answers)
+}
+
+/// Every cluster read once through the live endpoint, `concurrency` at a
+/// time: discovery, then the object.
+async fn read_every_cluster(
+    endpoint: &kube::Client,
+    clusters: &[String],
+    concurrency: usize,
+) -> (usize, usize) {
+    let results: Vec<bool> = futures::stream::iter(
+        clusters
+            .iter()
+            .flat_map(|c| LIVE_PATHS.iter().map(move |p| format!("/clusters/{c}{p}"))),
+    )
+    .map(|path| async move {
+        let request = http::Request::get(&path).body(Vec::new()).expect("a path");
+        endpoint.request_text(request).await.is_ok()
+    })
+    .buffer_unordered(concurrency)
+    .collect()
+    .await;
+    (results.iter().filter(|ok| **ok).count(), results.len())
 }
 
 /// Waits until every agent is connected to the hub process started at

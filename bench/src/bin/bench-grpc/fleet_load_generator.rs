@@ -185,6 +185,14 @@ impl LoadGenerator {
         now
     }
 
+    /// Every agent offers `live-views` and answers a read of a path of
+    /// `answers` with it (404 otherwise); before [`Self::start`].
+    pub fn serve_live(&self, answers: Arc<LiveAnswers>) {
+        for a in &self.agents {
+            let _ = a.live.set(answers.clone());
+        }
+    }
+
     /// Starts every agent: each dials the hub and keeps reconnecting.
     pub fn start(&self) {
         for a in &self.agents {
@@ -220,7 +228,14 @@ pub struct SimulatedAgent {
     local: Mutex<Local>,
     failed: AtomicU64,
     last_error: Mutex<String>,
+    /// What it answers the hub's live reads, by path, once asked to serve
+    /// them ([`LoadGenerator::serve_live`]).
+    live: std::sync::OnceLock<Arc<LiveAnswers>>,
 }
+
+/// The answers of a simulated cluster to live reads, by path (query left
+/// out): the bytes a real API server gave for the same paths.
+pub type LiveAnswers = HashMap<String, Vec<u8>>;
 
 /// An Application on the simulated cluster and what the agent reports of it.
 struct Held {
@@ -278,6 +293,7 @@ impl SimulatedAgent {
             state: Arc::new(AgentState::default()),
             local: Mutex::default(),
             failed: AtomicU64::new(0),
+            live: std::sync::OnceLock::new(),
             last_error: Mutex::default(),
         }
     }
@@ -298,6 +314,18 @@ impl SimulatedAgent {
             apps: local.apps.len(),
             in_sync_at: stream.and_then(|s| s.in_sync_at),
         }
+    }
+
+    /// This release's Hello, with `live-views` when it serves them.
+    fn hello(&self) -> argocd_pull_proto::v1::Hello {
+        let mut hello =
+            argocd_pull_proto::version::hello(AgentMode::Managed, env!("CARGO_PKG_VERSION"));
+        if self.live.get().is_some() {
+            hello
+                .capabilities
+                .push(argocd_pull_proto::version::CAPABILITY_LIVE_VIEWS.into());
+        }
+        hello
     }
 
     /// Connects, and reconnects, until `stop`.
@@ -334,7 +362,7 @@ impl SimulatedAgent {
             welcome,
             negotiated,
             ..
-        } = match session::open(&self.hub_address, loaded.config, AgentMode::Managed).await {
+        } = match session::open_with(&self.hub_address, loaded.config, self.hello()).await {
             Ok(o) => o,
             Err(reason) => return reason,
         };
@@ -434,11 +462,26 @@ impl SimulatedAgent {
         let local = &mut *guard;
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
-            // The simulated agents offer no `live-views`.
-            Kind::Heartbeat(_)
-            | Kind::LiveRequest(_)
-            | Kind::LiveCancel(_)
-            | Kind::LiveCredit(_) => {}
+            Kind::Heartbeat(_) | Kind::LiveCancel(_) | Kind::LiveCredit(_) => {}
+            // Answered whole, in one chunk (the answers are small).
+            Kind::LiveRequest(r) => {
+                let path = r.path.split('?').next().unwrap_or_default();
+                let (code, body) = match self.live.get().and_then(|a| a.get(path)) {
+                    Some(body) => (200, body.clone()),
+                    None => (404, br#"{"kind":"Status","code":404}"#.to_vec()),
+                };
+                self.state.control(AgentMessage {
+                    kind: Some(agent_message::Kind::LiveResponse(
+                        argocd_pull_proto::v1::LiveResponse {
+                            id: r.id,
+                            http_status: code,
+                            content_type: "application/json".into(),
+                            body,
+                            last: true,
+                        },
+                    )),
+                });
+            }
             // Kept as an agent keeps them, in memory: nothing to check.
             Kind::ProjectSet(p) => self.state.control(AgentMessage {
                 kind: Some(agent_message::Kind::ProjectSetAck(ProjectSetAck {
