@@ -578,7 +578,7 @@ fn commit_example_app(repo: &Repo) -> Result<()> {
     // A pod that writes a line a second, so that the hub's Argo CD has a
     // pod's logs to show (the harness's image, test/tools/node/ticker.c;
     // a user's guestbook would have its own pods).
-    let ticker = ticker_deployment();
+    let ticker = ticker_deployment("guestbook-ticker", &[TICKER_LINE]);
     let mut refs = refs;
     refs.push((TICKER_FILE, &ticker));
     repo.commit("the guestbook example", &refs)?;
@@ -593,21 +593,24 @@ const TICKER_FILE: &str = "guestbook/ticker.yaml";
 /// counter).
 pub const TICKER_LINE: &str = "guestbook ticker line";
 
-/// A Deployment of one pod that writes [`TICKER_LINE`] and a counter every
-/// second, from the image the nodes import (`argocd-pull-ticker`).
-fn ticker_deployment() -> String {
+/// A Deployment `name` of one pod of the image the nodes import
+/// (`argocd-pull-ticker`, test/tools/node/ticker.c) run with `args`: the
+/// line it writes (then a counter) every second, and how many it writes at
+/// once first.
+pub fn ticker_deployment(name: &str, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
 metadata:
-  name: guestbook-ticker
+  name: {name}
 spec:
   replicas: 1
   selector:
-    matchLabels: {{app: guestbook-ticker}}
+    matchLabels: {{app: {name}}}
   template:
     metadata:
-      labels: {{app: guestbook-ticker}}
+      labels: {{app: {name}}}
     spec:
       automountServiceAccountToken: false
       terminationGracePeriodSeconds: 2
@@ -615,13 +618,14 @@ spec:
         - name: ticker
           image: argocd-pull-ticker:{version}
           imagePullPolicy: Never
-          args: ["{TICKER_LINE}"]
+          args: [{args}]
           securityContext:
             runAsNonRoot: true
             allowPrivilegeEscalation: false
             readOnlyRootFilesystem: true
             capabilities: {{drop: [ALL]}}
 "#,
+        args = args.join(", "),
         version = env!("CARGO_PKG_VERSION")
     )
 }

@@ -194,19 +194,9 @@ pub async fn run(args: FleetCompareArgs, repeat: usize, hub_bin: &Path) -> Resul
         peer_figure(|p| p.load_generator_peak.map(|k| k as f64), mib),
         peer_figure(|p| p.load_generator_cpu.map(|d| d.as_secs_f64()), secs),
     );
-    let mut failed = false;
-    for (i, r) in ours.iter().enumerate() {
-        if let Err(e) = r {
-            println!("ours, run {}: {e:#}", i + 1);
-            failed = true;
-        }
-    }
-    for (i, r) in peer.iter().enumerate() {
-        if let Err(e) = r {
-            println!("argocd-agent, run {}: {e:#}", i + 1);
-            failed = true;
-        }
-    }
+    // Both printed, whatever the first says.
+    let failed =
+        report::print_failures("ours, ", &ours) | report::print_failures("argocd-agent, ", &peer);
     if failed {
         bail!("a fleet-compare run failed");
     }

@@ -104,48 +104,16 @@ pub async fn run(args: LogsArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         ),
         &rows,
     );
-    let mut failed = false;
-    for (i, r) in runs.iter().enumerate() {
-        if let Err(e) = r {
-            println!("\nrun {}: {e:#}", i + 1);
-            failed = true;
-        }
-    }
-    if failed {
+    if report::print_failures("", &runs) {
         bail!("a run failed");
     }
     Ok(())
 }
 
-/// The Deployment of one pod that writes `lines` lines at once.
-fn deployment(lines: usize) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: chatty
-spec:
-  replicas: 1
-  selector:
-    matchLabels: {{app: chatty}}
-  template:
-    metadata:
-      labels: {{app: chatty}}
-    spec:
-      automountServiceAccountToken: false
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: ticker
-          image: argocd-pull-ticker:{version}
-          imagePullPolicy: Never
-          args: ["{LINE}", "{lines}"]
-"#,
-        version = env!("CARGO_PKG_VERSION")
-    )
-}
-
 async fn one_run(args: &LogsArgs, hub_bin: &Path, testenv: &Path) -> Result<Figures> {
-    let yaml = deployment(args.lines);
+    // One pod writing `--lines` lines at once.
+    let lines = args.lines.to_string();
+    let yaml = testenv::stack::ticker_deployment("chatty", &[LINE, &lines]);
     let stage = Stage::start(
         "logs",
         hub_bin,

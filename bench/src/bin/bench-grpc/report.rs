@@ -39,6 +39,18 @@ pub async fn each_round<T>(
     runs
 }
 
+/// Prints why each failed run of `whose` failed; whether any did.
+pub fn print_failures<T>(whose: &str, runs: &[Result<T>]) -> bool {
+    let mut failed = false;
+    for (i, r) in runs.iter().enumerate() {
+        if let Err(e) = r {
+            println!("\n{whose}run {}: {e:#}", i + 1);
+            failed = true;
+        }
+    }
+    failed
+}
+
 /// One figure over the runs: `None` for a run that failed or did not
 /// measure it.
 pub fn per_run<T>(runs: &[Result<T>], value: impl Fn(&T) -> Option<f64>) -> Vec<Option<f64>> {

@@ -149,14 +149,7 @@ pub async fn run(args: TreesArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
         ),
         &rows,
     );
-    let mut failed = false;
-    for (i, r) in runs.iter().enumerate() {
-        if let Err(e) = r {
-            println!("\nrun {}: {e:#}", i + 1);
-            failed = true;
-        }
-    }
-    if failed {
+    if report::print_failures("", &runs) {
         bail!("a run failed");
     }
     Ok(())
