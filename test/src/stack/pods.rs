@@ -411,7 +411,8 @@ stringData:
     args += &arg(&format!("--live-url={live_url}"));
     args += &arg("--live-token-file=/var/run/argocd-pull/live-tokens/tokens");
     args += &arg("--live-ca-file=/var/run/argocd-pull/live-ca/tls.crt");
-    // As the chart: where other replicas would forward reads.
+    // As the chart: where other replicas would forward reads (POD_IP is
+    // in the base, as in the chart).
     args += &arg(&format!("--live-peer-addr=$(POD_IP):{}", HUB_LIVE.port()));
     std::fs::write(
         dir.join("kustomization.yaml"),
@@ -428,9 +429,6 @@ patches:
         path: /spec/replicas
         value: 1
 {args}      - op: add
-        path: /spec/template/spec/containers/0/env/-
-        value: {{name: POD_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}
-      - op: add
         path: /spec/template/spec/containers/0/volumeMounts/-
         value: {{name: live-tokens, mountPath: /var/run/argocd-pull/live-tokens, readOnly: true}}
       - op: add
