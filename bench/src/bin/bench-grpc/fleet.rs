@@ -683,7 +683,7 @@ pub async fn one_run(
     }
     let live_dir = tempfile::tempdir()?;
     let live = if args.live {
-        let (flags, endpoint) = live_endpoint(live_dir.path(), &pki)?;
+        let (flags, endpoint) = hub::live_endpoint(live_dir.path(), &pki)?;
         fleet.serve_live(std::sync::Arc::new(live_answers(&client).await?));
         Some((flags, endpoint))
     } else {
@@ -830,29 +830,6 @@ pub async fn one_run(
         end: End::new(matching, connected, pending, vec![log1, log2, log3]),
         live,
     })
-}
-
-/// The hub's live endpoint for `--live`: its flags (a token file in
-/// `dir`, the benchmark's CA) and a client of it.
-fn live_endpoint(dir: &Path, pki: &crate::hub::Pki) -> Result<(Vec<String>, kube::Client)> {
-    let addr = testenv::net::free_addr()?;
-    anyhow::ensure!(addr.ip().is_loopback(), "traffic stays on loopback");
-    let tokens = dir.join("live-tokens");
-    std::fs::write(&tokens, "bench-live-token\n")?;
-    let url = format!("https://{addr}");
-    let flags = vec![
-        format!("--live-addr={addr}"),
-        format!("--live-url={url}"),
-        format!("--live-token-file={}", tokens.display()),
-        format!("--live-ca-file={}", pki.ca_file().display()),
-    ];
-    let mut config = kube::Config::new(url.parse()?);
-    use rustls::pki_types::{CertificateDer, pem::PemObject};
-    let ca = CertificateDer::from_pem_slice(pki.ca.pem.cert_pem.as_bytes())?;
-    config.root_cert = Some(vec![ca.to_vec()]);
-    config.auth_info.token = Some("bench-live-token".to_string().into());
-    config.default_retry = false;
-    Ok((flags, kube::Client::try_from(config)?))
 }
 
 /// What the hub's API server answers to [`LIVE_PATHS`]: the simulated

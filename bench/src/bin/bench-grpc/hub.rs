@@ -355,3 +355,27 @@ pub fn agent_config(
         live_views: false,
     }
 }
+
+/// The hub-controller's live endpoint on a free loopback port: its flags
+/// (a token in `dir`, the benchmark's CA) and a Kubernetes client of it,
+/// as argocd-server would call it (no retries).
+pub fn live_endpoint(dir: &Path, pki: &Pki) -> anyhow::Result<(Vec<String>, kube::Client)> {
+    let addr = testenv::net::free_addr()?;
+    anyhow::ensure!(addr.ip().is_loopback(), "traffic stays on loopback");
+    let tokens = dir.join("live-tokens");
+    std::fs::write(&tokens, "bench-live-token\n")?;
+    let url = format!("https://{addr}");
+    let flags = vec![
+        format!("--live-addr={addr}"),
+        format!("--live-url={url}"),
+        format!("--live-token-file={}", tokens.display()),
+        format!("--live-ca-file={}", pki.ca_file().display()),
+    ];
+    let mut config = kube::Config::new(url.parse()?);
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let ca = CertificateDer::from_pem_slice(pki.ca.pem.cert_pem.as_bytes())?;
+    config.root_cert = Some(vec![ca.to_vec()]);
+    config.auth_info.token = Some("bench-live-token".to_string().into());
+    config.default_retry = false;
+    Ok((flags, kube::Client::try_from(config)?))
+}

@@ -229,16 +229,9 @@ impl Stage {
         let grpc_addr = testenv::net::free_addr()?;
         // The live endpoint, which the cluster Secret points argocd-server at.
         let live_dir = tempfile::tempdir()?;
-        let tokens = live_dir.path().join("tokens");
-        std::fs::write(&tokens, "bench-live-token\n")?;
-        let live_addr = testenv::net::free_addr()?;
-        let extra = vec![
-            format!("--argocd-redis={}", server.redis()),
-            format!("--live-addr={live_addr}"),
-            format!("--live-url=https://{live_addr}"),
-            format!("--live-token-file={}", tokens.display()),
-            format!("--live-ca-file={}", pki.ca_file().display()),
-        ];
+        let (live, _) = hub::live_endpoint(live_dir.path(), &pki)?;
+        let mut extra = vec![format!("--argocd-redis={}", server.redis())];
+        extra.extend(live);
         let mut hub_process = HubProcess::start(&HubOptions {
             bin: hub_bin,
             hub: &hub,
