@@ -168,16 +168,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     // The leader Lease, in the background: serving does not wait for it.
     let lease_config = args.leader.enabled.then(|| args.leader.config(LEASE_NAME));
+    // Checked at start, whether or not other replicas will use it.
+    let live_peer = match args.live.enabled()? {
+        true => args.live.peer_address()?,
+        false => None,
+    };
     let claims = match (&lease_config, args.grpc.grpc_addr) {
         (Some(c), Some(_)) => Some(grpc::claims::Claims::new(
             client.clone(),
             grpc::claims::ClaimsConfig {
                 abandoned_after: args.grpc.abandoned_claim_after,
-                live_address: args
-                    .live
-                    .enabled()?
-                    .then(|| args.live.live_peer_addr.clone())
-                    .flatten(),
+                live_address: live_peer,
                 ..grpc::claims::ClaimsConfig::new(&c.namespace, &c.identity)
             },
         )),

@@ -52,7 +52,7 @@ async fn hub_and_agent(
     std::fs::write(env.dir.path().join("live-tokens"), format!("{token}\n")).unwrap();
     let addr = testenv::net::free_addr().unwrap();
     let url = format!("https://{addr}");
-    let flags = grpc_env::live::flags(env, addr, &url);
+    let flags = grpc_env::live::flags(env, addr, &url, &addr.to_string());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     env.start_hub(&flags).await;
     let identity = testenv::pki::CertKey {

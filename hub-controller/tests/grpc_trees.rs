@@ -730,9 +730,17 @@ async fn a_live_read_reaching_a_replica_the_agent_is_not_on_is_forwarded_to_the_
     std::fs::write(env.dir.path().join("live-tokens"), format!("{token}\n")).unwrap();
     let mut replicas: Vec<(Replica, String)> = Vec::new();
     for name in ["hub-0", "hub-1"] {
-        let addr = testenv::net::free_addr().unwrap();
+        // hub-0, which the agent dials, listens on the IPv6 loopback and
+        // names itself by its IP alone, as the chart does with a pod's IP
+        // (v4 or v6): hub-1 forwards to `[::1]:<port of --live-addr>`.
+        let (addr, peer) = if name == "hub-0" {
+            (testenv::net::free_addr_v6().unwrap(), "::1".to_string())
+        } else {
+            let addr = testenv::net::free_addr().unwrap();
+            (addr, addr.to_string())
+        };
         let url = format!("https://{addr}");
-        let flags = grpc_env::live::flags(&env, addr, &url);
+        let flags = grpc_env::live::flags(&env, addr, &url, &peer);
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         replicas.push((env.start_replica(name, &flags).await, url));
     }

@@ -17,6 +17,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// in use"). Below that range only a listener can take it; this process
 /// hands out each port once, and the start differs per process.
 pub fn free_addr() -> std::io::Result<SocketAddr> {
+    free_on(std::net::Ipv4Addr::LOCALHOST.into())
+}
+
+/// [`free_addr`] on the IPv6 loopback, `[::1]`.
+pub fn free_addr_v6() -> std::io::Result<SocketAddr> {
+    free_on(std::net::Ipv6Addr::LOCALHOST.into())
+}
+
+fn free_on(ip: std::net::IpAddr) -> std::io::Result<SocketAddr> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let (low, high) = ports_below_ephemeral();
     let span = high - low;
@@ -24,11 +33,11 @@ pub fn free_addr() -> std::io::Result<SocketAddr> {
     for _ in 0..span {
         let offset = (seed + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
         let port = u16::try_from(low + offset).expect("ports below 65536");
-        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+        if let Ok(listener) = TcpListener::bind((ip, port)) {
             return listener.local_addr();
         }
     }
-    TcpListener::bind("127.0.0.1:0")?.local_addr()
+    TcpListener::bind((ip, 0))?.local_addr()
 }
 
 /// The ports the tests hand out: from 20000 (above the ports Kubernetes

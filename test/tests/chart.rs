@@ -596,7 +596,7 @@ fn the_live_endpoint_is_served_and_reachable_only_when_asked() {
         "--live-token-file=/var/run/argocd-pull/live-tokens/tokens",
         "--live-ca-file=/var/run/argocd-pull/live-ca/tls.crt",
         "--grpc-san=argocd-pull-live.argocd-pull.svc",
-        "--live-peer-addr=$(POD_IP):8444",
+        "--live-peer-addr=$(POD_IP)",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
     }

@@ -4,16 +4,17 @@
 use super::Env;
 
 /// The live endpoint's flags for a replica listening on `addr`, reached by
-/// argocd-server at `url` and by the other replicas at `addr`; its tokens
-/// in `live-tokens` of the environment's folder, its CA the test CA.
-pub fn flags(env: &Env, addr: std::net::SocketAddr, url: &str) -> Vec<String> {
+/// argocd-server at `url` and by the other replicas at `peer` (as
+/// `--live-peer-addr` takes it); its tokens in `live-tokens` of the
+/// environment's folder, its CA the test CA.
+pub fn flags(env: &Env, addr: std::net::SocketAddr, url: &str, peer: &str) -> Vec<String> {
     let d = env.dir.path();
     vec![
         format!("--live-addr={addr}"),
         format!("--live-url={url}"),
         format!("--live-token-file={}", d.join("live-tokens").display()),
         format!("--live-ca-file={}", d.join("ca.crt").display()),
-        format!("--live-peer-addr={addr}"),
+        format!("--live-peer-addr={peer}"),
     ]
 }
 

@@ -413,7 +413,7 @@ stringData:
     args += &arg("--live-ca-file=/var/run/argocd-pull/live-ca/tls.crt");
     // As the chart: where other replicas would forward reads (POD_IP is
     // in the base, as in the chart).
-    args += &arg(&format!("--live-peer-addr=$(POD_IP):{}", HUB_LIVE.port()));
+    args += &arg("--live-peer-addr=$(POD_IP)");
     std::fs::write(
         dir.join("kustomization.yaml"),
         format!(

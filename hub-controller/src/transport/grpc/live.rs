@@ -70,15 +70,46 @@ pub struct LiveArgs {
     /// answer.
     #[arg(long = "live-timeout", env = "ARGOCD_PULL_LIVE_TIMEOUT", default_value = "30s", value_parser = argocd_pull_runtime::parse_duration)]
     pub live_timeout: Duration,
-    /// With several replicas: `host:port` at which the other replicas
-    /// reach this one's live endpoint (the pod's IP and the live port). A
-    /// read that reaches a replica the cluster's agent is not connected to
-    /// is forwarded to the one it is; unset, such a read is answered 501.
+    /// With several replicas: where the other replicas reach this one's
+    /// live endpoint: the pod's IP (v4 or v6; the port of `--live-addr` is
+    /// added), or `host:port`, or `[v6]:port`. A read that reaches a
+    /// replica the cluster's agent is not connected to is forwarded to the
+    /// one it is; unset, such a read is answered 501.
     #[arg(long = "live-peer-addr", env = "ARGOCD_PULL_LIVE_PEER_ADDR")]
     pub live_peer_addr: Option<String>,
 }
 
 impl LiveArgs {
+    /// Where the other replicas connect to reach this one's endpoint, as
+    /// `host:port` with an IPv6 host in brackets (what a peer dials and
+    /// sends as `Host`); `None` when the endpoint is off or the flag unset.
+    /// A bare IP takes the port of `--live-addr`: `$(POD_IP):8444` is
+    /// ambiguous when the pod's IP is IPv6 (`fd00::5:8444` is itself an
+    /// address), so the chart gives the IP alone.
+    pub fn peer_address(&self) -> anyhow::Result<Option<String>> {
+        let (Some(given), Some(listen)) = (&self.live_peer_addr, self.live_addr) else {
+            return Ok(None);
+        };
+        if let Ok(ip) = given.parse::<std::net::IpAddr>() {
+            return Ok(Some(SocketAddr::new(ip, listen.port()).to_string()));
+        }
+        if let Ok(address) = given.parse::<SocketAddr>() {
+            return Ok(Some(address.to_string()));
+        }
+        match given.rsplit_once(':') {
+            Some((host, port))
+                if !host.is_empty()
+                    && !host.contains([':', '[', ']'])
+                    && port.parse::<u16>().is_ok() =>
+            {
+                Ok(Some(given.clone()))
+            }
+            _ => Err(anyhow::anyhow!(
+                "--live-peer-addr {given:?}: give the pod's IP (the port of --live-addr is added), host:port, or [IPv6]:port"
+            )),
+        }
+    }
+
     /// Whether the endpoint is on, or what is missing.
     pub fn enabled(&self) -> anyhow::Result<bool> {
         match (
@@ -663,5 +694,45 @@ mod tests {
         assert!(half.enabled().is_err());
         // Its flags among every other of the hub-controller.
         <crate::Args as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
+    fn a_peer_address_is_one_a_peer_can_dial_for_ipv4_and_ipv6_pods() {
+        let with = |given: &str| {
+            LiveArgs {
+                live_addr: Some("0.0.0.0:8444".parse().unwrap()),
+                live_peer_addr: Some(given.into()),
+                ..Default::default()
+            }
+            .peer_address()
+        };
+        // The pod's IP alone (what the chart gives): the live port added,
+        // an IPv6 address in brackets.
+        assert_eq!(with("10.1.2.3").unwrap().as_deref(), Some("10.1.2.3:8444"));
+        assert_eq!(with("fd00::5").unwrap().as_deref(), Some("[fd00::5]:8444"));
+        assert_eq!(
+            with("fd00::5:8444").unwrap().as_deref(),
+            Some("[fd00::5:8444]:8444")
+        );
+        // An address with its port, as given.
+        assert_eq!(
+            with("10.1.2.3:9000").unwrap().as_deref(),
+            Some("10.1.2.3:9000")
+        );
+        assert_eq!(
+            with("[fd00::5]:9000").unwrap().as_deref(),
+            Some("[fd00::5]:9000")
+        );
+        assert_eq!(
+            with("hub-1.argocd-pull-peers:8444").unwrap().as_deref(),
+            Some("hub-1.argocd-pull-peers:8444")
+        );
+        // Nothing a peer could dial: a clear error at start.
+        for bad in ["hub-1", "hub-1:port", ":8444", "[fd00::5", "fd00::5]:1"] {
+            let e = with(bad).expect_err(bad).to_string();
+            assert!(e.contains("--live-peer-addr"), "{e}");
+        }
+        // Off, or not given: nothing on the Lease.
+        assert_eq!(LiveArgs::default().peer_address().unwrap(), None);
     }
 }
