@@ -81,8 +81,7 @@ impl Admin {
     /// Serves until `shutdown` fires. Binding errors are returned at once so
     /// that a taken port fails start-up with a clear message.
     pub async fn serve(self, addr: SocketAddr, shutdown: Shutdown) -> anyhow::Result<()> {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
+        let listener = crate::net::listen(addr, 1024)
             .map_err(|e| anyhow::anyhow!("cannot listen on admin address {addr}: {e}"))?;
         tracing::info!(addr = %listener.local_addr()?, "admin server listening");
         axum::serve(listener, self.router())

@@ -9,6 +9,7 @@ pub mod args;
 pub mod backoff;
 pub mod client;
 pub mod lease;
+pub mod net;
 pub mod redis;
 pub mod shutdown;
 pub mod task;

@@ -264,8 +264,7 @@ pub async fn serve(
         load_tokens,
     ));
     tokens.get()?;
-    let tcp = TcpListener::bind(addr)
-        .await
+    let tcp = argocd_pull_runtime::net::listen(addr, 1024)
         .map_err(|e| anyhow::anyhow!("cannot listen on the live address {addr}: {e}"))?;
     tracing::info!(addr = %tcp.local_addr()?, "live endpoint listening");
     let peers = match hub.claims() {

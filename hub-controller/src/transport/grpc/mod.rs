@@ -443,7 +443,7 @@ pub async fn start(
         config.identities.clone(),
         hub.metrics.clone(),
     )?);
-    let listener = listen(config.addr)
+    let listener = argocd_pull_runtime::net::listen(config.addr, ACCEPT_QUEUE)
         .map_err(|e| anyhow::anyhow!("cannot listen on gRPC address {}: {e}", config.addr))?;
     tracing::info!(addr = %listener.local_addr()?, "gRPC transport listening");
 
@@ -495,18 +495,6 @@ pub async fn start(
 /// leaves the rest of a reconnecting fleet there (see [`tls::incoming`]),
 /// eight seconds of it at the default rate.
 const ACCEPT_QUEUE: u32 = 4096;
-
-fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    // As `TcpListener::bind`: a restarted hub takes its port back at once.
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(ACCEPT_QUEUE)
-}
 
 async fn wait_for(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;

@@ -1,0 +1,98 @@
+//! Listening sockets, one way for every port of every binary.
+//!
+//! An unspecified address (`0.0.0.0` or `[::]`, what the chart gives)
+//! listens on both IP families, as Go's `net.Listen` does and so every
+//! Kubernetes component: the same flag serves a pod of an IPv4, an IPv6 or
+//! a dual-stack cluster at its pod IP. Where the kernel has no IPv6,
+//! `0.0.0.0` listens on IPv4 alone; any other address is taken as it is.
+
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Listens on `addr` with room for `backlog` connections waiting to be
+/// accepted (the kernel caps it at `net.core.somaxconn`). A restarted
+/// process takes its port back at once (`SO_REUSEADDR`, as
+/// `TcpListener::bind`).
+pub fn listen(addr: SocketAddr, backlog: u32) -> io::Result<tokio::net::TcpListener> {
+    let socket = match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            let both = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
+            match bind(both, backlog) {
+                Ok(s) => s,
+                // No IPv6 in this kernel (or none configured): IPv4 alone.
+                Err(e) if no_ipv6(&e) => bind(addr, backlog)?,
+                Err(e) => return Err(e),
+            }
+        }
+        _ => bind(addr, backlog)?,
+    };
+    tokio::net::TcpListener::from_std(socket.into())
+}
+
+fn bind(addr: SocketAddr, backlog: u32) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // Both families, whatever `net.ipv6.bindv6only` says.
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    Ok(socket)
+}
+
+/// Whether binding failed because the kernel has no IPv6 to offer.
+fn no_ipv6(e: &io::Error) -> bool {
+    // EAFNOSUPPORT (IPv6 disabled at boot) and EADDRNOTAVAIL (no IPv6
+    // address configured): the same on every Linux architecture.
+    matches!(e.raw_os_error(), Some(97) | Some(99))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn reaches(addr: SocketAddr) -> bool {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    }
+
+    fn ipv6_loopback() -> bool {
+        std::net::TcpListener::bind("[::1]:0").is_ok()
+    }
+
+    #[tokio::test]
+    async fn an_unspecified_ipv4_address_listens_on_both_families() {
+        let listener = listen("0.0.0.0:0".parse().unwrap(), 16).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(reaches(SocketAddr::from(([127, 0, 0, 1], port))).await);
+        if ipv6_loopback() {
+            assert!(listener.local_addr().unwrap().is_ipv6());
+            assert!(reaches(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port)).await);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unspecified_ipv6_address_listens_on_both_families() {
+        if !ipv6_loopback() {
+            return;
+        }
+        let listener = listen("[::]:0".parse().unwrap(), 16).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(reaches(SocketAddr::from(([127, 0, 0, 1], port))).await);
+        assert!(reaches(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port)).await);
+    }
+
+    #[tokio::test]
+    async fn a_given_address_is_taken_as_it_is() {
+        let listener = listen("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert_eq!(addr.ip(), IpAddr::from([127, 0, 0, 1]));
+        assert!(reaches(addr).await);
+        if ipv6_loopback() {
+            assert!(!reaches(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())).await);
+        }
+    }
+}
