@@ -174,6 +174,12 @@ BENCH_LOGS_ARGS ?= --lines 20000 --reads 5
 bench-logs: bench-grpc-build
 	$(BENCH_GRPC) logs $(BENCH_LOGS_ARGS)
 
+## bench-live-compare: the live views next to argocd-agent's resource proxy (its principal and agent, v0.9.0) on the same reads of one cluster: a ConfigMap (p50/p99) and a pod's log followed (lines/s), the cluster's API server as the floor (docs/benchmarks.md)
+.PHONY: bench-live-compare
+BENCH_LIVE_COMPARE_ARGS ?= --reads 200 --lines 20000 --log-reads 5
+bench-live-compare: bench-grpc-build
+	$(BENCH_GRPC) live-compare $(BENCH_LIVE_COMPARE_ARGS)
+
 bench-grpc-build: tools
 	@bash test/tools/build-argocd-agent.sh || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; \
 	  echo "bench-grpc: argocd-agent is not available (set ARGOCD_AGENT_SRC, docs/benchmarks.md); its column will say so"; }

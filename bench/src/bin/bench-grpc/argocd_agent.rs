@@ -37,6 +37,9 @@ pub struct Principal {
     grpc: SocketAddr,
     hub_kubeconfig: PathBuf,
     tls: (PathBuf, PathBuf, PathBuf),
+    /// Its resource proxy on: it then serves on [`RESOURCE_PROXY`] with
+    /// the hub certificate, asking for client certificates of the CA.
+    resource_proxy: bool,
     log: PathBuf,
     child: Option<tokio::process::Child>,
     pub started: Instant,
@@ -137,14 +140,33 @@ pub fn logs_dir() -> Result<PathBuf> {
     Ok(logs)
 }
 
+/// Where the principal's resource proxy listens in v0.9.0, whatever its
+/// flags say (`principal/server.go`, `defaultResourceProxyListenerAddr`:
+/// every address of the host; only 127.0.0.1 is ever sent to).
+pub const RESOURCE_PROXY: &str = "127.0.0.1:9090";
+
 impl ArgocdAgent {
-    /// Starts the principal and the agent `agent_name`; returns at once.
+    /// Starts the principal and the agent `agent_name`, their resource
+    /// proxy off; returns at once.
     pub async fn start(
         bin: &Path,
         hub: &Cluster,
         spoke: &Cluster,
         pki: &Pki,
         agent_name: &str,
+    ) -> Result<Self> {
+        Self::start_with(bin, hub, spoke, pki, agent_name, false).await
+    }
+
+    /// [`ArgocdAgent::start`], with the resource proxy of the principal
+    /// and the agent on when `resource_proxy`.
+    pub async fn start_with(
+        bin: &Path,
+        hub: &Cluster,
+        spoke: &Cluster,
+        pki: &Pki,
+        agent_name: &str,
+        resource_proxy: bool,
     ) -> Result<Self> {
         let logs = logs_dir()?;
         hub.ensure_namespace(PRINCIPAL_NS).await?;
@@ -153,7 +175,9 @@ impl ArgocdAgent {
         let grpc = low_port()?;
         let (redis, redis_addr) = start_redis(hub)?;
         let agent_tls = pki.agent_files(&format!("argocd-agent-{agent_name}"), agent_name)?;
-        let principal = Principal::start(bin, hub, pki, grpc, "argocd-agent-principal.log")?;
+        let mut principal = Principal::new(bin, hub, pki, grpc, "argocd-agent-principal.log")?;
+        principal.resource_proxy = resource_proxy;
+        principal.restart(hub)?;
         let agent = tokio::process::Command::new(bin)
             .arg("agent")
             .arg("--kubeconfig")
@@ -175,7 +199,7 @@ impl ArgocdAgent {
             .args(["--redis-addr", &redis_addr.to_string()])
             .args(["--metrics-port", &port(low_port()?)])
             .args(["--healthz-port", &port(low_port()?)])
-            .arg("--enable-resource-proxy=false")
+            .arg(format!("--enable-resource-proxy={resource_proxy}"))
             .args(["--log-level", LOG_LEVEL])
             // It logs to stdout.
             .stdout(log_file(&logs.join("argocd-agent-agent.log"))?)
@@ -227,18 +251,24 @@ impl Principal {
         grpc: SocketAddr,
         log: &str,
     ) -> Result<Self> {
+        let mut this = Self::new(bin, hub, pki, grpc, log)?;
+        this.restart(hub)?;
+        Ok(this)
+    }
+
+    /// [`Principal::start`] without starting it.
+    fn new(bin: &Path, hub: &Cluster, pki: &Pki, grpc: SocketAddr, log: &str) -> Result<Self> {
         let (crt, key) = pki.hub_files();
-        let mut this = Self {
+        Ok(Self {
             bin: bin.to_path_buf(),
             grpc,
             hub_kubeconfig: hub.kubeconfig().to_path_buf(),
             tls: (crt, key, pki.ca_file()),
+            resource_proxy: false,
             log: logs_dir()?.join(log),
             child: None,
             started: Instant::now(),
-        };
-        this.restart(hub)?;
-        Ok(this)
+        })
     }
 
     /// Its process id, while it runs.
@@ -250,8 +280,22 @@ impl Principal {
     /// benchmark die first; returns at once.
     pub fn restart(&mut self, hub: &Cluster) -> Result<()> {
         let (crt, key, ca) = &self.tls;
+        let resource_proxy: Vec<std::ffi::OsString> = if self.resource_proxy {
+            vec![
+                "--enable-resource-proxy=true".into(),
+                "--resource-proxy-cert-path".into(),
+                crt.into(),
+                "--resource-proxy-key-path".into(),
+                key.into(),
+                "--resource-proxy-ca-path".into(),
+                ca.into(),
+            ]
+        } else {
+            vec!["--enable-resource-proxy=false".into()]
+        };
         let child = tokio::process::Command::new(&self.bin)
             .arg("principal")
+            .args(resource_proxy)
             .arg("--kubeconfig")
             .arg(&self.hub_kubeconfig)
             .args(["--namespace", PRINCIPAL_NS, "--allowed-namespaces", "*"])
@@ -273,7 +317,6 @@ impl Principal {
                 "mtls:subject:CN=([^,]+)",
             ])
             .arg("--insecure-jwt-generate")
-            .arg("--enable-resource-proxy=false")
             .arg("--disable-redis-proxy")
             .args(["--metrics-port", &port(low_port()?)])
             .args(["--healthz-port", &port(low_port()?)])
@@ -308,6 +351,12 @@ impl Principal {
 /// to start.
 pub const NOT_DEFAULT: &str = "--enable-resource-proxy=false (agent and principal), --disable-redis-proxy and \
      --insecure-jwt-generate (principal)";
+
+/// What argocd-agent runs with other than its defaults in `live-compare`,
+/// besides the flags that connect the agent and the principal: its
+/// resource proxy on, with the benchmark's certificates.
+pub const NOT_DEFAULT_PROXY: &str = "--resource-proxy-cert-path/-key-path/-ca-path (the benchmark's CA), \
+     --disable-redis-proxy and --insecure-jwt-generate (principal)";
 
 #[cfg(test)]
 mod tests {

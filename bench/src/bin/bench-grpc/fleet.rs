@@ -683,9 +683,9 @@ pub async fn one_run(
     }
     let live_dir = tempfile::tempdir()?;
     let live = if args.live {
-        let (flags, endpoint) = hub::live_endpoint(live_dir.path(), &pki)?;
+        let (flags, url) = hub::live_endpoint(live_dir.path(), &pki)?;
         fleet.serve_live(std::sync::Arc::new(live_answers(&client).await?));
-        Some((flags, endpoint))
+        Some((flags, hub::live_client(&pki, &url)?))
     } else {
         None
     };

@@ -357,13 +357,12 @@ pub fn agent_config(
 }
 
 /// The hub-controller's live endpoint on a free loopback port: its flags
-/// (a token in `dir`, the benchmark's CA) and a Kubernetes client of it,
-/// as argocd-server would call it (no retries).
-pub fn live_endpoint(dir: &Path, pki: &Pki) -> anyhow::Result<(Vec<String>, kube::Client)> {
+/// (a token in `dir`, the benchmark's CA) and its URL.
+pub fn live_endpoint(dir: &Path, pki: &Pki) -> anyhow::Result<(Vec<String>, String)> {
     let addr = testenv::net::free_addr()?;
     anyhow::ensure!(addr.ip().is_loopback(), "traffic stays on loopback");
     let tokens = dir.join("live-tokens");
-    std::fs::write(&tokens, "bench-live-token\n")?;
+    std::fs::write(&tokens, format!("{LIVE_TOKEN}\n"))?;
     let url = format!("https://{addr}");
     let flags = vec![
         format!("--live-addr={addr}"),
@@ -371,11 +370,21 @@ pub fn live_endpoint(dir: &Path, pki: &Pki) -> anyhow::Result<(Vec<String>, kube
         format!("--live-token-file={}", tokens.display()),
         format!("--live-ca-file={}", pki.ca_file().display()),
     ];
+    Ok((flags, url))
+}
+
+/// The token [`live_endpoint`] accepts.
+const LIVE_TOKEN: &str = "bench-live-token";
+
+/// A Kubernetes client of `url` (the live endpoint, or a cluster's path on
+/// it: `<url>/clusters/<cluster>`) as argocd-server calls it: the token,
+/// the benchmark's CA, no retries.
+pub fn live_client(pki: &Pki, url: &str) -> anyhow::Result<kube::Client> {
     let mut config = kube::Config::new(url.parse()?);
     use rustls::pki_types::{CertificateDer, pem::PemObject};
     let ca = CertificateDer::from_pem_slice(pki.ca.pem.cert_pem.as_bytes())?;
     config.root_cert = Some(vec![ca.to_vec()]);
-    config.auth_info.token = Some("bench-live-token".to_string().into());
+    config.auth_info.token = Some(LIVE_TOKEN.to_string().into());
     config.default_retry = false;
-    Ok((flags, kube::Client::try_from(config)?))
+    Ok(kube::Client::try_from(config)?)
 }

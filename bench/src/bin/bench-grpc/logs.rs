@@ -39,7 +39,7 @@ pub struct LogsArgs {
 
 const NS: &str = "bench";
 const APP: &str = "trees";
-const LINE: &str = "bench log line";
+pub const LINE: &str = "bench log line";
 /// How long one read may take.
 const WITHIN: Duration = Duration::from_secs(120);
 
@@ -57,19 +57,7 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 pub async fn run(args: LogsArgs, repeat: usize, hub_bin: &Path) -> Result<()> {
-    let testenv = match &args.testenv {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the binary's folder")?
-            .join("testenv"),
-    };
-    if !testenv.is_file() {
-        bail!(
-            "{} is missing: build it with `cargo build --release -p argocd-pull-test --bin testenv`",
-            testenv.display()
-        );
-    }
+    let testenv = testenv_bin(args.testenv.as_deref())?;
     let runs = report::each_round("logs", repeat, async |_| {
         one_run(&args, hub_bin, &testenv).await
     })
@@ -145,22 +133,8 @@ async fn measure(args: &LogsArgs, stage: &Stage) -> Result<Figures> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let pods: Api<Pod> = Api::namespaced(stage.spoke_client.clone(), APP);
-    let last = format!("{LINE} {}", args.lines);
-    loop {
-        let tail = LogParams {
-            tail_lines: Some(args.lines as i64 + 100),
-            ..Default::default()
-        };
-        if let Ok(text) = pods.logs(&pod, &tail).await
-            && text.lines().any(|l| l == last)
-        {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("pod {pod} never wrote its {} lines", args.lines);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let last = last_line(args.lines);
+    wrote(&pods, &pod, args.lines, deadline).await?;
     eprintln!(
         "bench-grpc logs: {} reads of {} lines each way",
         args.reads, args.lines
@@ -174,22 +148,7 @@ async fn measure(args: &LogsArgs, stage: &Stage) -> Result<Figures> {
         for through_hub in [i % 2 == 0, i % 2 == 1] {
             // Every line so far (the burst, then one a second), so that
             // the read starts at the burst's first line.
-            let text = pods
-                .logs(
-                    &pod,
-                    &LogParams {
-                        tail_lines: Some(1),
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            let newest: usize = text
-                .trim()
-                .rsplit(' ')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .context("the pod's last line")?;
-            let tail = newest;
+            let tail = newest_line(&pods, &pod).await?;
             let start = Instant::now();
             if through_hub {
                 let path = format!(
@@ -221,28 +180,7 @@ async fn measure(args: &LogsArgs, stage: &Stage) -> Result<Figures> {
                     }
                 }
             } else {
-                let params = LogParams {
-                    follow: true,
-                    tail_lines: Some(tail as i64),
-                    container: Some("ticker".into()),
-                    ..Default::default()
-                };
-                let mut lines = pods.log_stream(&pod, &params).await?.lines();
-                let n = tokio::time::timeout(WITHIN, async {
-                    let mut n = 0;
-                    while let Some(line) = lines.next().await {
-                        let line = line?;
-                        if line.starts_with(LINE) {
-                            n += 1;
-                            if line == last {
-                                return anyhow::Ok(n);
-                            }
-                        }
-                    }
-                    bail!("the direct read ended before its last line")
-                })
-                .await
-                .context("a direct read took too long")??;
+                let n = follow(&pods, &pod, tail, &last, false).await?;
                 figures
                     .direct
                     .push(n as f64 / start.elapsed().as_secs_f64());
@@ -250,4 +188,110 @@ async fn measure(args: &LogsArgs, stage: &Stage) -> Result<Figures> {
         }
     }
     Ok(figures)
+}
+
+/// The harness's `testenv` binary (it joins a node): `given`, or the one
+/// next to this binary.
+pub fn testenv_bin(given: Option<&Path>) -> Result<std::path::PathBuf> {
+    let testenv = match given {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the binary's folder")?
+            .join("testenv"),
+    };
+    if !testenv.is_file() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p argocd-pull-test --bin testenv`",
+            testenv.display()
+        );
+    }
+    Ok(testenv)
+}
+
+/// The last line of a burst of `lines` (the ticker numbers its lines).
+pub fn last_line(lines: usize) -> String {
+    format!("{LINE} {lines}")
+}
+
+/// Waits until `pod` has written its burst of `lines` lines.
+pub async fn wrote(pods: &Api<Pod>, pod: &str, lines: usize, deadline: Instant) -> Result<()> {
+    let last = last_line(lines);
+    loop {
+        let tail = LogParams {
+            tail_lines: Some(lines as i64 + 100),
+            ..Default::default()
+        };
+        if let Ok(text) = pods.logs(pod, &tail).await
+            && text.lines().any(|l| l == last)
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("pod {pod} never wrote its {lines} lines");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The number of `pod`'s newest line: following that many lines from the
+/// end starts at the burst's first line.
+pub async fn newest_line(pods: &Api<Pod>, pod: &str) -> Result<usize> {
+    let text = pods
+        .logs(
+            pod,
+            &LogParams {
+                tail_lines: Some(1),
+                ..Default::default()
+            },
+        )
+        .await?;
+    text.trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .context("the pod's last line")
+}
+
+/// Follows `pod`'s log through `pods` (whichever API server its client
+/// reaches) from its last `tail` lines until the line `last`, each line
+/// with its timestamp when `timestamps` (as argocd-server asks); the
+/// ticker's lines read.
+pub async fn follow(
+    pods: &Api<Pod>,
+    pod: &str,
+    tail: usize,
+    last: &str,
+    timestamps: bool,
+) -> Result<usize> {
+    let params = LogParams {
+        follow: true,
+        tail_lines: Some(tail as i64),
+        container: Some("ticker".into()),
+        timestamps,
+        ..Default::default()
+    };
+    let mut lines = pods.log_stream(pod, &params).await?.lines();
+    tokio::time::timeout(WITHIN, async {
+        let mut n = 0;
+        while let Some(line) = lines.next().await {
+            let line = line?;
+            let line = match timestamps {
+                true => line
+                    .split_once(' ')
+                    .map_or("", |(_, text)| text)
+                    .to_string(),
+                false => line,
+            };
+            if line.starts_with(LINE) {
+                n += 1;
+                if line == last {
+                    return anyhow::Ok(n);
+                }
+            }
+        }
+        bail!("the read ended before its last line")
+    })
+    .await
+    .context("a read took too long")?
 }

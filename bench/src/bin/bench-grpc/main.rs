@@ -28,6 +28,9 @@
 //! `bench-grpc abuse`: good agents' latency while the hub is abused (see
 //! `abuse.rs`).
 //!
+//! `bench-grpc live-compare`: the live views next to argocd-agent's
+//! resource proxy (see `live_compare.rs`).
+//!
 //! `--repeat N` (any part) runs it N times and prints every figure as its
 //! median (min–max) over the runs and its spread (max / min), flagged over
 //! 1.5×; side by side, also where ours stands (ahead, equal, behind) on
@@ -48,6 +51,7 @@ mod fleet_ha;
 mod fleet_load_generator;
 mod hub;
 mod latency;
+mod live_compare;
 mod logs;
 mod report;
 mod trees;
@@ -106,6 +110,10 @@ enum Part {
     /// endpoint and the agent, next to the same lines followed straight
     /// from the cluster: lines per second.
     Logs(logs::LogsArgs),
+    /// The live views next to argocd-agent's resource proxy on the same
+    /// reads (a ConfigMap, a pod's log followed) of the same cluster, with
+    /// the cluster's own API server as the floor.
+    LiveCompare(live_compare::LiveCompareArgs),
 }
 
 #[tokio::main]
@@ -134,5 +142,6 @@ async fn main() -> Result<()> {
         Part::FleetCompare(a) => fleet_compare::run(a, args.repeat, &hub_bin).await,
         Part::Trees(a) => trees::run(a, args.repeat, &hub_bin).await,
         Part::Logs(a) => logs::run(a, args.repeat, &hub_bin).await,
+        Part::LiveCompare(a) => live_compare::run(a, args.repeat, &hub_bin).await,
     }
 }

@@ -58,7 +58,11 @@ pub struct TreesArgs {
 }
 
 const NS: &str = "bench";
-const APP: &str = "trees";
+/// The Application, and the namespace of its resources on the cluster.
+pub const APP: &str = "trees";
+/// The Application's ConfigMap `settings`, at its first value.
+pub const SETTINGS: &str =
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  value: v0\n";
 /// How long a change may take to show through the hub.
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -167,12 +171,14 @@ pub struct Stage {
     agent: tokio::task::JoinHandle<()>,
     hub_process: HubProcess,
     /// The certificates the hub-controller reads while it runs.
-    _pki: Pki,
+    pub pki: Pki,
+    /// The hub-controller's live endpoint.
+    pub live_url: String,
     _live_dir: tempfile::TempDir,
     _git: GitServer,
     _argocd: Spoke,
-    _spoke: Cluster,
-    _hub: Cluster,
+    pub spoke: Cluster,
+    pub hub: Cluster,
 }
 
 impl Stage {
@@ -229,7 +235,7 @@ impl Stage {
         let grpc_addr = testenv::net::free_addr()?;
         // The live endpoint, which the cluster Secret points argocd-server at.
         let live_dir = tempfile::tempdir()?;
-        let (live, _) = hub::live_endpoint(live_dir.path(), &pki)?;
+        let (live, live_url) = hub::live_endpoint(live_dir.path(), &pki)?;
         let mut extra = vec![format!("--argocd-redis={}", server.redis())];
         extra.extend(live);
         let mut hub_process = HubProcess::start(&HubOptions {
@@ -281,12 +287,13 @@ impl Stage {
             stop,
             agent,
             hub_process,
-            _pki: pki,
+            pki,
+            live_url,
             _live_dir: live_dir,
             _git: git,
             _argocd: argocd,
-            _spoke: spoke,
-            _hub: hub,
+            spoke,
+            hub,
         })
     }
 
@@ -299,16 +306,7 @@ impl Stage {
 }
 
 async fn one_run(args: &TreesArgs, hub_bin: &Path) -> Result<Figures> {
-    let stage = Stage::start(
-        "trees",
-        hub_bin,
-        &[(
-            "cm.yaml",
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  value: v0\n",
-        )],
-        None,
-    )
-    .await?;
+    let stage = Stage::start("trees", hub_bin, &[("cm.yaml", SETTINGS)], None).await?;
     let (server, token, spoke_client) = (&stage.server, &stage.token, &stage.spoke_client);
     let live = |value: String| async move {
         let (code, body) = server
