@@ -31,6 +31,21 @@ pub fn listen(addr: SocketAddr, backlog: u32) -> io::Result<tokio::net::TcpListe
     tokio::net::TcpListener::from_std(socket.into())
 }
 
+/// The next connection of `listener`, with its peer's address as the
+/// peer gave it: an IPv4 client of a socket on both families shows as
+/// `10.0.0.5:41234`, not `[::ffff:10.0.0.5]:41234`.
+pub async fn accept(
+    listener: &tokio::net::TcpListener,
+) -> io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    let (stream, peer) = listener.accept().await?;
+    Ok((stream, canonical(peer)))
+}
+
+/// `addr` with an IPv4-mapped IPv6 address written as IPv4.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 fn bind(addr: SocketAddr, backlog: u32) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     if addr.is_ipv6() && addr.ip().is_unspecified() {
@@ -83,6 +98,21 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         assert!(reaches(SocketAddr::from(([127, 0, 0, 1], port))).await);
         assert!(reaches(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port)).await);
+    }
+
+    #[tokio::test]
+    async fn an_ipv4_peer_of_a_socket_on_both_families_is_written_as_ipv4() {
+        let listener = listen("0.0.0.0:0".parse().unwrap(), 16).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = tokio::net::TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .unwrap();
+        let (_, peer) = accept(&listener).await.unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        let mapped: SocketAddr = "[::ffff:10.0.0.5]:41234".parse().unwrap();
+        assert_eq!(canonical(mapped), "10.0.0.5:41234".parse().unwrap());
+        let v6: SocketAddr = "[fd00::5]:41234".parse().unwrap();
+        assert_eq!(canonical(v6), v6);
     }
 
     #[tokio::test]

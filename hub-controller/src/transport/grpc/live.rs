@@ -323,7 +323,7 @@ impl Listener {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
         let accepting = tokio::spawn(async move {
             loop {
-                let (tcp, peer) = match tcp.accept().await {
+                let (tcp, peer) = match argocd_pull_runtime::net::accept(&tcp).await {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::warn!(error = %e, "the live endpoint cannot accept");

@@ -358,7 +358,9 @@ impl Transport for Service {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<ConnectStream>, Status> {
-        let remote = request.remote_addr();
+        let remote = request
+            .remote_addr()
+            .map(argocd_pull_runtime::net::canonical);
         let peer = match self.identify(&request) {
             Ok(peer) => peer,
             Err(e) => {

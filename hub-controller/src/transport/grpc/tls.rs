@@ -294,7 +294,7 @@ pub fn incoming(
     tokio::spawn(async move {
         loop {
             gate.pace().await;
-            let (tcp, peer) = match listener.accept().await {
+            let (tcp, peer) = match argocd_pull_runtime::net::accept(&listener).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot accept a connection");
