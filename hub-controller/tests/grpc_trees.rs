@@ -729,6 +729,8 @@ async fn a_live_read_reaching_a_replica_the_agent_is_not_on_is_forwarded_to_the_
     let token = "live-token-of-the-replicas";
     std::fs::write(env.dir.path().join("live-tokens"), format!("{token}\n")).unwrap();
     let mut replicas: Vec<(Replica, String)> = Vec::new();
+    let late_ca = env.dir.path().join("late").join("ca.crt");
+    std::fs::create_dir_all(late_ca.parent().unwrap()).unwrap();
     for name in ["hub-0", "hub-1"] {
         // hub-0, which the agent dials, listens on the IPv6 loopback and
         // names itself by its IP alone, as the chart does with a pod's IP
@@ -740,10 +742,21 @@ async fn a_live_read_reaching_a_replica_the_agent_is_not_on_is_forwarded_to_the_
             (addr, addr.to_string())
         };
         let url = format!("https://{addr}");
-        let flags = grpc_env::live::flags(&env, addr, &url, &peer);
+        let mut flags = grpc_env::live::flags(&env, addr, &url, &peer);
+        if name == "hub-1" {
+            // As at a first install, where the CA's Secret is mounted a
+            // minute after the hub-controller created it: hub-1 starts
+            // and serves without it, and forwards once it is there.
+            for flag in flags.iter_mut() {
+                if flag.starts_with("--live-ca-file=") {
+                    *flag = format!("--live-ca-file={}", late_ca.display());
+                }
+            }
+        }
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         replicas.push((env.start_replica(name, &flags).await, url));
     }
+    std::fs::copy(env.dir.path().join("ca.crt"), &late_ca).unwrap();
     // The agent dials hub-0 only.
     let on = format!("https://{}", replicas[0].0.grpc);
     reading_agent_of(&mut env, &on, &spoke, true).await;

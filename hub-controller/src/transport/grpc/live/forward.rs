@@ -87,7 +87,13 @@ impl Peers {
         ca_file: std::path::PathBuf,
     ) -> anyhow::Result<Self> {
         let tls = Reloaded::new(vec![ca_file], load_client_tls);
-        tls.get()?;
+        // The CA is often not there yet at a first install: the chart
+        // mounts the Secret this hub-controller is about to create
+        // (`--grpc-manage-certificates`), and the kubelet fills the volume
+        // a minute later. Each forward reads it until it is there.
+        if let Err(e) = tls.get() {
+            tracing::warn!(error = %e, "the live CA cannot be read yet; reads for clusters whose agents are on other replicas get 502 until it can");
+        }
         Ok(Self {
             identity: HeaderValue::from_str(identity)
                 .map_err(|e| anyhow::anyhow!("identity {identity:?}: {e}"))?,
