@@ -107,6 +107,13 @@ async fn the_pull_model_end_to_end() {
     )
     .await;
 
+    // No argocd-pull container restarted on the way up. At a first
+    // install the hub-controller starts before the kubelet mounts the
+    // serving CA it creates (`--live-ca-file`), and must not exit for it;
+    // the churn phase replaces its pod, so the last phase cannot see this.
+    let pods = stack.pods().await.unwrap();
+    assert!(pods.values().all(|p| p.restarts == 0), "{pods:?}");
+
     phase("the hub's Argo CD");
     hub_ui::shows_the_pulled_applications(
         &stack,
