@@ -176,7 +176,7 @@ bench-logs: bench-grpc-build
 
 ## bench-live-compare: the live views next to argocd-agent's resource proxy (its principal and agent, v0.9.0) on the same reads of one cluster: a ConfigMap (p50/p99) and a pod's log followed (lines/s), the cluster's API server as the floor (docs/benchmarks.md)
 .PHONY: bench-live-compare
-BENCH_LIVE_COMPARE_ARGS ?= --reads 200 --lines 20000 --log-reads 5
+BENCH_LIVE_COMPARE_ARGS ?= --reads 204 --lines 20000 --log-reads 6
 bench-live-compare: bench-grpc-build
 	$(BENCH_GRPC) live-compare $(BENCH_LIVE_COMPARE_ARGS)
 

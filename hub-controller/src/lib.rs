@@ -169,10 +169,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // The leader Lease, in the background: serving does not wait for it.
     let lease_config = args.leader.enabled.then(|| args.leader.config(LEASE_NAME));
     // Checked at start, whether or not other replicas will use it.
-    let live_peer = match args.live.enabled()? {
-        true => args.live.peer_address()?,
-        false => None,
-    };
+    let live_peer = args.live.peer_address()?;
     let claims = match (&lease_config, args.grpc.grpc_addr) {
         (Some(c), Some(_)) => Some(grpc::claims::Claims::new(
             client.clone(),

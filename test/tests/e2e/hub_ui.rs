@@ -54,19 +54,12 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
     // What cluster1's Argo CD cached, through the hub, as its agent
     // reported it: the live manifests and the diff (in sync: exit 0).
     let grpc_app = format!("argocd/{}", names[0]);
-    let live = eventually(
+    let live = cli_until(
         stack,
+        &token,
         "the live manifests of cluster1's Application through the hub",
-        || async {
-            let out = server
-                .cli(&token, &["app", "manifests", &grpc_app, "--source", "live"])
-                .map_err(|e| e.to_string())?;
-            if out.contains("kind: ConfigMap") {
-                Ok(out)
-            } else {
-                Err(out)
-            }
-        },
+        &["app", "manifests", &grpc_app, "--source", "live"],
+        |out| out.contains("kind: ConfigMap"),
     )
     .await;
     eprintln!("$ argocd app manifests {grpc_app} --source live\n{live}");
@@ -74,27 +67,22 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
     // from what the cluster reported, which may follow the status a moment.
     for name in names {
         let app = format!("argocd/{name}");
-        let out = eventually(stack, &format!("argocd app resources {app}"), || async {
-            let out = server
-                .cli(&token, &["app", "resources", &app])
-                .map_err(|e| e.to_string())?;
-            if out.contains("ConfigMap") {
-                Ok(out)
-            } else {
-                Err(out)
-            }
-        })
+        let out = cli_until(
+            stack,
+            &token,
+            &format!("argocd app resources {app}"),
+            &["app", "resources", &app],
+            |out| out.contains("ConfigMap"),
+        )
         .await;
         eprintln!("$ argocd app resources {app}\n{out}");
     }
-    let diff = eventually(
+    let diff = cli_until(
         stack,
-        &format!("argocd app diff {grpc_app} in sync"),
-        || async {
-            server
-                .cli(&token, &["app", "diff", &grpc_app])
-                .map_err(|e| e.to_string())
-        },
+        &token,
+        &format!("argocd app diff {grpc_app} in sync (exit 0)"),
+        &["app", "diff", &grpc_app],
+        |_| true,
     )
     .await;
     eprintln!("$ argocd app diff {grpc_app}   (exit 0: in sync)\n{diff}");
@@ -117,17 +105,12 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
         ]
     }
     let args = get_resource(&grpc_app);
-    let live_manifest = eventually(
+    let live_manifest = cli_until(
         stack,
+        &token,
         "cluster1's live ConfigMap through the hub",
-        || async {
-            let out = server.cli(&token, &args).map_err(|e| e.to_string())?;
-            if out.contains("kind: ConfigMap") && out.contains("resourceVersion") {
-                Ok(out)
-            } else {
-                Err(out)
-            }
-        },
+        &args,
+        |out| out.contains("kind: ConfigMap") && out.contains("resourceVersion"),
     )
     .await;
     eprintln!("$ argocd {}\n{live_manifest}", args.join(" "));
@@ -168,25 +151,23 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
             .filter_map(|l| l.trim().strip_prefix(TICKER_LINE)?.trim().parse().ok())
             .collect()
     };
-    let first = eventually(stack, "the ticker pod's logs through the hub", || async {
-        let out = server.cli(&token, &logs_args).map_err(|e| e.to_string())?;
-        if ticks(&out).len() == 3 {
-            Ok(out)
-        } else {
-            Err(out)
-        }
-    })
+    let first = cli_until(
+        stack,
+        &token,
+        "the ticker pod's logs through the hub",
+        &logs_args,
+        |out| ticks(out).len() == 3,
+    )
     .await;
     eprintln!("$ argocd {}\n{first}", logs_args.join(" "));
     let last_of = |out: &str| ticks(out).last().copied().unwrap_or_default();
-    let later = eventually(stack, "later lines of the ticker pod", || async {
-        let out = server.cli(&token, &logs_args).map_err(|e| e.to_string())?;
-        if last_of(&out) > last_of(&first) {
-            Ok(out)
-        } else {
-            Err(out)
-        }
-    })
+    let later = cli_until(
+        stack,
+        &token,
+        "later lines of the ticker pod",
+        &logs_args,
+        |out| last_of(out) > last_of(&first),
+    )
     .await;
     eprintln!("$ argocd {}   (again)\n{later}", logs_args.join(" "));
     // The same as the CLI shows it, and on the UI, as a person opens each:
@@ -252,6 +233,25 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     screenshot(&browser, &mut page, "hub-ui-logs.png").await;
+}
+
+/// The output of `argocd <args>` against the stack's argocd-server, once
+/// it exits 0 with an output that `shows`.
+async fn cli_until(
+    stack: &Stack,
+    token: &str,
+    what: &str,
+    args: &[&str],
+    shows: impl Fn(&str) -> bool,
+) -> String {
+    eventually(stack, what, || async {
+        let out = stack
+            .argocd_server
+            .cli(token, args)
+            .map_err(|e| e.to_string())?;
+        if shows(&out) { Ok(out) } else { Err(out) }
+    })
+    .await
 }
 
 /// A picture of `page` in the browser's folder, and in docs/img when

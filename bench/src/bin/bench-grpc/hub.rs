@@ -49,6 +49,18 @@ impl Pki {
         Ok(Self { ca, dir })
     }
 
+    /// A Kubernetes client's configuration for a server at `url` whose
+    /// certificate this CA signed, with no retries (every answer as the
+    /// server gave it); no credentials yet.
+    pub fn kube_config(&self, url: &str) -> Result<kube::Config> {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let mut config = kube::Config::new(url.parse()?);
+        let ca = CertificateDer::from_pem_slice(self.ca.pem.cert_pem.as_bytes())?;
+        config.root_cert = Some(vec![ca.to_vec()]);
+        config.default_retry = false;
+        Ok(config)
+    }
+
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("ca.crt")
     }
@@ -380,11 +392,7 @@ const LIVE_TOKEN: &str = "bench-live-token";
 /// it: `<url>/clusters/<cluster>`) as argocd-server calls it: the token,
 /// the benchmark's CA, no retries.
 pub fn live_client(pki: &Pki, url: &str) -> anyhow::Result<kube::Client> {
-    let mut config = kube::Config::new(url.parse()?);
-    use rustls::pki_types::{CertificateDer, pem::PemObject};
-    let ca = CertificateDer::from_pem_slice(pki.ca.pem.cert_pem.as_bytes())?;
-    config.root_cert = Some(vec![ca.to_vec()]);
+    let mut config = pki.kube_config(url)?;
     config.auth_info.token = Some(LIVE_TOKEN.to_string().into());
-    config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }

@@ -21,7 +21,7 @@
 //! of `--lines` lines to the last, `--log-reads` on each path, each line
 //! with its timestamp as argocd-server asks (argocd-agent's agent asks the
 //! cluster for timestamps whatever its reader asked, `agent/log.go`). The paths
-//! take turns, in an order that rotates each round, so that none always
+//! take turns, in each of the six orders of three in turn, so that none always
 //! finds the connections and caches the one before it warmed.
 //!
 //! Not comparable, and so not measured: argocd-server in front of either
@@ -40,20 +40,22 @@ use kube::api::{Api, PostParams};
 
 use crate::argocd_agent::{AGENT_SPOKE_NS, ArgocdAgent, RESOURCE_PROXY};
 use crate::hub::{self, Pki};
-use crate::logs::{follow, last_line, newest_line, wrote};
+use crate::logs::{follow, last_line, median, newest_line, wrote};
 use crate::report::{self, Row, print_runs};
 use crate::trees::{APP, SETTINGS, Stage};
 
 #[derive(clap::Args, Debug)]
 pub struct LiveCompareArgs {
     /// Reads of the ConfigMap on each path per run.
-    #[arg(long, default_value_t = 200)]
+    /// Reads of the ConfigMap on each path per run (rounded up to a
+    /// multiple of six: see [`order`]).
+    #[arg(long, default_value_t = 204)]
     reads: usize,
     /// Lines the pod writes at once, and each log read follows.
     #[arg(long, default_value_t = 20_000)]
     lines: usize,
-    /// Log reads on each path per run.
-    #[arg(long, default_value_t = 5)]
+    /// Log reads on each path per run (rounded up to a multiple of six).
+    #[arg(long, default_value_t = 6)]
     log_reads: usize,
     /// argocd-agent's binary (default: what `make bench-grpc-build` builds).
     #[arg(long)]
@@ -144,11 +146,17 @@ pub async fn run(args: LiveCompareArgs, repeat: usize, hub_bin: &Path) -> Result
     ];
     println!(
         "\nThe live views next to argocd-agent's resource proxy: {} reads of a ConfigMap and {} of a pod's {} log lines on each path per run, {repeat} run(s)\n",
-        args.reads, args.log_reads, args.lines
+        rounds(args.reads),
+        rounds(args.log_reads),
+        args.lines
     );
     println!(
-        "ours: the hub-controller's live endpoint (token) and our agent; argocd-agent: its principal's resource proxy (client certificate, CN {AGENT}) and its agent in managed mode, both v0.9.0 at their defaults but for {}. Same client code on each path, paths in turns.\n",
-        crate::argocd_agent::NOT_DEFAULT_PROXY
+        "ours: the hub-controller's live endpoint (token) and our agent; argocd-agent: its principal's resource proxy (client certificate, CN {AGENT}) and its agent in managed mode, v0.9.0, at their defaults but for {}. Every process of both sides logs at `{}` (ours: the hub-controller to {}, the agent in this process to stderr; argocd-agent's to files in the same folder). Same client code on each path; the paths in each of the six orders in turn.\n",
+        crate::argocd_agent::NOT_DEFAULT_PROXY,
+        crate::argocd_agent::LOG_LEVEL,
+        crate::argocd_agent::logs_dir()
+            .map(|d| d.join("live-compare-hub.log").display().to_string())
+            .unwrap_or_default(),
     );
     print!("{}", side_by_side(Route::Peer.label(), &compared));
     print_runs(
@@ -163,11 +171,6 @@ pub async fn run(args: LiveCompareArgs, repeat: usize, hub_bin: &Path) -> Result
         bail!("a run failed");
     }
     Ok(())
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
 }
 
 async fn one_run(
@@ -218,19 +221,30 @@ async fn one_run(
 /// names the agent, no retries.
 fn resource_proxy_client(pki: &Pki) -> Result<kube::Client> {
     let files = pki.agent_files("argocd-agent-reader", AGENT)?;
-    let mut config = kube::Config::new(format!("https://{RESOURCE_PROXY}").parse()?);
-    use rustls::pki_types::{CertificateDer, pem::PemObject};
-    let ca = CertificateDer::from_pem_slice(pki.ca.pem.cert_pem.as_bytes())?;
-    config.root_cert = Some(vec![ca.to_vec()]);
+    let mut config = pki.kube_config(&format!("https://{RESOURCE_PROXY}"))?;
     config.auth_info.client_certificate = Some(files.cert.display().to_string());
     config.auth_info.client_key = Some(files.key.display().to_string());
-    config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }
 
-/// The order of the paths in round `i`: rotated each round.
+/// The order of the paths in round `i`: the six orders of three in turn,
+/// so that over six rounds each path is first, second and last twice, and
+/// each comes before each other one three times.
 fn order(i: usize) -> [usize; 3] {
-    [i % 3, (i + 1) % 3, (i + 2) % 3]
+    const ORDERS: [[usize; 3]; 6] = [
+        [0, 1, 2],
+        [1, 0, 2],
+        [1, 2, 0],
+        [2, 1, 0],
+        [2, 0, 1],
+        [0, 2, 1],
+    ];
+    ORDERS[i % 6]
+}
+
+/// `n` rounds rounded up to whole cycles of [`order`].
+fn rounds(n: usize) -> usize {
+    n.div_ceil(6) * 6
 }
 
 async fn measure(args: &LiveCompareArgs, clients: &[kube::Client; 3]) -> Result<Figures> {
@@ -277,10 +291,10 @@ async fn measure(args: &LiveCompareArgs, clients: &[kube::Client; 3]) -> Result<
 
     eprintln!(
         "bench-grpc live-compare: {} reads of the ConfigMap on each path",
-        args.reads
+        rounds(args.reads)
     );
     let mut reads: [Vec<Duration>; 3] = Default::default();
-    for i in 0..args.reads {
+    for i in 0..rounds(args.reads) {
         for path in order(i) {
             let start = Instant::now();
             read(path).await?;
@@ -289,11 +303,12 @@ async fn measure(args: &LiveCompareArgs, clients: &[kube::Client; 3]) -> Result<
     }
     eprintln!(
         "bench-grpc live-compare: {} reads of {} log lines on each path",
-        args.log_reads, args.lines
+        rounds(args.log_reads),
+        args.lines
     );
     let last = last_line(args.lines);
     let mut logs: [Vec<f64>; 3] = Default::default();
-    for i in 0..args.log_reads {
+    for i in 0..rounds(args.log_reads) {
         for path in order(i) {
             // From the burst's first line, whatever came after it.
             let tail = newest_line(direct, &pod).await?;
@@ -314,16 +329,25 @@ async fn measure(args: &LiveCompareArgs, clients: &[kube::Client; 3]) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::order;
+    use super::{order, rounds};
 
     #[test]
-    fn each_path_goes_first_as_often_as_the_others() {
-        let firsts: Vec<usize> = (0..6).map(|i| order(i)[0]).collect();
-        assert_eq!(firsts, [0, 1, 2, 0, 1, 2]);
-        for i in 0..3 {
-            let mut o = order(i);
-            o.sort();
-            assert_eq!(o, [0, 1, 2]);
+    fn over_six_rounds_each_path_holds_each_place_and_precedes_each_other_equally() {
+        for path in 0..3 {
+            for place in 0..3 {
+                let n = (0..6).filter(|&i| order(i)[place] == path).count();
+                assert_eq!(n, 2, "path {path} in place {place}");
+            }
+            for other in (0..3).filter(|&o| o != path) {
+                let before = (0..6)
+                    .filter(|&i| {
+                        let o = order(i);
+                        o.iter().position(|&p| p == path) < o.iter().position(|&p| p == other)
+                    })
+                    .count();
+                assert_eq!(before, 3, "path {path} before {other}");
+            }
         }
+        assert_eq!((rounds(1), rounds(6), rounds(200)), (6, 6, 204));
     }
 }

@@ -51,7 +51,8 @@ struct Figures {
     cut: usize,
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The middle value of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied()
 }
@@ -277,11 +278,8 @@ pub async fn follow(
         while let Some(line) = lines.next().await {
             let line = line?;
             let line = match timestamps {
-                true => line
-                    .split_once(' ')
-                    .map_or("", |(_, text)| text)
-                    .to_string(),
-                false => line,
+                true => line.split_once(' ').map_or("", |(_, text)| text),
+                false => line.as_str(),
             };
             if line.starts_with(LINE) {
                 n += 1;

@@ -119,7 +119,10 @@ enum Part {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    testenv::init_tracing_stderr("warn,kube_client=off");
+    // The agents some parts run in this process log at their own default,
+    // `info`, as every process of both sides does in the comparisons
+    // (`argocd_agent::LOG_LEVEL`); the rest of this process only warns.
+    testenv::init_tracing_stderr("warn,argocd_pull_spoke_agent=info,kube_client=off");
     let hub_bin = args
         .hub_controller
         .clone()

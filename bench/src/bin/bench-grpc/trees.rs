@@ -244,7 +244,8 @@ impl Stage {
             pki: &pki,
             grpc_addr,
             allowed_targets: &[format!("{NS}=*")],
-            log: None,
+            // At `info` in a file, as in the comparisons.
+            log: Some(crate::argocd_agent::logs_dir()?.join(format!("{what}-hub.log"))),
             max_connections: None,
             extra_args: &extra,
         })?;
