@@ -23,10 +23,11 @@ build:
 fmt:
 	$(CARGO) fmt --all
 
-## lint: formatting, clippy and rustdoc with warnings as errors
+## lint: formatting, the crates' layers (test/tools/check-layers.sh), clippy and rustdoc with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
 	@for f in test/tools/*.sh; do bash -n "$$f" || exit 1; done
+	@bash test/tools/check-layers.sh
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
@@ -61,11 +62,11 @@ PREFIX ?= /usr/local
 install-plugin:
 	$(CARGO) install --locked --path plugin --root $(PREFIX)
 
-## test: everything (unit, real-API-server integration, lint, drift checks)
+## test: everything (unit, real-API-server integration, lint, drift checks); the test binaries run side by side (ARGOCD_PULL_TEST_JOBS, default 3) and end with a timing table (docs/testing.md)
 test: tools
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint check-generated; \
-	$(CARGO) test --workspace --all-targets --locked; \
+	bash test/tools/run-tests.sh; \
 	echo "make test: $$(( $$(date +%s) - start ))s (after tools)"
 
 test-unit:
