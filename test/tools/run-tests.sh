@@ -4,7 +4,7 @@
 # time, the ten slowest tests, and one closing line `tests: N passed, N
 # failed`.
 #
-#   test/tools/run-tests.sh [--jobs N]
+#   test/tools/run-tests.sh [--jobs N] [--only REGEX]
 #
 # Why not `cargo test`: it runs the binaries one after another, and most of
 # this suite's time is spent waiting on the real API servers, OCM and Argo
@@ -20,14 +20,19 @@
 # that RUSTC_BOOTSTRAP unlocks at run time for the test binaries only (the
 # build stays stable).
 #
-# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once.
+# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once;
+# --only runs the binaries whose name (`core lib:argocd_pull_core`,
+# `test test:e2e`, as the table prints them) matches an extended regular
+# expression.
 set -uo pipefail
 
 jobs=${ARGOCD_PULL_TEST_JOBS:-3}
+only=
 while [ $# -gt 0 ]; do
   case $1 in
     --jobs) jobs=$2; shift 2 ;;
-    *) echo "run-tests.sh: unknown argument $1 (usage: run-tests.sh [--jobs N])" >&2; exit 2 ;;
+    --only) only=$2; shift 2 ;;
+    *) echo "run-tests.sh: unknown argument $1 (usage: run-tests.sh [--jobs N] [--only REGEX])" >&2; exit 2 ;;
   esac
 done
 case $jobs in '' | *[!0-9]* | 0) echo "run-tests.sh: --jobs wants a positive number, not '$jobs'" >&2; exit 2 ;; esac
@@ -45,14 +50,21 @@ mkdir -p "$cache"
 # of its package (the working directory `cargo test` gives it).
 cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics \
   >"$out/build.json" || { echo "run-tests.sh: the tests did not build" >&2; exit 101; }
-jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null)
-       | [.executable, (.target.kind[0] + ":" + .target.name), (.manifest_path | sub("/Cargo.toml$"; ""))]
-       | @tsv' "$out/build.json" | sort -u >"$out/binaries.tsv"
-[ -s "$out/binaries.tsv" ] || { echo "run-tests.sh: no test binary was built" >&2; exit 101; }
+# A binary's name: its package's folder, its kind and its target
+# (`hub-controller test:grpc`, `core lib:argocd_pull_core`), numbered when
+# a target is built twice (a crate's unit tests with two sets of features).
+jq -r --arg root "$PWD/" 'select(.reason == "compiler-artifact" and .profile.test and .executable != null)
+       | (.manifest_path | sub("/Cargo.toml$"; "")) as $dir
+       | [.executable, (($dir | ltrimstr($root)) + " " + .target.kind[0] + ":" + .target.name), $dir]
+       | @tsv' "$out/build.json" | sort -u \
+  | awk -F'\t' -v OFS='\t' '{ n[$2]++; if (n[$2] > 1) $2 = $2 " (" n[$2] ")"; print }' \
+  | awk -F'\t' -v re="$only" 're == "" || $2 ~ re' >"$out/binaries.tsv"
+[ -s "$out/binaries.tsv" ] || { echo "run-tests.sh: no test binary was built${only:+ whose name matches '$only'}" >&2; exit 101; }
 
 # Longest first: the last run's seconds, or "not timed yet" first of all.
-awk -F'\t' 'NR == FNR { t[$1] = $2; next } { print (($2 in t) ? t[$2] : 1e9) "\t" $0 }' \
-  <( [ -f "$times" ] && cat "$times" || true ) "$out/binaries.tsv" \
+awk -F'\t' -v times="$times" '
+    BEGIN { while ((getline line < times) > 0) { split(line, a, "\t"); t[a[1]] = a[2] } }
+    { print (($2 in t) ? t[$2] : 1e9) "\t" $0 }' "$out/binaries.tsv" \
   | sort -t$'\t' -k1,1 -gr | cut -f2- >"$out/queue.tsv"
 total=$(wc -l <"$out/queue.tsv")
 echo "run-tests.sh: $total test binaries, $jobs at a time"
@@ -109,8 +121,15 @@ for d in "$out"/*.done; do
   passed=$((passed + p)); failed=$((failed + f)); ignored=$((ignored + ig))
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$secs" "$name" "$p" "$f" "$ig" "$rc" >>"$out/table.tsv"
 done
-# Kept for the next run's order.
-sort -t$'\t' -k1,1 -gr "$out/table.tsv" | awk -F'\t' '{ print $2 "\t" $1 }' >"$times"
+# Kept for the next run's order: these binaries' times, and the others' as
+# they were.
+awk -F'\t' -v times="$times" '
+    { t[$2] = $1 }
+    END {
+      while ((getline line < times) > 0) { split(line, a, "\t"); if (!(a[1] in t)) print line }
+      for (n in t) print n "\t" t[n]
+    }' "$out/table.tsv" >"$out/times.tsv"
+mv "$out/times.tsv" "$times"
 
 echo
 echo "run-tests.sh: the test binaries by wall time (seconds; $jobs at a time)"
