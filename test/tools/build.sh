@@ -596,6 +596,27 @@ build_promtool() {
   log "promtool built in $((SECONDS - t0))s"
 }
 
+# The oracle of the AppProject rule test (core/tests/project_rule.rs):
+# Argo CD's own project functions, from the release build_argocd builds.
+build_projectrule() {
+  local m=$here/projectrule
+  local v
+  v=$(awk '$1 == "github.com/argoproj/argo-cd/v3" { print $2 }' "$m/go.mod")
+  if [ "$v" != "$ARGOCD_VERSION" ]; then
+    log "test/tools/projectrule/go.mod uses github.com/argoproj/argo-cd/v3 $v but versions.env installs $ARGOCD_VERSION: make them agree"
+    exit 1
+  fi
+  if fresh projectrule "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_projectrule) \
+    && [ -x "$bin/projectrule" ]; then
+    return
+  fi
+  log "building the AppProject rule oracle from Argo CD $v (about 3 minutes on 2 cores when cold)"
+  local t0=$SECONDS
+  (cd "$m" && go build -trimpath -ldflags '-s -w' -o "$bin/projectrule" .)
+  mark projectrule "$m/go.mod" "$m/go.sum" "$m/main.go" <(declare -f build_projectrule)
+  log "projectrule built in $((SECONDS - t0))s"
+}
+
 # `build.sh PART...` builds only those parts (e.g. `build.sh helm runc`).
 if [ $# -gt 0 ]; then
   for part in "$@"; do "build_$part"; done
@@ -609,6 +630,7 @@ collect_crds
 build_ocm
 build_clusteradm
 build_argocd
+build_projectrule
 build_redis
 build_runc
 build_iptables
