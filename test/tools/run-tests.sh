@@ -85,7 +85,7 @@ start=$(date +%s)
 i=0
 # Prints the output of every binary that ended, in the order they ended.
 reap() {
-  local f pid
+  local f pid name rc secs
   for pid in "${!running[@]}"; do
     kill -0 "$pid" 2>/dev/null && continue
     wait "$pid" 2>/dev/null
