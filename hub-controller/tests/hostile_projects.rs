@@ -886,3 +886,111 @@ async fn over_grpc_a_refused_project_change_sends_nothing_of_the_new_project() {
     nothing_of_ccc(&env, "after the withdrawal").await;
     assert!(env.spoke_apps(0).get_opt("alpha").await.unwrap().is_some());
 }
+
+/// Two replicas: the leader keeps the record, another serves cluster1's
+/// agent. After a refused switch, the serving replica is killed and one
+/// that never delivered the copy takes the agent: it sends the project
+/// the copy was delivered with (from the leader's record), and nothing of
+/// the project that refused it.
+#[tokio::test]
+async fn a_replica_that_never_delivered_a_kept_copy_sends_only_its_recorded_project() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Secret;
+    let (mut env, service) = grpc_env::replicas::replicas_env(&["cluster1"]).await;
+    repo_secret(&env.hub_client, "team-repo", Some("team"), "s3cret").await;
+    repo_secret(&env.hub_client, "ccc-repo", Some("ccc"), "ccc-s3cret").await;
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "first"),
+    )
+    .await;
+    project(
+        &env.hub_client,
+        "ccc",
+        admitting("ccc-*", json!({ "server": "*", "namespace": "*" })),
+    )
+    .await;
+    let args = ["--project-credentials"];
+    let leader = env.start_replica("replica-leader", &args).await;
+    wait::until("the first replica leads", TIMEOUT, || async {
+        leader.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+    let first = env.start_replica("replica-first", &args).await;
+    service.set(&[first.grpc]);
+    let config = env.agent_config(0, &service.address(), Mode::Managed);
+    env.start_agent_with(0, config);
+    wait::until(
+        "the agent on the replica that does not lead",
+        TIMEOUT,
+        || serves(&first),
+    )
+    .await;
+
+    let apps = env.hub_apps();
+    let mut alpha = env.app("alpha", 0, json!({}));
+    alpha.data["spec"]["project"] = json!("team");
+    alpha.data["spec"]["destination"]["namespace"] = json!("team-web");
+    let uid = apps
+        .create(&PostParams::default(), &alpha)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    team_on_spoke(&env, "first").await;
+    merge(&apps, "alpha", json!({ "spec": { "project": "ccc" } })).await;
+    refused_with(&apps, "alpha", "is not allowed to use project ccc").await;
+    // The leader's record keeps alpha's grant of team.
+    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), "argocd-pull");
+    wait::until("the leader's record of cluster1", TIMEOUT, || async {
+        let l = leases
+            .get_opt("argocd-pull-authorized-cluster1")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no record yet".to_string())?;
+        let record = l
+            .metadata
+            .annotations
+            .and_then(|a| a.get("argocd-pull.io/authorized").cloned())
+            .unwrap_or_default();
+        let grant: Value = serde_json::from_str(&record).map_err(|e| e.to_string())?;
+        let g = &grant[format!("{}/alpha", grpc_env::SPOKE_NS)];
+        (g["owner"] == json!(uid) && g["project"] == "team" && g["transport"] == "grpc")
+            .then_some(())
+            .ok_or(record)
+    })
+    .await;
+
+    first.kill().await;
+    let second = env.start_replica("replica-second", &args).await;
+    service.set(&[second.grpc]);
+    wait::until(
+        "the agent on a replica that never delivered alpha",
+        TIMEOUT,
+        || serves(&second),
+    )
+    .await;
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "second"),
+    )
+    .await;
+    team_on_spoke(&env, "second").await;
+    nothing_of_ccc(&env, "on the second replica").await;
+    let secrets: Api<Secret> = Api::namespaced(env.spokes[0].client.clone(), grpc_env::SPOKE_NS);
+    assert!(
+        secrets.get_opt("team-repo").await.unwrap().is_some(),
+        "the kept copy's credential left"
+    );
+    assert!(!second.leads().await && leader.leads().await);
+}
+
+/// Whether cluster1's agent is connected to replica `r`.
+async fn serves(r: &grpc_env::replicas::Replica) -> Result<(), &'static str> {
+    (r.agents().await == ["cluster1"])
+        .then_some(())
+        .ok_or("not yet")
+}
