@@ -37,6 +37,11 @@ pub fn lease_name(cluster: &str) -> String {
     format!("argocd-pull-authorized-{cluster}")
 }
 
+/// The record's JSON in Lease `l` (empty when none).
+fn lease_json(l: &Lease) -> String {
+    l.annotations().get(ANNOTATION).cloned().unwrap_or_default()
+}
+
 /// Called with a cluster whose record changed.
 type OnChange = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -139,7 +144,7 @@ impl Records {
     /// Takes in a Lease of the watch; returns its cluster.
     fn take_in(&self, l: &Lease) -> Option<String> {
         let cluster = l.annotations().get(CLUSTER_ANNOTATION)?.clone();
-        let record = decode(l.annotations().get(ANNOTATION).map_or("", String::as_str));
+        let record = decode(&lease_json(l));
         self.set(
             &cluster,
             Some((record, l.resource_version().unwrap_or_default())),
@@ -214,12 +219,15 @@ impl Records {
                 .replace(&name, &PostParams::default(), &lease)
                 .await?
         };
+        // As the watch will show it: what did not fit is not there.
+        let kept = if left_out > 0 {
+            decode(&lease_json(&written))
+        } else {
+            record.clone()
+        };
         self.set(
             cluster,
-            Some((
-                record.clone(),
-                written.resource_version().unwrap_or_default(),
-            )),
+            Some((kept, written.resource_version().unwrap_or_default())),
         );
         Ok(())
     }
