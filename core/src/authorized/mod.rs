@@ -25,7 +25,7 @@ use argocd_pull_apis::argocd::{Application, ProjectSpec};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
-use crate::route::project::{self, Destination};
+use crate::route::project;
 use crate::route::target::Target;
 use crate::route::transport::Transport;
 
@@ -64,11 +64,16 @@ pub struct Grant {
     pub checked: ProjectVersion,
 }
 
-/// [`Destination`] as recorded.
+/// The destination as authorized: the hub allows only the cluster itself
+/// ([`project::check`]), so what is recorded is that cluster and the
+/// namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrantedDestination {
+    /// The ManagedCluster.
     #[serde(default)]
     pub name: String,
+    /// The server the delivered copy names (the in-cluster server), `None`
+    /// when it names its cluster `in-cluster`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
     #[serde(default)]
@@ -100,13 +105,13 @@ pub fn grant(
     transport: Transport,
     checked: ProjectVersion,
 ) -> Grant {
-    let d = project::destination(app, target);
+    let d = project::destination(app);
     Grant {
         owner: app.metadata.uid.clone().unwrap_or_default(),
         source_namespace: app.namespace().unwrap_or_default(),
         project: argocd_pull_apis::argocd::project_of(app).to_string(),
         destination: GrantedDestination {
-            name: d.name,
+            name: target.cluster.clone(),
             server: d.server,
             namespace: d.namespace,
         },
@@ -164,13 +169,8 @@ pub fn stands(grant: &Grant, project: &ProjectSpec, control_plane: Option<&str>)
         return true;
     };
     let d = &grant.destination;
-    let destination = Destination {
-        name: d.name.clone(),
-        server: d.server.clone(),
-        namespace: d.namespace.clone(),
-    };
     project::namespace_permitted(project, &grant.source_namespace, control_plane)
-        && project::destination_permitted(project, &destination)
+        && project::cluster_itself_permitted(project, &d.name, &d.namespace)
 }
 
 /// The projects a cluster receives from `grants` (those of `transport`),
