@@ -219,13 +219,7 @@ pub fn check(
     if !dest.is_the_cluster_itself() {
         return Err(Refusal::elsewhere(&dest, &target.cluster, name));
     }
-    let on_cluster = destinations_on_cluster(project, &target.cluster, Some(IN_CLUSTER_SERVER));
-    if !destination_matched(
-        &on_cluster,
-        IN_CLUSTER_NAME,
-        IN_CLUSTER_SERVER,
-        &dest.namespace,
-    ) {
+    if !cluster_itself_permitted(project, &target.cluster, &dest.namespace) {
         return Err(Refusal::Destination {
             server: dest.shown(),
             namespace: dest.namespace.clone(),
@@ -234,6 +228,14 @@ pub fn check(
         });
     }
     Ok(())
+}
+
+/// Whether `project`, as ManagedCluster `cluster` gets it
+/// ([`destinations_on_cluster`]), lets that cluster's Argo CD deploy in
+/// its own cluster, in `namespace`: the one destination the hub allows.
+pub fn cluster_itself_permitted(project: &ProjectSpec, cluster: &str, namespace: &str) -> bool {
+    let on_cluster = destinations_on_cluster(project, cluster, Some(IN_CLUSTER_SERVER));
+    destination_matched(&on_cluster, IN_CLUSTER_NAME, IN_CLUSTER_SERVER, namespace)
 }
 
 /// Argo CD's `IsAppNamespacePermitted`.
