@@ -20,13 +20,16 @@
 # that RUSTC_BOOTSTRAP unlocks at run time for the test binaries only (the
 # build stays stable).
 #
-# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once;
+# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once,
+# ARGOCD_PULL_TEST_HEAVY_SECS (140) from how many seconds a binary runs
+# alone among the heavy ones;
 # --only runs the binaries whose name (`core lib:argocd_pull_core`,
 # `test test:e2e`, as the table prints them) matches an extended regular
 # expression.
 set -uo pipefail
 
 jobs=${ARGOCD_PULL_TEST_JOBS:-3}
+heavy=${ARGOCD_PULL_TEST_HEAVY_SECS:-140}
 only=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -61,11 +64,14 @@ jq -r --arg root "$PWD/" 'select(.reason == "compiler-artifact" and .profile.tes
   | awk -F'\t' -v re="$only" 're == "" || $2 ~ re' >"$out/binaries.tsv"
 [ -s "$out/binaries.tsv" ] || { echo "run-tests.sh: no test binary was built${only:+ whose name matches '$only'}" >&2; exit 101; }
 
-# Longest first: the last run's seconds, or "not timed yet" first of all.
+# Longest first: the last run's seconds (this machine's, else the ones
+# measured for the repository, test/tools/test-times.tsv), or "not timed
+# yet" first of all.
+[ -f "$times" ] || cp test/tools/test-times.tsv "$times"
 awk -F'\t' -v times="$times" '
     BEGIN { while ((getline line < times) > 0) { split(line, a, "\t"); t[a[1]] = a[2] } }
     { print (($2 in t) ? t[$2] : 1e9) "\t" $0 }' "$out/binaries.tsv" \
-  | sort -t$'\t' -k1,1 -gr | cut -f2- >"$out/queue.tsv"
+  | sort -t$'\t' -k1,1 -gr >"$out/queue.tsv"
 total=$(wc -l <"$out/queue.tsv")
 echo "run-tests.sh: $total test binaries, $jobs at a time"
 
@@ -98,12 +104,36 @@ reap() {
     cat "$out/$f.log"
   done
 }
-while IFS=$'\t' read -r exe name dir; do
-  while [ "${#running[@]}" -ge "$jobs" ]; do reap; sleep 0.5; done
+# The binaries that took $heavy seconds or more last time (those that
+# run real nodes: kubelets, containerd, pods) run one at a time: side by
+# side they starve each other's nodes on two cores. The others fill the
+# remaining places, longest first.
+mapfile -t queue <"$out/queue.tsv"
+heavy_pid=
+while [ "${#queue[@]}" -gt 0 ]; do
+  reap
+  [ -n "$heavy_pid" ] && [ -z "${running[$heavy_pid]:-}" ] && heavy_pid=
+  if [ "${#running[@]}" -ge "$jobs" ]; then sleep 0.5; continue; fi
+  picked=-1
+  for k in "${!queue[@]}"; do
+    IFS=$'\t' read -r secs exe name dir <<<"${queue[$k]}"
+    if awk -v s="$secs" -v h="$heavy" 'BEGIN { exit !(s >= h) }'; then
+      [ -n "$heavy_pid" ] && continue
+      is_heavy=1
+    else
+      is_heavy=
+    fi
+    picked=$k
+    break
+  done
+  if [ "$picked" -lt 0 ]; then sleep 0.5; continue; fi
+  unset "queue[$picked]"
+  queue=("${queue[@]}")
   i=$((i + 1))
   run_one "$i" "$exe" "$name" "$dir" &
   running[$!]=$i
-done <"$out/queue.tsv"
+  [ -n "$is_heavy" ] && heavy_pid=$!
+done
 while [ "${#running[@]}" -gt 0 ]; do reap; sleep 0.5; done
 
 # The summary: libtest's own counts, per binary and in all.
@@ -142,7 +172,9 @@ echo "run-tests.sh: the ten slowest tests (seconds, libtest's --report-time)"
 for d in "$out"/*.done; do
   n=${d%.done}
   IFS=$'\t' read -r name _ _ <"$d"
-  sed -n 's/^test \(.*\) \.\.\. [a-zA-Z]* <\([0-9.]*\)s>$/\2\t'"$name"'\t\1/p' "$n.log"
+  awk -v n="$name" 'match($0, /^test .* \.\.\. [a-zA-Z]+ <[0-9.]+s>$/) {
+      t = $0; sub(/^test /, "", t); sub(/ \.\.\. [a-zA-Z]+ <[0-9.]+s>$/, "", t)
+      s = $NF; gsub(/[<>s]/, "", s); print s "\t" n "\t" t }' "$n.log"
 done | sort -t$'\t' -k1,1 -gr | head -10 | while IFS=$'\t' read -r secs name test; do
   printf '%8s  %s  %s\n' "$secs" "$name" "$test"
 done
