@@ -355,13 +355,13 @@ async fn applied(env: &Env, name: &str) -> (String, String) {
     (ns, instance)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_what_argocd_applied_is_served_and_events_only_by_uid() {
-    let mut env = Env::new(&["cluster1"]).await;
-    let (addr, ca_pem) = hub_with_live(&mut env, &[]).await;
-    live_agent(&mut env).await;
-    env.create("guestbook", 0, json!({})).await;
-    let (_, instance) = applied(&env, "guestbook").await;
+/// On cluster1, in namespace `guestbook`: ConfigMap `applied`, which Argo
+/// CD applied for the Application of `instance` (its tracking annotation
+/// names it), `applied-child` it owns, `never-applied` and `copied` (with
+/// `applied`'s annotation), all listed in the spoke copy's status (as
+/// anybody who may update the Application writes it), and an Event of
+/// each of the first and third: the uids of those two.
+async fn objects_of_guestbook(env: &Env, instance: &str) -> (String, String) {
     let cluster1 = env.spokes[0].client.clone();
     env.spokes[0]
         .cluster
@@ -421,6 +421,17 @@ async fn only_what_argocd_applied_is_served_and_events_only_by_uid() {
             .await
             .unwrap();
     }
+    (tracked.uid().unwrap(), never.uid().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_what_argocd_applied_is_served_and_events_only_by_uid() {
+    let mut env = Env::new(&["cluster1"]).await;
+    let (addr, ca_pem) = hub_with_live(&mut env, &[]).await;
+    live_agent(&mut env).await;
+    env.create("guestbook", 0, json!({})).await;
+    let (_, instance) = applied(&env, "guestbook").await;
+    let (tracked, never) = objects_of_guestbook(&env, &instance).await;
     let client = reader(addr, &ca_pem);
     let cm = |name: &str| format!("/api/v1/namespaces/guestbook/configmaps/{name}");
     let events_of = |name: &str, uid: &str| {
@@ -439,7 +450,7 @@ async fn only_what_argocd_applied_is_served_and_events_only_by_uid() {
     assert!(applied_cm.contains("\"name\":\"applied\""), "{applied_cm}");
     let (code, body) = get(&client, &cm("applied-child")).await;
     assert_eq!(code, 200, "{body}");
-    let (code, body) = get(&client, &events_of("applied", &tracked.uid().unwrap())).await;
+    let (code, body) = get(&client, &events_of("applied", &tracked)).await;
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("an event of applied"), "{body}");
 
@@ -475,13 +486,13 @@ async fn only_what_argocd_applied_is_served_and_events_only_by_uid() {
     }
     refused(
         "events of never-applied by its uid",
-        get(&client, &events_of("never-applied", &never.uid().unwrap())).await,
+        get(&client, &events_of("never-applied", &never)).await,
         "belongs to no Application",
     );
     assert!(served.is_empty(), "served: {served:#?}");
     // An applied object's name with another object's uid: nothing of the
     // other's.
-    let (code, body) = get(&client, &events_of("applied", &never.uid().unwrap())).await;
+    let (code, body) = get(&client, &events_of("applied", &never)).await;
     assert!(!body.contains("an event of"), "{code} {body}");
 }
 

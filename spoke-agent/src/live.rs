@@ -391,3 +391,67 @@ fn refusal_of(e: kube::Error) -> Refusal {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_pull_proto::v1::agent_message;
+    use argocd_pull_proto::version::CAPABILITY_LIVE_VIEWS;
+
+    /// The answers (code, last) queued on stream 1 by the time both `ids`
+    /// have one.
+    async fn answers(state: &AgentState, ids: &[u64]) -> HashMap<u64, (u32, bool)> {
+        let mut got = HashMap::new();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while ids.iter().any(|id| !got.contains_key(id)) {
+            assert!(tokio::time::Instant::now() < until, "answered: {got:?}");
+            for m in state.next_messages(1, 64) {
+                if let Some(agent_message::Kind::LiveResponse(r)) = m.kind {
+                    got.insert(r.id, (r.http_status, r.last));
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_request_the_agent_does_not_take_is_answered_for_itself_alone() {
+        // No API server: these are answered before anything is read.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let writer =
+            kube::runtime::reflector::store::Writer::<argocd_pull_apis::argocd::Application>::new(
+                argocd_pull_apis::argocd::application_resource(),
+            );
+        let state = Arc::new(AgentState::default());
+        state.attach(1, [CAPABILITY_LIVE_VIEWS.to_string()].into());
+        let reader = Reader::new(client, writer.as_reader(), state.clone(), "c1", "argocd");
+        let long = format!(
+            "/api/v1/namespaces/gb/pods/p/log?container={}",
+            "c".repeat(6000)
+        );
+        for (id, path) in [
+            (7, long),
+            (8, "/api/v1/namespaces/gb/pods/p/exec".to_string()),
+            (
+                9,
+                "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Dp".into(),
+            ),
+        ] {
+            reader.request(
+                1,
+                LiveRequest {
+                    id,
+                    path,
+                    window: 32,
+                },
+            );
+        }
+        let got = answers(&state, &[7, 8, 9]).await;
+        assert_eq!(got[&7], (414, true));
+        assert_eq!(got[&8], (403, true));
+        assert_eq!(got[&9], (403, true), "events without a uid");
+        assert_eq!(state.live_session(), Some(1), "the stream goes on");
+    }
+}

@@ -154,24 +154,9 @@ async fn read(
     if let Err(r) = authorized(endpoint, &headers) {
         return refused(&r);
     }
-    let mut path = format!("/{rest}");
-    if let Some(q) = uri.query() {
-        path.push('?');
-        path.push_str(q);
-    }
-    // What the agent takes, checked here: a read it would refuse never
-    // goes on the stream the cluster's deliveries share.
-    if let Err(e) = check_live_path(&path) {
-        let shown: String = path.chars().take(120).collect();
-        tracing::warn!(%cluster, %method, length = path.len(), path = %shown, code = e.http_status(), reason = %e, "refused a live read");
-        return refused(&Refusal::new(e.http_status(), e.to_string()));
-    }
-    let read = match live::parse(method.as_str(), &path) {
-        Ok(read) => read,
-        Err(r) => {
-            tracing::info!(%cluster, %method, %path, reason = %r.message, "refused a live read");
-            return refused(&r);
-        }
+    let (path, read) = match checked(cluster, method.as_str(), rest, uri.query()) {
+        Ok(checked) => checked,
+        Err(r) => return refused(&r),
     };
     let Some(cs) = endpoint.hub.find_cluster(cluster) else {
         return elsewhere(endpoint, cluster, &uri, &headers).await;
@@ -235,6 +220,35 @@ async fn read(
         stream::body(cs, id, first, chunks, credits, deadline)
     };
     ("cluster", answer(code, &content_type, body))
+}
+
+/// The path (and query) of a read as the agent receives it, and what it
+/// asks for; or why it is refused, logged. What the agent takes is
+/// checked here: a read it would refuse never goes on the stream the
+/// cluster's deliveries share.
+fn checked(
+    cluster: &str,
+    method: &str,
+    rest: &str,
+    query: Option<&str>,
+) -> Result<(String, live::Read), Refusal> {
+    let mut path = format!("/{rest}");
+    if let Some(q) = query {
+        path.push('?');
+        path.push_str(q);
+    }
+    if let Err(e) = check_live_path(&path) {
+        let shown: String = path.chars().take(120).collect();
+        tracing::warn!(%cluster, %method, length = path.len(), path = %shown, code = e.http_status(), reason = %e, "refused a live read");
+        return Err(Refusal::new(e.http_status(), e.to_string()));
+    }
+    match live::parse(method, &path) {
+        Ok(read) => Ok((path, read)),
+        Err(r) => {
+            tracing::info!(%cluster, %method, %path, reason = %r.message, "refused a live read");
+            Err(r)
+        }
+    }
 }
 
 /// A read of `cluster`, whose agent is not connected here: forwarded to
