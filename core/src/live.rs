@@ -98,11 +98,20 @@ impl Target {
 /// what separates tenants on a cluster: argocd-server's request names
 /// neither the Application nor the user), followed logs apart from every
 /// other read, so that follows left open never hold back a LIVE MANIFEST.
+/// Cluster-scoped objects are one more share, and discovery (which every
+/// read of argocd-server needs first) one of its own.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Share {
-    /// `None` for discovery and cluster-scoped objects.
-    pub namespace: Option<String>,
+    pub scope: Scope,
     pub follow: bool,
+}
+
+/// Where the reads of a [`Share`] are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    Namespace(String),
+    ClusterScoped,
+    Discovery,
 }
 
 impl std::fmt::Display for Share {
@@ -112,9 +121,10 @@ impl std::fmt::Display for Share {
         } else {
             "live reads"
         };
-        match &self.namespace {
-            Some(ns) => write!(f, "{what} in namespace {ns}"),
-            None => write!(f, "{what} of cluster-scoped objects and discovery"),
+        match &self.scope {
+            Scope::Namespace(ns) => write!(f, "{what} in namespace {ns}"),
+            Scope::ClusterScoped => write!(f, "{what} of cluster-scoped objects"),
+            Scope::Discovery => write!(f, "discovery reads"),
         }
     }
 }
@@ -122,15 +132,19 @@ impl std::fmt::Display for Share {
 impl Read {
     /// The share this read is counted against.
     pub fn share(&self) -> Share {
-        let (namespace, follow) = match self {
-            Read::Discovery(_) => (None, false),
-            Read::Get(t) => (t.namespace.clone(), false),
-            Read::Events { namespace, .. } => (Some(namespace.clone()), false),
+        let ns = |n: &str| Scope::Namespace(n.to_string());
+        let (scope, follow) = match self {
+            Read::Discovery(_) => (Scope::Discovery, false),
+            Read::Get(t) => match &t.namespace {
+                Some(n) => (ns(n), false),
+                None => (Scope::ClusterScoped, false),
+            },
+            Read::Events { namespace, .. } => (ns(namespace), false),
             Read::Logs {
                 namespace, follow, ..
-            } => (Some(namespace.clone()), *follow),
+            } => (ns(namespace), *follow),
         };
-        Share { namespace, follow }
+        Share { scope, follow }
     }
 }
 
@@ -565,7 +579,7 @@ mod tests {
     fn follows_are_shared_apart_and_reads_by_namespace() {
         let share = |path: &str| parse("GET", path).unwrap().share();
         let ns = |n: &str, follow: bool| Share {
-            namespace: Some(n.into()),
+            scope: Scope::Namespace(n.into()),
             follow,
         };
         assert_eq!(
@@ -583,12 +597,17 @@ mod tests {
             ),
             ns("gb", false)
         );
-        let cluster = Share {
-            namespace: None,
+        let of = |scope: Scope| Share {
+            scope,
             follow: false,
         };
-        assert_eq!(share("/api/v1"), cluster);
-        assert_eq!(share("/api/v1/namespaces/gb"), cluster);
+        assert_eq!(share("/api/v1"), of(Scope::Discovery));
+        assert_eq!(share("/apis/apps/v1"), of(Scope::Discovery));
+        assert_eq!(share("/api/v1/namespaces/gb"), of(Scope::ClusterScoped));
+        assert_eq!(
+            share("/apis/rbac.authorization.k8s.io/v1/clusterroles/view"),
+            of(Scope::ClusterScoped)
+        );
         assert_eq!(ns("gb", true).to_string(), "followed logs in namespace gb");
     }
 

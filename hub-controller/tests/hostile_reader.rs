@@ -303,7 +303,7 @@ async fn ten_followed_logs_of_one_namespace_hold_back_no_other_read() {
     let log = env.hub_log();
     let line = log
         .lines()
-        .find(|l| l.contains("refused a live read: its namespace's share"))
+        .find(|l| l.contains("refused a live read: its share of the cluster"))
         .expect("the hub's log line of a fair-share refusal");
     println!("the hub's log line: {line}");
     drop(open);

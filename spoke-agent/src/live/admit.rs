@@ -50,10 +50,11 @@ pub fn admit<'a>(running: impl Iterator<Item = &'a Share>, share: &Share) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use argocd_pull_core::live::Scope;
 
     fn share(ns: &str, follow: bool) -> Share {
         Share {
-            namespace: Some(ns.into()),
+            scope: Scope::Namespace(ns.into()),
             follow,
         }
     }

@@ -369,11 +369,11 @@ fn unavailable(cluster: &str, why: Unavailable) -> Refusal {
             } else {
                 "--live-reads-per-namespace"
             };
-            tracing::warn!(%cluster, %share, limit, flag, "refused a live read: its namespace's share of the cluster's live reads is taken");
+            tracing::warn!(%cluster, %share, limit, flag, "refused a live read: its share of the cluster's live reads is taken");
             Refusal::new(
                 429,
                 format!(
-                    "{limit} {share} of cluster {cluster} are under way, the share of one namespace (the hub-controller's {flag}): close one (a LOGS tab) or wait for one to end, or raise {flag}; other namespaces and other reads are not held back"
+                    "{limit} {share} of cluster {cluster} are under way, as many as one share takes (the hub-controller's {flag}): close one (a LOGS tab) or wait for one to end, or raise {flag}; other namespaces and other reads are not held back"
                 ),
             )
         }
