@@ -23,10 +23,11 @@ build:
 fmt:
 	$(CARGO) fmt --all
 
-## lint: formatting, clippy and rustdoc with warnings as errors
+## lint: formatting, the crates' layers (test/tools/check-layers.sh), clippy and rustdoc with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
 	@for f in test/tools/*.sh; do bash -n "$$f" || exit 1; done
+	@bash test/tools/check-layers.sh
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
@@ -61,11 +62,11 @@ PREFIX ?= /usr/local
 install-plugin:
 	$(CARGO) install --locked --path plugin --root $(PREFIX)
 
-## test: everything (unit, real-API-server integration, lint, drift checks)
+## test: everything (unit, real-API-server integration, lint, drift checks); the test binaries run side by side (ARGOCD_PULL_TEST_JOBS, default 3) and end with a timing table (docs/testing.md)
 test: tools
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint check-generated; \
-	$(CARGO) test --workspace --all-targets --locked; \
+	bash test/tools/run-tests.sh; \
 	echo "make test: $$(( $$(date +%s) - start ))s (after tools)"
 
 test-unit:
@@ -115,7 +116,7 @@ bench-manifestwork: tools
 	  --bin hub-controller --bin bench-manifestwork
 	$(CURDIR)/target/release/bench-manifestwork $(BENCH_ARGS)
 
-## bench-grpc: gRPC transport latency (p50/p99 over 1,000 changes each way), one agent's throughput, and the fleet (bench-grpc-fleet), real API servers, each BENCH_GRPC_REPEAT times (docs/grpc.md)
+## bench-grpc: gRPC transport latency (p50/p99 over 1,000 changes each way), one agent's throughput, and the fleet (bench-grpc-fleet), real API servers, each BENCH_GRPC_REPEAT times (docs/benchmarks.md)
 .PHONY: bench-grpc bench-grpc-fleet bench-grpc-build
 BENCH_GRPC_ARGS ?= --changes 1000 --apps 100 --updates 20000
 BENCH_GRPC_FLEET_ARGS ?= --agents 1000 --apps-per-agent 10
@@ -137,7 +138,7 @@ bench-grpc-compare: bench-grpc-build
 bench-grpc-fleet: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
 
-## bench-grpc-fleet-live: the fleet with the hub's live views on: every cluster read once through the live endpoint (discovery and an object), the hub's memory before and after (docs/ui.md)
+## bench-grpc-fleet-live: the fleet with the hub's live views on: every cluster read once through the live endpoint (discovery and an object), the hub's memory before and after (docs/benchmarks.md)
 .PHONY: bench-grpc-fleet-live
 bench-grpc-fleet-live: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS) --live
@@ -162,13 +163,13 @@ BENCH_ABUSE_ARGS ?= --good-agents 100 --bad-handshakes 10000
 bench-abuse: bench-grpc-build
 	$(BENCH_GRPC) abuse $(BENCH_ABUSE_ARGS)
 
-## bench-trees: the cluster's own tree in the hub's Argo CD: a change on a managed cluster to the hub's argocd-server showing it (p50/p99/min/max over 50 changes), argocd-server's reads of the tree and live states and of a live manifest through the live endpoint and the agent, next to a direct read (p50/p99), BENCH_GRPC_REPEAT times (docs/ui.md)
+## bench-trees: the cluster's own tree in the hub's Argo CD: a change on a managed cluster to the hub's argocd-server showing it (p50/p99/min/max over 50 changes), argocd-server's reads of the tree and live states and of a live manifest through the live endpoint and the agent, next to a direct read (p50/p99), BENCH_GRPC_REPEAT times (docs/benchmarks.md)
 .PHONY: bench-trees
 BENCH_TREES_ARGS ?= --changes 50 --reads 200
 bench-trees: bench-grpc-build
 	$(BENCH_GRPC) trees $(BENCH_TREES_ARGS)
 
-## bench-logs: a pod's log followed through the hub's argocd-server, the live endpoint and the agent, next to the same lines straight from the cluster's API server: lines per second, BENCH_GRPC_REPEAT times (docs/ui.md)
+## bench-logs: a pod's log followed through the hub's argocd-server, the live endpoint and the agent, next to the same lines straight from the cluster's API server: lines per second, BENCH_GRPC_REPEAT times (docs/benchmarks.md)
 .PHONY: bench-logs
 BENCH_LOGS_ARGS ?= --lines 20000 --reads 5
 bench-logs: bench-grpc-build

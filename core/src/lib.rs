@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod authorized;
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
 pub mod live;

@@ -92,6 +92,11 @@ base=$cache/images/base-$arch
 wanted=$(for p in "${base_pkgs[@]}"; do
   printf '%s=%s\n' "$p" "$(apt-cache policy "$p" | sed -n 's/^  Candidate: //p')"
 done)
+# One build at a time fetches the base: test binaries build images side by
+# side, and a second would remove what the first is unpacking.
+mkdir -p "$cache/images"
+exec 9>"$cache/images/.lock-$arch"
+flock 9
 if ! [ -f "$base/.packages" ] || [ "$(cat "$base/.packages")" != "$wanted" ]; then
   grep -q '=(none)$\|=$' <<<"$wanted" && die "no candidate for: $(grep '=(none)$\|=$' <<<"$wanted" | paste -sd' ') (apt-get update first)"
   log "fetching $(paste -sd' ' <<<"$wanted") from the system's package sources"
@@ -102,6 +107,7 @@ if ! [ -f "$base/.packages" ] || [ "$(cat "$base/.packages")" != "$wanted" ]; th
   for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$base"; done
   printf '%s\n' "$wanted" > "$base/.packages"
 fi
+flock -u 9
 libdir=$base/lib/$multiarch
 [ -d "$libdir" ] || libdir=$base/usr/$multiarch/lib
 

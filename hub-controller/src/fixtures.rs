@@ -10,3 +10,15 @@ pub fn key(ns: &str, name: &str) -> ObjectKey {
         name: name.into(),
     }
 }
+
+/// A gRPC grant of project `project` for hub Application uid `owner`.
+pub fn grant(owner: &str, project: &str) -> std::sync::Arc<crate::authorized::Grant> {
+    std::sync::Arc::new(crate::authorized::Grant {
+        owner: owner.into(),
+        source_namespace: "team".into(),
+        project: project.into(),
+        destination: Default::default(),
+        transport: crate::route::transport::Transport::Grpc,
+        checked: Default::default(),
+    })
+}

@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod authorized;
 pub mod certs;
 pub mod compact;
 #[cfg(test)]
@@ -271,6 +272,15 @@ async fn run_controllers(
             .await;
         holding = Some((watching, tokio::spawn(hub.clone().keep_holders())));
     }
+    // The record of what the hub authorized, read before the index is
+    // built and any project is sent: a copy kept after a refusal keeps
+    // the project it was delivered with, and only that.
+    let records = authorized::Records::new(client.clone(), &args.leader.namespace);
+    let recording = tokio::spawn(records.clone().watch());
+    records.wait_listed(Duration::from_secs(10)).await;
+    if let Some(hub) = &grpc {
+        hub.set_authorized(records.clone());
+    }
     let mut claiming = None;
     if let (Some(hub), Some(claims)) = (&grpc, &claims) {
         hub.set_claims(claims.clone());
@@ -345,6 +355,7 @@ async fn run_controllers(
         watches.caches(),
         grpc.clone(),
     );
+    let _ = ctx.authorized.set(records);
     // One set of watches feeds both transports; the ManifestWork side
     // hears them once this replica leads.
     let gate = manifestwork::triggers::Gate::new(ctx.clone());
@@ -405,6 +416,7 @@ async fn run_controllers(
         claiming.await?;
         following.abort();
     }
+    recording.abort();
     if let Some((watching, keeping)) = holding {
         watching.abort();
         keeping.abort();

@@ -7,9 +7,8 @@ use clap::Parser;
 
 /// jemalloc instead of glibc's malloc: with 10,000 agents x 10 Applications
 /// on one replica the peak was 1,417 MiB against 1,553 MiB, the same
-/// before the status writes began (docs/benchmarks.md, 2026-11-26,
-/// "the fleet restarts"): glibc kept more of what the writes' parsing
-/// freed.
+/// before the status writes began (docs/benchmarks.md, "The fleet"):
+/// glibc kept more of what the writes' parsing freed.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -4,6 +4,11 @@
 //! words in the condition and a Warning Event; a project change decides its
 //! Applications again within seconds; an Application its project stops
 //! allowing is no longer updated on the cluster and is not deleted there.
+//! What a cluster receives of projects and credentials follows from the
+//! hub's record of what it authorized and delivered: a refused change of
+//! project sends nothing of the new project, across a restart too, and a
+//! project edit that no longer allows a kept copy withdraws its
+//! credentials.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -704,4 +709,288 @@ async fn over_grpc_the_project_and_its_credentials_reach_only_the_clusters_of_it
     apps.delete("alpha", &Default::default()).await.unwrap();
     wait::gone(&secrets(0), "team-repo", TIMEOUT).await;
     assert!(projects(0).get_opt("team").await.unwrap().is_some());
+}
+
+/// Project `team` admitting the team namespace to namespaces `dest`, with
+/// a description that marks each edit: the sign that a set sent after the
+/// edit reached the cluster.
+fn team_spec(team: &str, dest: &str, description: &str) -> Value {
+    let mut spec = admitting(team, json!({ "server": "*", "namespace": dest }));
+    spec["description"] = json!(description);
+    spec
+}
+
+/// Project `team` on spoke 0 once its description is `want`: the agent
+/// applies a set in order and `team` sorts after `ccc`, so whatever of
+/// `ccc` that set held is on the cluster by then.
+async fn team_on_spoke(env: &grpc_env::Env, want: &str) {
+    let projects: Api<DynamicObject> = Api::namespaced_with(
+        env.spokes[0].client.clone(),
+        grpc_env::SPOKE_NS,
+        &appproject_resource(),
+    );
+    on_spoke(
+        &projects,
+        "team",
+        &format!("team {want} on cluster1"),
+        |p| {
+            let d = p.data["spec"]["description"].clone();
+            (d == json!(want)).then_some(()).ok_or(format!("{d}"))
+        },
+    )
+    .await;
+}
+
+/// Fails when anything of project `ccc` is on spoke 0.
+async fn nothing_of_ccc(env: &grpc_env::Env, when: &str) {
+    use k8s_openapi::api::core::v1::Secret;
+    let projects: Api<DynamicObject> = Api::namespaced_with(
+        env.spokes[0].client.clone(),
+        grpc_env::SPOKE_NS,
+        &appproject_resource(),
+    );
+    let secrets: Api<Secret> = Api::namespaced(env.spokes[0].client.clone(), grpc_env::SPOKE_NS);
+    assert!(
+        projects.get_opt("ccc").await.unwrap().is_none(),
+        "{when}: AppProject ccc, which refused the Application, is on cluster1"
+    );
+    assert!(
+        secrets.get_opt("ccc-repo").await.unwrap().is_none(),
+        "{when}: ccc's credential is on cluster1"
+    );
+}
+
+/// A tenant switches a delivered Application to a project that does not
+/// admit its namespace: refused, its copy kept with the project it was
+/// delivered with; nothing of the new project reaches the cluster at the
+/// next sets (a project edit, a hub-controller restart). A project edit
+/// that no longer allows the kept copy's recorded destination takes its
+/// credentials away, and leaves the copy and the project there.
+#[tokio::test]
+async fn over_grpc_a_refused_project_change_sends_nothing_of_the_new_project() {
+    use k8s_openapi::api::core::v1::Secret;
+    let mut env = grpc_env::Env::new(&["cluster1"]).await;
+    env.hub.ensure_namespace(ARGOCD).await.unwrap();
+    repo_secret(&env.hub_client, "team-repo", Some("team"), "s3cret").await;
+    repo_secret(&env.hub_client, "ccc-repo", Some("ccc"), "ccc-s3cret").await;
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "first"),
+    )
+    .await;
+    project(
+        &env.hub_client,
+        "ccc",
+        admitting("ccc-*", json!({ "server": "*", "namespace": "*" })),
+    )
+    .await;
+    let args = ["--project-credentials"];
+    env.start_hub(&args).await;
+    env.connect_agent(0).await;
+    let apps = env.hub_apps();
+    // Two Applications of team: beta keeps team in the cluster's set
+    // whatever alpha does.
+    for (name, dest) in [("alpha", "team-web"), ("beta", "team-api")] {
+        let mut a = env.app(name, 0, json!({}));
+        a.data["spec"]["project"] = json!("team");
+        a.data["spec"]["destination"]["namespace"] = json!(dest);
+        apps.create(&PostParams::default(), &a).await.unwrap();
+    }
+    let secrets: Api<Secret> = Api::namespaced(env.spokes[0].client.clone(), grpc_env::SPOKE_NS);
+    team_on_spoke(&env, "first").await;
+    on_spoke(
+        &secrets,
+        "team-repo",
+        "team's credential on cluster1",
+        |s| password_is(s, "s3cret"),
+    )
+    .await;
+
+    // The tenant switches it to ccc: refused, the copy stays as delivered.
+    merge(&apps, "alpha", json!({ "spec": { "project": "ccc" } })).await;
+    refused_with(
+        &apps,
+        "alpha",
+        &format!(
+            "application 'alpha' in namespace '{}' is not allowed to use project ccc",
+            env.team
+        ),
+    )
+    .await;
+    let kept = env.spoke_apps(0).get("alpha").await.unwrap();
+    assert_eq!(
+        kept.data["spec"]["project"], "team",
+        "the kept copy changed"
+    );
+
+    // The next set (a project edit) sends team again, and nothing of ccc.
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "touched"),
+    )
+    .await;
+    team_on_spoke(&env, "touched").await;
+    nothing_of_ccc(&env, "after a project edit").await;
+
+    // beta goes: alpha's kept copy alone keeps team and its credential.
+    apps.delete("beta", &Default::default()).await.unwrap();
+    wait::gone(&env.spoke_apps(0), "beta", TIMEOUT).await;
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "alone"),
+    )
+    .await;
+    team_on_spoke(&env, "alone").await;
+    nothing_of_ccc(&env, "with alpha alone").await;
+    assert!(
+        secrets.get_opt("team-repo").await.unwrap().is_some(),
+        "the kept copy's credential left"
+    );
+
+    // A restarted hub-controller knows only the current hub copy (project
+    // ccc) and its record: the kept copy keeps team and its credential.
+    env.kill_hub().await;
+    env.start_hub(&args).await;
+    env.wait_connected().await;
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "after a restart"),
+    )
+    .await;
+    team_on_spoke(&env, "after a restart").await;
+    nothing_of_ccc(&env, "after a restart").await;
+    on_spoke(
+        &secrets,
+        "team-repo",
+        "team's credential kept across the restart",
+        |s| password_is(s, "s3cret"),
+    )
+    .await;
+
+    // team stops allowing the recorded destination (team-web): the
+    // credential goes within seconds; the project's new content reaches
+    // the cluster (whose Argo CD then refuses the copy as the hub does)
+    // and the copy is not deleted.
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "elsewhere-*", "withdrawn"),
+    )
+    .await;
+    team_on_spoke(&env, "withdrawn").await;
+    wait::gone(&secrets, "team-repo", TIMEOUT).await;
+    nothing_of_ccc(&env, "after the withdrawal").await;
+    assert!(env.spoke_apps(0).get_opt("alpha").await.unwrap().is_some());
+}
+
+/// Two replicas: the leader keeps the record, another serves cluster1's
+/// agent. After a refused switch, the serving replica is killed and one
+/// that never delivered the copy takes the agent: it sends the project
+/// the copy was delivered with (from the leader's record), and nothing of
+/// the project that refused it.
+#[tokio::test]
+async fn a_replica_that_never_delivered_a_kept_copy_sends_only_its_recorded_project() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Secret;
+    let (mut env, service) = grpc_env::replicas::replicas_env(&["cluster1"]).await;
+    repo_secret(&env.hub_client, "team-repo", Some("team"), "s3cret").await;
+    repo_secret(&env.hub_client, "ccc-repo", Some("ccc"), "ccc-s3cret").await;
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "first"),
+    )
+    .await;
+    project(
+        &env.hub_client,
+        "ccc",
+        admitting("ccc-*", json!({ "server": "*", "namespace": "*" })),
+    )
+    .await;
+    let args = ["--project-credentials"];
+    let leader = env.start_replica("replica-leader", &args).await;
+    wait::until("the first replica leads", TIMEOUT, || async {
+        leader.leads().await.then_some(()).ok_or("not yet")
+    })
+    .await;
+    let first = env.start_replica("replica-first", &args).await;
+    service.set(&[first.grpc]);
+    let config = env.agent_config(0, &service.address(), Mode::Managed);
+    env.start_agent_with(0, config);
+    wait::until(
+        "the agent on the replica that does not lead",
+        TIMEOUT,
+        || serves(&first),
+    )
+    .await;
+
+    let apps = env.hub_apps();
+    let mut alpha = env.app("alpha", 0, json!({}));
+    alpha.data["spec"]["project"] = json!("team");
+    alpha.data["spec"]["destination"]["namespace"] = json!("team-web");
+    let uid = apps
+        .create(&PostParams::default(), &alpha)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    team_on_spoke(&env, "first").await;
+    merge(&apps, "alpha", json!({ "spec": { "project": "ccc" } })).await;
+    refused_with(&apps, "alpha", "is not allowed to use project ccc").await;
+    // The leader's record keeps alpha's grant of team.
+    let leases: Api<Lease> = Api::namespaced(env.hub_client.clone(), "argocd-pull");
+    wait::until("the leader's record of cluster1", TIMEOUT, || async {
+        let l = leases
+            .get_opt("argocd-pull-authorized-cluster1")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no record yet".to_string())?;
+        let record = l
+            .metadata
+            .annotations
+            .and_then(|a| a.get("argocd-pull.io/authorized").cloned())
+            .unwrap_or_default();
+        let grant: Value = serde_json::from_str(&record).map_err(|e| e.to_string())?;
+        let g = &grant[format!("{}/alpha", grpc_env::SPOKE_NS)];
+        (g["owner"] == json!(uid) && g["project"] == "team" && g["transport"] == "grpc")
+            .then_some(())
+            .ok_or(record)
+    })
+    .await;
+
+    first.kill().await;
+    let second = env.start_replica("replica-second", &args).await;
+    service.set(&[second.grpc]);
+    wait::until(
+        "the agent on a replica that never delivered alpha",
+        TIMEOUT,
+        || serves(&second),
+    )
+    .await;
+    project(
+        &env.hub_client,
+        "team",
+        team_spec(&env.team, "team-*", "second"),
+    )
+    .await;
+    team_on_spoke(&env, "second").await;
+    nothing_of_ccc(&env, "on the second replica").await;
+    let secrets: Api<Secret> = Api::namespaced(env.spokes[0].client.clone(), grpc_env::SPOKE_NS);
+    assert!(
+        secrets.get_opt("team-repo").await.unwrap().is_some(),
+        "the kept copy's credential left"
+    );
+    assert!(!second.leads().await && leader.leads().await);
+}
+
+/// Whether cluster1's agent is connected to replica `r`.
+async fn serves(r: &grpc_env::replicas::Replica) -> Result<(), &'static str> {
+    (r.agents().await == ["cluster1"])
+        .then_some(())
+        .ok_or("not yet")
 }

@@ -93,7 +93,7 @@ pub fn build_one(bin_dir: &Path, name: &str, out: &Path) -> Result<Image> {
 }
 
 /// The images of this test binary's own debug build, built once into
-/// `target/test-images/` (the binaries Cargo built for the tests).
+/// `target/test-images/p<pid>/` (the binaries Cargo built for the tests).
 pub async fn shared() -> Result<&'static [Image]> {
     static IMAGES: tokio::sync::OnceCell<Vec<Image>> = tokio::sync::OnceCell::const_new();
     IMAGES
@@ -108,7 +108,7 @@ pub async fn shared() -> Result<&'static [Image]> {
 
 /// The previous release's images (`PREVIOUS_RELEASE` in
 /// `test/tools/versions.env`, tagged with its version and commit), built
-/// once into `target/test-images/previous/` from the binaries
+/// once into `target/test-images/p<pid>/previous/` from the binaries
 /// `test/tools/build.sh` builds from this repository's history.
 pub async fn previous() -> Result<&'static [Image]> {
     static IMAGES: tokio::sync::OnceCell<Vec<Image>> = tokio::sync::OnceCell::const_new();
@@ -123,13 +123,41 @@ pub async fn previous() -> Result<&'static [Image]> {
         .map(Vec::as_slice)
 }
 
-/// `target/test-images/`, beside the tests' own binaries.
+/// `target/test-images/p<pid>/`, beside the tests' own binaries: this
+/// process's own, because test binaries run side by side and [`open`]
+/// unpacks beside each archive. What processes that have ended left there
+/// is removed first.
 fn test_images() -> Result<PathBuf> {
-    Ok(paths::own_binary("hub-controller")?
+    let root = paths::own_binary("hub-controller")?
         .parent()
         .and_then(Path::parent)
         .expect("target/debug sits in target/")
-        .join("test-images"))
+        .join("test-images");
+    remove_ended(&root);
+    Ok(root.join(format!("p{}", std::process::id())))
+}
+
+/// Removes what `root` holds but the folders of live processes (`p<pid>`).
+fn remove_ended(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let live = name
+            .strip_prefix('p')
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|pid| {
+                pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+            });
+        if !live {
+            let path = e.path();
+            let _ = match path.is_dir() {
+                true => std::fs::remove_dir_all(&path),
+                false => std::fs::remove_file(&path),
+            };
+        }
+    }
 }
 
 /// [`build`] of the debug binaries in the folder of `bin` into `out`, off

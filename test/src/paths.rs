@@ -111,3 +111,32 @@ pub fn workspace_dir() -> PathBuf {
         .expect("test/ sits inside the workspace")
         .to_path_buf()
 }
+
+/// Why Argo CD's web UI was not built on this machine (`test/tools/build.sh`
+/// writes it when the pinned argo-ui commit is nowhere to be had), or
+/// `None` when argocd-server embeds the real UI.
+pub fn argocd_ui_not_built() -> Option<String> {
+    std::fs::read_to_string(cache_dir().join("argocd-ui").join("NOT-BUILT"))
+        .ok()
+        .map(|why| why.trim().to_string())
+}
+
+/// Says that `what` did not run, and why: on standard error, and as a line
+/// of the file `$ARGOCD_PULL_NOT_RUN` names, which `test/tools/run-tests.sh`
+/// prints in its summary (libtest shows a passing test's output only when
+/// asked, so a line on standard error alone would go unseen).
+pub fn not_run(what: &str, why: &str) {
+    let line = format!("NOT RUN: {what}: {why}");
+    eprintln!("{line}");
+    if let Some(file) = std::env::var_os("ARGOCD_PULL_NOT_RUN") {
+        use std::io::Write;
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(e) = written {
+            eprintln!("could not write to {}: {e}", file.to_string_lossy());
+        }
+    }
+}

@@ -78,6 +78,10 @@ async fn the_hub_ui_shows_a_pulled_application() {
     assert_eq!(at(&got, "/status/health/status"), "Healthy", "{got}");
 
     // The UI: its login page, then the Applications list.
+    if let Some(why) = testenv::paths::argocd_ui_not_built() {
+        testenv::paths::not_run("argocd_server: the hub UI in a browser", &why);
+        return;
+    }
     let browser = Browser::start(1440, 900).await.expect("chromium starts");
     let mut page = browser.page().await.unwrap();
     server.ui_login(&mut page, UI_TIMEOUT).await.unwrap();

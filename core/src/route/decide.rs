@@ -24,6 +24,11 @@ pub trait World {
     /// The spec of AppProject `name` in the hub's Argo CD namespace, if it
     /// exists.
     fn project(&self, name: &str) -> Option<ProjectSpec>;
+    /// The version of AppProject `name`, recorded with what a check of it
+    /// allowed ([`crate::authorized`]).
+    fn project_version(&self, _name: &str) -> Option<crate::authorized::ProjectVersion> {
+        None
+    }
 }
 
 /// The facts a decision rests on.

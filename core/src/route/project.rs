@@ -12,19 +12,27 @@
 //! 3. every source repository (`spec.source`, each of `spec.sources`, the
 //!    hydrator's dry source) matches `spec.sourceRepos` (URL globs with `/`
 //!    as separator, compared normalized; a `!` entry that matches denies);
-//! 4. the destination matches `spec.destinations` (see [`Destination`]),
-//!    and no `!` entry excludes it.
+//! 4. the destination resolves to a cluster and matches `spec.destinations`
+//!    (see [`Destination`]), and no `!` entry excludes it.
 //!
-//! What "destination" means in the pull model: the namespace is the hub
-//! copy's `spec.destination.namespace` as written (it travels unchanged);
-//! the cluster is the OCM ManagedCluster the Application is delivered to,
-//! matched by `name` entries against the ManagedCluster's name (what the
-//! hub's Argo CD cluster Secret of that cluster is named), and by `server`
-//! entries against the server the delivered copy names (what the cluster's
-//! own Argo CD deploys to: `https://kubernetes.default.svc` unless the
-//! `destination-server` annotation says otherwise). The `server` or `name`
-//! the user wrote on the hub copy is not used: it is rewritten on delivery,
-//! so it would let a tenant pick whatever the project allows.
+//! What "destination" means in the pull model: the cluster's own Argo CD
+//! decides, with the delivered copy and the project as that cluster gets it
+//! ([`destinations_on_cluster`]); the hub answers as it will. The delivered
+//! copy names its destination as the routing annotations say (`server:
+//! https://kubernetes.default.svc` without them); the cluster's Argo CD
+//! resolves a name or server to one of its clusters before matching, as
+//! Argo CD always does, so `in-cluster` and `https://kubernetes.default.svc`
+//! are the same cluster and `server: '*'` allows it by either. The project
+//! it gets keeps only the entries that apply to the ManagedCluster itself
+//! (a `name` entry matching the ManagedCluster's name, a `server` entry
+//! matching its in-cluster server), rewritten to that cluster's view of
+//! itself: so only the cluster itself can be allowed there. The hub knows
+//! of a cluster's Argo CD only the in-cluster every Argo CD has; any other
+//! name or server is one only that Argo CD can resolve, and the hub refuses
+//! it ([`Refusal::Elsewhere`]): allowing it would deliver the project (and
+//! its credentials) for an Application the cluster then refuses, and a
+//! tenant writes the annotations. The `server` or `name` the user wrote on
+//! the hub copy is not used: it is rewritten on delivery.
 
 use argocd_pull_apis::argocd::{Application, ProjectDestination, ProjectSpec, source_repos};
 use argocd_pull_apis::keys;
@@ -32,40 +40,65 @@ use argocd_pull_apis::keys;
 use super::glob;
 use super::target::Target;
 
-/// Where an Application deploys, as project destinations see it.
+/// The server every Argo CD knows its own cluster by.
+pub const IN_CLUSTER_SERVER: &str = crate::render::delivered::IN_CLUSTER;
+/// The name every Argo CD knows its own cluster by.
+pub const IN_CLUSTER_NAME: &str = "in-cluster";
+
+/// The destination of a delivered copy, as the cluster's Argo CD reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Destination {
-    /// The cluster's name: the ManagedCluster's when the delivered copy
-    /// deploys in the cluster itself, the `destination-name` annotation's
-    /// when it names another, empty when the `destination-server`
-    /// annotation names another (then only `server` entries can allow it:
-    /// a tenant writes the annotations, so an entry naming the
-    /// ManagedCluster must not let a copy deploy anywhere else).
-    pub name: String,
-    /// The server the delivered copy names; `None` when it names the
-    /// destination by name (the `destination-name` annotation).
+    /// `spec.destination.name` of the delivered copy: the
+    /// `destination-name` annotation.
+    pub name: Option<String>,
+    /// `spec.destination.server` of the delivered copy: the
+    /// `destination-server` annotation, else the in-cluster server.
     pub server: Option<String>,
-    /// The hub copy's `spec.destination.namespace`.
+    /// The hub copy's `spec.destination.namespace` (it travels unchanged).
     pub namespace: String,
 }
 
-/// The destination of `app` delivered to `target`.
-pub fn destination(app: &Application, target: &Target) -> Destination {
+impl Destination {
+    /// Whether the cluster's Argo CD resolves it to its own cluster, as
+    /// Argo CD's `GetDestinationServer` does (a server without its trailing
+    /// `/`; a name by its cluster's name). `false` also for what only that
+    /// Argo CD could resolve: the hub does not know its other clusters.
+    pub fn is_the_cluster_itself(&self) -> bool {
+        match (&self.name, &self.server) {
+            (Some(name), None) => name == IN_CLUSTER_NAME,
+            (None, Some(server)) => server.trim_end_matches('/') == IN_CLUSTER_SERVER,
+            _ => false,
+        }
+    }
+
+    /// How Argo CD names it in a refusal: the name when named, else the
+    /// server it resolved.
+    fn shown(&self) -> String {
+        match (&self.name, &self.server) {
+            (Some(name), _) => name.clone(),
+            (None, Some(server)) => server.trim_end_matches('/').to_string(),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// The destination of `app` as its delivered copy names it.
+pub fn destination(app: &Application) -> Destination {
     let annotation = |k: &str| {
         app.metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(k))
             .filter(|v| !v.is_empty())
+            .cloned()
     };
-    let in_cluster = crate::render::delivered::IN_CLUSTER;
+    // As `render::delivered` writes it: a name wins over a server.
     let (name, server) = match (
         annotation(keys::DESTINATION_NAME),
         annotation(keys::DESTINATION_SERVER),
     ) {
-        (Some(name), _) => (name.clone(), None),
-        (None, Some(s)) if s != in_cluster => (String::new(), Some(s.clone())),
-        (None, _) => (target.cluster.clone(), Some(in_cluster.to_string())),
+        (Some(name), _) => (Some(name), None),
+        (None, server) => (None, Some(server.unwrap_or(IN_CLUSTER_SERVER.into()))),
     };
     let namespace = app
         .data
@@ -107,16 +140,46 @@ pub enum Refusal {
     )]
     Repo { repo: String, project: String },
     #[error(
-        "application destination server '{server}' and namespace '{namespace}' do not match any of the allowed destinations in project '{project}': the destination is ManagedCluster {cluster:?} (a spec.destinations entry matches it by name {cluster:?}{by_server}) and namespace {namespace:?}; allow it in spec.destinations of AppProject {project:?}"
+        "application destination {field} {value:?} is not ManagedCluster {cluster:?} itself: the cluster's Argo CD resolves it against its own clusters, which the hub does not know, and AppProject {project:?} as that cluster gets it allows only the cluster itself; remove annotation {annotation} to deploy in the cluster (or set it to {itself:?})"
+    )]
+    Elsewhere {
+        field: &'static str,
+        value: String,
+        cluster: String,
+        project: String,
+        annotation: &'static str,
+        itself: &'static str,
+    },
+    #[error(
+        "application destination server '{server}' and namespace '{namespace}' do not match any of the allowed destinations in project '{project}': the destination is ManagedCluster {cluster:?} (a spec.destinations entry matches it by name {cluster:?} or by server {IN_CLUSTER_SERVER:?}) and namespace {namespace:?}; allow it in spec.destinations of AppProject {project:?}"
     )]
     Destination {
         server: String,
         namespace: String,
         project: String,
         cluster: String,
-        /// `or by server "..."`, when the delivered copy names a server.
-        by_server: String,
     },
+}
+
+impl Refusal {
+    fn elsewhere(dest: &Destination, cluster: &str, project: &str) -> Self {
+        let (field, annotation, itself) = match &dest.name {
+            Some(_) => ("name", keys::DESTINATION_NAME, IN_CLUSTER_NAME),
+            None => ("server", keys::DESTINATION_SERVER, IN_CLUSTER_SERVER),
+        };
+        Refusal::Elsewhere {
+            field,
+            value: dest
+                .name
+                .clone()
+                .or(dest.server.clone())
+                .unwrap_or_default(),
+            cluster: cluster.into(),
+            project: project.into(),
+            annotation,
+            itself,
+        }
+    }
 }
 
 /// Checks `app`, delivered to `target`, against `project` (named `name`,
@@ -152,21 +215,27 @@ pub fn check(
             });
         }
     }
-    let dest = destination(app, target);
-    if !destination_permitted(project, &dest) {
+    let dest = destination(app);
+    if !dest.is_the_cluster_itself() {
+        return Err(Refusal::elsewhere(&dest, &target.cluster, name));
+    }
+    if !cluster_itself_permitted(project, &target.cluster, &dest.namespace) {
         return Err(Refusal::Destination {
-            // As Argo CD shows it: the name when named, else the server.
-            server: dest.server.clone().unwrap_or_else(|| dest.name.clone()),
+            server: dest.shown(),
             namespace: dest.namespace.clone(),
             project: name.into(),
-            cluster: dest.name.clone(),
-            by_server: dest
-                .server
-                .map(|s| format!(" or by server {s:?}"))
-                .unwrap_or_default(),
+            cluster: target.cluster.clone(),
         });
     }
     Ok(())
+}
+
+/// Whether `project`, as ManagedCluster `cluster` gets it
+/// ([`destinations_on_cluster`]), lets that cluster's Argo CD deploy in
+/// its own cluster, in `namespace`: the one destination the hub allows.
+pub fn cluster_itself_permitted(project: &ProjectSpec, cluster: &str, namespace: &str) -> bool {
+    let on_cluster = destinations_on_cluster(project, cluster, Some(IN_CLUSTER_SERVER));
+    destination_matched(&on_cluster, IN_CLUSTER_NAME, IN_CLUSTER_SERVER, namespace)
 }
 
 /// Argo CD's `IsAppNamespacePermitted`.
@@ -237,32 +306,46 @@ pub fn normalize_repo(url: &str) -> String {
     u.strip_suffix(".git").map(str::to_string).unwrap_or(u)
 }
 
-/// Argo CD's `isDestinationMatched`: some entry allows it and no `!` entry
-/// excludes it.
-pub fn destination_permitted(project: &ProjectSpec, dest: &Destination) -> bool {
+/// Argo CD's `isDestinationMatched` for the cluster `name` at `server`:
+/// some entry allows it and no `!` entry excludes it.
+pub fn destination_matched(
+    destinations: &[ProjectDestination],
+    name: &str,
+    server: &str,
+    namespace: &str,
+) -> bool {
     let mut any = false;
-    for item in &project.destinations {
-        let name_matched =
-            !dest.name.is_empty() && matches_allowing_negation(&item.name, &dest.name);
-        let server_matched = dest
-            .server
-            .as_deref()
-            .is_some_and(|s| !s.is_empty() && matches_allowing_negation(&item.server, s));
-        let namespace_matched = matches_allowing_negation(&item.namespace, &dest.namespace);
+    for item in destinations {
+        let m = item_matches(item, name, server, namespace);
         // Argo CD's three cases, its precedence kept: a deny entry on the
         // name denies whatever the namespace; one on the server only where
         // the namespace matches; one on the namespace only where the
         // server matches.
-        if (server_matched || name_matched) && namespace_matched {
+        if (m.server || m.name) && m.namespace {
             any = true;
-        } else if (!name_matched && is_deny(&item.name))
-            || (!server_matched && is_deny(&item.server) && namespace_matched)
-            || (!namespace_matched && is_deny(&item.namespace) && server_matched)
+        } else if (!m.name && is_deny(&item.name))
+            || (!m.server && is_deny(&item.server) && m.namespace)
+            || (!m.namespace && is_deny(&item.namespace) && m.server)
         {
             return false;
         }
     }
     any
+}
+
+/// Which fields of a destinations entry match, as Argo CD computes them.
+struct Matched {
+    name: bool,
+    server: bool,
+    namespace: bool,
+}
+
+fn item_matches(item: &ProjectDestination, name: &str, server: &str, namespace: &str) -> Matched {
+    Matched {
+        name: !name.is_empty() && matches_allowing_negation(&item.name, name),
+        server: !server.is_empty() && matches_allowing_negation(&item.server, server),
+        namespace: matches_allowing_negation(&item.namespace, namespace),
+    }
 }
 
 fn is_deny(p: &str) -> bool {
@@ -277,31 +360,59 @@ fn matches_allowing_negation(pattern: &str, text: &str) -> bool {
     }
 }
 
-/// The destinations of `project` that apply on a cluster whose destination
-/// is `dest` (ignoring namespaces), rewritten for that cluster's own Argo
-/// CD: there the cluster is `in-cluster`, `https://kubernetes.default.svc`.
-/// Deny entries that apply to it stay deny entries.
+/// The destinations of `project` as the cluster `cluster` gets them: for
+/// its own Argo CD, where it is `in-cluster` at `server` (its in-cluster
+/// server). Each entry is rewritten so that Argo CD's rule answers there,
+/// for the cluster itself, exactly as it answers on the hub's entries for
+/// the ManagedCluster named `cluster` at `server`: a `name` entry is
+/// matched against the ManagedCluster's name. A field that matches becomes
+/// the cluster's own name or server, a `!` entry that does not match
+/// becomes a `!` entry that does not match it either, and an entry that can
+/// neither allow nor deny it is left out. So a project names ManagedClusters
+/// in `name` entries, and no entry naming another cluster travels.
 pub fn destinations_on_cluster(
     project: &ProjectSpec,
     cluster: &str,
     server: Option<&str>,
 ) -> Vec<ProjectDestination> {
-    let applies = |item: &ProjectDestination| {
-        let by_name = !item.name.is_empty() && matches_allowing_negation(&item.name, cluster);
-        let by_server = server
-            .is_some_and(|s| !item.server.is_empty() && matches_allowing_negation(&item.server, s));
-        by_name || by_server
-    };
+    let server = server.unwrap_or(IN_CLUSTER_SERVER);
     project
         .destinations
         .iter()
-        .filter(|item| applies(item))
-        .map(|item| ProjectDestination {
-            name: "in-cluster".into(),
-            server: crate::render::delivered::IN_CLUSTER.into(),
-            namespace: item.namespace.clone(),
-        })
+        .filter_map(|item| on_cluster(item, cluster, server))
         .collect()
+}
+
+fn on_cluster(
+    item: &ProjectDestination,
+    cluster: &str,
+    server: &str,
+) -> Option<ProjectDestination> {
+    let m = item_matches(item, cluster, server, "");
+    let field = |matched: bool, pattern: &str, itself: &str| match (matched, is_deny(pattern)) {
+        (true, _) => itself.to_string(),
+        (false, true) => format!("!{itself}"),
+        (false, false) => String::new(),
+    };
+    let name = field(m.name, &item.name, IN_CLUSTER_NAME);
+    let server_field = field(m.server, &item.server, server);
+    if name.is_empty() && server_field.is_empty() {
+        return None;
+    }
+    // Naming the cluster by both is the same rule when no field is a `!`
+    // entry (only those read an unmatched name or server), and is how
+    // Argo CD shows its own cluster.
+    let plain = !is_deny(&name) && !is_deny(&server_field) && !is_deny(&item.namespace);
+    let (name, server_field) = if plain {
+        (IN_CLUSTER_NAME.to_string(), server.to_string())
+    } else {
+        (name, server_field)
+    };
+    Some(ProjectDestination {
+        name,
+        server: server_field,
+        namespace: item.namespace.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -314,15 +425,7 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn dest(name: &str, server: Option<&str>, namespace: &str) -> Destination {
-        Destination {
-            name: name.into(),
-            server: server.map(Into::into),
-            namespace: namespace.into(),
-        }
-    }
-
-    const IN: Option<&str> = Some("https://kubernetes.default.svc");
+    const IN: &str = IN_CLUSTER_SERVER;
 
     #[test]
     fn namespaces_need_the_control_plane_or_a_source_namespace() {
@@ -399,28 +502,27 @@ mod tests {
             { "name": "!prod-*", "namespace": "*" }] }));
         let in_cluster_only = spec(json!({ "destinations": [
             { "server": "https://kubernetes.default.svc", "namespace": "app" }] }));
-        // (project, destination, permitted)
+        // (project, cluster name, server, namespace, permitted)
         let cases = [
-            (&aaa, dest("c1", IN, "aaa-web"), true),
-            (&aaa, dest("c1", IN, "kube-system"), false),
-            (&named, dest("dev-1", IN, "x"), true),
-            (&named, dest("prod-1", IN, "x"), false),
-            (&named, dest("dev-1", None, "x"), true),
-            (&deny_ns, dest("c1", IN, "web"), true),
-            (&deny_ns, dest("c1", IN, "kube-system"), false),
-            (&deny_cluster, dest("dev-1", IN, "web"), true),
-            (&deny_cluster, dest("prod-1", IN, "web"), false),
-            (&in_cluster_only, dest("any", IN, "app"), true),
-            (
-                &in_cluster_only,
-                dest("any", Some("https://other"), "app"),
-                false,
-            ),
-            (&in_cluster_only, dest("any", None, "app"), false),
-            (&spec(json!({})), dest("c1", IN, "x"), false),
+            (&aaa, "c1", IN, "aaa-web", true),
+            (&aaa, "c1", IN, "kube-system", false),
+            (&named, "dev-1", IN, "x", true),
+            (&named, "prod-1", IN, "x", false),
+            (&named, "dev-1", "", "x", true),
+            (&deny_ns, "c1", IN, "web", true),
+            (&deny_ns, "c1", IN, "kube-system", false),
+            (&deny_cluster, "dev-1", IN, "web", true),
+            (&deny_cluster, "prod-1", IN, "web", false),
+            (&in_cluster_only, "any", IN, "app", true),
+            (&in_cluster_only, "any", "https://other", "app", false),
+            (&spec(json!({})), "c1", IN, "x", false),
         ];
-        for (i, (p, d, want)) in cases.into_iter().enumerate() {
-            assert_eq!(destination_permitted(p, &d), want, "case {i}: {d:?}");
+        for (i, (p, name, server, ns, want)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                destination_matched(&p.destinations, name, server, ns),
+                want,
+                "case {i}: {name} {server} {ns}"
+            );
         }
     }
 
@@ -498,45 +600,56 @@ mod tests {
         assert!(d.to_string().contains("ManagedCluster \"cluster1\""), "{d}");
     }
 
-    #[test]
-    fn the_server_written_on_the_hub_copy_does_not_count() {
-        let p =
-            spec(json!({ "destinations": [{ "server": "https://allowed", "namespace": "*" }] }));
-        let mut written = app(json!({ "spec": {
-            "destination": { "server": "https://allowed", "namespace": "x" } } }));
-        assert_eq!(destination(&written, &target()).server, IN.map(Into::into));
-        assert!(!destination_permitted(
-            &p,
-            &destination(&written, &target())
-        ));
-        // The annotation is what the delivered copy names.
-        written
-            .metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(keys::DESTINATION_SERVER.into(), "https://allowed".into());
-        assert!(destination_permitted(&p, &destination(&written, &target())));
+    fn annotated(pairs: &[(&str, &str)], namespace: &str) -> Application {
+        let mut a = app(json!({ "spec": {
+            "destination": { "server": "https://written-by-the-tenant", "namespace": namespace } } }));
+        a.metadata.namespace = Some("argocd".into());
+        let ann = a.metadata.annotations.get_or_insert_default();
+        ann.clear();
+        for (k, v) in pairs {
+            ann.insert((*k).into(), (*v).into());
+        }
+        a
+    }
+
+    fn allowed(p: &ProjectSpec, a: &Application) -> Result<(), Refusal> {
+        check(a, &target(), "p", Some(p), "argocd")
     }
 
     #[test]
-    fn an_entry_naming_the_managed_cluster_allows_only_the_cluster_itself() {
-        let p = spec(json!({ "destinations": [{ "name": "cluster1", "namespace": "*" }] }));
-        let mut a = app(json!({ "spec": { "destination": { "namespace": "x" } } }));
-        assert!(destination_permitted(&p, &destination(&a, &target())));
-        let annotate = |a: &mut Application, k: &str, v: &str| {
-            let ann = a.metadata.annotations.get_or_insert_default();
-            ann.clear();
-            ann.insert(k.into(), v.into());
-        };
-        // The tenant's annotations send the copy elsewhere: the entry
-        // naming the ManagedCluster does not allow that.
-        annotate(&mut a, keys::DESTINATION_SERVER, "https://prod-ext:6443");
-        assert!(!destination_permitted(&p, &destination(&a, &target())));
-        annotate(&mut a, keys::DESTINATION_NAME, "other");
-        assert!(!destination_permitted(&p, &destination(&a, &target())));
-        // Naming the cluster itself by its server is still the cluster.
-        annotate(&mut a, keys::DESTINATION_SERVER, IN.unwrap());
-        assert!(destination_permitted(&p, &destination(&a, &target())));
+    fn the_destination_written_on_the_hub_copy_does_not_count() {
+        let p = spec(json!({ "sourceRepos": ["*"],
+            "destinations": [{ "server": "https://written-by-the-tenant", "namespace": "*" }] }));
+        let a = annotated(&[], "x");
+        assert_eq!(destination(&a).server.as_deref(), Some(IN));
+        assert!(matches!(allowed(&p, &a), Err(Refusal::Destination { .. })));
+    }
+
+    #[test]
+    fn a_name_or_server_is_resolved_to_the_cluster_before_matching() {
+        let stock = spec(json!({ "sourceRepos": ["*"],
+            "destinations": [{ "server": "*", "namespace": "*" }] }));
+        let by_name = spec(json!({ "sourceRepos": ["*"],
+            "destinations": [{ "name": "cluster1", "namespace": "*" }] }));
+        for p in [&stock, &by_name] {
+            for pairs in [
+                vec![],
+                vec![(keys::DESTINATION_NAME, "in-cluster")],
+                vec![(keys::DESTINATION_SERVER, "https://kubernetes.default.svc/")],
+            ] {
+                assert_eq!(allowed(p, &annotated(&pairs, "x")), Ok(()), "{pairs:?}");
+            }
+        }
+        // What only the cluster's Argo CD could resolve is refused, and the
+        // refusal says which annotation to change.
+        for (k, v) in [
+            (keys::DESTINATION_NAME, "spoke-local"),
+            (keys::DESTINATION_SERVER, "https://prod-ext:6443"),
+        ] {
+            let r = allowed(&stock, &annotated(&[(k, v)], "x")).unwrap_err();
+            assert!(matches!(r, Refusal::Elsewhere { .. }), "{r}");
+            assert!(r.to_string().contains(k), "{r}");
+        }
     }
 
     #[test]
@@ -544,10 +657,33 @@ mod tests {
         let p = spec(json!({ "destinations": [
             { "name": "cluster1", "namespace": "a" },
             { "name": "cluster2", "namespace": "b" },
-            { "server": "*", "namespace": "!kube-system" }] }));
-        let on = destinations_on_cluster(&p, "cluster1", IN);
-        let ns: Vec<&str> = on.iter().map(|d| d.namespace.as_str()).collect();
-        assert_eq!(ns, ["a", "!kube-system"]);
-        assert!(on.iter().all(|d| d.name == "in-cluster"));
+            { "server": "*", "namespace": "!kube-system" },
+            { "name": "!prod-*", "namespace": "c" },
+            { "name": "!cluster1", "namespace": "*" },
+            { "server": "!https://kubernetes.default.svc", "namespace": "d" }] }));
+        let on = destinations_on_cluster(&p, "cluster1", Some(IN));
+        let entries: Vec<(&str, &str, &str)> = on
+            .iter()
+            .map(|d| (d.name.as_str(), d.server.as_str(), d.namespace.as_str()))
+            .collect();
+        assert_eq!(
+            entries,
+            [
+                ("in-cluster", IN, "a"),
+                ("", IN, "!kube-system"),
+                ("in-cluster", IN, "c"),
+                ("!in-cluster", "", "*"),
+                ("", "!https://kubernetes.default.svc", "d"),
+            ]
+        );
+        // The rewritten entries answer for the cluster itself as the hub's
+        // do for the ManagedCluster.
+        for ns in ["a", "b", "c", "d", "kube-system"] {
+            assert_eq!(
+                destination_matched(&on, IN_CLUSTER_NAME, IN, ns),
+                destination_matched(&p.destinations, "cluster1", IN, ns),
+                "{ns}"
+            );
+        }
     }
 }

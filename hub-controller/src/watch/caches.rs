@@ -170,6 +170,13 @@ impl crate::route::decide::World for Caches {
     fn project(&self, name: &str) -> Option<argocd_pull_apis::argocd::ProjectSpec> {
         Caches::project(self, name)
     }
+    fn project_version(&self, name: &str) -> Option<crate::authorized::ProjectVersion> {
+        self.project_object(name)
+            .map(|p| crate::authorized::ProjectVersion {
+                resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
+                generation: p.metadata.generation.unwrap_or_default(),
+            })
+    }
 }
 
 pub enum Lookup {

@@ -174,6 +174,10 @@ pub async fn shows_the_pulled_applications(stack: &Stack, names: &[String]) {
     // the Application's page with its health and sync, and the tree's
     // nodes: the resources its cluster reported in the hub copy's status,
     // over gRPC (cluster1) or in a ManifestWork's feedback (cluster2).
+    if let Some(why) = testenv::paths::argocd_ui_not_built() {
+        testenv::paths::not_run("e2e: the hub UI's pages in a browser", &why);
+        return;
+    }
     let browser = Browser::start(1440, 900).await.expect("chromium starts");
     let mut page = browser.page().await.unwrap();
     server.ui_login(&mut page, UI_TIMEOUT).await.unwrap();

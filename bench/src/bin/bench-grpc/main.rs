@@ -38,7 +38,7 @@
 //! the two sides in ABBA order and so need an even N.
 //!
 //! `make bench-grpc` builds everything and runs every part;
-//! `make bench-grpc-fleet` only the fleet. See docs/grpc.md.
+//! `make bench-grpc-fleet` only the fleet. See docs/benchmarks.md.
 
 #![forbid(unsafe_code)]
 

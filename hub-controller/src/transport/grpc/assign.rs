@@ -34,6 +34,9 @@ pub struct Desired {
     /// Applications name the same spoke Application and neither holds it
     /// yet, the older gets it.
     pub created: i64,
+    /// What the hub authorized with this delivery, for its record
+    /// ([`crate::authorized`]).
+    pub grant: Arc<crate::authorized::Grant>,
 }
 
 impl Desired {
@@ -148,13 +151,18 @@ pub fn assign(app: &Application, facts: &Facts) -> Assignment {
         namespace: target.app_namespace.clone(),
         name: app.name_any(),
     };
-    delivery(app, target, key)
+    delivery(app, target, key, facts)
 }
 
 /// Delivers `app` to `target` as `key`: the copy the agent gets, refused
 /// when its bytes are over the limit of one object.
-fn delivery(app: &Application, target: Target, key: ObjectKey) -> Assignment {
+fn delivery(app: &Application, target: Target, key: ObjectKey, facts: &Facts) -> Assignment {
     let deleting = app.metadata.deletion_timestamp.is_some();
+    let checked = facts
+        .world
+        .project_version(argocd_pull_apis::argocd::project_of(app))
+        .unwrap_or_default();
+    let grant = crate::authorized::grant(app, &target, Transport::Grpc, checked);
     let copy = grpc_copy(app, &target);
     let json = content::canonical(&copy);
     if let Err(e) = limits::check_object_json(
@@ -171,14 +179,14 @@ fn delivery(app: &Application, target: Target, key: ObjectKey) -> Assignment {
     Assignment::Deliver {
         cluster: target.cluster,
         key,
-        desired: Arc::new(desired(app, &json)),
+        desired: Arc::new(desired(app, &json, grant)),
         deleting,
     }
 }
 
 /// What the hub wants on the cluster for `app`, whose copy is `json`: the
 /// copy compressed, and the hub Application's uid, versions and age.
-fn desired(app: &Application, json: &[u8]) -> Desired {
+fn desired(app: &Application, json: &[u8], grant: crate::authorized::Grant) -> Desired {
     let uid = app.metadata.uid.clone().unwrap_or_default();
     let version = format!("{uid}.{}", content::hash_bytes(json));
     Desired {
@@ -195,6 +203,7 @@ fn desired(app: &Application, json: &[u8]) -> Desired {
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| t.0.as_second()),
+        grant: Arc::new(grant),
     }
 }
 

@@ -404,7 +404,7 @@ async fn hand_over_to_grpc(
 /// what an agent applied, are the cluster's state, which no tenant writes;
 /// a refused claimant's work is deleted, so at most one holds a key for
 /// long.
-fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubRef> {
+pub(super) fn other_owner(app: &Application, target: &Target, ctx: &Context) -> Option<HubRef> {
     let me = HubRef::of(app);
     let name = app.name_any();
     let slot = (

@@ -56,6 +56,10 @@ pub struct Context {
     pub(crate) unapplied: Mutex<HashMap<(String, String), std::time::Instant>>,
     /// What the AppProject works' passes must look at ([`projects`]).
     pub projects: projects::Changes,
+    /// Where the leader keeps the record of what the hub authorized
+    /// ([`crate::authorized`]); without it the record lives in the passes'
+    /// memory only.
+    pub authorized: std::sync::OnceLock<Arc<crate::authorized::Records>>,
 }
 
 impl Context {
@@ -87,6 +91,7 @@ impl Context {
             cluster_generations: Mutex::default(),
             unapplied: Mutex::default(),
             projects: projects::Changes::default(),
+            authorized: std::sync::OnceLock::new(),
         })
     }
 

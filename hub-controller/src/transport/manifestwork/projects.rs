@@ -1,19 +1,25 @@
 //! The AppProjects (and their project-scoped repository credentials) that
 //! travel to each cluster over the ManifestWork transport: one work per
 //! project per cluster ([`crate::render::project`]), for exactly the
-//! projects of the Applications this transport delivers there. A project
-//! whose last Application leaves a cluster has its work deleted, which
-//! removes the project and its credentials from the cluster; a credential
-//! never reaches a cluster with no Application of its project.
+//! projects the hub's record of what it authorized and delivered there
+//! names ([`crate::authorized`]), and the credentials of those whose grant
+//! still stands. What a tenant writes on a hub copy now, and what a
+//! cluster writes in its works, never names a project: a copy kept after
+//! a refusal keeps the grant it was delivered with. A project no grant
+//! names any more has its work deleted, which leaves the AppProject on the
+//! cluster and removes its credentials; a credential never reaches a
+//! cluster with no standing grant of its project.
 //!
-//! The leader keeps them, in passes: one after any change the watches
-//! report (Applications, projects, credentials, Placements, clusters, the
-//! works themselves), at most one every `SETTLE`, and one a minute
-//! regardless. A pass parses only the Applications that changed since the
-//! last one, unless something else changed (a project, a Placement), which
-//! can change any decision.
+//! The leader keeps them, and the record, in passes: one after any change
+//! the watches report (Applications, projects, credentials, Placements,
+//! clusters, the works themselves), at most one every `SETTLE`, and one a
+//! minute regardless. A pass parses only the Applications that changed
+//! since the last one, unless something else changed (a project, a
+//! Placement), which can change any decision. Each pass writes the record
+//! where it changed (both transports' grants: the gRPC ones as every
+//! replica decides them), before the works that derive from it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,11 +30,12 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
 use super::{Context, WORK_MANAGER};
+use crate::authorized::{self, ClusterRecord, Now, SpokeKey};
 use crate::render::project::{
     PROJECT_LABEL, PROJECT_SPEC_HASH, credentials_by_project, delivered_project, project_work,
 };
 use crate::render::work::work_name;
-use crate::route::decide::{Facts, Route, decide};
+use crate::route::decide::{Facts, Route, World, decide};
 use crate::route::target::DEFAULT_APP_NAMESPACE;
 use crate::route::transport::Transport;
 use crate::watch::caches::Lookup;
@@ -42,13 +49,17 @@ const RESYNC: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub struct Memory {
     /// Per Application (namespace, name): the resourceVersion last looked
-    /// at, and the (cluster, project) it was delivered to then.
+    /// at, and what this transport decided for its spoke key then.
     apps: HashMap<(String, String), Seen>,
+    /// The record as the last pass made it, by cluster (both transports).
+    record: BTreeMap<String, ClusterRecord>,
+    /// Whether `record` was read from the Leases (a term's first pass).
+    seeded: bool,
 }
 
 /// An Application's resourceVersion last looked at, and the (cluster,
-/// project) it was delivered to then.
-type Seen = (Option<String>, Option<(String, String)>);
+/// spoke key, decision) of this transport then.
+type Seen = (Option<String>, Option<(String, SpokeKey, Now)>);
 
 /// Keeps the project works until `down`.
 pub async fn run(ctx: Arc<Context>, down: Shutdown) {
@@ -108,17 +119,21 @@ impl Changes {
     }
 }
 
-/// One pass: the project works every cluster should have, written where
-/// they differ, deleted where no longer wanted.
+/// One pass: the record, then the project works every cluster should
+/// have, written where they differ, deleted where no longer wanted.
 async fn pass(ctx: &Context, memory: &mut Memory) -> Result<(), kube::Error> {
     let everything = ctx.projects.take_everything();
     decide_all(ctx, memory, everything);
-    apply(ctx, memory).await
+    record_all(ctx, memory);
+    // The record first: a replica serving a cluster's agent, or the next
+    // leader, derives from it.
+    let persisted = persist(ctx, memory).await;
+    let applied = apply(ctx, memory).await;
+    persisted.and(applied)
 }
 
-/// Which (cluster, project) each Application is delivered to by this
-/// transport, for those changed since the last pass (all when
-/// `everything`).
+/// What this transport decides for each Application's spoke key, for
+/// those changed since the last pass (all when `everything`).
 fn decide_all(ctx: &Context, memory: &mut Memory, everything: bool) {
     let facts = Facts {
         grpc_served: ctx.grpc.is_some(),
@@ -134,58 +149,146 @@ fn decide_all(ctx: &Context, memory: &mut Memory, everything: bool) {
             continue;
         }
         let app = cached.application();
-        let delivered = match decide(&app, &facts) {
-            Route::Deliver {
-                transport: Transport::ManifestWork,
-                target,
-            } if app.metadata.deletion_timestamp.is_none() => {
-                Some((target.cluster, project_of(&app).to_string()))
-            }
-            // Refused (its project or authorization withdrawn, say) but
-            // left on the cluster as it was: so are the project and the
-            // credentials it was delivered with.
-            Route::Refused {
-                target: Some(target),
-                ..
-            } if app.metadata.deletion_timestamp.is_none() => {
-                left_on(ctx, &target.cluster, &key).map(|p| (target.cluster, p))
-            }
-            _ => None,
+        let now = if app.metadata.deletion_timestamp.is_some() {
+            None
+        } else {
+            decided(ctx, &app, decide(&app, &facts), &key)
         };
-        memory.apps.insert(key, (rv, delivered));
+        memory.apps.insert(key, (rv, now));
     }
     memory.apps.retain(|k, _| seen.contains(k));
 }
 
-/// The project the Application `key` was delivered with, when its
-/// ManifestWork is still on `cluster` (its delivered copy's
-/// `spec.project`).
-fn left_on(ctx: &Context, cluster: &str, key: &(String, String)) -> Option<String> {
-    let Lookup::Known(Some(work)) = ctx.caches.work(cluster, &work_name(&key.0, &key.1)) else {
-        return None;
-    };
-    if work.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let manifest = work.spec.workload.as_ref()?.manifests.as_ref()?.first()?;
-    let project = manifest.get("spec")?.get("project")?.as_str()?;
-    Some(
-        if project.is_empty() {
-            "default"
-        } else {
-            project
+/// What `route` means for the record, when this transport acts on it: a
+/// delivery it owns is authorized now; a refusal whose work is still on
+/// the cluster keeps the grant that work was delivered with (whatever the
+/// work says now: a cluster may edit it).
+fn decided(
+    ctx: &Context,
+    app: &argocd_pull_apis::argocd::Application,
+    route: Route,
+    key: &(String, String),
+) -> Option<(String, SpokeKey, Now)> {
+    let (target, now) = match route {
+        Route::Deliver {
+            transport: Transport::ManifestWork,
+            target,
+        } => {
+            if super::application::other_owner(app, &target, ctx).is_some() {
+                return None;
+            }
+            let checked = ctx
+                .caches
+                .project_version(project_of(app))
+                .unwrap_or_default();
+            let grant = authorized::grant(app, &target, Transport::ManifestWork, checked);
+            (target, Now::Authorized(grant))
         }
-        .to_string(),
+        Route::Refused {
+            by: Transport::ManifestWork,
+            target: Some(target),
+            ..
+        } if work_kept(ctx, &target.cluster, key) => {
+            let owners = app.metadata.uid.clone().into_iter().collect();
+            (target, Now::Kept { owners })
+        }
+        _ => return None,
+    };
+    let spoke = (target.app_namespace.clone(), key.1.clone());
+    Some((target.cluster, spoke, now))
+}
+
+/// Whether the ManifestWork of Application `key` is on `cluster`, not
+/// being deleted.
+fn work_kept(ctx: &Context, cluster: &str, key: &(String, String)) -> bool {
+    matches!(
+        ctx.caches.work(cluster, &work_name(&key.0, &key.1)),
+        Lookup::Known(Some(w)) if w.metadata.deletion_timestamp.is_none()
     )
 }
 
-/// Writes the works `memory` wants, deletes the others.
+/// The record of every cluster after this pass's decisions: this
+/// transport's grants from its own, the gRPC transport's as every replica
+/// computes them.
+fn record_all(ctx: &Context, memory: &mut Memory) {
+    if !memory.seeded {
+        if let Some(records) = ctx.authorized.get() {
+            for c in records.clusters() {
+                memory
+                    .record
+                    .insert(c.clone(), (*records.record(&c).0).clone());
+            }
+        }
+        memory.seeded = true;
+    }
+    let mut now: BTreeMap<String, Vec<(SpokeKey, Now)>> = BTreeMap::new();
+    for (cluster, spoke, decision) in memory.apps.values().filter_map(|(_, d)| d.as_ref()) {
+        now.entry(cluster.clone())
+            .or_default()
+            .push((spoke.clone(), decision.clone()));
+    }
+    let mut clusters: BTreeSet<String> = now.keys().cloned().collect();
+    clusters.extend(memory.record.keys().cloned());
+    if let Some(hub) = &ctx.grpc {
+        clusters.extend(hub.clusters().iter().map(|cs| cs.name.clone()));
+    }
+    for cluster in clusters {
+        let recorded: ClusterRecord = memory
+            .record
+            .get(&cluster)
+            .into_iter()
+            .flatten()
+            .filter(|(_, g)| g.transport == Transport::ManifestWork)
+            .map(|(k, g)| (k.clone(), g.clone()))
+            .collect();
+        let mut next = authorized::next(&recorded, now.remove(&cluster).unwrap_or_default());
+        if let Some(hub) = &ctx.grpc {
+            next.extend(hub.authorized_record(&cluster));
+        }
+        if next.is_empty() {
+            memory.record.remove(&cluster);
+        } else {
+            memory.record.insert(cluster, next);
+        }
+    }
+}
+
+/// Writes the record of every cluster whose Lease differs.
+async fn persist(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
+    let Some(records) = ctx.authorized.get() else {
+        return Ok(());
+    };
+    let mut clusters: BTreeSet<String> = memory.record.keys().cloned().collect();
+    clusters.extend(records.clusters());
+    let mut failed = None;
+    let empty = ClusterRecord::new();
+    for cluster in clusters {
+        let want = memory.record.get(&cluster).unwrap_or(&empty);
+        let (have, version) = records.record(&cluster);
+        // A record over its bound is kept whole here and cut in the Lease:
+        // compared as the Lease holds it, or it is written on every pass.
+        if *have == *want || authorized::encode(&have).0 == authorized::encode(want).0 {
+            continue;
+        }
+        match records.write(&cluster, want, &version).await {
+            Ok(()) => {
+                tracing::info!(
+                    cluster,
+                    grants = want.len(),
+                    "the record of what the hub authorized on the cluster written"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(cluster, error = %e, "the record of what the hub authorized not written; retried on the next pass");
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Writes the works the record wants, deletes the others.
 async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
-    let wanted: BTreeSet<&(String, String)> = memory
-        .apps
-        .values()
-        .filter_map(|(_, d)| d.as_ref())
-        .collect();
     // The credentials of each project.
     let secrets = ctx.caches.credentials.state();
     let credentials = credentials_by_project(secrets.iter().map(|s| &**s), DEFAULT_APP_NAMESPACE);
@@ -193,24 +296,33 @@ async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
     // One cluster's failure (a namespace being deleted, say) holds up no
     // other: each work is tried, the first error returned at the end.
     let mut failed = None;
-    for (cluster, project) in wanted {
-        let Some(object) = ctx.caches.project_object(project) else {
-            // Its Applications are refused: nothing to deliver.
-            continue;
-        };
-        let mut manifests = vec![delivered_project(&object, cluster, DEFAULT_APP_NAMESPACE)];
-        manifests.extend(credentials.get(project).cloned().unwrap_or_default());
-        let work = match project_work(cluster, project, manifests) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(cluster, project, error = %e, "AppProject not delivered");
+    for (cluster, record) in &memory.record {
+        let wanted = authorized::projects(
+            record.values(),
+            Transport::ManifestWork,
+            |name| ctx.caches.project(name),
+            ctx.authorization.projects.as_deref(),
+        );
+        for (project, with_credentials) in &wanted {
+            let Some(object) = ctx.caches.project_object(project) else {
                 continue;
+            };
+            let mut manifests = vec![delivered_project(&object, cluster, DEFAULT_APP_NAMESPACE)];
+            if *with_credentials {
+                manifests.extend(credentials.get(project).cloned().unwrap_or_default());
             }
-        };
-        keep.insert((cluster.clone(), work.name_any()));
-        if let Err(e) = write(ctx, cluster, project, &work).await {
-            tracing::warn!(cluster, project, error = %e, "AppProject not written; retried on the next pass");
-            failed.get_or_insert(e);
+            let work = match project_work(cluster, project, manifests) {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(cluster, project, error = %e, "AppProject not delivered");
+                    continue;
+                }
+            };
+            keep.insert((cluster.clone(), work.name_any()));
+            if let Err(e) = write(ctx, cluster, project, &work).await {
+                tracing::warn!(cluster, project, error = %e, "AppProject not written; retried on the next pass");
+                failed.get_or_insert(e);
+            }
         }
     }
     // Project works no longer wanted: their last Application has left.

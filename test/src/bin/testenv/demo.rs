@@ -258,6 +258,13 @@ fn hints(dir: &Path, kubeconfigs: &[(String, PathBuf)], stack: &Stack) -> String
             .unwrap_or_else(|_| "argocd".into()),
         dir.join("argocd-cli.config").display()
     );
+    // Where the UI could not be built, the CLI below shows the same.
+    let ui_note = match testenv::paths::argocd_ui_not_built() {
+        Some(why) => format!(
+            "  (not on this machine: the UI was not built, because {why}; README, Prerequisites, says how to build it)\n"
+        ),
+        None => String::new(),
+    };
     let logs: Vec<String> = stack
         .logs()
         .iter()
@@ -287,7 +294,7 @@ Break something on purpose (an Application for a cluster OCM does not know):
   (the other Applications carry on; delete it with: {hub} delete -f example/mistakes/unknown-cluster.yaml)
 
 The hub's Argo CD UI:  {ui}  (user admin, password {password})
-  open {ui}/applications/argocd/guestbook-{c1} for {c1}'s Application: its sync and health as {c1} reported them
+{ui_note}  open {ui}/applications/argocd/guestbook-{c1} for {c1}'s Application: its sync and health as {c1} reported them
   (its tree, live states and diff are what {c1}'s Argo CD cached; a resource's LIVE MANIFEST, EVENTS and LOGS tabs are read on {c1} through its agent: docs/ui.md)
   open {ui}/applications/argocd/guestbook-{c1}?node=apps%2FDeployment%2Fguestbook%2Fguestbook-ticker%2F0&tab=logs for its ticker pod's logs
 Its CLI, logged in as admin:

@@ -22,6 +22,7 @@ fn desired(name: &str, version: &str) -> Arc<Desired> {
             ..Default::default()
         },
         created: 0,
+        grant: crate::fixtures::grant(&format!("uid-{name}"), "default"),
     })
 }
 

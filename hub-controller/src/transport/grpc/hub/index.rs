@@ -157,6 +157,15 @@ impl Index {
             .collect()
     }
 
+    /// The Applications refused on (cluster, key).
+    pub fn refused_at(&self, cluster: &str, key: &ObjectKey) -> Vec<HubRef> {
+        self.at(&(cluster.to_string(), key.clone()))
+            .into_iter()
+            .filter(|(_, a)| matches!(a, Assignment::Refused { .. }))
+            .map(|(r, _)| r.clone())
+            .collect()
+    }
+
     pub fn has_slot(&self, cluster: &str, key: &ObjectKey) -> bool {
         self.by_slot
             .get(&(cluster.to_string(), key.clone()))
@@ -355,6 +364,7 @@ mod tests {
                     ..Default::default()
                 },
                 created,
+                grant: crate::fixtures::grant(&format!("uid-{name}"), "default"),
             }),
         }
     }

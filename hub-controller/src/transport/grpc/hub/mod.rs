@@ -48,7 +48,6 @@ pub use routes::Routes;
 pub use workers::Workers;
 
 use mirror::mirror_work;
-use routes::app_ref;
 
 use super::GrpcConfig;
 use super::claims::Claims;
@@ -92,6 +91,10 @@ pub struct Hub {
     /// The live endpoint's URL when it serves argocd-server
     /// (`--live-addr`): agents are then offered `live-views`.
     live_url: std::sync::OnceLock<String>,
+    /// The record of what the hub authorized, as the leader keeps it
+    /// ([`crate::authorized`]); without it, only what this replica
+    /// delivered.
+    authorized: std::sync::OnceLock<Arc<crate::authorized::Records>>,
 }
 
 impl Hub {
@@ -164,6 +167,7 @@ impl Hub {
                 projects_epoch: watch::channel(0).0,
                 trees: std::sync::OnceLock::new(),
                 live_url: std::sync::OnceLock::new(),
+                authorized: std::sync::OnceLock::new(),
             }
         })
     }
@@ -446,6 +450,18 @@ impl Hub {
                 .insert(argocd_pull_proto::version::CAPABILITY_TREES.to_string());
         }
         offer
+    }
+
+    /// Reads the record of what the hub authorized from `records`; its
+    /// changes make the sessions send their project sets again.
+    pub fn set_authorized(self: &Arc<Self>, records: Arc<crate::authorized::Records>) {
+        let me = Arc::downgrade(self);
+        records.on_change(move |_| {
+            if let Some(hub) = me.upgrade() {
+                hub.project_or_credential_changed();
+            }
+        });
+        let _ = self.authorized.set(records);
     }
 
     /// See [`Holding::set_holders`].

@@ -1,25 +1,28 @@
 //! The AppProjects and project-scoped credentials a gRPC cluster's agent
-//! keeps (capability `projects`, managed mode): the projects of the
-//! Applications in the cluster's desired set, each as the cluster's Argo CD
-//! gets it ([`crate::render::project`], as over the ManifestWork
-//! transport), with the credentials scoped to them, and nothing else; a
-//! credential never reaches a cluster with no Application of its project.
+//! keeps (capability `projects`, managed mode): exactly the projects of the
+//! hub's record of what it authorized and delivered there
+//! ([`crate::authorized`]), each as the cluster's Argo CD gets it
+//! ([`crate::render::project`], as over the ManifestWork transport), with
+//! the credentials scoped to those whose grant still stands, and nothing
+//! else. The project a tenant writes on a hub copy now never adds one: a
+//! refused change leaves the kept copy's grant as it was delivered.
 //!
-//! The replica serving the cluster's agent builds the set from its caches
-//! and the desired set, which every replica computes alike, and sends it
-//! whole ([`ProjectSet`]) after the Welcome, when it changes, and again at
-//! each digest interval until the agent acknowledges its version.
-
-use std::collections::BTreeSet;
+//! The replica serving the cluster's agent builds the set from the record
+//! (the leader's Leases, and the copies this replica delivered), the
+//! decisions every replica makes alike, and its caches, and sends it whole
+//! ([`ProjectSet`]) after the Welcome, when it changes, and again at each
+//! digest interval until the agent acknowledges its version.
 
 use argocd_pull_proto::content;
 use argocd_pull_proto::limits::MAX_MESSAGE_BYTES;
-use argocd_pull_proto::v1::ProjectSet;
+use argocd_pull_proto::v1::{ObjectKey, ProjectSet};
 use tokio::sync::watch;
 
-use super::{Hub, app_ref};
+use super::Hub;
+use crate::authorized::{self, ClusterRecord, Grant, SpokeKey};
 use crate::render::project::{credentials_by_project, delivered_project};
 use crate::route::target::DEFAULT_APP_NAMESPACE;
+use crate::route::transport::Transport;
 use crate::transport::grpc::cluster::ClusterState;
 
 /// Room left in a message for its framing.
@@ -35,26 +38,60 @@ impl Hub {
         self.projects_epoch.send_modify(|n| *n += 1);
     }
 
+    /// `cluster`'s record as this replica has it now: the recorded grants
+    /// of this transport (the leader's Lease), those of the copies this
+    /// replica delivered (newer, when both name a key), taken through the
+    /// decisions of now ([`crate::authorized::next`]).
+    pub fn authorized_record(&self, cluster: &str) -> ClusterRecord {
+        let mut recorded: ClusterRecord = self
+            .authorized
+            .get()
+            .map(|r| r.record(cluster).0)
+            .into_iter()
+            .flat_map(|r| (*r).clone())
+            .filter(|(_, g)| g.transport == Transport::Grpc)
+            .collect();
+        if let Some(cs) = self.clusters.find(cluster) {
+            let delivered: Vec<(SpokeKey, Grant)> = cs
+                .lock()
+                .desired
+                .iter()
+                .map(|(k, d)| ((k.namespace.clone(), k.name.clone()), (*d.grant).clone()))
+                .collect();
+            recorded.extend(delivered);
+        }
+        let keys: Vec<ObjectKey> = recorded
+            .keys()
+            .map(|(namespace, name)| ObjectKey {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
+            .collect();
+        authorized::next(&recorded, self.routes.grants_now(cluster, keys))
+    }
+
     /// What `cs`'s agent must keep, or why it cannot be sent.
     pub fn project_set(&self, cs: &ClusterState) -> Result<ProjectSet, String> {
-        let used: BTreeSet<String> = {
-            let refs: Vec<_> = cs.lock().desired.values().map(|d| d.hub.clone()).collect();
-            refs.iter()
-                .filter_map(|r| self.caches.apps.get(&app_ref(r)))
-                .map(|a| a.project().to_string())
-                .collect()
-        };
+        let record = self.authorized_record(&cs.name);
+        let used = authorized::projects(
+            record.values(),
+            Transport::Grpc,
+            |name| self.caches.project(name),
+            self.config.authorization.projects.as_deref(),
+        );
         let secrets = self.caches.credentials.state();
         let mut credentials =
             credentials_by_project(secrets.iter().map(|s| &**s), DEFAULT_APP_NAMESPACE);
         let mut objects = Vec::new();
-        for name in &used {
-            // A project that does not exist: its Applications are refused.
+        for (name, with_credentials) in &used {
             let Some(project) = self.caches.project_object(name) else {
                 continue;
             };
             objects.push(delivered_project(&project, &cs.name, DEFAULT_APP_NAMESPACE));
-            objects.extend(credentials.remove(name).unwrap_or_default());
+            let scoped = credentials.remove(name).unwrap_or_default();
+            if *with_credentials {
+                objects.extend(scoped);
+            }
         }
         let objects_json: Vec<Vec<u8>> = objects
             .iter()

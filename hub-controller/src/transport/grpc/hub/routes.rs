@@ -15,6 +15,7 @@ use tokio::sync::watch;
 
 use super::clusters::Clusters;
 use super::index::{Decision, HeldBy, Index};
+use crate::authorized::{Now, SpokeKey};
 use crate::route::authz::Authorization;
 use crate::transport::grpc::assign::{self, Assignment, Facts, HubRef};
 use crate::transport::grpc::cluster::{Item, Work};
@@ -248,6 +249,35 @@ impl Routes {
             self.switched(&r, "holder-change");
             self.queue.add(Work::App(r));
         }
+    }
+
+    /// What this transport decides now for each of `keys` on `cluster`, as
+    /// the record of what the hub authorized takes it
+    /// ([`crate::authorized::next`]): the grant of the copy delivered now,
+    /// the refused hub Applications whose earlier copy stays, or nothing.
+    pub fn grants_now(
+        &self,
+        cluster: &str,
+        keys: impl IntoIterator<Item = ObjectKey>,
+    ) -> Vec<(SpokeKey, Now)> {
+        let index = self.index();
+        keys.into_iter()
+            .map(|key| {
+                let now = match index.decide(cluster, &key).0 {
+                    Decision::Deliver(d) => Now::Authorized((*d.grant).clone()),
+                    Decision::Keep => Now::Kept {
+                        owners: index
+                            .refused_at(cluster, &key)
+                            .iter()
+                            .filter_map(|r| self.caches.apps.get(&app_ref(r)))
+                            .filter_map(|a| a.identity().uid.clone())
+                            .collect(),
+                    },
+                    _ => Now::Nothing,
+                };
+                ((key.namespace, key.name), now)
+            })
+            .collect()
     }
 
     /// The assignment of `r`, as the index holds it.
