@@ -2,16 +2,17 @@
 //! hub's argocd-server makes for a pulled Application (a resource's live
 //! manifest, its events, a pod's log), as the hub's live endpoint receives
 //! them and the agent serves them. Pure: what a path asks for, whether it
-//! is allowed at all, whether an object belongs to an Application the
-//! agent applied, and the Kubernetes `Status` a refusal is answered with.
+//! is allowed at all, whose share of the reads it takes, which Application
+//! an object belongs to ([`tracking`]), and the Kubernetes `Status` a
+//! refusal is answered with.
 //!
 //! Only reads of single objects are served (never a list, a watch or a
 //! write); the events of one object; one pod's log. Anything else is a 403
 //! whose message says that argocd-pull serves reads only.
 
-use std::collections::BTreeSet;
-
 use serde_json::{Value, json};
+
+pub mod tracking;
 
 /// How many owner references the agent follows from an object to one an
 /// Application manages (a Pod, its ReplicaSet, its Deployment is two).
@@ -45,12 +46,13 @@ pub enum Read {
     Discovery(String),
     /// One object.
     Get(Target),
-    /// The events of one object in `namespace` (`involvedObject.name`, and
-    /// its uid when given).
+    /// The events of one object in `namespace`: `involvedObject.name`
+    /// and its uid, which argocd-server takes from the tree (never empty:
+    /// an empty uid would match the events of any object of that name).
     Events {
         namespace: String,
         name: String,
-        uid: Option<String>,
+        uid: String,
     },
     /// One pod's log; `query` holds only [`LOG_PARAMS`], in the order
     /// asked, encoded again.
@@ -91,6 +93,61 @@ impl Target {
     }
 }
 
+/// Whose share of a cluster's live reads one read takes: the reads of one
+/// namespace of the cluster (where an Application's resources are, and
+/// what separates tenants on a cluster: argocd-server's request names
+/// neither the Application nor the user), followed logs apart from every
+/// other read, so that follows left open never hold back a LIVE MANIFEST.
+/// Cluster-scoped objects are one more share, and discovery (which every
+/// read of argocd-server needs first) one of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Share {
+    pub scope: Scope,
+    pub follow: bool,
+}
+
+/// Where the reads of a [`Share`] are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    Namespace(String),
+    ClusterScoped,
+    Discovery,
+}
+
+impl std::fmt::Display for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.follow {
+            "followed logs"
+        } else {
+            "live reads"
+        };
+        match &self.scope {
+            Scope::Namespace(ns) => write!(f, "{what} in namespace {ns}"),
+            Scope::ClusterScoped => write!(f, "{what} of cluster-scoped objects"),
+            Scope::Discovery => write!(f, "discovery reads"),
+        }
+    }
+}
+
+impl Read {
+    /// The share this read is counted against.
+    pub fn share(&self) -> Share {
+        let ns = |n: &str| Scope::Namespace(n.to_string());
+        let (scope, follow) = match self {
+            Read::Discovery(_) => (Scope::Discovery, false),
+            Read::Get(t) => match &t.namespace {
+                Some(n) => (ns(n), false),
+                None => (Scope::ClusterScoped, false),
+            },
+            Read::Events { namespace, .. } => (ns(namespace), false),
+            Read::Logs {
+                namespace, follow, ..
+            } => (ns(namespace), *follow),
+        };
+        Share { scope, follow }
+    }
+}
+
 /// A refused read: the HTTP code and the Kubernetes `Status` it is
 /// answered with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,6 +185,7 @@ pub fn status_json(code: u16, message: &str) -> Vec<u8> {
         404 => "NotFound",
         405 => "MethodNotAllowed",
         413 => "RequestEntityTooLarge",
+        414 => "RequestURITooLong",
         429 => "TooManyRequests",
         501 => "NotImplemented",
         503 => "ServiceUnavailable",
@@ -259,14 +317,19 @@ fn events(namespace: &str, selector: &str) -> Result<Read, Refusal> {
             }
         }
     }
-    match name {
-        Some(name) if !name.is_empty() => Ok(Read::Events {
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return Err(Refusal::forbidden(format!(
+            "a list of events is served only for one object (fieldSelector=involvedObject.name=...); {READS_ONLY}"
+        )));
+    };
+    match uid.filter(|u| !u.is_empty()) {
+        Some(uid) => Ok(Read::Events {
             namespace: namespace.to_string(),
             name,
-            uid: uid.filter(|u| !u.is_empty()),
+            uid,
         }),
-        _ => Err(Refusal::forbidden(format!(
-            "a list of events is served only for one object (fieldSelector=involvedObject.name=...); {READS_ONLY}"
+        None => Err(Refusal::forbidden(format!(
+            "events are not served without the uid of their object (fieldSelector=...,involvedObject.uid=<uid>): they would be those of any object named {name}; argocd-server sends the uid of a node of the Application's tree, and a node without one opens no live view"
         ))),
     }
 }
@@ -324,24 +387,6 @@ pub fn group_of(api_version: &str) -> &str {
     api_version.split_once('/').map(|(g, _)| g).unwrap_or("")
 }
 
-/// What an Application manages, from its `status.resources`.
-pub fn managed_resources(application: &Value) -> BTreeSet<ResourceRef> {
-    let s = |r: &Value, f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_string();
-    application
-        .pointer("/status/resources")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|r| r.get("kind").is_some() && r.get("name").is_some())
-        .map(|r| ResourceRef {
-            group: s(r, "group"),
-            kind: s(r, "kind"),
-            namespace: s(r, "namespace"),
-            name: s(r, "name"),
-        })
-        .collect()
-}
-
 /// The owners `obj` names in its `ownerReferences`, in `obj`'s namespace
 /// (an owner is in the same namespace, or cluster-scoped; both are tried
 /// by the reader, which looks each up through the API).
@@ -389,7 +434,9 @@ pub fn opens_live_views(destination: Option<&Value>, cluster: &str, live_server:
 /// The answer when an object belongs to no Application the agent applied.
 pub fn not_owned(object: &ResourceRef, cluster: &str) -> Refusal {
     Refusal::forbidden(format!(
-        "{object} belongs to no Application argocd-pull applied on {cluster}: only the resources of a pulled Application, and what they own, are served (an Application delivered to {cluster} in a ManifestWork has no live views: they need the gRPC transport)"
+        "{object} belongs to no Application argocd-pull applied on {cluster}: only what Argo CD applied for a pulled Application (its tracking annotation {} or label {} names the Application), and what that owns, is served (an Application delivered to {cluster} in a ManifestWork has no live views: they need the gRPC transport)",
+        tracking::TRACKING_ID,
+        tracking::INSTANCE_LABEL
     ))
 }
 
@@ -451,7 +498,7 @@ mod tests {
                 Read::Events {
                     namespace: "gb".into(),
                     name: "ui".into(),
-                    uid: Some("u-1".into()),
+                    uid: "u-1".into(),
                 },
             ),
             (
@@ -501,6 +548,10 @@ mod tests {
             "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Da%2CinvolvedObject.namespace%3Dother",
             "/apis/apps/v1/namespaces/gb/pods/a/log",
             "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3D",
+            // One object's events without its uid, or with an empty one:
+            // those of any object of that name (another tenant's pod).
+            "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Dui%2CinvolvedObject.namespace%3Dgb",
+            "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Dui%2CinvolvedObject.namespace%3Dgb%2CinvolvedObject.uid%3D",
             "/healthz",
             "/",
         ] {
@@ -525,6 +576,42 @@ mod tests {
     }
 
     #[test]
+    fn follows_are_shared_apart_and_reads_by_namespace() {
+        let share = |path: &str| parse("GET", path).unwrap().share();
+        let ns = |n: &str, follow: bool| Share {
+            scope: Scope::Namespace(n.into()),
+            follow,
+        };
+        assert_eq!(
+            share("/api/v1/namespaces/gb/pods/p/log?follow=true"),
+            ns("gb", true)
+        );
+        assert_eq!(
+            share("/api/v1/namespaces/gb/pods/p/log?tailLines=3"),
+            ns("gb", false)
+        );
+        assert_eq!(share("/api/v1/namespaces/gb/configmaps/c"), ns("gb", false));
+        assert_eq!(
+            share(
+                "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Dc%2CinvolvedObject.uid%3Du"
+            ),
+            ns("gb", false)
+        );
+        let of = |scope: Scope| Share {
+            scope,
+            follow: false,
+        };
+        assert_eq!(share("/api/v1"), of(Scope::Discovery));
+        assert_eq!(share("/apis/apps/v1"), of(Scope::Discovery));
+        assert_eq!(share("/api/v1/namespaces/gb"), of(Scope::ClusterScoped));
+        assert_eq!(
+            share("/apis/rbac.authorization.k8s.io/v1/clusterroles/view"),
+            of(Scope::ClusterScoped)
+        );
+        assert_eq!(ns("gb", true).to_string(), "followed logs in namespace gb");
+    }
+
+    #[test]
     fn a_refusal_is_a_kubernetes_status() {
         let s: Value = serde_json::from_slice(&Refusal::forbidden("no").status_json()).unwrap();
         assert_eq!(s["kind"], "Status");
@@ -534,20 +621,7 @@ mod tests {
     }
 
     #[test]
-    fn managed_resources_and_owners_are_read_from_the_objects() {
-        let app = json!({ "status": { "resources": [
-            { "group": "apps", "version": "v1", "kind": "Deployment", "namespace": "gb", "name": "ui" },
-            { "version": "v1", "kind": "Namespace", "name": "gb" },
-            { "kind": "ConfigMap" },
-        ]}});
-        let managed = managed_resources(&app);
-        assert_eq!(
-            managed.into_iter().collect::<Vec<_>>(),
-            vec![
-                ResourceRef::new("v1", "Namespace", "", "gb"),
-                ResourceRef::new("apps/v1", "Deployment", "gb", "ui"),
-            ]
-        );
+    fn owners_are_read_from_the_objects() {
         let pod = json!({ "apiVersion": "v1", "kind": "Pod", "metadata": {
             "namespace": "gb", "name": "ui-5d-x",
             "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "ui-5d", "uid": "r" }]

@@ -24,6 +24,42 @@ pub const MAX_LIVE_CHUNK_BYTES: usize = 256 * 1024;
 /// The longest path of one live read (`LiveRequest.path`, with its query).
 pub const MAX_LIVE_PATH_LEN: usize = 4096;
 
+/// Why the path of a live read cannot be sent as a `LiveRequest`: the one
+/// check the hub makes before it puts a read on the stream and the agent
+/// makes when it takes one, so that whatever the hub sends, the agent
+/// accepts; a path that fails it is answered for that read alone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LivePathError {
+    #[error(
+        "the path and query are {0} characters, over the {MAX_LIVE_PATH_LEN} a live read may have"
+    )]
+    TooLong(usize),
+    #[error("the path must start with / and hold only printable ASCII (URL-encoded)")]
+    Malformed,
+}
+
+impl LivePathError {
+    /// The HTTP code a read with such a path is answered with: 414 (URI
+    /// Too Long) or 400.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::TooLong(_) => 414,
+            Self::Malformed => 400,
+        }
+    }
+}
+
+/// Checks the path (with its query) of one live read.
+pub fn check_live_path(path: &str) -> Result<(), LivePathError> {
+    if path.len() > MAX_LIVE_PATH_LEN {
+        return Err(LivePathError::TooLong(path.len()));
+    }
+    if !path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(LivePathError::Malformed);
+    }
+    Ok(())
+}
+
 /// A payload or message over its limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
@@ -139,6 +175,30 @@ mod tests {
             status.message(),
             "a message of 4.0 MiB is over the 4.0 MiB limit of one message"
         );
+    }
+
+    #[test]
+    fn a_live_path_is_checked_once_for_both_ends() {
+        assert_eq!(
+            check_live_path("/api/v1/namespaces/gb/pods/p/log?container=c"),
+            Ok(())
+        );
+        let at_limit = format!("/{}", "a".repeat(MAX_LIVE_PATH_LEN - 1));
+        assert_eq!(check_live_path(&at_limit), Ok(()));
+        let long = format!(
+            "/api/v1/namespaces/gb/pods/p/log?container={}",
+            "c".repeat(6000)
+        );
+        let e = check_live_path(&long).unwrap_err();
+        assert_eq!(e.http_status(), 414);
+        assert!(e.to_string().contains("over the 4096"), "{e}");
+        for bad in ["", "api/v1", "/api/v1 x", "/api/\u{e9}", "/a\nb"] {
+            assert_eq!(
+                check_live_path(bad).map_err(|e| e.http_status()),
+                Err(400),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use crate::{
     digest::SetDigest,
-    limits::{MAX_LIVE_CHUNK_BYTES, MAX_LIVE_PATH_LEN, MAX_OBJECT_JSON_BYTES},
+    limits::{MAX_LIVE_CHUNK_BYTES, MAX_OBJECT_JSON_BYTES},
     v1::{
         AckOutcome, AgentMessage, HubMessage, ObjectKey, RefreshKind, agent_message, hub_message,
         operation_request, status_report,
@@ -100,18 +100,12 @@ fn live_response(r: &crate::v1::LiveResponse) -> Result<(), Malformed> {
     Ok(())
 }
 
-/// A hub's LiveRequest: an id and a path of the Kubernetes API within
-/// [`MAX_LIVE_PATH_LEN`] (what the path asks for is the agent's to check).
+/// A hub's LiveRequest: an id. Its path is a reader's, not the hub's: it is
+/// checked ([`crate::limits::check_live_path`]) and refused for that read
+/// alone, never by ending the stream.
 fn live_request(r: &crate::v1::LiveRequest) -> Result<(), Malformed> {
-    const W: &str = "LiveRequest";
     if r.id == 0 {
-        return Err(malformed(W, "id is 0"));
-    }
-    if !r.path.starts_with('/') || r.path.len() > MAX_LIVE_PATH_LEN {
-        return Err(malformed(
-            W,
-            format!("path must start with / and be at most {MAX_LIVE_PATH_LEN} characters"),
-        ));
+        return Err(malformed("LiveRequest", "id is 0"));
     }
     Ok(())
 }
@@ -807,6 +801,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_readers_path_never_ends_the_stream() {
+        let request = |id: u64, path: String| HubMessage {
+            kind: Some(hub_message::Kind::LiveRequest(crate::v1::LiveRequest {
+                id,
+                path,
+                window: 32,
+            })),
+        };
+        let long = format!(
+            "/api/v1/namespaces/gb/pods/p/log?container={}",
+            "c".repeat(6000)
+        );
+        assert_eq!(hub_message(&request(7, long)), Ok(()));
+        assert_eq!(hub_message(&request(7, "no slash".into())), Ok(()));
+        assert!(
+            hub_message(&request(0, "/api".into())).is_err(),
+            "the hub's own id"
+        );
     }
 
     #[test]

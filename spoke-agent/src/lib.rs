@@ -334,6 +334,7 @@ pub async fn run_agent(
             store.clone(),
             state.clone(),
             &config.cluster_name,
+            &config.argocd_namespace,
         )
     });
     let connection = Arc::new(session::Connection {

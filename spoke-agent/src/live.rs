@@ -1,32 +1,35 @@
 //! Capability `live-views`: the reads the hub's argocd-server makes of this
 //! cluster (a resource's live manifest, its events, a pod's log), which the
 //! hub forwards as `LiveRequest`s. Each is checked before anything is read
-//! ([`argocd_pull_core::live::parse`]: single objects, one object's events,
-//! one pod's log, discovery; never a list, a watch or a write), then the
-//! object (for events each event's involved object, for a log its pod) must
-//! belong to an Application this agent applied for the hub: listed in its
-//! `status.resources`, or owned by one through at most
-//! [`MAX_OWNER_HOPS`] owner references (a Pod of a ReplicaSet of a
-//! Deployment). A Secret leaves without its values. Answers go back in
-//! chunks after the status reports; at most [`MAX_READS`] run at once.
+//! (its path's length and form, [`limits::check_live_path`], and what it
+//! asks for, [`argocd_pull_core::live::parse`]: single objects, one
+//! object's events by its uid, one pod's log, discovery; never a list, a
+//! watch or a write), and refused for that read alone when it fails: no
+//! reader's request ends the stream. Then the object (for events the
+//! object of that uid, for a log its pod) must be one Argo CD applied for
+//! an Application this agent applied for the hub, or owned by one
+//! (`live/owners.rs`). A Secret leaves without its values. Answers go back
+//! in chunks after the status reports; how many run at once is bounded per
+//! namespace, followed logs apart (`live/admit.rs`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use argocd_pull_apis::keys;
-use argocd_pull_core::live::{self, MAX_OWNER_HOPS, Read, Refusal, ResourceRef};
-use argocd_pull_proto::limits::MAX_LIVE_CHUNK_BYTES;
+use argocd_pull_core::live::{self, Read, Refusal, ResourceRef, Share};
+use argocd_pull_proto::limits::{self, MAX_LIVE_CHUNK_BYTES};
 use argocd_pull_proto::v1::{LiveRequest, LiveResponse};
 use argocd_pull_runtime::task::AbortOnDrop;
 use futures::AsyncBufReadExt;
-use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::cache::Cache;
 use crate::state::AgentState;
 
-/// Reads served at once; more are answered 429 at once.
-pub const MAX_READS: usize = 8;
+mod admit;
+mod owners;
+
+pub use admit::{MAX_FOLLOWS_PER_SHARE, MAX_READS_PER_SHARE, MAX_RUNNING};
+
 /// The largest answer that is not a log: an object, or one object's
 /// events.
 pub const MAX_ANSWER_BYTES: usize = 4 << 20;
@@ -37,15 +40,19 @@ pub struct Reader {
     cache: Cache,
     state: Arc<AgentState>,
     cluster: String,
-    /// The reads under way, by request id (cancelled by dropping).
-    running: Mutex<HashMap<u64, AbortOnDrop<()>>>,
+    /// The namespace of the cluster's Argo CD (its Applications' tracking
+    /// names them without their namespace there).
+    argocd_namespace: String,
+    /// The reads under way, by request id (cancelled by dropping), with
+    /// the share each takes.
+    running: Mutex<HashMap<u64, (AbortOnDrop<()>, Share)>>,
     /// The chunks each read may still send (capability `live-credits`:
     /// its window, then what the hub grants back); a read without an entry
     /// sends without waiting.
     credits: Mutex<HashMap<u64, Arc<tokio::sync::Semaphore>>>,
     /// How each kind is served, by group and kind (owners are named by
     /// kind; the API is asked by resource): [`Reader::plural`]'s memory.
-    plurals: Mutex<HashMap<(String, String), Plural>>,
+    plurals: Mutex<HashMap<(String, String), owners::Plural>>,
 }
 
 /// The JSON content type.
@@ -57,48 +64,61 @@ impl Reader {
         store: kube::runtime::reflector::Store<argocd_pull_apis::argocd::Application>,
         state: Arc<AgentState>,
         cluster: &str,
+        argocd_namespace: &str,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
             cache: Cache::new(store),
             state,
             cluster: cluster.to_string(),
+            argocd_namespace: argocd_namespace.to_string(),
             running: Mutex::default(),
             credits: Mutex::default(),
             plurals: Mutex::default(),
         })
     }
 
-    /// Starts answering `request`, received on stream `session`.
+    /// Starts answering `request`, received on stream `session`; a path
+    /// the agent does not take, or a read over its share, is answered at
+    /// once, for that read alone.
     pub fn request(self: &Arc<Self>, session: u64, request: LiveRequest) {
         let id = request.id;
+        let read = limits::check_live_path(&request.path)
+            .map_err(|e| Refusal::new(e.http_status(), e.to_string()))
+            .and_then(|()| live::parse("GET", &request.path));
+        let read = match read {
+            Ok(read) => read,
+            Err(refusal) => {
+                let length = request.path.len();
+                tracing::warn!(length, code = refusal.code, reason = %refusal.message, "refused a live read of the hub");
+                return self.refuse_later(session, id, refusal);
+            }
+        };
+        let share = read.share();
         let mut running = self.running.lock().expect("not poisoned");
-        running.retain(|_, task| !task.0.is_finished());
-        if running.len() >= MAX_READS {
+        running.retain(|_, (task, _)| !task.0.is_finished());
+        if let Err(busy) = admit::admit(running.values().map(|(_, s)| s), &share) {
             drop(running);
-            let me = self.clone();
-            tokio::spawn(async move {
-                let busy = Refusal::new(
-                    429,
-                    format!("{MAX_READS} live reads are under way on this cluster; try again"),
-                );
-                me.refuse(session, id, &busy).await;
-            });
-            return;
+            tracing::warn!(%share, reason = %busy.message, "refused a live read of the hub");
+            return self.refuse_later(session, id, busy);
         }
         if request.window > 0 {
             let window = tokio::sync::Semaphore::new(request.window as usize);
             self.credits().insert(id, Arc::new(window));
         }
         let me = self.clone();
-        running.insert(
-            id,
-            AbortOnDrop(tokio::spawn(async move {
-                me.serve(session, request).await;
-                me.running.lock().expect("not poisoned").remove(&id);
-                me.credits().remove(&id);
-            })),
-        );
+        let task = AbortOnDrop(tokio::spawn(async move {
+            me.serve(session, id, read).await;
+            me.running.lock().expect("not poisoned").remove(&id);
+            me.credits().remove(&id);
+        }));
+        running.insert(id, (task, share));
+    }
+
+    /// Answers read `id` with `refusal` without holding up the stream.
+    fn refuse_later(self: &Arc<Self>, session: u64, id: u64, refusal: Refusal) {
+        let me = self.clone();
+        tokio::spawn(async move { me.refuse(session, id, &refusal).await });
     }
 
     fn credits(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<tokio::sync::Semaphore>>> {
@@ -127,15 +147,8 @@ impl Reader {
         self.credits().clear();
     }
 
-    async fn serve(&self, session: u64, request: LiveRequest) {
-        let id = request.id;
-        let read = match live::parse("GET", &request.path) {
-            Ok(read) => read,
-            Err(refusal) => {
-                tracing::warn!(path = %request.path, reason = %refusal.message, "refused a live read of the hub");
-                return self.refuse(session, id, &refusal).await;
-            }
-        };
+    async fn serve(&self, session: u64, id: u64, read: Read) {
+        let what = format!("{read:?}");
         let answer = match read {
             Read::Discovery(path) => self.discovery(&path).await,
             Read::Get(target) => self.get(&target).await,
@@ -143,7 +156,7 @@ impl Reader {
                 namespace,
                 name,
                 uid,
-            } => self.events(&namespace, &name, uid.as_deref()).await,
+            } => self.events(&namespace, &name, &uid).await,
             Read::Logs {
                 namespace,
                 pod,
@@ -171,7 +184,7 @@ impl Reader {
             }
             Err(refusal) => {
                 if refusal.code == 403 {
-                    tracing::warn!(path = %request.path, reason = %refusal.message, "refused a live read of the hub");
+                    tracing::warn!(read = %what, reason = %refusal.message, "refused a live read of the hub");
                 }
                 self.refuse(session, id, &refusal).await
             }
@@ -235,62 +248,55 @@ impl Reader {
         let Some(r) = ResourceRef::of(&object) else {
             return Err(Refusal::new(502, "the cluster's answer is not an object"));
         };
-        if !self.belongs(&r, Some(object.clone())).await? {
+        if self.belongs(&r, Some(object.clone())).await?.is_none() {
             return Err(live::not_owned(&r, &self.cluster));
         }
         live::redact(&mut object);
         Ok(serde_json::to_vec(&object).expect("a Value always serializes"))
     }
 
-    /// The events of one object in `namespace`, each kept only if its
-    /// involved object belongs to a pulled Application.
-    async fn events(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: Option<&str>,
-    ) -> Result<Vec<u8>, Refusal> {
-        let mut selector = vec![
-            format!("involvedObject.name={name}"),
-            format!("involvedObject.namespace={namespace}"),
-        ];
-        if let Some(uid) = uid {
-            selector.push(format!("involvedObject.uid={uid}"));
-        }
-        let query = form_query(&[("fieldSelector", &selector.join(","))]);
+    /// The events of the object of `uid` (`name` in `namespace`): only
+    /// those whose involved object is that uid, and only if the object of
+    /// that uid is on the cluster and belongs to a pulled Application.
+    async fn events(&self, namespace: &str, name: &str, uid: &str) -> Result<Vec<u8>, Refusal> {
+        let selector = format!(
+            "involvedObject.name={name},involvedObject.namespace={namespace},involvedObject.uid={uid}"
+        );
+        let query = form_query(&[("fieldSelector", &selector)]);
         let body = self
             .fetch(&format!("/api/v1/namespaces/{namespace}/events?{query}"))
             .await?;
         let mut list: Value = serde_json::from_slice(&body)
             .map_err(|e| Refusal::new(502, format!("the cluster's answer is not JSON: {e}")))?;
-        let mut allowed: HashMap<ResourceRef, bool> = HashMap::new();
-        let items = list
+        let items: Vec<Value> = list
             .get_mut("items")
             .and_then(Value::as_array_mut)
             .map(std::mem::take)
-            .unwrap_or_default();
-        let mut kept = Vec::new();
-        for event in items {
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.pointer("/involvedObject/uid").and_then(Value::as_str) == Some(uid))
+            .collect();
+        if let Some(first) = items.first() {
             let s = |f: &str| {
-                event
+                first
                     .pointer(&format!("/involvedObject/{f}"))
                     .and_then(Value::as_str)
                     .unwrap_or("")
             };
             let r = ResourceRef::new(s("apiVersion"), s("kind"), s("namespace"), s("name"));
-            let ok = match allowed.get(&r) {
-                Some(ok) => *ok,
-                None => {
-                    let ok = self.belongs(&r, None).await?;
-                    allowed.insert(r, ok);
-                    ok
-                }
+            let object = self
+                .read(&r)
+                .await?
+                .filter(|o| o.pointer("/metadata/uid").and_then(Value::as_str) == Some(uid));
+            let owned = match object {
+                Some(o) => self.belongs(&r, Some(o)).await?.is_some(),
+                None => false,
             };
-            if ok {
-                kept.push(event);
+            if !owned {
+                return Err(live::not_owned(&r, &self.cluster));
             }
         }
-        list["items"] = Value::Array(kept);
+        list["items"] = Value::Array(items);
         Ok(serde_json::to_vec(&list).expect("a Value always serializes"))
     }
 
@@ -307,8 +313,8 @@ impl Reader {
     ) {
         let r = ResourceRef::new("v1", "Pod", namespace, pod);
         match self.belongs(&r, None).await {
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(Some(_)) => {}
+            Ok(None) => {
                 return self
                     .refuse(session, id, &live::not_owned(&r, &self.cluster))
                     .await;
@@ -363,144 +369,6 @@ impl Reader {
             .map(String::into_bytes)
             .map_err(refusal_of)
     }
-
-    /// Whether `object` belongs to an Application this agent applied for
-    /// the hub: it is one of their managed resources, or owned by one
-    /// within [`MAX_OWNER_HOPS`] owner references. `fetched` is the object
-    /// when the caller has it.
-    async fn belongs(&self, object: &ResourceRef, fetched: Option<Value>) -> Result<bool, Refusal> {
-        let managed = self.managed();
-        if managed.contains(object) {
-            return Ok(true);
-        }
-        let mut level: Vec<(ResourceRef, Option<Value>)> = vec![(object.clone(), fetched)];
-        let mut seen: HashSet<ResourceRef> = HashSet::from([object.clone()]);
-        for _ in 0..MAX_OWNER_HOPS {
-            let mut next = Vec::new();
-            for (r, obj) in level {
-                let obj = match obj {
-                    Some(o) => o,
-                    None => match self.read(&r).await? {
-                        Some(o) => o,
-                        None => continue,
-                    },
-                };
-                for owner in live::owners(&obj) {
-                    if managed.contains(&owner) {
-                        return Ok(true);
-                    }
-                    if seen.insert(owner.clone()) {
-                        next.push((owner, None));
-                    }
-                }
-            }
-            if next.is_empty() {
-                break;
-            }
-            level = next;
-        }
-        Ok(false)
-    }
-
-    /// Every resource the Applications this agent applied for the hub
-    /// manage.
-    fn managed(&self) -> BTreeSet<ResourceRef> {
-        self.cache
-            .all()
-            .iter()
-            .filter(|a| a.annotations().contains_key(keys::HUB_UID))
-            .flat_map(|a| live::managed_resources(&a.data))
-            .collect()
-    }
-
-    /// The object `r` names (its version found through discovery); `None`
-    /// when it is not there. A namespaced kind is read in `r`'s namespace,
-    /// a cluster-scoped one without.
-    async fn read(&self, r: &ResourceRef) -> Result<Option<Value>, Refusal> {
-        let Some(kind) = self.plural(&r.group, &r.kind).await? else {
-            return Ok(None);
-        };
-        let target = live::Target {
-            group: r.group.clone(),
-            version: kind.version,
-            resource: kind.plural,
-            namespace: (kind.namespaced && !r.namespace.is_empty()).then(|| r.namespace.clone()),
-            name: r.name.clone(),
-        };
-        match self.fetch(&target.path()).await {
-            Ok(body) => Ok(serde_json::from_slice(&body).ok()),
-            Err(refusal) if refusal.code == 404 => {
-                let key = (r.group.clone(), r.kind.clone());
-                self.plurals.lock().expect("not poisoned").remove(&key);
-                Ok(None)
-            }
-            Err(refusal) => Err(refusal),
-        }
-    }
-
-    /// The preferred version, plural and scope of `group`/`kind`, from the
-    /// cluster's discovery the first time, then from memory (at most 1,024
-    /// kinds; forgotten when a read at it finds nothing, so a CRD whose
-    /// version went is looked up again).
-    async fn plural(&self, group: &str, kind: &str) -> Result<Option<Plural>, Refusal> {
-        let key = (group.to_string(), kind.to_string());
-        if let Some(known) = self.plurals.lock().expect("not poisoned").get(&key) {
-            return Ok(Some(known.clone()));
-        }
-        let version = if group.is_empty() {
-            "v1".to_string()
-        } else {
-            let body = self.fetch(&format!("/apis/{group}")).await?;
-            let g: Value = serde_json::from_slice(&body).unwrap_or_default();
-            match g
-                .pointer("/preferredVersion/version")
-                .and_then(Value::as_str)
-            {
-                Some(v) => v.to_string(),
-                None => return Ok(None),
-            }
-        };
-        let path = if group.is_empty() {
-            "/api/v1".to_string()
-        } else {
-            format!("/apis/{group}/{version}")
-        };
-        let body = self.fetch(&path).await?;
-        let list: Value = serde_json::from_slice(&body).unwrap_or_default();
-        let found = list
-            .get("resources")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .find(|r| {
-                r.get("kind").and_then(Value::as_str) == Some(kind)
-                    && !r
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("/")
-                        .contains('/')
-            });
-        let Some(r) = found else { return Ok(None) };
-        let known = Plural {
-            version,
-            plural: r["name"].as_str().unwrap_or_default().to_string(),
-            namespaced: r["namespaced"].as_bool().unwrap_or(true),
-        };
-        let mut plurals = self.plurals.lock().expect("not poisoned");
-        if plurals.len() < 1024 {
-            plurals.insert(key, known.clone());
-        }
-        Ok(Some(known))
-    }
-}
-
-/// How the cluster's API serves one kind: its preferred version, its
-/// resource name and whether it is namespaced.
-#[derive(Clone, Debug)]
-struct Plural {
-    version: String,
-    plural: String,
-    namespaced: bool,
 }
 
 /// `key=value&...`, encoded.
@@ -521,5 +389,69 @@ fn refusal_of(e: kube::Error) -> Refusal {
             502,
             format!("cannot read the cluster's API server: {other}"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_pull_proto::v1::agent_message;
+    use argocd_pull_proto::version::CAPABILITY_LIVE_VIEWS;
+
+    /// The answers (code, last) queued on stream 1 by the time both `ids`
+    /// have one.
+    async fn answers(state: &AgentState, ids: &[u64]) -> HashMap<u64, (u32, bool)> {
+        let mut got = HashMap::new();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while ids.iter().any(|id| !got.contains_key(id)) {
+            assert!(tokio::time::Instant::now() < until, "answered: {got:?}");
+            for m in state.next_messages(1, 64) {
+                if let Some(agent_message::Kind::LiveResponse(r)) = m.kind {
+                    got.insert(r.id, (r.http_status, r.last));
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_request_the_agent_does_not_take_is_answered_for_itself_alone() {
+        // No API server: these are answered before anything is read.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let writer =
+            kube::runtime::reflector::store::Writer::<argocd_pull_apis::argocd::Application>::new(
+                argocd_pull_apis::argocd::application_resource(),
+            );
+        let state = Arc::new(AgentState::default());
+        state.attach(1, [CAPABILITY_LIVE_VIEWS.to_string()].into());
+        let reader = Reader::new(client, writer.as_reader(), state.clone(), "c1", "argocd");
+        let long = format!(
+            "/api/v1/namespaces/gb/pods/p/log?container={}",
+            "c".repeat(6000)
+        );
+        for (id, path) in [
+            (7, long),
+            (8, "/api/v1/namespaces/gb/pods/p/exec".to_string()),
+            (
+                9,
+                "/api/v1/namespaces/gb/events?fieldSelector=involvedObject.name%3Dp".into(),
+            ),
+        ] {
+            reader.request(
+                1,
+                LiveRequest {
+                    id,
+                    path,
+                    window: 32,
+                },
+            );
+        }
+        let got = answers(&state, &[7, 8, 9]).await;
+        assert_eq!(got[&7], (414, true));
+        assert_eq!(got[&8], (403, true));
+        assert_eq!(got[&9], (403, true), "events without a uid");
+        assert_eq!(state.live_session(), Some(1), "the stream goes on");
     }
 }

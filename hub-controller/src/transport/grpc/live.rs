@@ -8,165 +8,45 @@
 //! object belongs to an Application it applied.
 //!
 //! Only a caller with one of the tokens of `--live-token-file` is served
-//! (401 otherwise); only reads of single objects, one object's events, one
-//! pod's log and discovery ([`argocd_pull_core::live::parse`], 403 or 405
-//! otherwise, before anything reaches a cluster). A read of a cluster whose
+//! (401 otherwise); only a path the agent takes
+//! ([`check_live_path`], 414 or 400 otherwise: a read the agent refused
+//! would have ended the stream every delivery of the cluster shares), and
+//! only reads of single objects, one object's events by its uid, one pod's
+//! log and discovery ([`argocd_pull_core::live::parse`], 403 or 405
+//! otherwise), before anything reaches a cluster. Reads are shared per
+//! namespace of a cluster, followed logs apart, and a follow ends after
+//! `--live-follow-timeout` (`live/stream.rs`); connections are bounded and
+//! closed when idle (`live/conn.rs`). A read of a cluster whose
 //! agent is connected to another replica goes there (`live/forward.rs`). A
 //! cluster with no agent connected to any replica, or one that does not
 //! serve live views, is answered 501 with what to do; every answer that is
 //! not the cluster's is a Kubernetes `Status`.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use argocd_pull_core::live::{self, Refusal};
+use argocd_pull_proto::limits::check_live_path;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use rustls::ServerConfig;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 
 use super::Hub;
-use super::cluster::live::{CREDIT_BATCH, MAX_LIVE_READS, Unavailable};
+use super::cluster::live::{ShareLimits, Unavailable};
+use files::{Reloaded, load_tls, load_tokens};
 
+mod args;
+mod conn;
 mod discovery;
+mod files;
 mod forward;
+mod stream;
 
-/// Flags of the live endpoint (docs/configuration.md, docs/ui.md).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct LiveArgs {
-    /// Serve the hub's argocd-server its live views of clusters connected
-    /// over gRPC (a resource's live manifest, its events, its pods' logs)
-    /// on this address, over HTTPS with the gRPC serving certificate.
-    /// Needs `--live-url` and `--live-token-file`.
-    #[arg(long = "live-addr", env = "ARGOCD_PULL_LIVE_ADDR")]
-    pub live_addr: Option<SocketAddr>,
-    /// The URL argocd-server reaches the live endpoint at (such as
-    /// `https://argocd-pull-live.argocd-pull.svc:8444`): every cluster
-    /// Secret's `server` becomes `<url>/clusters/<cluster>`.
-    #[arg(long = "live-url", env = "ARGOCD_PULL_LIVE_URL")]
-    pub live_url: Option<String>,
-    /// A file of tokens, one per line: a caller presenting any of them is
-    /// served; the first is written into the cluster Secrets. To rotate,
-    /// put the new one first and remove the old one once the Secrets carry
-    /// the new one.
-    #[arg(long = "live-token-file", env = "ARGOCD_PULL_LIVE_TOKEN_FILE")]
-    pub live_token_file: Option<PathBuf>,
-    /// The CA (PEM) of the serving certificate, written into the cluster
-    /// Secrets for argocd-server to trust; unset, the gRPC server's client
-    /// CA file is not it, so it must be given.
-    #[arg(long = "live-ca-file", env = "ARGOCD_PULL_LIVE_CA_FILE")]
-    pub live_ca_file: Option<PathBuf>,
-    /// How long a read may wait for the first chunk of the cluster's
-    /// answer.
-    #[arg(long = "live-timeout", env = "ARGOCD_PULL_LIVE_TIMEOUT", default_value = "30s", value_parser = argocd_pull_runtime::parse_duration)]
-    pub live_timeout: Duration,
-    /// With several replicas: where the other replicas reach this one's
-    /// live endpoint: the pod's IP (v4 or v6; the port of `--live-addr` is
-    /// added), or `host:port`, or `[v6]:port`. A read that reaches a
-    /// replica the cluster's agent is not connected to is forwarded to the
-    /// one it is; unset, such a read is answered 501.
-    #[arg(long = "live-peer-addr", env = "ARGOCD_PULL_LIVE_PEER_ADDR")]
-    pub live_peer_addr: Option<String>,
-}
-
-impl LiveArgs {
-    /// Where the other replicas connect to reach this one's endpoint, as
-    /// `host:port` with an IPv6 host in brackets (what a peer dials and
-    /// sends as `Host`); `None` when the endpoint is off or the flag unset.
-    /// A bare IP takes the port of `--live-addr`: `$(POD_IP):8444` is
-    /// ambiguous when the pod's IP is IPv6 (`fd00::5:8444` is itself an
-    /// address), so the chart gives the IP alone.
-    pub fn peer_address(&self) -> anyhow::Result<Option<String>> {
-        let (Some(given), Some(listen)) = (&self.live_peer_addr, self.live_addr) else {
-            return Ok(None);
-        };
-        if let Ok(ip) = given.parse::<std::net::IpAddr>() {
-            return Ok(Some(SocketAddr::new(ip, listen.port()).to_string()));
-        }
-        if let Ok(address) = given.parse::<SocketAddr>() {
-            return Ok(Some(address.to_string()));
-        }
-        match given.rsplit_once(':') {
-            Some((host, port))
-                if !host.is_empty()
-                    && !host.contains([':', '[', ']'])
-                    && port.parse::<u16>().is_ok() =>
-            {
-                Ok(Some(given.clone()))
-            }
-            _ => Err(anyhow::anyhow!(
-                "--live-peer-addr {given:?}: give the pod's IP (the port of --live-addr is added), host:port, or [IPv6]:port"
-            )),
-        }
-    }
-
-    /// Whether the endpoint is on, or what is missing.
-    pub fn enabled(&self) -> anyhow::Result<bool> {
-        match (
-            &self.live_addr,
-            &self.live_url,
-            &self.live_token_file,
-            &self.live_ca_file,
-        ) {
-            (None, None, None, None) => Ok(false),
-            (Some(_), Some(_), Some(_), Some(_)) => Ok(true),
-            _ => Err(anyhow::anyhow!(
-                "the live endpoint needs all of --live-addr, --live-url, --live-token-file and --live-ca-file"
-            )),
-        }
-    }
-}
-
-pub use argocd_pull_core::render::cluster_secret::LiveEndpoint;
-
-impl LiveArgs {
-    /// The token and CA as they are now in their files.
-    pub fn endpoint(&self) -> anyhow::Result<Option<LiveEndpoint>> {
-        if !self.enabled()? {
-            return Ok(None);
-        }
-        let file = self.live_token_file.as_ref().expect("enabled");
-        let token = tokens(file)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{} holds no token", file.display()))?;
-        let ca = self.live_ca_file.as_ref().expect("enabled");
-        let ca_pem = std::fs::read_to_string(ca)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", ca.display()))?;
-        Ok(Some(LiveEndpoint {
-            url: self
-                .live_url
-                .clone()
-                .expect("enabled")
-                .trim_end_matches('/')
-                .to_string(),
-            token,
-            ca_pem,
-        }))
-    }
-}
-
-/// The tokens of `file`, one per line, blank lines skipped.
-fn tokens(file: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-    Ok(text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect())
-}
+pub use args::{LiveArgs, LiveBounds, LiveEndpoint};
 
 /// What the endpoint serves with.
 #[derive(Clone)]
@@ -178,73 +58,8 @@ struct Endpoint {
     discovery: Arc<discovery::Cache>,
     /// The other replicas, with several.
     peers: Option<Arc<forward::Peers>>,
-}
-
-/// The modification times of a [`Reloaded`]'s files.
-type Stamps = Vec<Option<SystemTime>>;
-
-/// A value read from files, read again when one of them changes.
-struct Reloaded<T> {
-    files: Vec<PathBuf>,
-    load: fn(&[PathBuf]) -> anyhow::Result<T>,
-    last: Mutex<Option<(Stamps, Arc<T>)>>,
-}
-
-impl<T> Reloaded<T> {
-    fn new(files: Vec<PathBuf>, load: fn(&[PathBuf]) -> anyhow::Result<T>) -> Self {
-        Self {
-            files,
-            load,
-            last: Mutex::new(None),
-        }
-    }
-
-    /// The value, read again if a file's modification time changed; the
-    /// last good one while the files cannot be read.
-    fn get(&self) -> anyhow::Result<Arc<T>> {
-        let stamps: Stamps = self
-            .files
-            .iter()
-            .map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok())
-            .collect();
-        let mut last = self.last.lock().expect("not poisoned");
-        if let Some((seen, value)) = &*last
-            && *seen == stamps
-        {
-            return Ok(value.clone());
-        }
-        match (self.load)(&self.files) {
-            Ok(value) => {
-                let value = Arc::new(value);
-                *last = Some((stamps, value.clone()));
-                Ok(value)
-            }
-            Err(e) => match &*last {
-                Some((_, value)) => {
-                    tracing::warn!(error = %e, "keeping the live endpoint's last good files");
-                    Ok(value.clone())
-                }
-                None => Err(e),
-            },
-        }
-    }
-}
-
-fn load_tokens(files: &[PathBuf]) -> anyhow::Result<Vec<String>> {
-    tokens(&files[0])
-}
-
-fn load_tls(files: &[PathBuf]) -> anyhow::Result<Arc<ServerConfig>> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files[0])
-        .and_then(|i| i.collect())
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", files[0].display()))?;
-    let key = PrivateKeyDer::from_pem_file(&files[1])
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", files[1].display()))?;
-    let mut config = ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    shares: ShareLimits,
+    follow_timeout: Duration,
 }
 
 /// Serves the live endpoint on `addr` until `shutdown`, with the serving
@@ -281,6 +96,8 @@ pub async fn serve(
         timeout: args.live_timeout,
         discovery: Arc::default(),
         peers,
+        shares: args.bounds.shares(),
+        follow_timeout: args.bounds.live_follow_timeout,
     };
     let router = Router::new()
         .route("/clusters/{cluster}/{*rest}", any(handle))
@@ -291,103 +108,11 @@ pub async fn serve(
             ))
         })
         .with_state(endpoint);
-    let listener = Listener::new(tcp, tls)?;
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "the live endpoint stopped");
-        }
-    }))
-}
-
-/// Handshakes under way at once; a connection beyond is closed at once.
-const MAX_HANDSHAKES: usize = 64;
-/// How long a client has to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// TCP connections, each through its TLS handshake, several at once: a
-/// client that opens a connection and says nothing holds one handshake
-/// for [`HANDSHAKE_TIMEOUT`], not the endpoint.
-struct Listener {
-    local: SocketAddr,
-    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    accepting: tokio::task::JoinHandle<()>,
-}
-
-impl Listener {
-    fn new(tcp: TcpListener, tls: Reloaded<Arc<ServerConfig>>) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let (done, ready) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-        let accepting = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match argocd_pull_runtime::net::accept(&tcp).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the live endpoint cannot accept");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    tracing::warn!(%peer, "{MAX_HANDSHAKES} live endpoint handshakes under way: closed a connection");
-                    continue;
-                };
-                let config = match tls.get() {
-                    Ok(c) => c.as_ref().clone(),
-                    Err(e) => {
-                        tracing::error!(error = %e, "the live endpoint has no serving certificate");
-                        continue;
-                    }
-                };
-                let done = done.clone();
-                tokio::spawn(async move {
-                    let handshake = TlsAcceptor::from(config).accept(tcp);
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-                        Ok(Ok(tls)) => {
-                            drop(slot);
-                            let _ = done.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "a live endpoint handshake failed")
-                        }
-                        Err(_) => tracing::debug!(%peer, "a live endpoint handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(Self {
-            local,
-            ready,
-            accepting,
-        })
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.accepting.abort();
-    }
-}
-
-impl axum::serve::Listener for Listener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // The accepting task ended (it does not, but for its abort):
-            // nothing more comes.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
+    let listener = conn::Listener::new(tcp, tls)?;
+    let bounds = args.bounds.connections();
+    Ok(tokio::spawn(conn::serve(
+        listener, router, bounds, shutdown,
+    )))
 }
 
 /// A refusal as the Kubernetes API would answer it.
@@ -429,17 +154,9 @@ async fn read(
     if let Err(r) = authorized(endpoint, &headers) {
         return refused(&r);
     }
-    let mut path = format!("/{rest}");
-    if let Some(q) = uri.query() {
-        path.push('?');
-        path.push_str(q);
-    }
-    let read = match live::parse(method.as_str(), &path) {
-        Ok(read) => read,
-        Err(r) => {
-            tracing::info!(%cluster, %method, %path, reason = %r.message, "refused a live read");
-            return refused(&r);
-        }
+    let (path, read) = match checked(cluster, method.as_str(), rest, uri.query()) {
+        Ok(checked) => checked,
+        Err(r) => return refused(&r),
     };
     let Some(cs) = endpoint.hub.find_cluster(cluster) else {
         return elsewhere(endpoint, cluster, &uri, &headers).await;
@@ -453,7 +170,8 @@ async fn read(
         let body = Body::from(kept.body);
         return ("cache", answer(StatusCode::OK, &kept.content_type, body));
     }
-    let (id, mut chunks, credits) = match cs.live_read(&path) {
+    let share = read.share();
+    let (id, mut chunks, credits) = match cs.live_read(&path, &share, &endpoint.shares) {
         Ok(read) => read,
         Err(Unavailable::NoAgent) => return elsewhere(endpoint, cluster, &uri, &headers).await,
         Err(why) => return refused(&unavailable(cluster, why)),
@@ -496,28 +214,41 @@ async fn read(
         }
         Body::from(first.body)
     } else {
-        // Dropped when the reader goes away: the agent is told to stop.
-        let mut guard = Cancel {
-            cs,
-            id,
-            done: false,
-            credits,
-            taken: 0,
-        };
-        guard.took_one();
-        let head = futures::stream::once(async move { Ok::<_, std::io::Error>(first.body) });
-        let rest = futures::stream::unfold((chunks, guard), |(mut chunks, mut guard)| async move {
-            if guard.done {
-                return None;
-            }
-            let chunk = chunks.recv().await?;
-            guard.done = chunk.last;
-            guard.took_one();
-            Some((Ok(chunk.body), (chunks, guard)))
-        });
-        Body::from_stream(futures::StreamExt::chain(head, rest))
+        let deadline = share
+            .follow
+            .then(|| tokio::time::Instant::now() + endpoint.follow_timeout);
+        stream::body(cs, id, first, chunks, credits, deadline)
     };
     ("cluster", answer(code, &content_type, body))
+}
+
+/// The path (and query) of a read as the agent receives it, and what it
+/// asks for; or why it is refused, logged. What the agent takes is
+/// checked here: a read it would refuse never goes on the stream the
+/// cluster's deliveries share.
+fn checked(
+    cluster: &str,
+    method: &str,
+    rest: &str,
+    query: Option<&str>,
+) -> Result<(String, live::Read), Refusal> {
+    let mut path = format!("/{rest}");
+    if let Some(q) = query {
+        path.push('?');
+        path.push_str(q);
+    }
+    if let Err(e) = check_live_path(&path) {
+        let shown: String = path.chars().take(120).collect();
+        tracing::warn!(%cluster, %method, length = path.len(), path = %shown, code = e.http_status(), reason = %e, "refused a live read");
+        return Err(Refusal::new(e.http_status(), e.to_string()));
+    }
+    match live::parse(method, &path) {
+        Ok(read) => Ok((path, read)),
+        Err(r) => {
+            tracing::info!(%cluster, %method, %path, reason = %r.message, "refused a live read");
+            Err(r)
+        }
+    }
 }
 
 /// A read of `cluster`, whose agent is not connected here: forwarded to
@@ -584,39 +315,6 @@ fn answer(code: StatusCode, content_type: &str, body: Body) -> Response {
     response
 }
 
-/// Tells the agent to stop when the reader goes away before the answer's
-/// last chunk; with `live-credits`, grants back what the reader took.
-struct Cancel {
-    cs: Arc<super::cluster::ClusterState>,
-    id: u64,
-    done: bool,
-    credits: bool,
-    /// Chunks taken and not granted back yet.
-    taken: usize,
-}
-
-impl Cancel {
-    /// The reader took a chunk off the channel: room for one more.
-    fn took_one(&mut self) {
-        if !self.credits || self.done {
-            return;
-        }
-        self.taken += 1;
-        if self.taken >= CREDIT_BATCH {
-            self.cs.live_credit(self.id, self.taken);
-            self.taken = 0;
-        }
-    }
-}
-
-impl Drop for Cancel {
-    fn drop(&mut self) {
-        if !self.done {
-            self.cs.live_cancel(self.id);
-        }
-    }
-}
-
 /// Whether the request carries one of the tokens (compared in constant
 /// time).
 fn authorized(endpoint: &Endpoint, headers: &axum::http::HeaderMap) -> Result<(), Refusal> {
@@ -665,10 +363,20 @@ fn unavailable(cluster: &str, why: Unavailable) -> Refusal {
                 "cluster {cluster} runs argocd-pull-agent {version}, which does not serve live views: upgrade it and start it with --live-views"
             ),
         ),
-        Unavailable::Busy => Refusal::new(
-            429,
-            format!("{MAX_LIVE_READS} live reads of cluster {cluster} are under way; try again"),
-        ),
+        Unavailable::Busy { share, limit } => {
+            let flag = if share.follow {
+                "--live-follows-per-namespace"
+            } else {
+                "--live-reads-per-namespace"
+            };
+            tracing::warn!(%cluster, %share, limit, flag, "refused a live read: its share of the cluster's live reads is taken");
+            Refusal::new(
+                429,
+                format!(
+                    "{limit} {share} of cluster {cluster} are under way, as many as one share takes (the hub-controller's {flag}): close one (a LOGS tab) or wait for one to end, or raise {flag}; other namespaces and other reads are not held back"
+                ),
+            )
+        }
     }
 }
 

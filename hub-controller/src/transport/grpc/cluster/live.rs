@@ -1,9 +1,14 @@
 //! Capability `live-views`, one cluster's share: the reads of the hub's
 //! live endpoint under way on the agent's session, each with the channel
-//! its answer's chunks go to. At most [`MAX_LIVE_READS`] at once; all of
-//! them end (their channels close) when the session ends.
+//! its answer's chunks go to and the share ([`Share`]: a namespace, with
+//! followed logs apart) it is counted against. Each share has its own
+//! limit ([`ShareLimits`]), so no reader's reads take a cluster's whole
+//! live views; all of them end (their channels close) when the session
+//! ends.
 
 use std::collections::HashMap;
+
+use argocd_pull_core::live::Share;
 
 use argocd_pull_proto::v1::{
     HubMessage, LiveCancel, LiveCredit, LiveRequest, LiveResponse, hub_message,
@@ -13,8 +18,26 @@ use tokio::sync::mpsc;
 
 use super::ClusterState;
 
-/// Reads under way per cluster; more are answered 429.
-pub const MAX_LIVE_READS: usize = 8;
+/// How many reads of one share of a cluster may be under way at once;
+/// more are answered 429.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareLimits {
+    /// Reads other than followed logs, per namespace.
+    pub reads: usize,
+    /// Followed logs, per namespace.
+    pub follows: usize,
+}
+
+impl ShareLimits {
+    /// The limit of `share`.
+    pub fn of(&self, share: &Share) -> usize {
+        if share.follow {
+            self.follows
+        } else {
+            self.reads
+        }
+    }
+}
 /// Chunks of one answer waiting for their reader: an agent with
 /// `live-credits` sends no more than that beyond what the reader took (the
 /// window of each read); a reader slower than that on an agent without it
@@ -26,7 +49,7 @@ pub const CREDIT_BATCH: usize = 8;
 #[derive(Default)]
 pub struct LiveReads {
     next_id: u64,
-    pending: HashMap<u64, mpsc::Sender<LiveResponse>>,
+    pending: HashMap<u64, (mpsc::Sender<LiveResponse>, Share)>,
 }
 
 impl LiveReads {
@@ -42,18 +65,20 @@ pub enum Unavailable {
     NoAgent,
     /// The agent does not serve live views; its version.
     NotOffered(String),
-    /// [`MAX_LIVE_READS`] are under way.
-    Busy,
+    /// The reads of this share under way are at its limit.
+    Busy { share: Share, limit: usize },
 }
 
 impl ClusterState {
-    /// Sends a read of `path` to the agent; the chunks of its answer come
-    /// on the receiver, which ends when the answer or the session does.
-    /// With `live-credits` (the third value), the reader grants what it
-    /// took back with [`Self::live_credit`].
+    /// Sends a read of `path`, counted against `share`, to the agent; the
+    /// chunks of its answer come on the receiver, which ends when the
+    /// answer or the session does. With `live-credits` (the third value),
+    /// the reader grants what it took back with [`Self::live_credit`].
     pub fn live_read(
         &self,
         path: &str,
+        share: &Share,
+        limits: &ShareLimits,
     ) -> Result<(u64, mpsc::Receiver<LiveResponse>, bool), Unavailable> {
         let mut inner = self.lock();
         let Some(session) = &inner.session else {
@@ -72,13 +97,18 @@ impl ClusterState {
             .capabilities
             .iter()
             .any(|c| c == CAPABILITY_LIVE_CREDITS);
-        if inner.live.pending.len() >= MAX_LIVE_READS {
-            return Err(Unavailable::Busy);
+        let limit = limits.of(share);
+        let same = inner.live.pending.values().filter(|(_, s)| s == share);
+        if same.count() >= limit {
+            return Err(Unavailable::Busy {
+                share: share.clone(),
+                limit,
+            });
         }
         inner.live.next_id += 1;
         let id = inner.live.next_id;
         let (tx, rx) = mpsc::channel(LIVE_CHUNKS);
-        inner.live.pending.insert(id, tx);
+        inner.live.pending.insert(id, (tx, share.clone()));
         inner.push_control(HubMessage {
             kind: Some(hub_message::Kind::LiveRequest(LiveRequest {
                 id,
@@ -114,7 +144,7 @@ impl ClusterState {
         let mut inner = self.lock();
         let id = chunk.id;
         let last = chunk.last;
-        let Some(tx) = inner.live.pending.get(&id) else {
+        let Some((tx, _)) = inner.live.pending.get(&id) else {
             return;
         };
         let cut = tx.try_send(chunk).is_err();
