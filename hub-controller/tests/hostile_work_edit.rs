@@ -15,7 +15,6 @@ use argocd_pull_apis::ocm::ManifestWork;
 use argocd_pull_hub_controller::render::work::work_name;
 use argocd_pull_hub_controller::status::CONDITION;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::discovery::ApiResource;
 use serde_json::{Value, json};
 use testenv::argocd::appproject_resource;
 use testenv::ocm::{Fleet, JoinOptions};
@@ -23,6 +22,7 @@ use testenv::{paths, wait};
 
 mod common;
 use common::addon::run;
+use common::ocm::place_everywhere;
 use common::{app, apps_api, merge, run_controller};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -52,40 +52,6 @@ async fn project(client: &kube::Client, name: &str, spec: Value) {
 fn team(ns: &str, description: &str) -> Value {
     json!({ "sourceNamespaces": [ns], "sourceRepos": ["*"], "description": description,
             "destinations": [{ "server": "*", "namespace": "*" }] })
-}
-
-/// OCM's own authorization for `ns`: it binds the `global` cluster set and
-/// places on all of it (the real placement controller decides).
-async fn place_everywhere(client: &kube::Client, ns: &str) {
-    let ocm = |version: &str, kind: &str, plural: &str| {
-        ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("cluster.open-cluster-management.io", version, kind),
-            plural,
-        )
-    };
-    for (resource, object) in [
-        (
-            ocm(
-                "v1beta2",
-                "ManagedClusterSetBinding",
-                "managedclustersetbindings",
-            ),
-            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta2",
-                    "kind": "ManagedClusterSetBinding",
-                    "metadata": { "name": "global" }, "spec": { "clusterSet": "global" } }),
-        ),
-        (
-            ocm("v1beta1", "Placement", "placements"),
-            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
-                    "metadata": { "name": "all" }, "spec": { "clusterSets": ["global"] } }),
-        ),
-    ] {
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
-        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource)
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
-    }
 }
 
 /// The AppProject inside work `argocd-pull-project-<name>` once its

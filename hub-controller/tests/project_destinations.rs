@@ -19,13 +19,13 @@ use argocd_pull_apis::ocm::ManifestWork;
 use argocd_pull_hub_controller::status::CONDITION;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::discovery::ApiResource;
 use serde_json::{Value, json};
 use testenv::argocd::{GitServer, Spoke, SpokeOptions, appproject_resource};
 use testenv::ocm::{Fleet, JoinOptions};
 use testenv::wait;
 
 mod common;
+use common::ocm::place_everywhere;
 use common::{app, apps_api, first_manifest, merge, run_controller};
 
 /// Real OCM and a real Argo CD on two shared cores.
@@ -39,41 +39,6 @@ fn refusal(a: &Application) -> Option<String> {
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
         .and_then(|c| c["message"].as_str().map(String::from))
-}
-
-/// Namespace `ns` of the hub may deploy to every joined cluster: OCM's
-/// `global` cluster set bound there, and a Placement on all of it (decided
-/// by OCM's placement controller).
-async fn place_everywhere(client: &kube::Client, ns: &str) {
-    let ocm = |version: &str, kind: &str, plural: &str| {
-        ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("cluster.open-cluster-management.io", version, kind),
-            plural,
-        )
-    };
-    for (resource, object) in [
-        (
-            ocm(
-                "v1beta2",
-                "ManagedClusterSetBinding",
-                "managedclustersetbindings",
-            ),
-            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta2",
-                    "kind": "ManagedClusterSetBinding",
-                    "metadata": { "name": "global" }, "spec": { "clusterSet": "global" } }),
-        ),
-        (
-            ocm("v1beta1", "Placement", "placements"),
-            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
-                    "metadata": { "name": "all" }, "spec": { "clusterSets": ["global"] } }),
-        ),
-    ] {
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
-        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource)
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
-    }
 }
 
 /// Argo CD's `default` project exactly as its API server creates it.

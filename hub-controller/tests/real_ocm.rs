@@ -18,13 +18,13 @@ use argocd_pull_hub_controller::render::work::applied_on_spoke;
 use argocd_pull_hub_controller::status::CONDITION;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::discovery::ApiResource;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::ocm::{Fleet, JoinOptions};
 use testenv::{Cluster, wait};
 
 mod common;
+use common::ocm::place_everywhere;
 use common::{Binary, app, apps_api, set_source, writes_until};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -66,35 +66,7 @@ async fn setup_from(
     // Authorization by the real placement controller's decisions: the team
     // namespace binds OCM's `global` cluster set and places on all of it.
     let ns = hub.namespace("team").await.unwrap();
-    let ocm = |version: &str, kind: &str, plural: &str| {
-        ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("cluster.open-cluster-management.io", version, kind),
-            plural,
-        )
-    };
-    for (resource, object) in [
-        (
-            ocm(
-                "v1beta2",
-                "ManagedClusterSetBinding",
-                "managedclustersetbindings",
-            ),
-            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta2",
-                    "kind": "ManagedClusterSetBinding",
-                    "metadata": { "name": "global" }, "spec": { "clusterSet": "global" } }),
-        ),
-        (
-            ocm("v1beta1", "Placement", "placements"),
-            json!({ "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
-                    "metadata": { "name": "all" }, "spec": { "clusterSets": ["global"] } }),
-        ),
-    ] {
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
-        Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource)
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
-    }
+    place_everywhere(&client, &ns).await;
 
     File::create(hub.dir().join("hub-controller.log")).unwrap();
     let mut setup = Setup {

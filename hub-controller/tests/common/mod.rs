@@ -5,6 +5,7 @@
 pub mod addon;
 pub mod grpc_client;
 pub mod logs;
+pub mod ocm;
 
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
