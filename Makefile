@@ -62,7 +62,7 @@ PREFIX ?= /usr/local
 install-plugin:
 	$(CARGO) install --locked --path plugin --root $(PREFIX)
 
-## test: everything (unit, real-API-server integration, lint, drift checks); the test binaries run side by side (ARGOCD_PULL_TEST_JOBS, default 3) and end with a timing table (docs/testing.md)
+## test: everything (unit, real-API-server integration, lint, drift checks); the test binaries one at a time (ARGOCD_PULL_TEST_JOBS=N runs N side by side) and a timing table at the end (docs/testing.md)
 test: tools
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint check-generated; \

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Runs every test binary of the workspace, several side by side, and ends
+# Runs every test binary of the workspace, one at a time or several side
+# by side, and ends
 # with what a reader of a long log needs: a table of the binaries by wall
 # time, the ten slowest tests, and one closing line `tests: N passed, N
 # failed`.
 #
 #   test/tools/run-tests.sh [--jobs N] [--only REGEX]
 #
-# Why not `cargo test`: it runs the binaries one after another, and most of
-# this suite's time is spent waiting on the real API servers, OCM and Argo
-# CD it starts, so one core sits idle. Why not one process per test (as
+# Why not `cargo test`: it can only run the binaries one after another,
+# and prints no table of where the time went. Why not one process per test (as
 # nextest does): the tests of a binary share expensive real clusters
 # (`testenv::shared`), which per-test processes would start once each.
 #
@@ -20,7 +20,10 @@
 # that RUSTC_BOOTSTRAP unlocks at run time for the test binaries only (the
 # build stays stable).
 #
-# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once,
+# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once:
+# one by default, because on two cores three at a time starved the
+# kubelets of the tests that run real nodes (a node not Ready in 120 s)
+# even with those one at a time (docs/testing.md);
 # ARGOCD_PULL_TEST_HEAVY_SECS (140) from how many seconds a binary runs
 # alone among the heavy ones;
 # --only runs the binaries whose name (`core lib:argocd_pull_core`,
@@ -28,7 +31,7 @@
 # expression.
 set -uo pipefail
 
-jobs=${ARGOCD_PULL_TEST_JOBS:-3}
+jobs=${ARGOCD_PULL_TEST_JOBS:-1}
 heavy=${ARGOCD_PULL_TEST_HEAVY_SECS:-140}
 only=
 while [ $# -gt 0 ]; do
