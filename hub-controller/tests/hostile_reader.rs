@@ -387,9 +387,15 @@ async fn objects_of_guestbook(env: &Env, instance: &str) -> (String, String) {
     create(json!({ "metadata": { "name": "copied", "annotations": {
         "argocd.argoproj.io/tracking-id": format!("{instance}:/ConfigMap:guestbook/applied") } } }))
     .await;
+    // Labelled for the Application as label tracking would, by whatever
+    // may create ConfigMaps there: the cluster's Argo CD tracks by
+    // annotation (its default), which keeps no label.
+    create(json!({ "metadata": { "name": "labelled", "labels": {
+        "app.kubernetes.io/instance": instance } } }))
+    .await;
     // The Application's status lists them all, as a status anybody who
     // may update the Application writes does.
-    let listed: Vec<Value> = ["applied", "never-applied", "copied"]
+    let listed: Vec<Value> = ["applied", "never-applied", "copied", "labelled"]
         .iter()
         .map(|n| json!({ "version": "v1", "kind": "ConfigMap", "namespace": "guestbook", "name": n }))
         .collect();
@@ -476,8 +482,9 @@ async fn only_what_argocd_applied_is_served_and_events_only_by_uid() {
         refused(what, get(&client, &path).await, "without the uid");
     }
     // Listed in the status, never applied by Argo CD (or with another
-    // object's tracking): refused, and their events too.
-    for name in ["never-applied", "copied"] {
+    // object's tracking, or a label the cluster's tracking does not keep):
+    // refused, and their events too.
+    for name in ["never-applied", "copied", "labelled"] {
         refused(
             name,
             get(&client, &cm(name)).await,

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use argocd_pull_core::live::{self, Read, Refusal, ResourceRef, Share};
+use argocd_pull_core::live::{self, Read, Refusal, ResourceRef, Share, tracking};
 use argocd_pull_proto::limits::{self, MAX_LIVE_CHUNK_BYTES};
 use argocd_pull_proto::v1::{LiveRequest, LiveResponse};
 use argocd_pull_runtime::task::AbortOnDrop;
@@ -53,6 +53,9 @@ pub struct Reader {
     /// How each kind is served, by group and kind (owners are named by
     /// kind; the API is asked by resource): [`Reader::plural`]'s memory.
     plurals: Mutex<HashMap<(String, String), owners::Plural>>,
+    /// The cluster's Argo CD tracking method and when it was read
+    /// ([`Reader::tracking_method`]).
+    tracking: Mutex<Option<(std::time::Instant, tracking::Method)>>,
 }
 
 /// The JSON content type.
@@ -75,6 +78,7 @@ impl Reader {
             running: Mutex::default(),
             credits: Mutex::default(),
             plurals: Mutex::default(),
+            tracking: Mutex::default(),
         })
     }
 

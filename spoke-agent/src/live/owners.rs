@@ -2,6 +2,7 @@
 //! from the object and its owners on the cluster itself.
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use argocd_pull_apis::keys;
 use argocd_pull_core::live::{self, MAX_OWNER_HOPS, Refusal, ResourceRef, tracking};
@@ -10,6 +11,9 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use super::Reader;
+
+/// How long the tracking method read from argocd-cm is taken as it was.
+const TRACKING_REFRESH: Duration = Duration::from_secs(60);
 
 impl Reader {
     /// The pulled Application `object` belongs to: the one whose tracking
@@ -25,6 +29,7 @@ impl Reader {
         fetched: Option<Value>,
     ) -> Result<Option<String>, Refusal> {
         let pulled = self.pulled();
+        let method = self.tracking_method().await;
         let mut level: Vec<(ResourceRef, Option<Value>)> = vec![(object.clone(), fetched)];
         let mut seen: HashSet<ResourceRef> = HashSet::from([object.clone()]);
         // The object itself, then each level of owners.
@@ -38,7 +43,9 @@ impl Reader {
                         None => continue,
                     },
                 };
-                if let Some(instance) = tracking::tracked_by(&obj).filter(|i| pulled.contains(i)) {
+                if let Some(instance) =
+                    tracking::tracked_by(&obj, method).filter(|i| pulled.contains(i))
+                {
                     return Ok(Some(instance));
                 }
                 for owner in live::owners(&obj) {
@@ -53,6 +60,46 @@ impl Reader {
             level = next;
         }
         Ok(None)
+    }
+
+    /// How the cluster's Argo CD tracks what it applies: its argocd-cm's
+    /// setting, read at most once a [`TRACKING_REFRESH`]; annotation
+    /// tracking (v3's default, and the one that trusts no label) when
+    /// argocd-cm cannot be read.
+    async fn tracking_method(&self) -> tracking::Method {
+        let fresh =
+            |(at, m): &(Instant, tracking::Method)| (at.elapsed() < TRACKING_REFRESH).then_some(*m);
+        if let Some(m) = self
+            .tracking
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .and_then(fresh)
+        {
+            return m;
+        }
+        let path = format!(
+            "/api/v1/namespaces/{}/configmaps/{}",
+            self.argocd_namespace,
+            tracking::SETTINGS_CONFIGMAP
+        );
+        let setting = match self.fetch(&path).await {
+            Ok(body) => serde_json::from_slice::<Value>(&body).ok().and_then(|cm| {
+                cm.pointer("/data")?
+                    .get(tracking::METHOD_KEY)?
+                    .as_str()
+                    .map(String::from)
+            }),
+            Err(refusal) => {
+                if refusal.code != 404 {
+                    tracing::warn!(code = refusal.code, reason = %refusal.message, "could not read the tracking method of the cluster's Argo CD; taking annotation tracking");
+                }
+                None
+            }
+        };
+        let method = tracking::Method::from_setting(setting.as_deref());
+        *self.tracking.lock().expect("not poisoned") = Some((Instant::now(), method));
+        method
     }
 
     /// The Argo CD instance names of the Applications this agent applied
