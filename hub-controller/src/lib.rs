@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod authorized;
+pub mod lease_records;
 pub mod certs;
 pub mod compact;
 #[cfg(test)]

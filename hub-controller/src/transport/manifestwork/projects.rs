@@ -270,7 +270,7 @@ async fn persist(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
         if *have == *want || authorized::encode(&have).0 == authorized::encode(want).0 {
             continue;
         }
-        match records.write(&cluster, want, &version).await {
+        match records.keep(&cluster, want, &version).await {
             Ok(()) => {
                 tracing::info!(
                     cluster,

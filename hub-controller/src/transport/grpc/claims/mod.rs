@@ -48,8 +48,9 @@ use view::{Me, View};
 
 /// Label on both kinds of Lease: `presence` or `claim`.
 pub const ROLE_LABEL: &str = "argocd-pull.io/lease";
-/// The cluster a claim is for.
-pub const CLUSTER_ANNOTATION: &str = "argocd-pull.io/cluster";
+/// The cluster a claim is for: the one annotation of every per-cluster
+/// Lease of the hub's.
+pub use crate::lease_records::CLUSTER_ANNOTATION;
 /// The replica whose agent session asks the holder to let go.
 pub const WANTED_BY_ANNOTATION: &str = "argocd-pull.io/wanted-by";
 /// On a presence: where the other replicas reach this one's live endpoint

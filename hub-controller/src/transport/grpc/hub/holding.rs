@@ -59,7 +59,7 @@ impl Holding {
         self.routes
             .set_held_by(Arc::new(move |c, k| lookup.held_by(c, k)));
         let routes = Arc::downgrade(&self.routes);
-        holders.on_change(move |cluster, keys| {
+        holders.on_holders_change(move |cluster, keys| {
             if let Some(routes) = routes.upgrade() {
                 holders_changed(&routes, cluster, keys);
             }
@@ -163,7 +163,7 @@ impl Holding {
         if next == *old {
             return Ok(());
         }
-        holders.write(cluster, next, &version).await
+        holders.write(cluster, &next, &version).await
     }
 }
 

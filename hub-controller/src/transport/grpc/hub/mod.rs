@@ -456,7 +456,7 @@ impl Hub {
     /// changes make the sessions send their project sets again.
     pub fn set_authorized(self: &Arc<Self>, records: Arc<crate::authorized::Records>) {
         let me = Arc::downgrade(self);
-        records.on_change(move |_| {
+        records.on_change(move |_, _, _| {
             if let Some(hub) = me.upgrade() {
                 hub.project_or_credential_changed();
             }
