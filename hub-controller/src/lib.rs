@@ -5,12 +5,12 @@
 #![forbid(unsafe_code)]
 
 pub mod authorized;
-pub mod lease_records;
 pub mod certs;
 pub mod compact;
 #[cfg(test)]
 mod fixtures;
 mod leading;
+pub mod lease_records;
 pub mod metrics;
 pub mod report;
 pub mod status;
@@ -268,17 +268,26 @@ async fn run_controllers(
         let holders = grpc::holders::Holders::new(client.clone(), &args.leader.namespace);
         hub.set_holders(holders.clone());
         let watching = tokio::spawn(holders.clone().watch());
-        holders
-            .wait_listed(std::time::Duration::from_secs(10))
-            .await;
-        holding = Some((watching, tokio::spawn(hub.clone().keep_holders())));
+        holding = Some((holders, watching));
     }
     // The record of what the hub authorized, read before the index is
     // built and any project is sent: a copy kept after a refusal keeps
     // the project it was delivered with, and only that.
     let records = authorized::Records::new(client.clone(), &args.leader.namespace);
     let recording = tokio::spawn(records.clone().watch());
-    records.wait_listed(Duration::from_secs(10)).await;
+    // Both first lists at once.
+    let holders_listed = async {
+        if let Some((holders, _)) = &holding {
+            holders.wait_listed(Duration::from_secs(10)).await;
+        }
+    };
+    tokio::join!(holders_listed, records.wait_listed(Duration::from_secs(10)));
+    let holding = match (holding, &grpc) {
+        (Some((_, watching)), Some(hub)) => {
+            Some((watching, tokio::spawn(hub.clone().keep_holders())))
+        }
+        _ => None,
+    };
     if let Some(hub) = &grpc {
         hub.set_authorized(records.clone());
     }
