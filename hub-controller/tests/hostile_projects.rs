@@ -714,6 +714,21 @@ async fn over_grpc_the_project_and_its_credentials_reach_only_the_clusters_of_it
 /// Project `team` admitting the team namespace to namespaces `dest`, with
 /// a description that marks each edit: the sign that a set sent after the
 /// edit reached the cluster.
+/// Projects `team` (for namespace `team`, destinations `team-*`,
+/// description `first`) and `ccc` (for `ccc-*` only, anywhere), each with
+/// a repository credential scoped to it.
+async fn team_and_ccc(client: &kube::Client, team: &str) {
+    repo_secret(client, "team-repo", Some("team"), "s3cret").await;
+    repo_secret(client, "ccc-repo", Some("ccc"), "ccc-s3cret").await;
+    project(client, "team", team_spec(team, "team-*", "first")).await;
+    project(
+        client,
+        "ccc",
+        admitting("ccc-*", json!({ "server": "*", "namespace": "*" })),
+    )
+    .await;
+}
+
 fn team_spec(team: &str, dest: &str, description: &str) -> Value {
     let mut spec = admitting(team, json!({ "server": "*", "namespace": dest }));
     spec["description"] = json!(description);
@@ -771,20 +786,7 @@ async fn over_grpc_a_refused_project_change_sends_nothing_of_the_new_project() {
     use k8s_openapi::api::core::v1::Secret;
     let mut env = grpc_env::Env::new(&["cluster1"]).await;
     env.hub.ensure_namespace(ARGOCD).await.unwrap();
-    repo_secret(&env.hub_client, "team-repo", Some("team"), "s3cret").await;
-    repo_secret(&env.hub_client, "ccc-repo", Some("ccc"), "ccc-s3cret").await;
-    project(
-        &env.hub_client,
-        "team",
-        team_spec(&env.team, "team-*", "first"),
-    )
-    .await;
-    project(
-        &env.hub_client,
-        "ccc",
-        admitting("ccc-*", json!({ "server": "*", "namespace": "*" })),
-    )
-    .await;
+    team_and_ccc(&env.hub_client, &env.team).await;
     let args = ["--project-credentials"];
     env.start_hub(&args).await;
     env.connect_agent(0).await;
@@ -897,20 +899,7 @@ async fn a_replica_that_never_delivered_a_kept_copy_sends_only_its_recorded_proj
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::Secret;
     let (mut env, service) = grpc_env::replicas::replicas_env(&["cluster1"]).await;
-    repo_secret(&env.hub_client, "team-repo", Some("team"), "s3cret").await;
-    repo_secret(&env.hub_client, "ccc-repo", Some("ccc"), "ccc-s3cret").await;
-    project(
-        &env.hub_client,
-        "team",
-        team_spec(&env.team, "team-*", "first"),
-    )
-    .await;
-    project(
-        &env.hub_client,
-        "ccc",
-        admitting("ccc-*", json!({ "server": "*", "namespace": "*" })),
-    )
-    .await;
+    team_and_ccc(&env.hub_client, &env.team).await;
     let args = ["--project-credentials"];
     let leader = env.start_replica("replica-leader", &args).await;
     wait::until("the first replica leads", TIMEOUT, || async {
