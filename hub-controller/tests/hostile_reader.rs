@@ -509,6 +509,17 @@ async fn silent(
     addr: std::net::SocketAddr,
     ca_pem: &str,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    silent_from("127.0.0.1", addr, ca_pem).await.unwrap()
+}
+
+/// [`silent`] from the loopback address `source` (another client, to the
+/// endpoint, than one at another address); an error when the endpoint
+/// closes it before the handshake is through.
+async fn silent_from(
+    source: &str,
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -520,9 +531,11 @@ async fn silent(
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let tcp = socket.connect(addr).await?;
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-    connector.connect(name, tcp).await.unwrap()
+    connector.connect(name, tcp).await
 }
 
 /// How long until the server closes `conn` (within `within`), or `None`.
@@ -551,6 +564,50 @@ async fn a_connection_that_sends_no_request_is_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_holds_its_share_of_the_live_port_and_no_more() {
+    let mut env = Env::new(&["cluster1"]).await;
+    let (addr, ca_pem) = hub_with_live(
+        &mut env,
+        &[
+            "--live-max-connections=8",
+            "--live-max-connections-per-client=2",
+            "--live-header-timeout=30s",
+        ],
+    )
+    .await;
+    // One client, silent, at its share: a third connection of it is
+    // closed at once, well before the header timeout.
+    let _first = silent_from("127.0.0.1", addr, &ca_pem).await.unwrap();
+    let _second = silent_from("127.0.0.1", addr, &ca_pem).await.unwrap();
+    // Cut before its handshake is through, or at once after it.
+    if let Ok(mut third) = silent_from("127.0.0.1", addr, &ca_pem).await {
+        let took = closed_within(&mut third, Duration::from_secs(10)).await;
+        assert!(took.is_some(), "a client took more than its share");
+    }
+    env.assert_logged("a client of the live endpoint holds its share");
+    // Another client, meanwhile, is answered (401 for a guessed token: an
+    // answer of the endpoint, not a closed connection).
+    let mut other = silent_from("127.0.0.2", addr, &ca_pem).await.unwrap();
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        other
+            .write_all(
+                format!("GET /clusters/cluster1/version HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer guessed\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(20), other.read(&mut buf))
+            .await
+            .expect("the other client is answered")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]);
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
+}
+
+#[tokio::test]
 async fn connections_on_the_live_port_are_bounded_and_idle_ones_closed() {
     let mut env = Env::new(&["cluster1"]).await;
     let (addr, ca_pem) = hub_with_live(

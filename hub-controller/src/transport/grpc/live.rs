@@ -40,6 +40,7 @@ use super::cluster::live::{ShareLimits, Unavailable};
 use files::{Reloaded, load_tls, load_tokens};
 
 mod args;
+mod clients;
 mod conn;
 mod discovery;
 mod files;
@@ -108,8 +109,8 @@ pub async fn serve(
             ))
         })
         .with_state(endpoint);
-    let listener = conn::Listener::new(tcp, tls)?;
     let bounds = args.bounds.connections();
+    let listener = conn::Listener::new(tcp, tls, bounds)?;
     Ok(tokio::spawn(conn::serve(
         listener, router, bounds, shutdown,
     )))

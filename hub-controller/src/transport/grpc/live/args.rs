@@ -85,6 +85,17 @@ pub struct LiveBounds {
         default_value_t = 256
     )]
     pub live_max_connections: usize,
+    /// Of those, the connections one client (one peer address) may hold at
+    /// once, handshakes included; one more of it is closed at once. The
+    /// hub's argocd-server replicas and the other hub-controller replicas
+    /// are the clients meant to be here (`networkPolicy.enabled` in the
+    /// chart lets in no other).
+    #[arg(
+        long = "live-max-connections-per-client",
+        env = "ARGOCD_PULL_LIVE_MAX_CONNECTIONS_PER_CLIENT",
+        default_value_t = 64
+    )]
+    pub live_max_connections_per_client: usize,
     /// How long a client has to send a request's head; a connection that
     /// sends none in time is closed.
     #[arg(long = "live-header-timeout", env = "ARGOCD_PULL_LIVE_HEADER_TIMEOUT", default_value = "10s", value_parser = argocd_pull_runtime::parse_duration)]
@@ -115,6 +126,7 @@ impl LiveBounds {
     pub(super) fn connections(&self) -> conn::Bounds {
         conn::Bounds {
             max_connections: self.live_max_connections,
+            max_connections_per_client: self.live_max_connections_per_client,
             header_timeout: self.live_header_timeout,
             idle_timeout: self.live_idle_timeout,
         }

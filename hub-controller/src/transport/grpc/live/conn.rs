@@ -4,8 +4,10 @@
 //! once, with a log line), each closed when its client sends no request
 //! head within `--live-header-timeout` or holds it idle, no request under
 //! way, for `--live-idle-timeout`. The live port is reachable by any pod
-//! the network lets in, before any token is checked: nothing a client
-//! does there holds more than its own connection, for a bounded time.
+//! the network lets in, before any token is checked: so one client (one
+//! peer address) holds at most `--live-max-connections-per-client` of the
+//! connections and [`clients::HANDSHAKES_PER_CLIENT`] of the handshakes,
+//! each for a bounded time, and the others keep theirs.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,12 +28,15 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tower::ServiceExt;
 
+use super::clients::{self, Clients, Full, Slot};
 use super::files::Reloaded;
 
 /// How many connections, and for how long each may wait.
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {
     pub max_connections: usize,
+    /// Of those, and of handshakes under way, one client's at most.
+    pub max_connections_per_client: usize,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
 }
@@ -45,12 +50,20 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// client that opens a connection and says nothing holds one handshake
 /// for [`HANDSHAKE_TIMEOUT`], not the endpoint.
 pub struct Listener {
-    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: tokio::sync::mpsc::Receiver<Accepted>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
+/// A connection through its handshake, its peer, and its client's place.
+type Accepted = (TlsStream<TcpStream>, SocketAddr, Slot);
+
 impl Listener {
-    pub fn new(tcp: TcpListener, tls: Reloaded<Arc<ServerConfig>>) -> std::io::Result<Self> {
+    pub fn new(
+        tcp: TcpListener,
+        tls: Reloaded<Arc<ServerConfig>>,
+        bounds: Bounds,
+    ) -> std::io::Result<Self> {
+        let clients = Clients::new(bounds.max_connections_per_client);
         let (done, ready) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
         let accepting = tokio::spawn(async move {
@@ -60,6 +73,22 @@ impl Listener {
                     Err(e) => {
                         tracing::warn!(error = %e, "the live endpoint cannot accept");
                         tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let (place, handshaking) = match clients.admit(peer.ip()) {
+                    Ok(slots) => slots,
+                    Err(full) => {
+                        let (held, flag) = match full {
+                            Full::Connections => (
+                                bounds.max_connections_per_client,
+                                "--live-max-connections-per-client",
+                            ),
+                            Full::Handshakes => {
+                                (clients::HANDSHAKES_PER_CLIENT, "handshakes under way")
+                            }
+                        };
+                        tracing::warn!(%peer, held, flag, "a client of the live endpoint holds its share: closed a new connection of it");
                         continue;
                     }
                 };
@@ -79,8 +108,8 @@ impl Listener {
                     let handshake = TlsAcceptor::from(config).accept(tcp);
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                         Ok(Ok(tls)) => {
-                            drop(slot);
-                            let _ = done.send((tls, peer)).await;
+                            drop((slot, handshaking));
+                            let _ = done.send((tls, peer, place)).await;
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "a live endpoint handshake failed")
@@ -102,7 +131,7 @@ impl Drop for Listener {
 
 impl Listener {
     /// The next connection through its handshake.
-    async fn accept(&mut self) -> (TlsStream<TcpStream>, SocketAddr) {
+    async fn accept(&mut self) -> Accepted {
         match self.ready.recv().await {
             Some(c) => c,
             // The accepting task ended (it does not, but for its abort):
@@ -124,7 +153,7 @@ pub async fn serve(
     let (stop, stopping) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let (tls, peer) = tokio::select! {
+        let (tls, peer, place) = tokio::select! {
             c = listener.accept() => c,
             () = &mut shutdown => break,
         };
@@ -139,7 +168,7 @@ pub async fn serve(
             router,
             bounds,
             stopping.clone(),
-            slot,
+            (slot, place),
         ));
     }
     let _ = stop.send(true);
@@ -154,7 +183,7 @@ async fn connection(
     router: Router,
     bounds: Bounds,
     mut stopping: watch::Receiver<bool>,
-    _slot: OwnedSemaphorePermit,
+    _places: (OwnedSemaphorePermit, Slot),
 ) {
     let activity = Arc::new(Activity::new());
     let seen = activity.clone();
