@@ -20,5 +20,6 @@ pub fn grant(owner: &str, project: &str) -> std::sync::Arc<crate::authorized::Gr
         destination: Default::default(),
         transport: crate::route::transport::Transport::Grpc,
         checked: Default::default(),
+        sources: Some(vec!["https://git.example/team/app.git".into()]),
     })
 }

@@ -983,3 +983,121 @@ async fn serves(r: &grpc_env::replicas::Replica) -> Result<(), &'static str> {
         .then_some(())
         .ok_or("not yet")
 }
+
+/// A grant records the source repositories the project allowed: a project
+/// edit removing the Application's repository from `spec.sourceRepos`, or
+/// adding a `!` entry that denies it, takes the project's credentials off
+/// the cluster within seconds (ManifestWork); the project stays.
+#[tokio::test]
+async fn manifestwork_a_source_the_project_no_longer_allows_withdraws_its_credentials() {
+    let hub = hub().await;
+    let c1: Api<ManifestWork> = Api::namespaced(hub.client.clone(), "cluster1");
+    repo_secret(&hub.client, "aaa-repo", Some("aaa"), "s3cret").await;
+    let aaa = apps_api(&hub.client, &hub.aaa);
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("web", &hub.aaa, "aaa", "aaa-web", REPO),
+    )
+    .await
+    .unwrap();
+    let has = |want: &'static [&'static str]| {
+        move |w: &ManifestWork| {
+            let got: Vec<String> = manifests(w).into_keys().collect();
+            (got == want).then_some(()).ok_or(format!("{got:?}"))
+        }
+    };
+    let with_credential: &[&str] = &["AppProject/aaa", "Secret/aaa-repo"];
+    work_where(
+        &c1,
+        "argocd-pull-project-aaa",
+        "project aaa on cluster1 with its credential",
+        has(with_credential),
+    )
+    .await;
+    let repos = |repos: Value| {
+        let mut spec = aaa_spec(&[]);
+        spec["sourceRepos"] = repos;
+        spec
+    };
+    // (sourceRepos now, what the project work holds)
+    let edits: [(Value, &'static [&'static str]); 3] = [
+        (json!(["*", format!("!{REPO}")]), &["AppProject/aaa"]),
+        (json!(["https://git.example/*"]), with_credential),
+        (json!(["https://git.example/other/*"]), &["AppProject/aaa"]),
+    ];
+    for (source_repos, want) in edits {
+        project(&hub.client, "aaa", repos(source_repos.clone())).await;
+        work_where(
+            &c1,
+            "argocd-pull-project-aaa",
+            &format!("project aaa on cluster1 as {want:?} under sourceRepos {source_repos}"),
+            has(want),
+        )
+        .await;
+    }
+    // Refused as the cluster's Argo CD will refuse it; its work stays.
+    refused_with(
+        &aaa,
+        "web",
+        &format!("application repo {REPO} is not permitted in project 'aaa'"),
+    )
+    .await;
+    assert!(
+        c1.get_opt(&format!("{}.web", hub.aaa))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// As above, over gRPC: the credential leaves the cluster and the project
+/// and the kept copy stay.
+#[tokio::test]
+async fn over_grpc_a_source_the_project_no_longer_allows_withdraws_its_credentials() {
+    use k8s_openapi::api::core::v1::Secret;
+    let mut env = grpc_env::Env::new(&["cluster1"]).await;
+    env.hub.ensure_namespace(ARGOCD).await.unwrap();
+    team_and_ccc(&env.hub_client, &env.team).await;
+    env.start_hub(&["--project-credentials"]).await;
+    env.connect_agent(0).await;
+    let apps = env.hub_apps();
+    let mut alpha = env.app("alpha", 0, json!({}));
+    alpha.data["spec"]["project"] = json!("team");
+    alpha.data["spec"]["destination"]["namespace"] = json!("team-web");
+    alpha.data["spec"]["source"]["repoURL"] = json!(REPO);
+    apps.create(&PostParams::default(), &alpha).await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(env.spokes[0].client.clone(), grpc_env::SPOKE_NS);
+    let credential = || {
+        on_spoke(
+            &secrets,
+            "team-repo",
+            "team's credential on cluster1",
+            |s| password_is(s, "s3cret"),
+        )
+    };
+    credential().await;
+    let edit = |source_repos: Value, description: &'static str| {
+        let mut spec = team_spec(&env.team, "team-*", description);
+        spec["sourceRepos"] = source_repos;
+        project(&env.hub_client, "team", spec)
+    };
+
+    // A `!` entry denying the repository, whatever else allows.
+    edit(json!(["*", format!("!{REPO}")]), "denied").await;
+    team_on_spoke(&env, "denied").await;
+    wait::gone(&secrets, "team-repo", TIMEOUT).await;
+    // Allowed again: delivered again, with its credential.
+    edit(json!(["*"]), "allowed").await;
+    credential().await;
+    // The repository no longer listed.
+    edit(json!(["https://git.example/other/*"]), "removed").await;
+    team_on_spoke(&env, "removed").await;
+    wait::gone(&secrets, "team-repo", TIMEOUT).await;
+    refused_with(
+        &apps,
+        "alpha",
+        &format!("application repo {REPO} is not permitted in project 'team'"),
+    )
+    .await;
+    assert!(env.spoke_apps(0).get_opt("alpha").await.unwrap().is_some());
+}

@@ -14,8 +14,8 @@
 //! follows from its grants alone ([`projects`]), never from what a tenant
 //! writes on the hub copy now (its `spec.project`) nor from what a cluster
 //! writes (its works, its reports). A grant whose project no longer allows
-//! what it recorded (the namespace, the destination), or whose project is
-//! gone, *stands no more*: its project still reaches the cluster with the
+//! what it recorded (the namespace, the source repositories, the
+//! destination), or whose project is gone, *stands no more*: its project still reaches the cluster with the
 //! hub's current content, which is what makes the cluster's Argo CD refuse
 //! the kept copy as the hub does, but its credentials do not.
 
@@ -62,6 +62,14 @@ pub struct Grant {
     /// The project's version the check was made against.
     #[serde(rename = "checked", default)]
     pub checked: ProjectVersion,
+    /// The source repositories of the delivered copy (`repoURL` of its
+    /// source, of each of its sources, or of its hydrator's dry source), as
+    /// the check saw them. `None` in a grant stored before they were
+    /// recorded: what such a grant was checked for is unknown, so it
+    /// [stands](stands) no more (its credentials wait for the copy's next
+    /// authorized delivery, which records them).
+    #[serde(rename = "src", default, skip_serializing_if = "Option::is_none")]
+    pub sources: Option<Vec<String>>,
 }
 
 /// The destination as authorized: the hub allows only the cluster itself
@@ -117,6 +125,12 @@ pub fn grant(
         },
         transport,
         checked,
+        sources: Some(
+            argocd_pull_apis::argocd::source_repos(app)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+        ),
     }
 }
 
@@ -162,14 +176,22 @@ pub fn next(
 }
 
 /// Whether `project` (as it is now) still allows what `grant` recorded:
-/// its namespace and its destination. Always, when projects are not
-/// enforced (`control_plane` is `None`).
+/// its namespace, every one of its source repositories and its
+/// destination, by the rules the check used. A grant that recorded no
+/// sources (stored before they were) does not. Always, when projects are
+/// not enforced (`control_plane` is `None`).
 pub fn stands(grant: &Grant, project: &ProjectSpec, control_plane: Option<&str>) -> bool {
     let Some(control_plane) = control_plane else {
         return true;
     };
     let d = &grant.destination;
+    let sources_permitted = grant.sources.as_ref().is_some_and(|repos| {
+        repos
+            .iter()
+            .all(|repo| project::source_permitted(project, repo))
+    });
     project::namespace_permitted(project, &grant.source_namespace, control_plane)
+        && sources_permitted
         && project::cluster_itself_permitted(project, &d.name, &d.namespace)
 }
 
@@ -198,8 +220,9 @@ pub fn projects<'a>(
 }
 
 /// The record's size at most, in bytes of JSON: annotations of one object
-/// may take 256 KiB in all; a grant takes 150 to 300 bytes, so this holds
-/// about a thousand spoke Applications per cluster.
+/// may take 256 KiB in all; a grant takes 200 to 400 bytes with one
+/// source, so this holds about six hundred spoke Applications per cluster
+/// (fewer with several long source URLs).
 pub const MAX_BYTES: usize = 200 * 1024;
 
 /// `record` as JSON (`{"<namespace>/<name>": {grant}, ...}`, in key order:

@@ -180,6 +180,126 @@ fn projects_follow_the_grants_and_credentials_only_standing_ones() {
     );
 }
 
+/// A project allowing namespace `team` and any destination, with
+/// `spec.sourceRepos` `repos`.
+fn repos(repos: &[&str]) -> ProjectSpec {
+    ProjectSpec {
+        source_repos: repos.iter().map(|s| s.to_string()).collect(),
+        ..spec(&["team"], "*")
+    }
+}
+
+#[test]
+fn a_grant_records_every_source_of_the_delivered_copy() {
+    let a = |spec: serde_json::Value| {
+        let a = app(json!({ "spec": spec }));
+        grant(&a, &target(), Transport::Grpc, ProjectVersion::default()).sources
+    };
+    let one = json!({ "source": { "repoURL": "https://git.example/a.git" } });
+    let several = json!({ "sources": [
+        { "repoURL": "https://git.example/a.git" },
+        { "repoURL": "git@git.example:b/values.git", "ref": "values" },
+    ] });
+    let hydrated = json!({
+        "source": { "repoURL": "https://git.example/ignored.git" },
+        "sourceHydrator": { "drySource": { "repoURL": "https://git.example/dry.git" } },
+    });
+    assert_eq!(a(one), Some(vec!["https://git.example/a.git".to_string()]));
+    assert_eq!(
+        a(several),
+        Some(vec![
+            "https://git.example/a.git".to_string(),
+            "git@git.example:b/values.git".to_string()
+        ])
+    );
+    assert_eq!(
+        a(hydrated),
+        Some(vec!["https://git.example/dry.git".to_string()])
+    );
+}
+
+#[test]
+fn a_project_edit_that_no_longer_allows_a_recorded_source_withdraws_the_credentials() {
+    let with = |sources: &[&str]| Grant {
+        sources: Some(sources.iter().map(|s| s.to_string()).collect()),
+        ..granted("bbb", Transport::Grpc)
+    };
+    let a = "https://git.example/team/a.git";
+    let b = "https://git.example/team/b.git";
+    // (recorded sources, the project's sourceRepos now, stands)
+    let cases: &[(&[&str], &[&str], bool)] = &[
+        (&[a], &["*"], true),
+        (&[a], &[a], true),
+        // Argo CD compares normalized URLs: case and `.git` do not matter.
+        (&[a], &["HTTPS://git.example/team/a"], true),
+        (&[a], &["https://git.example/team/*"], true),
+        (&[a], &[], false),
+        // The repository removed from sourceRepos.
+        (&[a], &[b], false),
+        // A `!` entry denying it, whatever else allows.
+        (&[a], &["*", "!https://git.example/team/a.git"], false),
+        (&[a], &["!https://git.example/team/b.git"], true),
+        // A multi-source Application: every source must still be allowed.
+        (&[a, b], &[a, b], true),
+        (&[a, b], &[a], false),
+        (
+            &[a, b],
+            &["https://git.example/team/*", "!https://git.example/team/b"],
+            false,
+        ),
+        // SCP-like SSH, as Argo CD normalizes it.
+        (
+            &["git@git.example:team/a.git"],
+            &["git@git.example:team/*"],
+            true,
+        ),
+        (
+            &["git@git.example:team/a.git"],
+            &["git@git.example:other/*"],
+            false,
+        ),
+    ];
+    for (sources, source_repos, want) in cases {
+        assert_eq!(
+            stands(&with(sources), &repos(source_repos), Some("argocd")),
+            *want,
+            "{sources:?} under {source_repos:?}"
+        );
+    }
+    // Projects not enforced: it stands whatever the project says.
+    assert!(stands(&with(&[a]), &repos(&[]), None));
+    // What a cluster gets: the project, without its credentials.
+    let grants = [with(&[a])];
+    assert_eq!(
+        projects(
+            &grants,
+            Transport::Grpc,
+            |_| Some(repos(&[b])),
+            Some("argocd")
+        ),
+        BTreeMap::from([("bbb".to_string(), false)])
+    );
+}
+
+#[test]
+fn a_grant_stored_before_sources_were_recorded_reads_back_and_stands_no_more() {
+    // As an earlier release wrote it: no `src`.
+    let stored = r#"{"argocd/a":{"owner":"u-1","ns":"team","project":"bbb","dest":{"name":"c1","namespace":"gb"},"transport":"grpc","checked":{"rv":"4","gen":1}}}"#;
+    let record = decode(stored);
+    let g = &record[&key("a")];
+    assert_eq!(g.sources, None);
+    // Unknown sources are not taken as allowed: the project goes, its
+    // credentials wait for the copy's next authorized delivery.
+    assert!(!stands(g, &repos(&["*"]), Some("argocd")));
+    assert!(stands(g, &repos(&["*"]), None));
+    // A grant with its sources recorded writes them.
+    let (json, _) = encode(&ClusterRecord::from([(
+        key("a"),
+        granted("bbb", Transport::Grpc),
+    )]));
+    assert!(json.contains(r#""src":[""#), "{json}");
+}
+
 #[test]
 fn the_record_reads_back_as_written_and_bad_entries_are_skipped() {
     let mut g = granted("bbb", Transport::ManifestWork);
