@@ -137,3 +137,65 @@ async fn the_first_delivered_keeps_the_spoke_application() {
         a.data["status"]
     );
 }
+
+/// Commands follow the hub's record of what it authorized: a sync set on
+/// a hub Application refused for a spoke Application another one holds is
+/// never sent (its hub copy is not even stamped), while the holder's
+/// reaches the cluster.
+#[tokio::test]
+async fn only_the_hub_application_the_spoke_copy_was_granted_to_gets_its_sync_sent() {
+    let env = Env::managed(&["cluster1"]).await;
+    // Nothing runs the operations on the spoke: they stay where they land.
+    env.spokes[0].argocd.stop();
+    let spoke = env.spoke_apps(0);
+    let hub_a = env.hub_apps();
+    env.create("shared", 0, spec("team-a")).await;
+    wait::until("team A's Application on the spoke", TIMEOUT, || async {
+        spoke
+            .get_opt("shared")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    let ns_b = env.hub.namespace("bbb").await.unwrap();
+    common::placement_selects(&env.hub_client, &ns_b, &["cluster1"]).await;
+    let hub_b = common::apps_api(&env.hub_client, &ns_b);
+    let mut b = env.app("shared", 0, spec("team-b"));
+    b.metadata.namespace = Some(ns_b.clone());
+    hub_b.create(&PostParams::default(), &b).await.unwrap();
+    wait::until("team B refused", TIMEOUT, || async {
+        let b = hub_b.get("shared").await.map_err(|e| e.to_string())?;
+        let refused = b.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == CONDITION
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("SpokeConflict: "))
+            });
+        refused.then_some(()).ok_or(b.data["status"].to_string())
+    })
+    .await;
+
+    let sync = |revision: &str| json!({ "operation": { "sync": { "revision": revision } } });
+    common::merge(&hub_b, "shared", sync("from-b")).await;
+    common::merge(&hub_a, "shared", sync("from-a")).await;
+    wait::until("team A's sync on the spoke", TIMEOUT, || async {
+        let a = spoke.get("shared").await.map_err(|e| e.to_string())?;
+        let revision = a.data.pointer("/operation/sync/revision").cloned();
+        (revision == Some(json!("from-a")))
+            .then_some(())
+            .ok_or(format!("{revision:?}"))
+    })
+    .await;
+    let b = hub_b.get("shared").await.unwrap();
+    assert_eq!(
+        b.data["operation"],
+        sync("from-b")["operation"],
+        "team B's sync was stamped for sending: {}",
+        b.data["operation"]
+    );
+}

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 mod claimed;
 mod clusters;
 mod fleet;
+mod granted;
 mod holding;
 mod index;
 mod mirror;
@@ -40,6 +41,7 @@ mod workers;
 
 pub use claimed::Acting;
 pub use clusters::Clusters;
+pub use granted::Granted;
 pub use holding::Holding;
 pub use index::{Decision, Index};
 pub use mirror::Mirrors;
@@ -92,9 +94,8 @@ pub struct Hub {
     /// (`--live-addr`): agents are then offered `live-views`.
     live_url: std::sync::OnceLock<String>,
     /// The record of what the hub authorized, as the leader keeps it
-    /// ([`crate::authorized`]); without it, only what this replica
-    /// delivered.
-    authorized: std::sync::OnceLock<Arc<crate::authorized::Records>>,
+    /// ([`crate::authorized`]), with what this replica delivered.
+    granted: Arc<Granted>,
 }
 
 impl Hub {
@@ -137,7 +138,9 @@ impl Hub {
             caches.clone(),
             acting.clone(),
         ));
+        let granted = Arc::new(Granted::new(routes.clone(), clusters.clone()));
         let workers = Arc::new(Workers {
+            granted: granted.clone(),
             routes: routes.clone(),
             clusters: clusters.clone(),
             caches: caches.clone(),
@@ -167,7 +170,7 @@ impl Hub {
                 projects_epoch: watch::channel(0).0,
                 trees: std::sync::OnceLock::new(),
                 live_url: std::sync::OnceLock::new(),
-                authorized: std::sync::OnceLock::new(),
+                granted,
             }
         })
     }
@@ -461,7 +464,12 @@ impl Hub {
                 hub.project_or_credential_changed();
             }
         });
-        let _ = self.authorized.set(records);
+        self.granted.set_records(records);
+    }
+
+    /// See [`Granted::owned_by`].
+    pub fn granted_to(&self, cluster: &str, key: &ObjectKey, hub_uid: Option<&str>) -> bool {
+        self.granted.owned_by(cluster, key, hub_uid)
     }
 
     /// See [`Holding::set_holders`].

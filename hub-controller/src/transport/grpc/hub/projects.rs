@@ -15,11 +15,11 @@
 
 use argocd_pull_proto::content;
 use argocd_pull_proto::limits::MAX_MESSAGE_BYTES;
-use argocd_pull_proto::v1::{ObjectKey, ProjectSet};
+use argocd_pull_proto::v1::ProjectSet;
 use tokio::sync::watch;
 
 use super::Hub;
-use crate::authorized::{self, ClusterRecord, Grant, SpokeKey};
+use crate::authorized::{self, ClusterRecord};
 use crate::render::project::{credentials_by_project, delivered_project};
 use crate::route::target::DEFAULT_APP_NAMESPACE;
 use crate::route::transport::Transport;
@@ -38,36 +38,10 @@ impl Hub {
         self.projects_epoch.send_modify(|n| *n += 1);
     }
 
-    /// `cluster`'s record as this replica has it now: the recorded grants
-    /// of this transport (the leader's Lease), those of the copies this
-    /// replica delivered (newer, when both name a key), taken through the
-    /// decisions of now ([`crate::authorized::next`]).
+    /// `cluster`'s record as this replica has it now
+    /// ([`super::granted::Granted::record`]).
     pub fn authorized_record(&self, cluster: &str) -> ClusterRecord {
-        let mut recorded: ClusterRecord = self
-            .authorized
-            .get()
-            .map(|r| r.record(cluster).0)
-            .into_iter()
-            .flat_map(|r| (*r).clone())
-            .filter(|(_, g)| g.transport == Transport::Grpc)
-            .collect();
-        if let Some(cs) = self.clusters.find(cluster) {
-            let delivered: Vec<(SpokeKey, Grant)> = cs
-                .lock()
-                .desired
-                .iter()
-                .map(|(k, d)| ((k.namespace.clone(), k.name.clone()), (*d.grant).clone()))
-                .collect();
-            recorded.extend(delivered);
-        }
-        let keys: Vec<ObjectKey> = recorded
-            .keys()
-            .map(|(namespace, name)| ObjectKey {
-                namespace: namespace.clone(),
-                name: name.clone(),
-            })
-            .collect();
-        authorized::next(&recorded, self.routes.grants_now(cluster, keys))
+        self.granted.record(cluster)
     }
 
     /// What `cs`'s agent must keep, or why it cannot be sent.

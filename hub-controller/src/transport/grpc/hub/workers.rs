@@ -20,6 +20,7 @@ use super::super::cluster::{ClusterState, Observation, Work};
 use super::super::metrics::GrpcMetrics;
 use super::claimed::Acting;
 use super::clusters::Clusters;
+use super::granted::Granted;
 use super::mirror::Mirrors;
 use super::relay::CommandRelay;
 use super::routes::{Routes, app_ref};
@@ -42,6 +43,7 @@ pub struct Workers {
     pub(super) acting: Arc<Acting>,
     pub(super) relay: Arc<CommandRelay>,
     pub(super) mirrors: Arc<Mirrors>,
+    pub(super) granted: Arc<Granted>,
 }
 
 impl Workers {
@@ -123,7 +125,14 @@ impl Workers {
             }
         };
         let cs = self.clusters.get(&verdict.cluster);
-        if verdict.reason.is_none() {
+        // Commands follow from the record: only for the spoke key whose
+        // grant was made for this hub copy (a refused claimant, or a copy
+        // whose grant went, sends none).
+        if verdict.reason.is_none()
+            && self
+                .granted
+                .owned_by(&verdict.cluster, &verdict.key, app.metadata.uid.as_deref())
+        {
             self.relay
                 .commands(&app, Work::App(r.clone()), &cs, &verdict.key)
                 .await?;
