@@ -102,7 +102,12 @@ pub const MAX_REPORTED_BYTES: usize = 256 * 1024;
 /// reads it (compressed when argocd-server's cache is).
 struct Reported {
     cluster: String,
+    /// The spoke Application it is of: its grant must name the hub copy.
+    key: argocd_pull_proto::v1::ObjectKey,
     hub_uid: String,
+    /// Whether its nodes keep their uids (the copy's destination opened
+    /// live views when it came).
+    uids: bool,
     tree: Vec<u8>,
     managed: Option<Vec<u8>>,
 }
@@ -151,6 +156,7 @@ impl Trees {
     pub fn reported(
         &self,
         cluster: &str,
+        spoke_key: &argocd_pull_proto::v1::ObjectKey,
         key: ObjectRef<CachedApp>,
         hub_uid: &str,
         tree_json: &[u8],
@@ -180,23 +186,7 @@ impl Trees {
         let entry = if tree_json.is_empty() {
             None
         } else {
-            // Node uids open argocd-server's live views: only for a copy
-            // aimed at this cluster's Secret on the live endpoint.
-            let uids = self
-                .grpc
-                .get()
-                .and_then(std::sync::Weak::upgrade)
-                .is_some_and(|hub| {
-                    hub.live_url().is_some_and(|url| {
-                        let server =
-                            argocd_pull_core::render::cluster_secret::live_server(url, cluster);
-                        argocd_pull_core::live::opens_live_views(
-                            app.application().data.pointer("/spec/destination"),
-                            cluster,
-                            &server,
-                        )
-                    })
-                });
+            let uids = self.opens_live_views(&app, cluster);
             let tree = encode(tree::reported_tree(tree_json, uids)?, "tree")?;
             let managed = if managed_json.is_empty() {
                 None
@@ -208,7 +198,9 @@ impl Trees {
             };
             Some(Reported {
                 cluster: cluster.to_string(),
+                key: spoke_key.clone(),
                 hub_uid: hub_uid.to_string(),
+                uids,
                 tree,
                 managed,
             })
@@ -222,6 +214,26 @@ impl Trees {
         }
         self.mark(key);
         Ok(())
+    }
+
+    /// Whether node uids of `app`'s tree open argocd-server's live views
+    /// of `cluster` and nothing else: only for a copy aimed at this
+    /// cluster's Secret on the live endpoint.
+    fn opens_live_views(&self, app: &CachedApp, cluster: &str) -> bool {
+        self.grpc
+            .get()
+            .and_then(std::sync::Weak::upgrade)
+            .is_some_and(|hub| {
+                hub.live_url().is_some_and(|url| {
+                    let server =
+                        argocd_pull_core::render::cluster_secret::live_server(url, cluster);
+                    argocd_pull_core::live::opens_live_views(
+                        app.application().data.pointer("/spec/destination"),
+                        cluster,
+                        &server,
+                    )
+                })
+            })
     }
 
     fn mark(&self, key: ObjectRef<CachedApp>) {
@@ -305,19 +317,30 @@ impl Trees {
         }
         let reported = {
             let mut reported = self.reported.lock().unwrap();
+            // The record decides, now: the tree of a spoke key whose grant
+            // names this hub copy, and uids only while its destination
+            // still opens live views of that cluster alone.
             let current = reported.get(key).is_some_and(|r| {
+                let uid = app.as_ref().and_then(|a| a.identity().uid.as_deref());
                 Some(&r.cluster) == cluster.as_ref()
-                    && app.as_ref().and_then(|a| a.identity().uid.as_deref())
-                        == Some(r.hub_uid.as_str())
+                    && uid == Some(r.hub_uid.as_str())
+                    && hub
+                        .as_ref()
+                        .is_some_and(|h| h.granted_to(&r.cluster, &r.key, uid))
+                    && (!r.uids
+                        || app
+                            .as_ref()
+                            .is_some_and(|a| self.opens_live_views(a, &r.cluster)))
             });
             if current {
                 reported
                     .get(key)
                     .map(|r| (r.tree.clone(), r.managed.clone()))
             } else {
-                // Moved to another cluster or transport, or deleted and
-                // created again: the tree from the status until its agent
-                // reports.
+                // Moved to another cluster or transport, deleted and
+                // created again, its grant gone or made for another hub
+                // copy, or aimed elsewhere since: the tree from the status
+                // (no uid: it opens no live view) until its agent reports.
                 reported.remove(key);
                 None
             }

@@ -208,9 +208,23 @@ impl Inbound<'_> {
         let Some(trees) = hub.trees() else { return };
         let key = t.key.expect("validated");
         let outcome = match (self.mode, hub.winner(&cs.name, &key)) {
+            // Only a key whose grant was made for the hub copy it names:
+            // a tree's uids open live views of this cluster.
+            (AgentMode::Managed, Some(_))
+                if !hub.granted_to(&cs.name, &key, Some(t.hub_uid.as_str())) =>
+            {
+                Err((
+                    "tree-refused",
+                    format!(
+                        "the hub's record grants {}/{} on cluster {} to no hub Application of uid {:?}",
+                        key.namespace, key.name, cs.name, t.hub_uid
+                    ),
+                ))
+            }
             (AgentMode::Managed, Some(owner)) => trees
                 .reported(
                     &cs.name,
+                    &key,
                     ObjectRef::new(&owner.name).within(&owner.namespace),
                     &t.hub_uid,
                     &t.tree_json,
