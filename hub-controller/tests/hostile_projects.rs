@@ -442,6 +442,27 @@ fn manifests(w: &ManifestWork) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// Creates Application `web` of project `aaa` in the aaa team's namespace;
+/// that namespace's Applications.
+async fn aaa_web(hub: &Hub) -> Api<Application> {
+    let aaa = apps_api(&hub.client, &hub.aaa);
+    aaa.create(
+        &PostParams::default(),
+        &tenant_app("web", &hub.aaa, "aaa", "aaa-web", REPO),
+    )
+    .await
+    .unwrap();
+    aaa
+}
+
+/// A check that a work holds exactly `want` (`Kind/name`, in order).
+fn has(want: &'static [&'static str]) -> impl Fn(&ManifestWork) -> Result<(), String> {
+    move |w: &ManifestWork| {
+        let got: Vec<String> = manifests(w).into_keys().collect();
+        (got == want).then_some(()).ok_or(format!("{got:?}"))
+    }
+}
+
 async fn repo_secret(client: &kube::Client, name: &str, project: Option<&str>, password: &str) {
     let mut data = json!({ "url": "https://git.example/team.git", "password": password });
     if let Some(p) = project {
@@ -480,20 +501,8 @@ async fn the_project_and_its_credentials_reach_only_the_clusters_of_its_applicat
         &app_for("ops", ARGOCD, "cluster2"),
     )
     .await;
-    let aaa = apps_api(&hub.client, &hub.aaa);
-    aaa.create(
-        &PostParams::default(),
-        &tenant_app("web", &hub.aaa, "aaa", "aaa-web", REPO),
-    )
-    .await
-    .unwrap();
+    let aaa = aaa_web(&hub).await;
 
-    let has = |want: &'static [&'static str]| {
-        move |w: &ManifestWork| {
-            let got: Vec<String> = manifests(w).into_keys().collect();
-            (got == want).then_some(()).ok_or(format!("{got:?}"))
-        }
-    };
     let w = work_where(
         &c1,
         "argocd-pull-project-aaa",
@@ -993,19 +1002,7 @@ async fn manifestwork_a_source_the_project_no_longer_allows_withdraws_its_creden
     let hub = hub().await;
     let c1: Api<ManifestWork> = Api::namespaced(hub.client.clone(), "cluster1");
     repo_secret(&hub.client, "aaa-repo", Some("aaa"), "s3cret").await;
-    let aaa = apps_api(&hub.client, &hub.aaa);
-    aaa.create(
-        &PostParams::default(),
-        &tenant_app("web", &hub.aaa, "aaa", "aaa-web", REPO),
-    )
-    .await
-    .unwrap();
-    let has = |want: &'static [&'static str]| {
-        move |w: &ManifestWork| {
-            let got: Vec<String> = manifests(w).into_keys().collect();
-            (got == want).then_some(()).ok_or(format!("{got:?}"))
-        }
-    };
+    let aaa = aaa_web(&hub).await;
     let with_credential: &[&str] = &["AppProject/aaa", "Secret/aaa-repo"];
     work_where(
         &c1,
