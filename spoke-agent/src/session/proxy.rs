@@ -264,7 +264,8 @@ pub fn connect_answer(head: &[u8], sent_credentials: bool) -> Result<(), String>
     let status = format!("{code} {}", reason.unwrap_or_default().trim());
     match code {
         200..=299 => Ok(()),
-        407 if sent_credentials => Err(format!(
+        // Some proxies (tinyproxy) answer a wrong password with 401.
+        401 | 407 if sent_credentials => Err(format!(
             "{status}: the proxy refused the credentials of --proxy-credentials-file"
         )),
         407 => Err(format!(
@@ -577,6 +578,11 @@ mod tests {
         let e = connect_answer(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n", true)
             .unwrap_err();
         assert!(e.contains("refused the credentials"), "{e}");
+        let e = connect_answer(b"HTTP/1.0 401 Unauthorized\r\n\r\n", true).unwrap_err();
+        assert_eq!(
+            e,
+            "401 Unauthorized: the proxy refused the credentials of --proxy-credentials-file"
+        );
         assert_eq!(
             connect_answer(b"HTTP/1.1 403 Forbidden\r\n\r\n", false),
             Err("403 Forbidden".into())
