@@ -21,6 +21,8 @@ use grpc_env::{AgentProcess, Env, TIMEOUT};
 
 /// What `Env::start_hub` gives the hub's `--grpc-heartbeat`.
 const HEARTBEAT: Duration = Duration::from_secs(2);
+/// Digests far apart, so that on a quiet stream only heartbeats cross.
+const RARE_DIGESTS: &str = "--grpc-digest-interval=10m";
 /// The proxy's idle timeout in the heartbeat test: longer than a
 /// heartbeat interval, shorter than the quiet period.
 const PROXY_IDLE: Duration = Duration::from_secs(5);
@@ -146,10 +148,16 @@ async fn the_agent_reaches_the_hub_through_its_proxy_with_the_credentials_of_its
 }
 
 /// Waits until the agent has reconnected since `before` reconnects and is
-/// connected again, within `within`; returns how long it took.
-async fn reconnected(agent: &AgentProcess, before: f64, within: Duration) -> Duration {
-    let started = Instant::now();
-    wait::until("the agent to reconnect", within, || async {
+/// connected again, within `within` of `since`; returns how long after
+/// `since` that was.
+async fn reconnected(
+    agent: &AgentProcess,
+    before: f64,
+    since: Instant,
+    within: Duration,
+) -> Duration {
+    let left = within.saturating_sub(since.elapsed());
+    wait::until("the agent to reconnect", left, || async {
         let now = agent.metric(RECONNECTS).await.unwrap_or_default();
         if now > before && agent.connected().await {
             Ok(())
@@ -158,13 +166,35 @@ async fn reconnected(agent: &AgentProcess, before: f64, within: Duration) -> Dur
         }
     })
     .await;
-    started.elapsed()
+    since.elapsed()
+}
+
+/// The control for the test below: with the hub's default heartbeat
+/// (10 s, longer than the proxy's 5 s idle timeout) the same quiet period
+/// gets the tunnel cut, so what keeps it open there is the heartbeat.
+#[tokio::test]
+async fn a_stream_quieter_than_the_proxys_idle_timeout_is_cut() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&["--grpc-heartbeat=10s", RARE_DIGESTS]).await;
+    let proxy = proxy_for(&env, None, PROXY_IDLE).await;
+    let agent = env.spawn_agent_process(
+        &agent_binary(),
+        0,
+        &env.hub_address(),
+        &[("HTTPS_PROXY", &proxy.url())],
+        &[],
+    );
+    agent.wait_connected(TIMEOUT).await;
+    let reconnects = agent.metric(RECONNECTS).await.unwrap();
+    let took = reconnected(&agent, reconnects, Instant::now(), PROXY_IDLE * 3).await;
+    eprintln!("the proxy cut the quiet stream; the agent was back {took:?} later");
+    assert!(proxy.connects_to(&env.grpc_addr.to_string()) >= 2);
 }
 
 #[tokio::test]
 async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_within_three() {
     let mut env = Env::new(&["cluster1"]).await;
-    env.start_hub(&[]).await;
+    env.start_hub(&[RARE_DIGESTS]).await;
     let mut proxy = proxy_for(&env, None, PROXY_IDLE).await;
     let target = env.grpc_addr.to_string();
     let agent = env.spawn_agent_process(
@@ -181,7 +211,7 @@ async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_wit
     delivered(&env, &expected, "a first delivery").await;
 
     // 1. Quiet: no change for three of the proxy's idle timeouts. Only
-    //    heartbeats (and digests) cross; the one tunnel stays open.
+    //    heartbeats cross; the one tunnel stays open.
     let reconnects = agent.metric(RECONNECTS).await.unwrap();
     tokio::time::sleep(PROXY_IDLE * 3 + Duration::from_secs(1)).await;
     assert!(agent.connected().await);
@@ -204,10 +234,11 @@ async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_wit
     // 2. The proxy is killed (SIGKILL) and comes back on its port: the
     //    agent is through it again within three heartbeat intervals.
     let reconnects = agent.metric(RECONNECTS).await.unwrap();
+    let killed = Instant::now();
     proxy.kill();
     proxy.restart().await.unwrap();
-    let took = reconnected(&agent, reconnects, HEARTBEAT * 3).await;
-    eprintln!("reconnected {took:?} after the proxy was killed and restarted");
+    let took = reconnected(&agent, reconnects, killed, HEARTBEAT * 3).await;
+    eprintln!("reconnected {took:?} after the proxy was killed");
     assert_eq!(proxy.connects_to(&target), 2, "{}", proxy.log_text());
 
     // 3. The proxy hangs (SIGSTOP): its connections stay open but carry
@@ -227,10 +258,11 @@ async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_wit
         detected <= HEARTBEAT * 3 + Duration::from_secs(1),
         "{detected:?}"
     );
+    let killed = Instant::now();
     proxy.kill();
     proxy.restart().await.unwrap();
-    let took = reconnected(&agent, reconnects, HEARTBEAT * 3).await;
-    eprintln!("reconnected {took:?} after the hung proxy was replaced");
+    let took = reconnected(&agent, reconnects, killed, HEARTBEAT * 3).await;
+    eprintln!("reconnected {took:?} after the hung proxy was killed");
     env.create("after-the-hang", 0, json!({})).await;
     expected.insert("after-the-hang".to_string(), 0);
     delivered(&env, &expected, "delivery after the proxy was replaced").await;

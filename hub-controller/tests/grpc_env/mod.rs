@@ -376,7 +376,13 @@ impl Env {
             .arg(d.join("hub.key"))
             .arg("--grpc-client-ca")
             .arg(d.join("ca.crt"))
-            .args(["--grpc-heartbeat", "2s", "--grpc-digest-interval", "5s"])
+            // Short intervals, unless a test sets its own.
+            .args(
+                [("--grpc-heartbeat", "2s"), ("--grpc-digest-interval", "5s")]
+                    .into_iter()
+                    .filter(|(flag, _)| !args.iter().any(|a| a.starts_with(flag)))
+                    .flat_map(|(flag, value)| [flag, value]),
+            )
             .args(args)
             // The tests read per-cluster series; a test of the default
             // passes `false` in `envs`.
