@@ -576,6 +576,16 @@ pub fn hub_ca_variable(pem: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The agent's Deployment in `template`.
+    fn agent_deployment_of(template: &Value) -> &Value {
+        template["spec"]["agentSpec"]["workload"]["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["kind"] == "Deployment")
+            .unwrap()
+    }
+
     #[test]
     fn the_proxy_comes_from_ocms_proxy_config_and_its_password_from_an_optional_secret() {
         let config = AddonConfig {
@@ -589,12 +599,7 @@ mod tests {
             json!({ "httpsProxy": "http://proxy.corp:3128", "noProxy": ".corp" })
         );
         let template = add_on_template(&config);
-        let deployment = template["spec"]["agentSpec"]["workload"]["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["kind"] == "Deployment")
-            .unwrap();
+        let deployment = agent_deployment_of(&template);
         let pod = &deployment["spec"]["template"]["spec"];
         let env = pod["containers"][0]["env"].as_array().unwrap();
         assert!(env.contains(&json!({
@@ -684,12 +689,7 @@ mod tests {
     #[test]
     fn the_agent_reads_the_certificate_where_ocm_mounts_it() {
         let template = add_on_template(&AddonConfig::default());
-        let deployment = template["spec"]["agentSpec"]["workload"]["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["kind"] == "Deployment")
-            .unwrap();
+        let deployment = agent_deployment_of(&template);
         let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
         assert!(args.contains("/managed/argocd-pull.open-cluster-management.io-agent/tls.crt"));
         assert_eq!(

@@ -169,13 +169,14 @@ async fn reconnected(
     since.elapsed()
 }
 
-/// The control for the test below: with the hub's default heartbeat
-/// (10 s, longer than the proxy's 5 s idle timeout) the same quiet period
-/// gets the tunnel cut, so what keeps it open there is the heartbeat.
-#[tokio::test]
-async fn a_stream_quieter_than_the_proxys_idle_timeout_is_cut() {
+/// A hub with `hub_args` and rare digests, a proxy with a
+/// [`PROXY_IDLE`] idle timeout, and one cluster's agent connected through
+/// it.
+async fn behind_an_idle_timeout(hub_args: &[&str]) -> (Env, TinyProxy, AgentProcess) {
     let mut env = Env::new(&["cluster1"]).await;
-    env.start_hub(&["--grpc-heartbeat=10s", RARE_DIGESTS]).await;
+    let mut args = vec![RARE_DIGESTS];
+    args.extend_from_slice(hub_args);
+    env.start_hub(&args).await;
     let proxy = proxy_for(&env, None, PROXY_IDLE).await;
     let agent = env.spawn_agent_process(
         &agent_binary(),
@@ -185,6 +186,15 @@ async fn a_stream_quieter_than_the_proxys_idle_timeout_is_cut() {
         &[],
     );
     agent.wait_connected(TIMEOUT).await;
+    (env, proxy, agent)
+}
+
+/// The control for the test below: with the hub's default heartbeat
+/// (10 s, longer than the proxy's 5 s idle timeout) the same quiet period
+/// gets the tunnel cut, so what keeps it open there is the heartbeat.
+#[tokio::test]
+async fn a_stream_quieter_than_the_proxys_idle_timeout_is_cut() {
+    let (env, proxy, agent) = behind_an_idle_timeout(&["--grpc-heartbeat=10s"]).await;
     let reconnects = agent.metric(RECONNECTS).await.unwrap();
     let took = reconnected(&agent, reconnects, Instant::now(), PROXY_IDLE * 3).await;
     eprintln!("the proxy cut the quiet stream; the agent was back {took:?} later");
@@ -193,18 +203,8 @@ async fn a_stream_quieter_than_the_proxys_idle_timeout_is_cut() {
 
 #[tokio::test]
 async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_within_three() {
-    let mut env = Env::new(&["cluster1"]).await;
-    env.start_hub(&[RARE_DIGESTS]).await;
-    let mut proxy = proxy_for(&env, None, PROXY_IDLE).await;
+    let (env, mut proxy, agent) = behind_an_idle_timeout(&[]).await;
     let target = env.grpc_addr.to_string();
-    let agent = env.spawn_agent_process(
-        &agent_binary(),
-        0,
-        &env.hub_address(),
-        &[("HTTPS_PROXY", &proxy.url())],
-        &[],
-    );
-    agent.wait_connected(TIMEOUT).await;
     let mut expected = BTreeMap::new();
     env.create("before-the-quiet", 0, json!({})).await;
     expected.insert("before-the-quiet".to_string(), 0);
