@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use testenv::node::Isolated;
 use testenv::paths;
 use testenv::tinyproxy::{ProxyOptions, TinyProxy};
 use testenv::wait;
@@ -145,6 +146,60 @@ async fn the_agent_reaches_the_hub_through_its_proxy_with_the_credentials_of_its
     expected.insert("direct".to_string(), 1);
     delivered(&env, &expected, "delivery without the proxy").await;
     assert_eq!(proxy.connects_to(&target), before, "{}", proxy.log_text());
+}
+
+#[tokio::test]
+async fn a_node_whose_only_way_out_is_the_proxy_reaches_the_hub_through_it() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&[]).await;
+    let proxy = proxy_for(&env, None, Duration::from_secs(600)).await;
+    let hub = env.hub_address();
+    // The node reaches its own API server and the proxy, nothing else.
+    let mut node = Isolated::create("proxy").unwrap();
+    let testenv = paths::own_binary("testenv").unwrap();
+    let api = env.spokes[0]
+        .cluster
+        .server()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    node.reach(&testenv, api).await.unwrap();
+    node.reach(&testenv, proxy.addr).await.unwrap();
+
+    // Dialled directly, the hub is out of reach from there.
+    let direct = env.spawn_agent_command(node.command(&agent_binary()).into(), 0, &hub, &[], &[]);
+    direct
+        .wait_logged("no connection to the hub", TIMEOUT)
+        .await;
+    assert!(
+        !direct.log_text().contains("connected to the hub "),
+        "{}",
+        direct.log_text()
+    );
+    drop(direct);
+
+    let agent = env.spawn_agent_command(
+        node.command(&agent_binary()).into(),
+        0,
+        &hub,
+        &[("HTTPS_PROXY", &proxy.url())],
+        &[],
+    );
+    agent.wait_logged("connected to the hub ", TIMEOUT).await;
+    assert_eq!(
+        proxy.connects_to(&env.grpc_addr.to_string()),
+        1,
+        "{}",
+        proxy.log_text()
+    );
+    let expected = BTreeMap::from([("from-the-isolated-node".to_string(), 0)]);
+    env.create("from-the-isolated-node", 0, json!({})).await;
+    delivered(
+        &env,
+        &expected,
+        "delivery to a node whose only way out is the proxy",
+    )
+    .await;
 }
 
 /// Waits until the agent has reconnected since `before` reconnects and is

@@ -504,6 +504,20 @@ impl Env {
         envs: &[(&str, &str)],
         args: &[&str],
     ) -> AgentProcess {
+        let command = tokio::process::Command::new(binary);
+        self.spawn_agent_command(command, i, address, envs, args)
+    }
+
+    /// [`Env::spawn_agent_process`] with `command`: the binary, perhaps
+    /// run inside a network namespace.
+    pub fn spawn_agent_command(
+        &mut self,
+        mut command: tokio::process::Command,
+        i: usize,
+        address: &str,
+        envs: &[(&str, &str)],
+        args: &[&str],
+    ) -> AgentProcess {
         let s = &self.spokes[i];
         self.agent_starts += 1;
         let log = self
@@ -511,7 +525,6 @@ impl Env {
             .path()
             .join(format!("agent-{}-{}.log", s.name, self.agent_starts));
         let admin = net::free_addr().unwrap();
-        let mut command = tokio::process::Command::new(binary);
         for v in PROXY_VARIABLES {
             command.env_remove(v);
         }
