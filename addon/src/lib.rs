@@ -51,6 +51,12 @@ pub const MODE_VARIABLE: &str = "AGENT_MODE";
 pub const DEFAULT_MODE: &str = "managed";
 /// Where the agent's Deployment mounts the hub's CA.
 const HUB_CA_DIR: &str = "/etc/argocd-pull/hub-ca";
+/// The Secret (in [`AGENT_NAMESPACE`] on the managed cluster) whose
+/// `credentials` key (`user:password`) the agent authenticates to its
+/// egress proxy with. Optional: without it the agent sends none.
+pub const PROXY_CREDENTIALS_SECRET: &str = "argocd-pull-proxy-credentials";
+/// Where the agent's Deployment mounts [`PROXY_CREDENTIALS_SECRET`].
+const PROXY_CREDENTIALS_DIR: &str = "/etc/argocd-pull/proxy";
 
 /// The Secret the klusterlet writes the agent's signed certificate to
 /// (`tls.crt`, `tls.key`), in the agent's namespace.
@@ -86,6 +92,11 @@ pub struct AddonConfig {
     /// Whether the agents serve the hub's live views (`LIVE_VIEWS`):
     /// `true` or `false`.
     pub live_views: String,
+    /// The default AddOnDeploymentConfig's `proxyConfig.httpsProxy`: the
+    /// egress proxy OCM gives every agent as `HTTPS_PROXY`; empty for none.
+    pub https_proxy: String,
+    /// Its `proxyConfig.noProxy` (`NO_PROXY`).
+    pub no_proxy: String,
 }
 
 impl Default for AddonConfig {
@@ -99,6 +110,8 @@ impl Default for AddonConfig {
             otlp_endpoint: "none".into(),
             argocd_redis: "none".into(),
             live_views: "false".into(),
+            https_proxy: String::new(),
+            no_proxy: String::new(),
         }
     }
 }
@@ -372,6 +385,10 @@ fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
                             { "name": "ARGOCD_PULL_OTLP_ENDPOINT", "value": "{{OTLP_ENDPOINT}}" },
                             { "name": "ARGOCD_PULL_ARGOCD_REDIS", "value": "{{ARGOCD_REDIS}}" },
                             { "name": "ARGOCD_PULL_LIVE_VIEWS", "value": "{{LIVE_VIEWS}}" },
+                            // The egress proxy itself comes from OCM, which
+                            // sets HTTPS_PROXY/NO_PROXY from the cluster's
+                            // AddOnDeploymentConfig `proxyConfig`.
+                            { "name": "ARGOCD_PULL_PROXY_CREDENTIALS_FILE", "value": format!("{PROXY_CREDENTIALS_DIR}/credentials") },
                         ],
                         "ports": [{ "name": "admin", "containerPort": 8080 }],
                         "livenessProbe": { "httpGet": { "path": "/healthz", "port": "admin" } },
@@ -387,9 +404,18 @@ fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
                             "readOnlyRootFilesystem": true,
                             "capabilities": { "drop": ["ALL"] },
                         },
-                        "volumeMounts": [{ "name": "hub-ca", "mountPath": HUB_CA_DIR, "readOnly": true }],
+                        "volumeMounts": [
+                            { "name": "hub-ca", "mountPath": HUB_CA_DIR, "readOnly": true },
+                            { "name": "proxy-credentials", "mountPath": PROXY_CREDENTIALS_DIR, "readOnly": true },
+                        ],
                     }],
-                    "volumes": [{ "name": "hub-ca", "configMap": { "name": HUB_CA_CONFIGMAP } }],
+                    "volumes": [
+                        { "name": "hub-ca", "configMap": { "name": HUB_CA_CONFIGMAP } },
+                        // Optional: the agent reads the file at every dial
+                        // (a Secret's update reaches the pod in about a
+                        // minute) and sends no credentials while it is absent.
+                        { "name": "proxy-credentials", "secret": { "secretName": PROXY_CREDENTIALS_SECRET, "optional": true } },
+                    ],
                 },
             },
         },
@@ -415,6 +441,9 @@ pub fn add_on_deployment_config(config: &AddonConfig) -> Value {
             // and register the agent there.)
             "agentInstallNamespace": "",
             "customizedVariables": variables,
+            // OCM sets HTTPS_PROXY/https_proxy and NO_PROXY/no_proxy on the
+            // agent's container from these; all empty: nothing.
+            "proxyConfig": { "httpsProxy": config.https_proxy, "noProxy": config.no_proxy },
         },
     })
 }
@@ -483,7 +512,7 @@ pub fn render(config: &AddonConfig) -> String {
 /// escaped so that Helm leaves them for OCM. `make generate` writes it; a
 /// test fails when the checked-in file drifts.
 pub fn render_helm_template() -> String {
-    const VALUES: [(&str, &str); 7] = [
+    const VALUES: [(&str, &str); 9] = [
         (
             "ARGOCDPULLHELMAGENTIMAGE",
             r#"{{ include "argocd-pull.agentImage" . }}"#,
@@ -506,6 +535,14 @@ pub fn render_helm_template() -> String {
             "ARGOCDPULLHELMLIVEVIEWS",
             r#"{{ .Values.agent.liveViews | toString | quote }}"#,
         ),
+        (
+            "ARGOCDPULLHELMHTTPSPROXY",
+            r#"{{ .Values.agent.proxy.httpsProxy | quote }}"#,
+        ),
+        (
+            "ARGOCDPULLHELMNOPROXY",
+            r#"{{ .Values.agent.proxy.noProxy | quote }}"#,
+        ),
     ];
     let config = AddonConfig {
         agent_image: VALUES[0].0.into(),
@@ -515,6 +552,8 @@ pub fn render_helm_template() -> String {
         otlp_endpoint: VALUES[4].0.into(),
         argocd_redis: VALUES[5].0.into(),
         live_views: VALUES[6].0.into(),
+        https_proxy: VALUES[7].0.into(),
+        no_proxy: VALUES[8].0.into(),
     };
     let mut text = String::from(
         "{{- /* Generated by `make generate` (argocd-pull-addon render --helm) from addon/src/lib.rs: do not edit. */ -}}\n",
@@ -536,6 +575,48 @@ pub fn hub_ca_variable(pem: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The agent's Deployment in `template`.
+    fn agent_deployment_of(template: &Value) -> &Value {
+        template["spec"]["agentSpec"]["workload"]["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["kind"] == "Deployment")
+            .unwrap()
+    }
+
+    #[test]
+    fn the_proxy_comes_from_ocms_proxy_config_and_its_password_from_an_optional_secret() {
+        let config = AddonConfig {
+            https_proxy: "http://proxy.corp:3128".into(),
+            no_proxy: ".corp".into(),
+            ..AddonConfig::default()
+        };
+        let adc = add_on_deployment_config(&config);
+        assert_eq!(
+            adc["spec"]["proxyConfig"],
+            json!({ "httpsProxy": "http://proxy.corp:3128", "noProxy": ".corp" })
+        );
+        let template = add_on_template(&config);
+        let deployment = agent_deployment_of(&template);
+        let pod = &deployment["spec"]["template"]["spec"];
+        let env = pod["containers"][0]["env"].as_array().unwrap();
+        assert!(env.contains(&json!({
+            "name": "ARGOCD_PULL_PROXY_CREDENTIALS_FILE",
+            "value": "/etc/argocd-pull/proxy/credentials"
+        })));
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "proxy-credentials")
+            .unwrap();
+        assert_eq!(
+            volume["secret"],
+            json!({ "secretName": PROXY_CREDENTIALS_SECRET, "optional": true })
+        );
+    }
 
     #[test]
     fn the_charts_template_is_the_rendered_one() {
@@ -608,12 +689,7 @@ mod tests {
     #[test]
     fn the_agent_reads_the_certificate_where_ocm_mounts_it() {
         let template = add_on_template(&AddonConfig::default());
-        let deployment = template["spec"]["agentSpec"]["workload"]["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["kind"] == "Deployment")
-            .unwrap();
+        let deployment = agent_deployment_of(&template);
         let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
         assert!(args.contains("/managed/argocd-pull.open-cluster-management.io-agent/tls.crt"));
         assert_eq!(

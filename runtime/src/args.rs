@@ -117,7 +117,7 @@ impl ClientArgs {
             context: self.context.clone(),
             ..Default::default()
         };
-        Ok(match &self.kubeconfig {
+        let config = match &self.kubeconfig {
             Some(path) => {
                 let kc = Kubeconfig::read_from(path).map_err(|e| {
                     anyhow::anyhow!("cannot read kubeconfig {}: {e}", path.display())
@@ -125,7 +125,45 @@ impl ClientArgs {
                 kube::Config::from_custom_kubeconfig(kc, &options).await?
             }
             None => kube::Config::infer().await?,
-        })
+        };
+        let env_proxy = ["HTTPS_PROXY", "https_proxy"]
+            .into_iter()
+            .find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()));
+        Ok(without_env_proxy(config, env_proxy.as_deref()))
+    }
+}
+
+/// `config` without the proxy kube took from `HTTPS_PROXY` (`env_proxy`)
+/// for a kubeconfig that names none: that variable is the egress proxy
+/// to the hub (OCM's `proxyConfig` sets it on the agent's container), not
+/// a way to this cluster's own API server, which the client (built
+/// without kube's proxy support) would refuse to start with. A kubeconfig's
+/// own `proxy-url` stays, and is refused as before.
+fn without_env_proxy(mut config: kube::Config, env_proxy: Option<&str>) -> kube::Config {
+    let from_env = match (&config.proxy_url, env_proxy) {
+        (Some(url), Some(env)) => env.parse::<http::Uri>().is_ok_and(|e| &e == url),
+        _ => false,
+    };
+    if from_env {
+        config.proxy_url = None;
+    }
+    config
+}
+
+#[cfg(test)]
+mod proxy_tests {
+    use super::without_env_proxy;
+
+    #[test]
+    fn the_egress_proxy_of_the_environment_is_not_the_way_to_the_api_server() {
+        let mut config = kube::Config::new("https://10.0.0.1:6443".parse().unwrap());
+        config.proxy_url = Some("http://egress:3128".parse().unwrap());
+        let kept = without_env_proxy(config.clone(), None);
+        assert!(kept.proxy_url.is_some(), "a kubeconfig's own proxy-url");
+        let kept = without_env_proxy(config.clone(), Some("http://other:3128"));
+        assert!(kept.proxy_url.is_some(), "a kubeconfig's own proxy-url");
+        let dropped = without_env_proxy(config, Some("http://egress:3128"));
+        assert_eq!(dropped.proxy_url, None);
     }
 }
 

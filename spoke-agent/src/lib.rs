@@ -145,6 +145,19 @@ pub struct Args {
         value_parser = parse_switch
     )]
     pub live_views: bool,
+    /// An HTTP proxy to reach the hub through with `CONNECT`
+    /// (`http://[user:password@]host:port`): TLS to the hub runs inside
+    /// the tunnel. Unset, `HTTPS_PROXY` (or `https_proxy`; `HTTP_PROXY`
+    /// for an `http://` hub) is read, as OCM's AddOnDeploymentConfig
+    /// `proxyConfig` sets it; either way `NO_PROXY` (or `no_proxy`) naming
+    /// the hub dials it directly.
+    #[arg(long, env = "ARGOCD_PULL_PROXY")]
+    pub proxy: Option<String>,
+    /// A file holding `user:password` for the proxy's Basic
+    /// authentication (a Secret's key), read at every dial; a missing file
+    /// sends none (or the URL's own).
+    #[arg(long, env = "ARGOCD_PULL_PROXY_CREDENTIALS_FILE")]
+    pub proxy_credentials_file: Option<PathBuf>,
 }
 
 /// A switch's value: `true`, `false`, or empty (`false`), as an
@@ -192,10 +205,19 @@ pub struct AgentConfig {
     pub argocd_redis: Option<trees::RedisConfig>,
     /// `--live-views`.
     pub live_views: bool,
+    /// `--proxy`, `--proxy-credentials-file` and the proxy variables.
+    pub proxy: session::proxy::ProxyConfig,
 }
 
 impl Args {
+    /// The configuration from the flags and this process's environment
+    /// (the proxy variables).
     pub fn config(&self) -> AgentConfig {
+        self.config_with_env(|name| std::env::var(name).ok())
+    }
+
+    /// [`Args::config`] with the environment `env` reads.
+    pub fn config_with_env(&self, env: impl Fn(&str) -> Option<String>) -> AgentConfig {
         AgentConfig {
             cluster_name: self.cluster_name.clone(),
             hub_address: self.hub_address.clone(),
@@ -222,6 +244,12 @@ impl Args {
                     },
                 }),
             live_views: self.live_views,
+            proxy: session::proxy::ProxyConfig::resolve(
+                self.proxy.as_deref(),
+                self.proxy_credentials_file.clone(),
+                !self.hub_address.starts_with("http://"),
+                env,
+            ),
         }
     }
 }
@@ -289,7 +317,7 @@ pub async fn run_agent(
     readiness.set(session::HUB_CONNECTED, false);
     let ar = application_resource();
     let (api, watch_config, watched) = watched_applications(&config, &client, &ar);
-    tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, "starting");
+    tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, proxy = ?config.proxy, "starting");
     let writer = reflector::store::Writer::new(ar);
     let store = writer.as_reader();
     let state = Arc::new(state::AgentState::default());
@@ -415,7 +443,7 @@ mod tests {
         ];
         Args::try_parse_from(required.iter().chain(flags))
             .expect("the flags parse")
-            .config()
+            .config_with_env(|_| None)
     }
 
     /// What `parse(&[])` must give: the required flags, and the
@@ -437,6 +465,7 @@ mod tests {
             workers: 16,
             argocd_redis: None,
             live_views: false,
+            proxy: Default::default(),
         }
     }
 
@@ -497,6 +526,10 @@ mod tests {
             "--hub-ca",
             "/ca",
             "--live-views",
+            "--proxy",
+            "http://proxy:3128",
+            "--proxy-credentials-file",
+            "/p",
         ]);
         let overridden = AgentConfig {
             tls: tls::TlsFiles {
@@ -511,6 +544,12 @@ mod tests {
             tls_reload_interval: Duration::from_secs(3600),
             workers: 4,
             live_views: true,
+            proxy: session::proxy::ProxyConfig {
+                url: Some("http://proxy:3128".into()),
+                source: "--proxy",
+                no_proxy: String::new(),
+                credentials_file: Some("/p".into()),
+            },
             ..defaults()
         };
         assert_eq!(config, overridden);

@@ -30,6 +30,11 @@ use crate::worker::Worker;
 use crate::{AgentConfig, Mode};
 use argocd_pull_runtime::backoff::Backoff;
 
+pub mod proxy;
+mod tunnel;
+
+use proxy::ProxyConfig;
+
 /// Readiness check that is true while a stream to the hub is open.
 pub const HUB_CONNECTED: &str = "hub-connected";
 /// How long the agent waits for its connection (TCP, TLS, HTTP/2). A hub
@@ -167,7 +172,14 @@ impl Connection {
             mut inbound,
             welcome,
             negotiated,
-        } = match open_with(&self.config.hub_address, loaded.config, self.hello()).await {
+        } = match open_through(
+            &self.config.hub_address,
+            loaded.config,
+            self.hello(),
+            &self.config.proxy,
+        )
+        .await
+        {
             Ok(o) => o,
             Err(reason) => return End::Lost(reason),
         };
@@ -441,6 +453,17 @@ pub async fn open_with(
     tls: ClientTlsConfig,
     hello: Hello,
 ) -> Result<Opened, String> {
+    open_through(address, tls, hello, &ProxyConfig::default()).await
+}
+
+/// [`open_with`] through the proxy `proxy` names for the hub, if any: a
+/// `CONNECT` tunnel with TLS inside it.
+pub async fn open_through(
+    address: &str,
+    tls: ClientTlsConfig,
+    hello: Hello,
+    proxy: &ProxyConfig,
+) -> Result<Opened, String> {
     let endpoint = Endpoint::from_shared(address.to_string())
         .and_then(|e| e.tls_config(tls))
         .map_err(|e| format!("hub address {address}: {e}"))?
@@ -449,9 +472,29 @@ pub async fn open_with(
         .http2_keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true);
-    // `connect_timeout` bounds the TCP connect only; a hub that paces its
-    // TLS handshakes leaves the connection in its accept queue meanwhile.
-    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+    let uri = endpoint.uri();
+    let route = proxy
+        .route(
+            uri.host().unwrap_or_default(),
+            uri.port_u16().unwrap_or(443),
+        )
+        .map_err(|e| e.to_string())?;
+    let connect = async {
+        match route {
+            Some(proxy_url) => {
+                let tunnel = tunnel::Tunnel {
+                    proxy: proxy_url,
+                    credentials_file: proxy.credentials_file.clone(),
+                };
+                endpoint.connect_with_connector(tunnel).await
+            }
+            None => endpoint.connect().await,
+        }
+    };
+    // `connect_timeout` bounds the TCP connect only (through a proxy: the
+    // connect and the `CONNECT`); a hub that paces its TLS handshakes
+    // leaves the connection in its accept queue meanwhile.
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
         .map_err(|_| {
             format!(
@@ -562,8 +605,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        // Some layers repeat their source's words in their own.
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     out

@@ -31,6 +31,7 @@ pub mod relay;
 pub mod slow_watch;
 pub mod stack;
 pub mod stats;
+pub mod tinyproxy;
 pub mod wait;
 
 use std::collections::HashMap;

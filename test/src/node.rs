@@ -19,12 +19,14 @@ use crate::images::Image;
 use crate::{Error, Result, paths};
 
 mod containerd;
+mod isolated;
 mod join;
 mod netns;
 mod reaper;
 mod route;
 
 pub use containerd::Containerd;
+pub use isolated::Isolated;
 pub use netns::Netns;
 use reaper::Reaper;
 pub use route::{Memory, route_service};

@@ -185,6 +185,14 @@ impl Group {
         self.reaper.tell(&pid.to_string());
     }
 
+    /// The process id of the running process `name`, if any.
+    pub fn pid(&mut self, name: &str) -> Option<u32> {
+        self.procs
+            .iter_mut()
+            .find(|p| p.name == name)
+            .and_then(|p| p.is_running().then(|| p.child.id()))
+    }
+
     /// Kills and forgets the processes named `name` (to restart them).
     pub fn stop(&mut self, name: &str) {
         for p in self.procs.iter_mut().filter(|p| p.name == name) {

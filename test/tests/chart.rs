@@ -157,6 +157,12 @@ fn every_value_lands_where_a_user_expects_it() {
             "hubController.rawFeedback=true",
             "--set",
             "agent.argocdRedis=argocd-redis.gitops-spoke.svc:6379",
+            "--set",
+            "grpc.heartbeat=20s",
+            "--set",
+            "agent.proxy.httpsProxy=http://proxy.corp.example:3128",
+            "--set",
+            "agent.proxy.noProxy=.corp.example",
         ],
     ));
     let deployment = find(&rendered, "Deployment", "argocd-pull-hub-controller");
@@ -175,9 +181,14 @@ fn every_value_lands_where_a_user_expects_it() {
         "--grpc-san=grpc.hub.example.com",
         "--grpc-san=argocd-pull-grpc.argocd-pull.svc",
         "--raw-feedback",
+        "--grpc-heartbeat=20s",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
     }
+    assert_eq!(
+        find(&rendered, "AddOnDeploymentConfig", "argocd-pull")["spec"]["proxyConfig"],
+        serde_json::json!({ "httpsProxy": "http://proxy.corp.example:3128", "noProxy": ".corp.example" })
+    );
     assert_eq!(
         find(&rendered, "Service", "argocd-pull-grpc")["spec"]["type"],
         "LoadBalancer"

@@ -14,6 +14,8 @@
 #   chromium                 (Debian's, installed as a system package when missing)
 #   $CACHE/bin/redis-server  (Debian's redis, unpacked into $CACHE/redis)
 #   $CACHE/bin/runc          (Debian's runc, unpacked into $CACHE/runc)
+#   $CACHE/bin/tinyproxy     (Debian's, unpacked into $CACHE/tinyproxy: the
+#                             agent's egress proxy in hub-controller/tests/grpc_proxy.rs)
 #   $CACHE/bin/iptables{,-restore,-save} (Debian's, unpacked into $CACHE/iptables)
 #   $CACHE/bin/helm
 #   $CACHE/bin/promtool
@@ -274,6 +276,45 @@ build_runc() {
   ln -sf "$out/usr/sbin/runc" "$bin/runc"
   mark runc <(declare -f build_runc)
   log "$("$bin/runc" --version | head -1) ready in $((SECONDS - t0))s"
+}
+
+# fetch_debs DIR PACKAGE...: Debian's packages downloaded (not installed)
+# and unpacked into DIR, which is made anew.
+fetch_debs() {
+  local out=$1 dl=$1-debs; shift
+  rm -rf "$out" "$dl" && mkdir -p "$out" "$dl"
+  # As root, apt downloads as its _apt user, which cannot write here.
+  local opts=()
+  [ "$(id -u)" = 0 ] && opts=(-o APT::Sandbox::User=root)
+  if ! (cd "$dl" && apt-get -q "${opts[@]}" download "$@" >/dev/null); then
+    # A fresh machine may have no package lists yet; only root can fetch them.
+    [ "$(id -u)" = 0 ] || { log "$*: apt-get download failed; run 'apt-get update' as root first"; exit 1; }
+    apt-get -q update >/dev/null
+    (cd "$dl" && apt-get -q "${opts[@]}" download "$@" >/dev/null)
+  fi
+  local deb
+  for deb in "$dl"/*.deb; do dpkg-deb -x "$deb" "$out"; done
+  rm -rf "$dl"
+}
+
+# tinyproxy, the HTTP CONNECT proxy the agent reaches the hub through in
+# the proxy tests (Basic authentication, an idle Timeout), from Debian's
+# tinyproxy-bin, which needs nothing beyond libc.
+build_tinyproxy() {
+  local out=$cache/tinyproxy
+  if fresh tinyproxy <(declare -f build_tinyproxy fetch_debs) && "$bin/tinyproxy" -v >/dev/null 2>&1; then
+    return
+  fi
+  command -v apt-get >/dev/null || { log "tinyproxy: apt-get is needed to fetch Debian's tinyproxy-bin"; exit 1; }
+  local t0=$SECONDS
+  fetch_debs "$out" tinyproxy-bin
+  if ldd "$out/usr/bin/tinyproxy" | grep 'not found'; then
+    log "tinyproxy: the libraries above are missing"
+    exit 1
+  fi
+  ln -sf "$out/usr/bin/tinyproxy" "$bin/tinyproxy"
+  mark tinyproxy <(declare -f build_tinyproxy fetch_debs)
+  log "$("$bin/tinyproxy" -v) ready in $((SECONDS - t0))s"
 }
 
 # iptables, which the nodes' network namespaces need (Service addresses,
@@ -633,6 +674,7 @@ build_argocd
 build_projectrule
 build_redis
 build_runc
+build_tinyproxy
 build_iptables
 build_helm
 build_node

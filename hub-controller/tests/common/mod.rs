@@ -298,10 +298,16 @@ impl Binary {
 
     /// The value of an unlabelled metric, if the admin port answers.
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        let (_, body) = testenv::net::http_get(self.admin, "/metrics").await.ok()?;
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        metric_at(self.admin, name).await
     }
+}
+
+/// The value of an unlabelled metric on the admin port `admin`, if it
+/// answers.
+pub async fn metric_at(admin: std::net::SocketAddr, name: &str) -> Option<f64> {
+    let (_, body) = testenv::net::http_get(admin, "/metrics").await.ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// The first manifest `work` delivers (our works deliver one).

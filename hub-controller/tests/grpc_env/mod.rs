@@ -171,6 +171,70 @@ impl Drop for Agent {
     }
 }
 
+/// The variables through which an agent process may pick up a proxy.
+pub const PROXY_VARIABLES: [&str; 7] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+    "ARGOCD_PULL_PROXY",
+];
+
+/// A spoke-agent process: its admin port and its log; killed on drop.
+pub struct AgentProcess {
+    pub child: tokio::process::Child,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl AgentProcess {
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until its log contains `text`.
+    pub async fn wait_logged(&self, text: &str, timeout: Duration) {
+        wait::until(&format!("the agent to log {text:?}"), timeout, || async {
+            let log = self.log_text();
+            match log.contains(text) {
+                true => Ok(()),
+                false => Err(log.lines().last().unwrap_or_default().to_string()),
+            }
+        })
+        .await;
+    }
+
+    /// Whether its `/readyz` passes: connected to the hub.
+    pub async fn connected(&self) -> bool {
+        matches!(net::http_get(self.admin, "/readyz").await, Ok((200, _)))
+    }
+
+    /// Waits until it is connected to the hub.
+    pub async fn wait_connected(&self, timeout: Duration) {
+        wait::until("the agent process to connect", timeout, || async {
+            if self.connected().await {
+                Ok(())
+            } else {
+                // Its first words (an exit's error) and its last.
+                let log = self.log_text();
+                let lines: Vec<&str> = log.lines().collect();
+                let head = lines.iter().take(3).copied().collect::<Vec<_>>().join("\n");
+                let last = lines.last().copied().unwrap_or_default();
+                Err(format!("{head}\n...\n{last}"))
+            }
+        })
+        .await;
+    }
+
+    /// The value of an unlabelled metric, if the admin port answers.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        super::common::metric_at(self.admin, name).await
+    }
+}
+
 /// Writes a PEM pair to `dir/name.{crt,key}` and returns the paths.
 pub fn write_pair(dir: &Path, name: &str, pair: &CertKey) -> (PathBuf, PathBuf) {
     let (crt, key) = (
@@ -312,7 +376,13 @@ impl Env {
             .arg(d.join("hub.key"))
             .arg("--grpc-client-ca")
             .arg(d.join("ca.crt"))
-            .args(["--grpc-heartbeat", "2s", "--grpc-digest-interval", "5s"])
+            // Short intervals, unless a test sets its own.
+            .args(
+                [("--grpc-heartbeat", "2s"), ("--grpc-digest-interval", "5s")]
+                    .into_iter()
+                    .filter(|(flag, _)| !args.iter().any(|a| a.starts_with(flag)))
+                    .flat_map(|(flag, value)| [flag, value]),
+            )
             .args(args)
             // The tests read per-cluster series; a test of the default
             // passes `false` in `envs`.
@@ -387,6 +457,7 @@ impl Env {
             workers: 8,
             argocd_redis: None,
             live_views: false,
+            proxy: Default::default(),
         }
     }
 
@@ -420,16 +491,47 @@ impl Env {
         i: usize,
         address: &str,
     ) -> tokio::process::Child {
+        self.spawn_agent_process(binary, i, address, &[], &[]).child
+    }
+
+    /// [`Env::spawn_agent_from`] with `envs` and `args` added, and none of
+    /// the proxy variables of the test's own environment.
+    pub fn spawn_agent_process(
+        &mut self,
+        binary: &Path,
+        i: usize,
+        address: &str,
+        envs: &[(&str, &str)],
+        args: &[&str],
+    ) -> AgentProcess {
+        let command = tokio::process::Command::new(binary);
+        self.spawn_agent_command(command, i, address, envs, args)
+    }
+
+    /// [`Env::spawn_agent_process`] with `command`: the binary, perhaps
+    /// run inside a network namespace.
+    pub fn spawn_agent_command(
+        &mut self,
+        mut command: tokio::process::Command,
+        i: usize,
+        address: &str,
+        envs: &[(&str, &str)],
+        args: &[&str],
+    ) -> AgentProcess {
         let s = &self.spokes[i];
         self.agent_starts += 1;
         let log = self
             .dir
             .path()
             .join(format!("agent-{}-{}.log", s.name, self.agent_starts));
-        tokio::process::Command::new(binary)
+        let admin = net::free_addr().unwrap();
+        for v in PROXY_VARIABLES {
+            command.env_remove(v);
+        }
+        let child = command
             .arg("--kubeconfig")
             .arg(s.cluster.kubeconfig())
-            .args(["--admin-addr", &net::free_addr().unwrap().to_string()])
+            .args(["--admin-addr", &admin.to_string()])
             .args(["--cluster-name", &s.name, "--hub-address", address])
             .arg("--tls-cert")
             .arg(&s.certs.cert)
@@ -439,11 +541,14 @@ impl Env {
             .arg(&s.certs.ca)
             .args(["--argocd-namespace", SPOKE_NS])
             .args(["--reconnect-min", "100ms", "--reconnect-max", "2s"])
+            .args(args)
             .env("ARGOCD_PULL_LOG", "info,kube_client=off")
+            .envs(envs.iter().copied())
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true)
             .spawn()
-            .unwrap()
+            .unwrap();
+        AgentProcess { child, admin, log }
     }
 
     pub fn start_agent(&mut self, i: usize, mode: Mode) {
