@@ -66,7 +66,7 @@ pub struct Grant {
     /// source, of each of its sources, or of its hydrator's dry source), as
     /// the check saw them. `None` in a grant stored before they were
     /// recorded: what such a grant was checked for is unknown, so it
-    /// [stands](stands) no more (its credentials wait for the copy's next
+    /// [`stands`] no more (its credentials wait for the copy's next
     /// authorized delivery, which records them).
     #[serde(rename = "src", default, skip_serializing_if = "Option::is_none")]
     pub sources: Option<Vec<String>>,

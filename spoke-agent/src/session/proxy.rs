@@ -1,7 +1,7 @@
 //! Egress through an HTTP proxy, the decisions without the sockets: which
 //! proxy the hub is dialled through (`--proxy`, else `HTTPS_PROXY` and
 //! friends, unless `NO_PROXY` names the hub), the `CONNECT` request, and
-//! what the proxy's answer means. [`super::tunnel`] does the dialling.
+//! what the proxy's answer means. `session::tunnel` does the dialling.
 //!
 //! The proxy only ever carries a TCP tunnel: TLS (with the agent's client
 //! certificate) starts inside it after `CONNECT`, so the proxy sees the
