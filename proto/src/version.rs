@@ -6,6 +6,7 @@
 //! Optional features that old peers may ignore are capabilities, not
 //! versions; the session gets the ones both sides listed.
 
+use std::time::Duration;
 use std::{collections::BTreeSet, fmt};
 
 use crate::v1::{AgentMode, Hello, Welcome};
@@ -121,6 +122,11 @@ pub struct HubOffer {
     pub capabilities: BTreeSet<String>,
     /// The agent modes this hub serves.
     pub modes: Vec<AgentMode>,
+    /// The hub's heartbeat interval: what an agent gets unless it asks
+    /// for a shorter one.
+    pub heartbeat: Duration,
+    /// The shortest interval an agent may ask for.
+    pub heartbeat_min: Duration,
 }
 
 impl Default for HubOffer {
@@ -130,9 +136,16 @@ impl Default for HubOffer {
             range: ProtocolRange::SUPPORTED,
             capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
             modes: vec![AgentMode::Managed, AgentMode::Autonomous],
+            heartbeat: DEFAULT_HEARTBEAT,
+            heartbeat_min: DEFAULT_HEARTBEAT_MIN,
         }
     }
 }
+
+/// The hub's heartbeat interval unless configured.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// The shortest heartbeat interval a hub grants unless configured.
+pub const DEFAULT_HEARTBEAT_MIN: Duration = Duration::from_secs(2);
 
 /// What the two sides agreed on for one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +153,10 @@ pub struct Negotiated {
     pub version: u32,
     pub capabilities: BTreeSet<String>,
     pub mode: AgentMode,
+    /// The stream's heartbeat interval: each side sends a Heartbeat after
+    /// this long without sending, and ends the stream after three without
+    /// receiving.
+    pub heartbeat: Duration,
 }
 
 impl Negotiated {
@@ -209,6 +226,7 @@ pub fn hello(mode: AgentMode, agent_version: &str) -> Hello {
         capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
         mode: mode as i32,
         agent_version: agent_version.to_string(),
+        heartbeat_interval_seconds: 0,
     }
 }
 
@@ -242,7 +260,23 @@ pub fn negotiate(hub: &HubOffer, hello: &Hello) -> Result<Negotiated, Negotiatio
         version: agent.max.min(hub.range.max),
         capabilities: offered.intersection(&hub.capabilities).cloned().collect(),
         mode,
+        heartbeat: heartbeat(hello.heartbeat_interval_seconds, hub),
     })
+}
+
+/// The heartbeat interval of a stream whose agent asked for `asked`
+/// seconds (0: nothing asked): the hub's, or the shorter one asked for,
+/// but never below the hub's floor. An agent cannot make the hub wait
+/// longer for a dead stream than the hub's own interval allows, nor have
+/// it send more often than the floor.
+pub fn heartbeat(asked: u32, hub: &HubOffer) -> Duration {
+    let own = hub.heartbeat.max(Duration::from_secs(1));
+    if asked == 0 {
+        return own;
+    }
+    Duration::from_secs(u64::from(asked))
+        .max(hub.heartbeat_min)
+        .min(own)
 }
 
 /// The agent's side: checks the hub's Welcome against the Hello the agent
@@ -270,6 +304,7 @@ pub fn accept_welcome(sent: &Hello, welcome: &Welcome) -> Result<Negotiated, Neg
         version: welcome.protocol_version,
         capabilities: enabled,
         mode: mode_of(sent.mode)?,
+        heartbeat: Duration::from_secs(u64::from(welcome.heartbeat_interval_seconds)),
     })
 }
 
@@ -328,6 +363,7 @@ mod tests {
             range: range(min, max),
             capabilities: caps.iter().map(|c| c.to_string()).collect(),
             modes: vec![AgentMode::Managed, AgentMode::Autonomous],
+            ..HubOffer::default()
         }
     }
 
@@ -338,7 +374,37 @@ mod tests {
             capabilities: caps.iter().map(|c| c.to_string()).collect(),
             mode: mode as i32,
             agent_version: "test".into(),
+            heartbeat_interval_seconds: 0,
         }
+    }
+
+    #[test]
+    fn an_agent_shortens_the_heartbeat_down_to_the_floor_and_never_lengthens_it() {
+        let hub = HubOffer::default();
+        let secs = Duration::from_secs;
+        for (asked, want) in [
+            (0, 10),
+            (5, 5),
+            (2, 2),
+            (1, 2),
+            (10, 10),
+            (30, 10),
+            (u32::MAX, 10),
+        ] {
+            assert_eq!(heartbeat(asked, &hub), secs(want), "asked {asked}");
+        }
+        let hello = Hello {
+            heartbeat_interval_seconds: 4,
+            ..hello(AgentMode::Managed, "x")
+        };
+        assert_eq!(negotiate(&hub, &hello).unwrap().heartbeat, secs(4));
+        let welcome = Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            heartbeat_interval_seconds: 4,
+            max_message_bytes: 1,
+            ..Welcome::default()
+        };
+        assert_eq!(accept_welcome(&hello, &welcome).unwrap().heartbeat, secs(4));
     }
 
     #[test]

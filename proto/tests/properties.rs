@@ -481,6 +481,7 @@ fn negotiation_never_agrees_outside_both_offers() {
             capabilities: (0..r.below(5)).map(|_| r.pick(&caps).to_string()).collect(),
             mode: r.below(4) as i32,
             agent_version: r.text(10),
+            heartbeat_interval_seconds: if r.chance(2) { 0 } else { r.below(40) as u32 },
         };
         let hub = version::HubOffer {
             modes: if r.chance(3) {
@@ -493,6 +494,19 @@ fn negotiation_never_agrees_outside_both_offers() {
         let Ok(n) = version::negotiate(&hub, &hello) else {
             continue;
         };
+        // An agent only ever shortens the hub's interval, down to its floor.
+        let asked = std::time::Duration::from_secs(hello.heartbeat_interval_seconds.into());
+        assert!(
+            n.heartbeat <= hub.heartbeat
+                && n.heartbeat >= hub.heartbeat_min
+                && (asked.is_zero()
+                    || asked < hub.heartbeat_min
+                    || asked > hub.heartbeat
+                    || n.heartbeat == asked)
+                && (!asked.is_zero() || n.heartbeat == hub.heartbeat),
+            "case {case}: heartbeat {:?} from {hello:?}",
+            n.heartbeat
+        );
         assert!(
             hub.range.contains(n.version)
                 && hello.min_protocol_version <= n.version

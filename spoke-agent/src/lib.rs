@@ -100,6 +100,13 @@ pub struct Args {
     /// Longest wait before reconnecting to the hub.
     #[arg(long, env = "ARGOCD_PULL_RECONNECT_MAX", default_value = "30s", value_parser = parse_duration)]
     pub reconnect_max: Duration,
+    /// The heartbeat interval to ask the hub for: shorter than three of
+    /// them must be the idle timeout of every proxy and NAT on the way to
+    /// the hub. `hub`: the hub's (`--grpc-heartbeat`, 10 s by default). The
+    /// hub grants at most its own and at least its floor
+    /// (`--grpc-heartbeat-min`, 2 s by default).
+    #[arg(long, env = "ARGOCD_PULL_HEARTBEAT", default_value = "hub", value_parser = parse_heartbeat)]
+    pub heartbeat: Duration,
     /// How often the certificate files are checked for a renewal.
     #[arg(long, env = "ARGOCD_PULL_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub tls_reload_interval: Duration,
@@ -199,6 +206,8 @@ pub struct AgentConfig {
     pub mode: Mode,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// `--heartbeat`: the interval asked of the hub (zero: the hub's).
+    pub heartbeat: Duration,
     pub tls_reload_interval: Duration,
     pub workers: usize,
     /// `--argocd-redis` and its password file.
@@ -230,6 +239,7 @@ impl Args {
             mode: self.mode,
             backoff_min: self.reconnect_min,
             backoff_max: self.reconnect_max,
+            heartbeat: self.heartbeat,
             tls_reload_interval: self.tls_reload_interval,
             workers: self.workers,
             argocd_redis: self
@@ -251,6 +261,14 @@ impl Args {
                 env,
             ),
         }
+    }
+}
+
+/// `--heartbeat`: a duration, or `hub` (zero: ask for nothing).
+fn parse_heartbeat(s: &str) -> Result<Duration, String> {
+    match s {
+        "hub" | "" => Ok(Duration::ZERO),
+        _ => parse_duration(s).map_err(|e| format!("{e}, or hub")),
     }
 }
 
@@ -461,6 +479,7 @@ mod tests {
             mode: Mode::Managed,
             backoff_min: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            heartbeat: Duration::ZERO,
             tls_reload_interval: Duration::from_secs(10),
             workers: 16,
             argocd_redis: None,
@@ -530,6 +549,8 @@ mod tests {
             "http://proxy:3128",
             "--proxy-credentials-file",
             "/p",
+            "--heartbeat",
+            "5s",
         ]);
         let overridden = AgentConfig {
             tls: tls::TlsFiles {
@@ -541,6 +562,7 @@ mod tests {
             mode: Mode::Autonomous,
             backoff_min: Duration::from_millis(250),
             backoff_max: Duration::from_secs(120),
+            heartbeat: Duration::from_secs(5),
             tls_reload_interval: Duration::from_secs(3600),
             workers: 4,
             live_views: true,

@@ -94,6 +94,8 @@ impl Connection {
     /// serves them.
     fn hello(&self) -> Hello {
         let mut hello = version::hello(self.mode(), env!("CARGO_PKG_VERSION"));
+        hello.heartbeat_interval_seconds =
+            u32::try_from(self.config.heartbeat.as_secs()).unwrap_or(u32::MAX);
         if self.config.mode == Mode::Managed && self.config.argocd_redis.is_some() {
             hello
                 .capabilities
@@ -183,7 +185,12 @@ impl Connection {
             Ok(o) => o,
             Err(reason) => return End::Lost(reason),
         };
-        let heartbeat = Duration::from_secs(welcome.heartbeat_interval_seconds.max(1) as u64);
+        let heartbeat = negotiated.heartbeat;
+        let asked = self.config.heartbeat;
+        if !asked.is_zero() && asked != heartbeat {
+            tracing::info!(cluster = %self.config.cluster_name, ?asked, granted = ?heartbeat,
+                "the hub grants another heartbeat interval than asked (it keeps between its --grpc-heartbeat-min and --grpc-heartbeat)");
+        }
         let digest_interval = Duration::from_secs(welcome.digest_interval_seconds.max(1) as u64);
         let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
         self.state().attach(id, negotiated.capabilities.clone());

@@ -114,6 +114,13 @@ pub struct Hello {
     /// Informational only: negotiation never looks at it.
     #[prost(string, tag = "5")]
     pub agent_version: ::prost::alloc::string::String,
+    /// The heartbeat interval this agent asks for, in seconds (0: the hub's).
+    /// A cluster behind a proxy or NAT that cuts quiet connections sooner
+    /// than three of the hub's intervals asks for a shorter one. The hub takes
+    /// it only when shorter than its own, and never below its floor; the
+    /// Welcome says what was chosen.
+    #[prost(uint32, tag = "6")]
+    pub heartbeat_interval_seconds: u32,
 }
 /// The hub's answer to a Hello it accepts.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -129,7 +136,7 @@ pub struct Welcome {
     pub hub_version: ::prost::alloc::string::String,
     /// Each side sends a Heartbeat when it has sent nothing else for this long,
     /// and treats the stream as dead after three intervals without receiving
-    /// anything.
+    /// anything: the hub's, or the shorter one the Hello asked for.
     #[prost(uint32, tag = "4")]
     pub heartbeat_interval_seconds: u32,
     /// How often each owner sends the Digest of its set.

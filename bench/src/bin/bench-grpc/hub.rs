@@ -361,6 +361,7 @@ pub fn agent_config(
         mode: argocd_pull_spoke_agent::Mode::Managed,
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(2),
+        heartbeat: Duration::ZERO,
         tls_reload_interval: Duration::from_secs(10),
         workers: 16,
         argocd_redis,

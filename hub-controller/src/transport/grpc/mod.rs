@@ -94,6 +94,12 @@ pub struct GrpcArgs {
     /// Heartbeat interval; a stream silent for three is closed.
     #[arg(long = "grpc-heartbeat", env = "ARGOCD_PULL_GRPC_HEARTBEAT", default_value = "10s", value_parser = argocd_pull_runtime::parse_duration)]
     pub grpc_heartbeat: Duration,
+    /// The shortest heartbeat interval an agent may ask for (its
+    /// `--heartbeat`, for a network that cuts quiet connections sooner
+    /// than three of the hub's intervals); an agent never gets a longer
+    /// one than `--grpc-heartbeat`.
+    #[arg(long = "grpc-heartbeat-min", env = "ARGOCD_PULL_GRPC_HEARTBEAT_MIN", default_value = "2s", value_parser = argocd_pull_runtime::parse_duration)]
+    pub grpc_heartbeat_min: Duration,
     /// How often both sides compare digests and repair differences (also
     /// after every connect).
     #[arg(long = "grpc-digest-interval", env = "ARGOCD_PULL_GRPC_DIGEST_INTERVAL", default_value = "5m", value_parser = argocd_pull_runtime::parse_duration)]
@@ -312,6 +318,7 @@ impl GrpcArgs {
             ),
             identities,
             heartbeat: self.grpc_heartbeat,
+            heartbeat_min: self.grpc_heartbeat_min,
             digest_interval: self.grpc_digest_interval,
             workers: self.grpc_workers,
             authorization,
@@ -330,6 +337,7 @@ pub struct GrpcConfig {
     pub tls: tls::TlsFiles,
     pub identities: IdentityMap,
     pub heartbeat: Duration,
+    pub heartbeat_min: Duration,
     pub digest_interval: Duration,
     pub workers: usize,
     pub authorization: Authorization,

@@ -438,7 +438,11 @@ impl Hub {
     /// `trees` when it writes them and `live-views` when its live endpoint
     /// serves.
     pub fn offer(&self) -> argocd_pull_proto::version::HubOffer {
-        let mut offer = argocd_pull_proto::version::HubOffer::default();
+        let mut offer = argocd_pull_proto::version::HubOffer {
+            heartbeat: self.config.heartbeat,
+            heartbeat_min: self.config.heartbeat_min,
+            ..Default::default()
+        };
         if self.live_url().is_some() {
             offer
                 .capabilities

@@ -101,7 +101,7 @@ pub async fn run(
         hub.clone(),
         cs.clone(),
         id,
-        negotiated.mode,
+        (negotiated.mode, negotiated.heartbeat),
         out.clone(),
         projects,
     ));
@@ -117,7 +117,7 @@ pub async fn run(
             fingerprint: &peer.fingerprint,
             closed: &out,
         },
-        hub.config.heartbeat,
+        negotiated.heartbeat,
     )
     .await;
     sender.abort();
@@ -277,7 +277,7 @@ fn welcome(hub: &Hub, negotiated: &Negotiated) -> HubMessage {
         protocol_version: negotiated.version,
         capabilities: negotiated.capabilities.iter().cloned().collect(),
         hub_version: env!("CARGO_PKG_VERSION").into(),
-        heartbeat_interval_seconds: hub.config.heartbeat.as_secs().max(1) as u32,
+        heartbeat_interval_seconds: negotiated.heartbeat.as_secs().max(1) as u32,
         digest_interval_seconds: hub.config.digest_interval.as_secs().max(1) as u32,
         max_message_bytes: MAX_MESSAGE_BYTES as u32,
     };
@@ -377,11 +377,10 @@ async fn send_loop(
     hub: Arc<Hub>,
     cs: Arc<ClusterState>,
     id: u64,
-    mode: AgentMode,
+    (mode, heartbeat): (AgentMode, Duration),
     out: super::session::Out,
     mut projects: Option<Projects>,
 ) {
-    let heartbeat = hub.config.heartbeat;
     let mut digest = tokio::time::interval(hub.config.digest_interval);
     digest.tick().await;
     let mut last_sent = tokio::time::Instant::now();
