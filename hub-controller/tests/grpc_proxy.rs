@@ -225,21 +225,21 @@ async fn reconnected(
 }
 
 /// A hub with `hub_args` and rare digests, a proxy with a
-/// [`PROXY_IDLE`] idle timeout, and one cluster's agent connected through
-/// it.
-async fn behind_an_idle_timeout(hub_args: &[&str]) -> (Env, TinyProxy, AgentProcess) {
+/// [`PROXY_IDLE`] idle timeout, and one cluster's agent (with `agent_env`
+/// besides the proxy) connected through it.
+async fn behind_an_idle_timeout(
+    hub_args: &[&str],
+    agent_env: &[(&str, &str)],
+) -> (Env, TinyProxy, AgentProcess) {
     let mut env = Env::new(&["cluster1"]).await;
     let mut args = vec![RARE_DIGESTS];
     args.extend_from_slice(hub_args);
     env.start_hub(&args).await;
     let proxy = proxy_for(&env, None, PROXY_IDLE).await;
-    let agent = env.spawn_agent_process(
-        &agent_binary(),
-        0,
-        &env.hub_address(),
-        &[("HTTPS_PROXY", &proxy.url())],
-        &[],
-    );
+    let url = proxy.url();
+    let mut vars = vec![("HTTPS_PROXY", url.as_str())];
+    vars.extend_from_slice(agent_env);
+    let agent = env.spawn_agent_process(&agent_binary(), 0, &env.hub_address(), &vars, &[]);
     agent.wait_connected(TIMEOUT).await;
     (env, proxy, agent)
 }
@@ -249,7 +249,7 @@ async fn behind_an_idle_timeout(hub_args: &[&str]) -> (Env, TinyProxy, AgentProc
 /// gets the tunnel cut, so what keeps it open there is the heartbeat.
 #[tokio::test]
 async fn a_stream_quieter_than_the_proxys_idle_timeout_is_cut() {
-    let (env, proxy, agent) = behind_an_idle_timeout(&["--grpc-heartbeat=10s"]).await;
+    let (env, proxy, agent) = behind_an_idle_timeout(&["--grpc-heartbeat=10s"], &[]).await;
     let reconnects = agent.metric(RECONNECTS).await.unwrap();
     let took = reconnected(&agent, reconnects, Instant::now(), PROXY_IDLE * 3).await;
     eprintln!("the proxy cut the quiet stream; the agent was back {took:?} later");
@@ -258,7 +258,7 @@ async fn a_stream_quieter_than_the_proxys_idle_timeout_is_cut() {
 
 #[tokio::test]
 async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_within_three() {
-    let (env, mut proxy, agent) = behind_an_idle_timeout(&[]).await;
+    let (env, mut proxy, agent) = behind_an_idle_timeout(&[], &[]).await;
     let target = env.grpc_addr.to_string();
     let mut expected = BTreeMap::new();
     env.create("before-the-quiet", 0, json!({})).await;
@@ -321,4 +321,41 @@ async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_wit
     env.create("after-the-hang", 0, json!({})).await;
     expected.insert("after-the-hang".to_string(), 0);
     delivered(&env, &expected, "delivery after the proxy was replaced").await;
+}
+
+/// One cluster behind a proxy that cuts quiet connections sooner than the
+/// hub's interval allows (the control above: 10 s against a 5 s idle
+/// timeout) asks for a shorter heartbeat (`--heartbeat`, the addon's
+/// `HEARTBEAT`) and keeps its one tunnel through the quiet period; an
+/// agent asking for less than the hub's floor gets the floor.
+#[tokio::test]
+async fn a_cluster_behind_a_short_idle_timeout_asks_for_the_heartbeat_it_needs() {
+    let (env, proxy, agent) = behind_an_idle_timeout(
+        &["--grpc-heartbeat=10s", "--grpc-heartbeat-min=2s"],
+        &[("ARGOCD_PULL_HEARTBEAT", "1s")],
+    )
+    .await;
+    agent
+        .wait_logged(
+            "the hub grants another heartbeat interval than asked",
+            TIMEOUT,
+        )
+        .await;
+    assert!(
+        agent.log_text().contains("granted\":\"2s") || agent.log_text().contains("granted=2s"),
+        "the hub's floor, not the 1 s asked: {}",
+        agent.log_text()
+    );
+    let target = env.grpc_addr.to_string();
+    let reconnects = agent.metric(RECONNECTS).await.unwrap();
+    // The control saw this window cut the stream.
+    tokio::time::sleep(PROXY_IDLE * 3 + Duration::from_secs(1)).await;
+    assert!(agent.connected().await);
+    assert_eq!(agent.metric(RECONNECTS).await, Some(reconnects));
+    assert_eq!(
+        proxy.connects_to(&target),
+        1,
+        "one tunnel all along:\n{}",
+        proxy.log_text()
+    );
 }

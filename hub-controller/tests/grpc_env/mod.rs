@@ -453,6 +453,7 @@ impl Env {
             mode,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(2),
+            heartbeat: Duration::ZERO,
             tls_reload_interval: Duration::from_millis(500),
             workers: 8,
             argocd_redis: None,
