@@ -48,8 +48,10 @@ struct Mount {
 /// empty folder the process writes to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Source {
-    Secret(String),
-    ConfigMap(String),
+    /// A Secret by name, and whether it is `optional` (absent: an empty
+    /// folder, as the kubelet mounts it).
+    Secret(String, bool),
+    ConfigMap(String, bool),
     EmptyDir,
 }
 
@@ -100,8 +102,11 @@ pub async fn materialize(
             continue;
         };
         let source = match (&volume.secret, &volume.config_map, &volume.empty_dir) {
-            (Some(s), _, _) => Source::Secret(s.secret_name.clone().unwrap_or_default()),
-            (_, Some(c), _) => Source::ConfigMap(c.name.clone()),
+            (Some(s), _, _) => Source::Secret(
+                s.secret_name.clone().unwrap_or_default(),
+                s.optional == Some(true),
+            ),
+            (_, Some(c), _) => Source::ConfigMap(c.name.clone(), c.optional == Some(true)),
             (_, _, Some(_)) => Source::EmptyDir,
             _ => continue,
         };
@@ -174,7 +179,7 @@ pub async fn materialize(
 
 /// Writes the current contents of the pod's Secret and ConfigMap volumes
 /// into their folders (only files that changed); `false` while one of them
-/// does not exist.
+/// that is not `optional` does not exist.
 pub async fn refresh(cluster: &Cluster, namespace: &str, pod: &Pod) -> Result<bool> {
     let client = cluster.client().await?;
     for m in &pod.mounts {
@@ -183,19 +188,22 @@ pub async fn refresh(cluster: &Cluster, namespace: &str, pod: &Pod) -> Result<bo
                 std::fs::create_dir_all(&m.dir)?;
                 continue;
             }
-            Source::Secret(name) => match Api::<Secret>::namespaced(client.clone(), namespace)
-                .get_opt(name)
-                .await?
-            {
-                Some(s) => s
-                    .data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.0))
-                    .collect(),
-                None => return Ok(false),
-            },
-            Source::ConfigMap(name) => {
+            Source::Secret(name, optional) => {
+                match Api::<Secret>::namespaced(client.clone(), namespace)
+                    .get_opt(name)
+                    .await?
+                {
+                    Some(s) => s
+                        .data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0))
+                        .collect(),
+                    None if *optional => BTreeMap::new(),
+                    None => return Ok(false),
+                }
+            }
+            Source::ConfigMap(name, optional) => {
                 match Api::<ConfigMap>::namespaced(client.clone(), namespace)
                     .get_opt(name)
                     .await?
@@ -206,12 +214,13 @@ pub async fn refresh(cluster: &Cluster, namespace: &str, pod: &Pod) -> Result<bo
                         .into_iter()
                         .map(|(k, v)| (k, v.into_bytes()))
                         .collect(),
+                    None if *optional => BTreeMap::new(),
                     None => return Ok(false),
                 }
             }
         };
         std::fs::create_dir_all(&m.dir)?;
-        if matches!(m.source, Source::Secret(_)) {
+        if matches!(m.source, Source::Secret(..)) {
             // As the kubelet does: every file of the Secret changes at once
             // (a certificate never pairs with the previous key), and each
             // is readable by its owner only.
