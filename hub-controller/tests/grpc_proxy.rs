@@ -267,16 +267,7 @@ async fn heartbeats_outlive_the_proxys_idle_timeout_and_a_dead_proxy_is_left_wit
 
     // 1. Quiet: no change for three of the proxy's idle timeouts. Only
     //    heartbeats cross; the one tunnel stays open.
-    let reconnects = agent.metric(RECONNECTS).await.unwrap();
-    tokio::time::sleep(PROXY_IDLE * 3 + Duration::from_secs(1)).await;
-    assert!(agent.connected().await);
-    assert_eq!(agent.metric(RECONNECTS).await, Some(reconnects));
-    assert_eq!(
-        proxy.connects_to(&target),
-        1,
-        "one tunnel all along:\n{}",
-        proxy.log_text()
-    );
+    one_tunnel_through_the_quiet(&env, &proxy, &agent).await;
     assert!(
         !agent.log_text().contains("no connection to the hub"),
         "{}",
@@ -346,14 +337,20 @@ async fn a_cluster_behind_a_short_idle_timeout_asks_for_the_heartbeat_it_needs()
         "the hub's floor, not the 1 s asked: {}",
         agent.log_text()
     );
-    let target = env.grpc_addr.to_string();
+    one_tunnel_through_the_quiet(&env, &proxy, &agent).await;
+}
+
+/// Three of the proxy's idle timeouts and a second with nothing to send
+/// (the window in which the control, `a_stream_quieter_than_the_proxys_idle_timeout_is_cut`,
+/// sees the stream cut): the agent stays connected, never reconnects, and
+/// the proxy saw one tunnel to the hub all along.
+async fn one_tunnel_through_the_quiet(env: &Env, proxy: &TinyProxy, agent: &AgentProcess) {
     let reconnects = agent.metric(RECONNECTS).await.unwrap();
-    // The control saw this window cut the stream.
     tokio::time::sleep(PROXY_IDLE * 3 + Duration::from_secs(1)).await;
     assert!(agent.connected().await);
     assert_eq!(agent.metric(RECONNECTS).await, Some(reconnects));
     assert_eq!(
-        proxy.connects_to(&target),
+        proxy.connects_to(&env.grpc_addr.to_string()),
         1,
         "one tunnel all along:\n{}",
         proxy.log_text()
