@@ -200,84 +200,6 @@ build_argocd() {
   log "Argo CD built in $((SECONDS - t0))s"
 }
 
-# Redis for Argo CD's caches, from the system's (Debian) packages, unpacked
-# into the cache rather than installed: no root needed, nothing left on the
-# machine. The server binary is in redis-tools (redis-server's package only
-# adds a symlink to it, configuration and init scripts). Those of its
-# libraries the machine lacks are unpacked next to it, and $bin/redis-server
-# points the dynamic loader at them.
-build_redis() {
-  local out=$cache/redis
-  if fresh redis <(declare -f build_redis) && "$bin/redis-server" --version >/dev/null 2>&1; then
-    return
-  fi
-  command -v apt-get >/dev/null || { log "redis: apt-get is needed to fetch Debian's redis-tools"; exit 1; }
-  local t0=$SECONDS dl=$cache/redis-debs
-  rm -rf "$out" "$dl" && mkdir -p "$out" "$dl"
-  local pkgs=(redis-tools) dep
-  for dep in $(apt-cache depends redis-tools 2>/dev/null \
-    | awk '$1 ~ /Depends:$/ && $2 ~ /^lib/ && $2 != "libc6" { print $2 }'); do
-    dpkg-query -W -f='${Status}' "$dep" 2>/dev/null | grep -q 'install ok installed' || pkgs+=("$dep")
-  done
-  log "fetching ${pkgs[*]} from the system's package sources"
-  # As root, apt downloads as its _apt user, which cannot write here.
-  local opts=()
-  [ "$(id -u)" = 0 ] && opts=(-o APT::Sandbox::User=root)
-  if ! (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null); then
-    # A fresh machine may have no package lists yet; only root can fetch them.
-    [ "$(id -u)" = 0 ] || { log "redis: apt-get download failed; run 'apt-get update' as root first"; exit 1; }
-    apt-get -q update >/dev/null
-    (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null)
-  fi
-  local deb
-  for deb in "$dl"/*.deb; do dpkg-deb -x "$deb" "$out"; done
-  rm -rf "$dl"
-  local libs
-  libs=$(find "$out" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:)
-  if LD_LIBRARY_PATH=$libs ldd "$out/usr/bin/redis-check-rdb" | grep 'not found'; then
-    log "redis: the libraries above are missing; add their packages to build_redis"
-    exit 1
-  fi
-  # redis-check-rdb is the server: redis picks its role from the name it runs as.
-  ln -sf redis-check-rdb "$out/usr/bin/redis-server"
-  printf '%s\n' '#!/bin/sh' \
-    '# Debian'"'"'s redis-server, unpacked by test/tools/build.sh.' \
-    "LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec $out/usr/bin/redis-server \"\$@\"" \
-    > "$bin/redis-server"
-  chmod +x "$bin/redis-server"
-  mark redis <(declare -f build_redis)
-  log "$("$bin/redis-server" --version | cut -d' ' -f1-3) ready in $((SECONDS - t0))s"
-}
-
-# runc, the OCI runtime that runs argocd-pull's images in the tests, from
-# the system's (Debian) package, unpacked into the cache like Redis. Its
-# only library beyond libc is libseccomp, which apt itself needs.
-build_runc() {
-  local out=$cache/runc
-  if fresh runc <(declare -f build_runc) && "$bin/runc" --version >/dev/null 2>&1; then
-    return
-  fi
-  command -v apt-get >/dev/null || { log "runc: apt-get is needed to fetch Debian's runc"; exit 1; }
-  local t0=$SECONDS dl=$cache/runc-debs
-  rm -rf "$out" "$dl" && mkdir -p "$out" "$dl"
-  local opts=()
-  [ "$(id -u)" = 0 ] && opts=(-o APT::Sandbox::User=root)
-  if ! (cd "$dl" && apt-get -q "${opts[@]}" download runc >/dev/null); then
-    [ "$(id -u)" = 0 ] || { log "runc: apt-get download failed; run 'apt-get update' as root first"; exit 1; }
-    apt-get -q update >/dev/null
-    (cd "$dl" && apt-get -q "${opts[@]}" download runc >/dev/null)
-  fi
-  dpkg-deb -x "$dl"/runc_*.deb "$out"
-  rm -rf "$dl"
-  if ldd "$out/usr/sbin/runc" | grep 'not found'; then
-    log "runc: the libraries above are missing (apt-get install libseccomp2)"
-    exit 1
-  fi
-  ln -sf "$out/usr/sbin/runc" "$bin/runc"
-  mark runc <(declare -f build_runc)
-  log "$("$bin/runc" --version | head -1) ready in $((SECONDS - t0))s"
-}
-
 # fetch_debs DIR PACKAGE...: Debian's packages downloaded (not installed)
 # and unpacked into DIR, which is made anew.
 fetch_debs() {
@@ -295,6 +217,62 @@ fetch_debs() {
   local deb
   for deb in "$dl"/*.deb; do dpkg-deb -x "$deb" "$out"; done
   rm -rf "$dl"
+}
+
+# Redis for Argo CD's caches, from the system's (Debian) packages, unpacked
+# into the cache rather than installed: no root needed, nothing left on the
+# machine. The server binary is in redis-tools (redis-server's package only
+# adds a symlink to it, configuration and init scripts). Those of its
+# libraries the machine lacks are unpacked next to it, and $bin/redis-server
+# points the dynamic loader at them.
+build_redis() {
+  local out=$cache/redis
+  if fresh redis <(declare -f build_redis fetch_debs) && "$bin/redis-server" --version >/dev/null 2>&1; then
+    return
+  fi
+  command -v apt-get >/dev/null || { log "redis: apt-get is needed to fetch Debian's redis-tools"; exit 1; }
+  local t0=$SECONDS pkgs=(redis-tools) dep
+  for dep in $(apt-cache depends redis-tools 2>/dev/null \
+    | awk '$1 ~ /Depends:$/ && $2 ~ /^lib/ && $2 != "libc6" { print $2 }'); do
+    dpkg-query -W -f='${Status}' "$dep" 2>/dev/null | grep -q 'install ok installed' || pkgs+=("$dep")
+  done
+  log "fetching ${pkgs[*]} from the system's package sources"
+  fetch_debs "$out" "${pkgs[@]}"
+  local libs
+  libs=$(find "$out" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:)
+  if LD_LIBRARY_PATH=$libs ldd "$out/usr/bin/redis-check-rdb" | grep 'not found'; then
+    log "redis: the libraries above are missing; add their packages to build_redis"
+    exit 1
+  fi
+  # redis-check-rdb is the server: redis picks its role from the name it runs as.
+  ln -sf redis-check-rdb "$out/usr/bin/redis-server"
+  printf '%s\n' '#!/bin/sh' \
+    '# Debian'"'"'s redis-server, unpacked by test/tools/build.sh.' \
+    "LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec $out/usr/bin/redis-server \"\$@\"" \
+    > "$bin/redis-server"
+  chmod +x "$bin/redis-server"
+  mark redis <(declare -f build_redis fetch_debs)
+  log "$("$bin/redis-server" --version | cut -d' ' -f1-3) ready in $((SECONDS - t0))s"
+}
+
+# runc, the OCI runtime that runs argocd-pull's images in the tests, from
+# the system's (Debian) package, unpacked into the cache like Redis. Its
+# only library beyond libc is libseccomp, which apt itself needs.
+build_runc() {
+  local out=$cache/runc
+  if fresh runc <(declare -f build_runc fetch_debs) && "$bin/runc" --version >/dev/null 2>&1; then
+    return
+  fi
+  command -v apt-get >/dev/null || { log "runc: apt-get is needed to fetch Debian's runc"; exit 1; }
+  local t0=$SECONDS
+  fetch_debs "$out" runc
+  if ldd "$out/usr/sbin/runc" | grep 'not found'; then
+    log "runc: the libraries above are missing (apt-get install libseccomp2)"
+    exit 1
+  fi
+  ln -sf "$out/usr/sbin/runc" "$bin/runc"
+  mark runc <(declare -f build_runc fetch_debs)
+  log "$("$bin/runc" --version | head -1) ready in $((SECONDS - t0))s"
 }
 
 # tinyproxy, the HTTP CONNECT proxy the agent reaches the hub through in
@@ -325,21 +303,12 @@ build_tinyproxy() {
 # (or whether it has one).
 build_iptables() {
   local out=$cache/iptables
-  if fresh iptables <(declare -f build_iptables) && "$bin/iptables" --version >/dev/null 2>&1; then
+  if fresh iptables <(declare -f build_iptables fetch_debs) && "$bin/iptables" --version >/dev/null 2>&1; then
     return
   fi
   command -v apt-get >/dev/null || { log "iptables: apt-get is needed to fetch Debian's iptables"; exit 1; }
-  local t0=$SECONDS dl=$cache/iptables-debs pkgs=(iptables libip6tc2)
-  rm -rf "$out" "$dl" && mkdir -p "$out" "$dl"
-  local opts=()
-  [ "$(id -u)" = 0 ] && opts=(-o APT::Sandbox::User=root)
-  if ! (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null); then
-    [ "$(id -u)" = 0 ] || { log "iptables: apt-get download failed; run 'apt-get update' as root first"; exit 1; }
-    apt-get -q update >/dev/null
-    (cd "$dl" && apt-get -q "${opts[@]}" download "${pkgs[@]}" >/dev/null)
-  fi
-  for deb in "$dl"/*.deb; do dpkg-deb -x "$deb" "$out"; done
-  rm -rf "$dl"
+  local t0=$SECONDS
+  fetch_debs "$out" iptables libip6tc2
   local libs multi=$out/usr/sbin/xtables-legacy-multi
   libs=$(dirname "$(find "$out" -name 'libip6tc.so.2*' | head -1)")
   if LD_LIBRARY_PATH=$libs ldd "$multi" | grep 'not found'; then
@@ -357,7 +326,7 @@ build_iptables() {
   # The matches and targets (tcp, DNAT, statistic) are modules of its own.
   "$bin/iptables" -p tcp --dport 1 -m statistic --mode random --probability 0.5 -j DNAT -h >/dev/null \
     || { log "iptables: $bin/iptables does not run or lacks its extensions"; exit 1; }
-  mark iptables <(declare -f build_iptables)
+  mark iptables <(declare -f build_iptables fetch_debs)
   log "$("$bin/iptables" --version) ready in $((SECONDS - t0))s"
 }
 
