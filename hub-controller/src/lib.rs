@@ -17,7 +17,8 @@ pub mod status;
 pub mod transport;
 pub mod watch;
 
-/// The pure core's routing and rendering, at the paths they had here.
+/// The pure core's routing and rendering, which the hub's modules and
+/// tests name as this crate's `route` and `render`.
 pub use argocd_pull_core::{render, route};
 
 use transport::{grpc, manifestwork};

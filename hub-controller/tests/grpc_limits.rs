@@ -1,5 +1,5 @@
 //! Cutting agents off and holding abusive ones to their limits, on real API
-//! servers with real certificates (issue 13, items 4 and 5): a certificate
+//! servers with real certificates: a certificate
 //! put on the deny list is disconnected within seconds and refused until
 //! taken off; an expired certificate is refused on a new stream of a
 //! connection it opened while valid; a cluster whose ManagedCluster is

@@ -1,5 +1,5 @@
 //! A hostile agent on real API servers: a client holding a valid agent
-//! certificate that sends what a spoke-agent never would (issue 34).
+//! certificate that sends what a spoke-agent never would.
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! A hostile managed cluster on a real API server: its klusterlet writes
 //! `ManagedCluster.spec.managedClusterClientConfigs`, which the Argo CD
-//! cluster Secret's `server` is copied from (issue 34), and may give
+//! cluster Secret's `server` is copied from, and may give
 //! another cluster's.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! A cluster may speak only for itself (issue 34, hole 1), against real
+//! A cluster may speak only for itself, against real
 //! OCM: an admin of cluster2, holding its klusterlet's real hub
 //! credentials, files a CSR of the addon's signer whose subject names
 //! cluster1. OCM v1.2.1's addon-manager approves and signs it (shown

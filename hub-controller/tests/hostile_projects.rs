@@ -1,4 +1,4 @@
-//! Hostile tenants against the hub's AppProjects (issue 34, hole 2), on a
+//! Hostile tenants against the hub's AppProjects, on a
 //! real API server: an Application the hub's Argo CD would refuse for its
 //! project is refused before delivery, on both transports, with Argo CD's
 //! words in the condition and a Warning Event; a project change decides its

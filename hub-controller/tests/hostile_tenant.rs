@@ -1,6 +1,6 @@
 //! A hostile tenant on real API servers: someone who may create
 //! Applications in their own hub namespace and nothing else tries to
-//! reach another team's or another cluster's share (issue 34).
+//! reach another team's or another cluster's share.
 
 use std::time::Duration;
 

@@ -336,7 +336,7 @@ async fn the_agent_leaves_what_it_did_not_deliver_alone_and_says_who_holds_it() 
     .await;
 }
 
-/// Issue 34: a command names the hub Application it is for, and the
+/// A command names the hub Application it is for, and the
 /// agent runs it only on the copy it applied for that one; a hub of the
 /// release before names none, and any managed copy takes it, as then.
 #[tokio::test]

@@ -166,8 +166,8 @@ mod tests {
 
     #[test]
     fn a_refusal_keeps_the_spokes_last_report_and_its_conditions() {
-        // One rule for both transports (the ManifestWork side used to drop
-        // the spoke's conditions here, the gRPC side kept them).
+        // One rule for both transports: a refusal drops none of the
+        // spoke's conditions.
         let current = json!({ "health": { "status": "Healthy" }, "reconciledAt": "t",
             "conditions": [{ "type": "SyncError", "message": "x" }] });
         let mut s = owned_status(&current);

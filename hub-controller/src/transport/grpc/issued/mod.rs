@@ -1,6 +1,5 @@
 //! A certificate speaks for cluster X only if it was issued on a request
-//! made by X's own OCM identity (issue 34; docs/security.md, "Agent
-//! identity").
+//! made by X's own OCM identity (docs/security.md, "Agent identity").
 //!
 //! OCM's addon-manager approves and signs every CSR of our signer, with
 //! the subject the request asks for; the API server records who filed it.

@@ -223,7 +223,7 @@ mod tests {
         assert_eq!(issue.fingerprint.len(), 64);
         assert!(issue.not_before < issue.not_after);
 
-        // The forgery of issue 34: cluster2's klusterlet asks for cluster1.
+        // The forgery: cluster2's klusterlet asks for cluster1.
         for (label, want) in [
             ("cluster2", "requested by cluster cluster2's klusterlet"),
             ("cluster1", "requested by cluster cluster2's klusterlet"),
