@@ -62,7 +62,7 @@ PREFIX ?= /usr/local
 install-plugin:
 	$(CARGO) install --locked --path plugin --root $(PREFIX)
 
-## test: everything (unit, real-API-server integration, lint, drift checks); the test binaries one at a time (ARGOCD_PULL_TEST_JOBS=N runs N side by side) and a timing table at the end (docs/testing.md)
+## test: everything (unit, real-API-server integration, lint, drift checks); the test binaries two at a time, those that run real nodes alone (ARGOCD_PULL_TEST_JOBS=N sets how many) and a timing table at the end (docs/testing.md)
 test: tools
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint check-generated; \

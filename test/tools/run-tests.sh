@@ -20,19 +20,19 @@
 # that RUSTC_BOOTSTRAP unlocks at run time for the test binaries only (the
 # build stays stable).
 #
-# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once:
-# one by default, because on two cores three at a time starved the
-# kubelets of the tests that run real nodes (a node not Ready in 120 s)
-# even with those one at a time (docs/testing.md);
-# ARGOCD_PULL_TEST_HEAVY_SECS (140) from how many seconds a binary runs
-# alone among the heavy ones;
+# ARGOCD_PULL_TEST_JOBS (or --jobs) sets how many binaries run at once
+# (two by default, one per core); ARGOCD_PULL_TEST_ALONE, an extended
+# regular expression, names the binaries that run with nothing beside
+# them: those that run real nodes (kubelet, containerd, pods), whose
+# kubelets missed their 120 s readiness on two cores shared with other
+# binaries (docs/testing.md);
 # --only runs the binaries whose name (`core lib:argocd_pull_core`,
 # `test test:e2e`, as the table prints them) matches an extended regular
 # expression.
 set -uo pipefail
 
-jobs=${ARGOCD_PULL_TEST_JOBS:-1}
-heavy=${ARGOCD_PULL_TEST_HEAVY_SECS:-140}
+jobs=${ARGOCD_PULL_TEST_JOBS:-2}
+alone=${ARGOCD_PULL_TEST_ALONE:-'^test test:(e2e|helm_upgrade|node)$|^hub-controller test:(addon|addon_lifecycle|hostile_identity)$'}
 only=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -107,35 +107,34 @@ reap() {
     cat "$out/$f.log"
   done
 }
-# The binaries that took $heavy seconds or more last time (those that
-# run real nodes: kubelets, containerd, pods) run one at a time: side by
-# side they starve each other's nodes on two cores. The others fill the
-# remaining places, longest first.
-mapfile -t queue <"$out/queue.tsv"
-heavy_pid=
+# A binary named by $alone runs with nothing beside it: those run first,
+# one after another, then the others fill the places, longest first.
+queue=()
+while IFS= read -r line; do
+  IFS=$'\t' read -r _ _ name _ <<<"$line"
+  [ -n "$alone" ] && [[ $name =~ $alone ]] && queue+=("$line")
+done <"$out/queue.tsv"
+while IFS= read -r line; do
+  IFS=$'\t' read -r _ _ name _ <<<"$line"
+  [ -n "$alone" ] && [[ $name =~ $alone ]] || queue+=("$line")
+done <"$out/queue.tsv"
+alone_pid=
 while [ "${#queue[@]}" -gt 0 ]; do
   reap
-  [ -n "$heavy_pid" ] && [ -z "${running[$heavy_pid]:-}" ] && heavy_pid=
-  if [ "${#running[@]}" -ge "$jobs" ]; then sleep 0.5; continue; fi
-  picked=-1
-  for k in "${!queue[@]}"; do
-    IFS=$'\t' read -r secs exe name dir <<<"${queue[$k]}"
-    if awk -v s="$secs" -v h="$heavy" 'BEGIN { exit !(s >= h) }'; then
-      [ -n "$heavy_pid" ] && continue
-      is_heavy=1
-    else
-      is_heavy=
-    fi
-    picked=$k
-    break
-  done
-  if [ "$picked" -lt 0 ]; then sleep 0.5; continue; fi
-  unset "queue[$picked]"
-  queue=("${queue[@]}")
+  [ -n "$alone_pid" ] && [ -z "${running[$alone_pid]:-}" ] && alone_pid=
+  if [ -n "$alone_pid" ] || [ "${#running[@]}" -ge "$jobs" ]; then sleep 0.5; continue; fi
+  IFS=$'\t' read -r secs exe name dir <<<"${queue[0]}"
+  is_alone=
+  if [ -n "$alone" ] && [[ $name =~ $alone ]]; then
+    is_alone=1
+    # Its turn: it waits for the running ones to end.
+    if [ "${#running[@]}" -gt 0 ]; then sleep 0.5; continue; fi
+  fi
+  queue=("${queue[@]:1}")
   i=$((i + 1))
   run_one "$i" "$exe" "$name" "$dir" &
   running[$!]=$i
-  [ -n "$is_heavy" ] && heavy_pid=$!
+  [ -n "$is_alone" ] && alone_pid=$!
 done
 while [ "${#running[@]}" -gt 0 ]; do reap; sleep 0.5; done
 
