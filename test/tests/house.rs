@@ -49,7 +49,6 @@ const KNOWN: &[(&str, &str, usize)] = &[
         600,
     ),
     ("file", "addon/src/lib.rs", 590),
-    ("file", "plugin/src/view.rs", 548),
     ("file", "hub-controller/src/transport/grpc/tls.rs", 512),
     ("file", "hub-controller/src/transport/grpc/mod.rs", 512),
     ("file", "hub-controller/src/transport/grpc/hub/mod.rs", 504),
