@@ -43,11 +43,6 @@ const KNOWN: &[(&str, &str, usize)] = &[
         "hub-controller/src/transport/grpc/issued/mod.rs",
         609,
     ),
-    (
-        "file",
-        "hub-controller/src/transport/manifestwork/application.rs",
-        600,
-    ),
     ("file", "addon/src/lib.rs", 590),
     ("file", "hub-controller/src/transport/grpc/tls.rs", 512),
     ("file", "hub-controller/src/transport/grpc/mod.rs", 512),

@@ -6,6 +6,7 @@
 pub mod application;
 pub mod cluster_secrets;
 pub mod controller;
+mod handover;
 pub mod projects;
 pub mod sweep;
 pub mod triggers;

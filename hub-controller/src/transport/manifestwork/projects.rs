@@ -174,7 +174,7 @@ fn decided(
             transport: Transport::ManifestWork,
             target,
         } => {
-            if super::application::other_owner(app, &target, ctx).is_some() {
+            if super::handover::other_owner(app, &target, ctx).is_some() {
                 return None;
             }
             let checked = ctx
