@@ -66,7 +66,6 @@ const KNOWN: &[(&str, &str, usize)] = &[
         "hub-controller/src/transport/grpc/hub/mod.rs::Hub",
         17,
     ),
-    ("struct", "hub-controller/src/watch/caches.rs::Caches", 14),
     (
         "struct",
         "hub-controller/src/transport/grpc/mod.rs::GrpcArgs",

@@ -32,23 +32,11 @@ pub struct Caches {
     pub mirrors: Store<CachedApp>,
     pub decisions: Store<DynamicObject>,
     pub clusters: Store<PartialObjectMeta<ManagedCluster>>,
-    /// argocd-pull's ManagedClusterAddOns (only with the gRPC transport).
-    pub addons: Store<ManagedClusterAddOn>,
     pub works: Store<CachedWork>,
-    /// The AddOnDeploymentConfigs in the addon's namespace (only with the
-    /// gRPC transport): which mode each cluster's agent runs in.
-    pub configs: Store<AddOnDeploymentConfig>,
-    /// The AppProjects in the hub's Argo CD namespace (only when projects
-    /// are enforced: [`super::watches::Scope::projects`]).
-    pub projects: Store<DynamicObject>,
-    /// That namespace.
-    pub projects_namespace: Arc<Option<String>>,
-    /// The `repository` and `repo-creds` Secrets there (only with
-    /// `--project-credentials`).
-    pub credentials: Store<k8s_openapi::api::core::v1::Secret>,
-    /// The addon's default AddOnDeploymentConfig (`--addon-namespace`,
-    /// `--addon-deployment-config`).
-    pub default_config: Arc<super::mode::ConfigRef>,
+    /// The addon's objects: which clusters enable it, and how.
+    pub addon: AddonCaches,
+    /// The hub's AppProjects and their credentials.
+    pub projects: ProjectCaches,
     /// Works this process wrote and the cache has not shown yet (read
     /// live until it does: deciding from the older copy would lose an
     /// operation handed over a moment ago).
@@ -57,6 +45,32 @@ pub struct Caches {
     pub slots: Arc<super::slots::Slots>,
     /// True once every cache has its first full list.
     pub synced: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+/// The addon's objects in the caches (only with the gRPC transport).
+#[derive(Clone)]
+pub struct AddonCaches {
+    /// argocd-pull's ManagedClusterAddOns.
+    pub addons: Store<ManagedClusterAddOn>,
+    /// The AddOnDeploymentConfigs in the addon's namespace: which mode each
+    /// cluster's agent runs in.
+    pub configs: Store<AddOnDeploymentConfig>,
+    /// The addon's default AddOnDeploymentConfig (`--addon-namespace`,
+    /// `--addon-deployment-config`).
+    pub default_config: Arc<super::mode::ConfigRef>,
+}
+
+/// The hub's AppProjects in the caches (only when projects are enforced:
+/// [`super::watches::Scope::projects`]).
+#[derive(Clone)]
+pub struct ProjectCaches {
+    /// The AppProjects in the hub's Argo CD namespace.
+    pub objects: Store<DynamicObject>,
+    /// That namespace.
+    pub namespace: Arc<Option<String>>,
+    /// The `repository` and `repo-creds` Secrets there (only with
+    /// `--project-credentials`).
+    pub credentials: Store<k8s_openapi::api::core::v1::Secret>,
 }
 
 impl Caches {
@@ -73,8 +87,8 @@ impl Caches {
 
     /// AppProject `name`, if it exists.
     pub fn project_object(&self, name: &str) -> Option<Arc<DynamicObject>> {
-        let ns = self.projects_namespace.as_deref()?;
-        self.projects.get(
+        let ns = self.projects.namespace.as_deref()?;
+        self.projects.objects.get(
             &ObjectRef::new_with(name, argocd_pull_apis::argocd::appproject_resource()).within(ns),
         )
     }
@@ -91,7 +105,8 @@ impl Caches {
 
     /// Whether the addon of `cluster` is enabled (its ManagedClusterAddOn exists).
     pub fn addon_enabled(&self, cluster: &str) -> bool {
-        self.addons
+        self.addon
+            .addons
             .get(&ObjectRef::new(keys::ADDON_NAME).within(cluster))
             .is_some()
     }
@@ -103,9 +118,10 @@ impl Caches {
         cluster: &str,
     ) -> Option<Result<super::mode::Configured, String>> {
         let addon = self
+            .addon
             .addons
             .get(&ObjectRef::new(keys::ADDON_NAME).within(cluster))?;
-        let default = &self.default_config;
+        let default = &self.addon.default_config;
         let reference = super::mode::config_ref(&addon, default);
         if reference.namespace != default.namespace {
             return Some(Err(format!(
@@ -114,6 +130,7 @@ impl Caches {
             )));
         }
         let config = self
+            .addon
             .configs
             .get(&ObjectRef::new(&reference.name).within(&reference.namespace));
         Some(super::mode::configured(&reference, config.as_deref()))

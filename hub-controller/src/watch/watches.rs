@@ -27,7 +27,7 @@ use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::cached::{CachedApp, CachedWork};
-use super::caches::Caches;
+use super::caches::{AddonCaches, Caches, ProjectCaches};
 use super::mode::ConfigRef;
 use crate::render::work::{MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -184,13 +184,17 @@ impl Watches {
             mirrors: mirrors.as_reader(),
             decisions: decisions.as_reader(),
             clusters: clusters.as_reader(),
-            addons: addons.as_reader(),
             works: works.as_reader(),
-            configs: configs.as_reader(),
-            projects: projects.as_reader(),
-            projects_namespace: Arc::new(scope.projects.clone()),
-            credentials: credentials.as_reader(),
-            default_config: Arc::new(scope.default_config.clone()),
+            addon: AddonCaches {
+                addons: addons.as_reader(),
+                configs: configs.as_reader(),
+                default_config: Arc::new(scope.default_config.clone()),
+            },
+            projects: ProjectCaches {
+                objects: projects.as_reader(),
+                namespace: Arc::new(scope.projects.clone()),
+                credentials: credentials.as_reader(),
+            },
             written: Default::default(),
             slots: Default::default(),
             synced: Default::default(),

@@ -290,7 +290,7 @@ async fn persist(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
 /// Writes the works the record wants, deletes the others.
 async fn apply(ctx: &Context, memory: &Memory) -> Result<(), kube::Error> {
     // The credentials of each project.
-    let secrets = ctx.caches.credentials.state();
+    let secrets = ctx.caches.projects.credentials.state();
     let credentials = credentials_by_project(secrets.iter().map(|s| &**s), DEFAULT_APP_NAMESPACE);
     let mut keep: BTreeSet<(String, String)> = BTreeSet::new();
     // One cluster's failure (a namespace being deleted, say) holds up no

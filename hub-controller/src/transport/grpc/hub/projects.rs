@@ -53,7 +53,7 @@ impl Hub {
             |name| self.caches.project(name),
             self.config.authorization.projects.as_deref(),
         );
-        let secrets = self.caches.credentials.state();
+        let secrets = self.caches.projects.credentials.state();
         let mut credentials =
             credentials_by_project(secrets.iter().map(|s| &**s), DEFAULT_APP_NAMESPACE);
         let mut objects = Vec::new();
