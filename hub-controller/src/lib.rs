@@ -250,6 +250,9 @@ async fn run_controllers(
     });
     let grpc = grpc_config
         .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));
+    let publishing_fleet = grpc
+        .as_ref()
+        .map(|hub| tokio::spawn(hub.clone().publish_fleet()));
     let trees = tree_redis.map(|redis| {
         tracing::info!(
             redis = redis.addr(),
@@ -427,6 +430,9 @@ async fn run_controllers(
         following.abort();
     }
     recording.abort();
+    if let Some(p) = publishing_fleet {
+        p.abort();
+    }
     if let Some((watching, keeping)) = holding {
         watching.abort();
         keeping.abort();

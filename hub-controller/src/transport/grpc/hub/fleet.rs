@@ -1,24 +1,36 @@
 //! The fleet-level figures of one replica's gRPC transport, summed over
-//! its clusters when `/metrics` is scraped ([`super::super::metrics`]):
-//! a scrape costs one short lock per cluster, and the series do not grow
-//! with the fleet.
+//! its clusters every [`FLEET_EVERY`] and set on the gauges of
+//! [`super::super::metrics`]: a pass costs one short lock per cluster, a
+//! scrape reads the figures alone, and the series do not grow with the
+//! fleet.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::super::metrics::FleetFigures;
 use super::Hub;
-use crate::certs::pki;
+
+/// How often the fleet figures are summed: ages (lag, time without an
+/// agent) move with the clock, so they are taken at a pace well under a
+/// scrape interval rather than on each change.
+pub const FLEET_EVERY: Duration = Duration::from_secs(1);
 
 impl Hub {
+    /// Sets the fleet gauges every [`FLEET_EVERY`], for as long as it runs.
+    pub async fn publish_fleet(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(FLEET_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.metrics.set_fleet(self.fleet());
+        }
+    }
+
     /// The figures as they stand.
     pub(crate) fn fleet(&self) -> FleetFigures {
         let now = unix(SystemTime::now());
         let mut f = FleetFigures {
             queue_depth: self.queue.len() as i64,
-            serving_not_after: std::fs::read_to_string(&self.config.tls.cert)
-                .ok()
-                .and_then(|pem| pki::validity(&pem))
-                .map(|v| unix(v.not_after) as i64),
             ..FleetFigures::default()
         };
         for cs in self.clusters() {
@@ -182,6 +194,7 @@ mod tests {
         for i in 0..CLUSTERS {
             connect(&hub, i);
         }
+        hub.metrics.set_fleet(hub.fleet());
         let mut encode = Duration::MAX;
         for _ in 0..5 {
             let mut text = String::new();
@@ -267,7 +280,6 @@ mod tests {
             .set(now() - 100.0);
         // A cluster this replica only heard of (no Applications, no agent).
         hub.cluster("bystander");
-        write_serving_cert(&cert);
         let f = hub.fleet();
         assert_eq!(f.connected, 2);
         assert_eq!(f.disconnected, 1);
@@ -277,14 +289,19 @@ mod tests {
             f.disconnected_longest
         );
         assert_eq!(f.agent_not_after, Some(1_900_000_001));
-        assert!(f.serving_not_after.is_some_and(|t| t as f64 > now()));
-        // The gauges, as scraped.
+        // The gauges, as scraped: the figures as last set.
+        hub.metrics.set_fleet(f);
+        hub.metrics.serving_certificate(Some(2_000_000_000));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("grpc_agents_connected 2\n"), "{text}");
         assert!(text.contains("grpc_agents_disconnected 1\n"), "{text}");
         assert!(
             text.contains("grpc_agent_certificate_expiry_earliest_timestamp_seconds 1900000001"),
+            "{text}"
+        );
+        assert!(
+            text.contains("grpc_serving_certificate_expiry_timestamp_seconds 2000000000"),
             "{text}"
         );
     }

@@ -151,27 +151,24 @@ impl Hub {
             relay,
             mirrors,
         });
-        Arc::new_cyclic(|me| {
-            metrics.bind(me.clone());
-            Self {
-                me: me.clone(),
-                writer,
-                caches,
-                config,
-                client,
-                metrics,
-                queue,
-                next_session: AtomicU64::new(1),
-                routes,
-                clusters,
-                workers,
-                acting,
-                holding,
-                projects_epoch: watch::channel(0).0,
-                trees: std::sync::OnceLock::new(),
-                live_url: std::sync::OnceLock::new(),
-                granted,
-            }
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            writer,
+            caches,
+            config,
+            client,
+            metrics,
+            queue,
+            next_session: AtomicU64::new(1),
+            routes,
+            clusters,
+            workers,
+            acting,
+            holding,
+            projects_epoch: watch::channel(0).0,
+            trees: std::sync::OnceLock::new(),
+            live_url: std::sync::OnceLock::new(),
+            granted,
         })
     }
 
