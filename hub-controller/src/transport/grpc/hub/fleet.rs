@@ -16,7 +16,8 @@ use super::Hub;
 pub const FLEET_EVERY: Duration = Duration::from_secs(1);
 
 impl Hub {
-    /// Sets the fleet gauges every [`FLEET_EVERY`], for as long as it runs.
+    /// Sets the fleet gauges every `FLEET_EVERY` (a second), for as long as
+    /// it runs.
     pub async fn publish_fleet(self: Arc<Self>) {
         let mut tick = tokio::time::interval(FLEET_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
