@@ -27,6 +27,7 @@ use kube::ResourceExt;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
+mod admission;
 mod claimed;
 mod clusters;
 mod fleet;
@@ -39,6 +40,7 @@ mod relay;
 mod routes;
 mod workers;
 
+pub use admission::run_deny_list;
 pub use claimed::Acting;
 pub use clusters::Clusters;
 pub use granted::Granted;
@@ -263,7 +265,7 @@ impl Hub {
                 }
                 self.routes.app_event(e);
             }
-            // Revocation (see `super::super::revoke`): a cluster that left
+            // Revocation (see `admission`): a cluster that left
             // OCM is cut off at once; one whose addon was disabled once its
             // agent has let go of the Applications moving to ManifestWork.
             Event::Cluster(E::Delete(mc)) => {

@@ -168,7 +168,7 @@ async fn handshake(
     hub.config.deny_list.wait_loaded().await;
     // Again: time passed, the deny list or the cluster may have changed.
     if let Err(r) = hub.admit(peer) {
-        refuse(hub, cluster, r.reason, out, r.status).await;
+        refuse(hub, cluster, r.reason, out, r.into()).await;
         return None;
     }
     if let Err(status) = configured_mode(hub, cluster, negotiated.mode) {
@@ -245,7 +245,7 @@ async fn attach(
         Ok(stop) => stop,
         Err(why) => {
             let r = Refusal::revoked(cluster, &why);
-            refuse(hub, cluster, r.reason, out, r.status).await;
+            refuse(hub, cluster, r.reason, out, r.into()).await;
             return None;
         }
     };
@@ -254,7 +254,7 @@ async fn attach(
     if let Some(note) = hub.config.deny_list.denied(&peer.fingerprint) {
         cs.detach(id);
         let r = Refusal::denied(&hub.config.deny_list, &peer.fingerprint, &note);
-        refuse(hub, cluster, r.reason, out, r.status).await;
+        refuse(hub, cluster, r.reason, out, r.into()).await;
         return None;
     }
     // With several replicas, this one now writes for the cluster (once
@@ -637,11 +637,11 @@ fn stopped(hub: &Hub, cs: &ClusterState, fingerprint: &str, why: Stop) -> End {
         Stop::Replaced => End::Replaced,
         Stop::Revoked(why) => {
             let r = Refusal::revoked(&cs.name, &why);
-            End::Error(r.reason, r.status)
+            End::Error(r.reason, r.into())
         }
         Stop::Denied(note) => {
             let r = Refusal::denied(&hub.config.deny_list, fingerprint, &note);
-            End::Error(r.reason, r.status)
+            End::Error(r.reason, r.into())
         }
     }
 }
