@@ -41,11 +41,30 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
-use crate::transport::grpc;
+use crate::route::HubRef;
 use crate::watch::cached::CachedApp;
 use crate::watch::caches::Caches;
 use crate::watch::watches::{Consumer, Event};
 use argocd_pull_runtime::redis::{self, Redis};
+
+/// What the tree writer asks of the gRPC transport, which implements it:
+/// the writer depends on this and not on the transport.
+pub trait GrpcView: Send + Sync {
+    /// The cluster the hub copy `r` is delivered to over gRPC, if it is.
+    fn grpc_cluster(&self, r: &HubRef) -> Option<String>;
+    /// Whether this replica writes for `cluster`.
+    fn acts_for(&self, cluster: &str) -> bool;
+    /// Whether the hub's record grants `key` on `cluster` to the hub copy
+    /// of uid `hub_uid`.
+    fn granted_to(
+        &self,
+        cluster: &str,
+        key: &argocd_pull_proto::v1::ObjectKey,
+        hub_uid: Option<&str>,
+    ) -> bool;
+    /// The live endpoint's URL, when it serves argocd-server.
+    fn live_url(&self) -> Option<&str>;
+}
 
 /// How the trees reach argocd-server's Redis.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -125,7 +144,7 @@ pub struct Trees {
     reported: Mutex<HashMap<ObjectRef<CachedApp>, Reported>>,
     /// The gRPC transport: which copies it delivers, to which cluster, and
     /// whether this replica writes for that cluster.
-    grpc: OnceLock<Weak<grpc::Hub>>,
+    grpc: OnceLock<Weak<dyn GrpcView>>,
 }
 
 impl Trees {
@@ -144,9 +163,10 @@ impl Trees {
         })
     }
 
-    /// Tells the writer which copies the gRPC transport delivers.
-    pub fn set_grpc(&self, hub: &Arc<grpc::Hub>) {
-        let _ = self.grpc.set(Arc::downgrade(hub));
+    /// Tells the writer which copies the gRPC transport delivers (set
+    /// once, by the transport as it is built).
+    pub fn set_grpc(&self, view: Weak<dyn GrpcView>) {
+        let _ = self.grpc.set(view);
     }
 
     /// The tree and managed resources the agent of `cluster` reported for
@@ -303,7 +323,7 @@ impl Trees {
         let instance = tree::instance_name(namespace, &key.name, &self.argocd_namespace);
         let app = self.caches.apps.get(key);
         let hub = self.grpc.get().and_then(Weak::upgrade);
-        let hub_ref = crate::route::HubRef {
+        let hub_ref = HubRef {
             namespace: namespace.to_string(),
             name: key.name.clone(),
         };

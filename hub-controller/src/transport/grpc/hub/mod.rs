@@ -59,6 +59,7 @@ use super::cluster::{ClusterState, Item, Work};
 use super::holders::Holders;
 use super::metrics::GrpcMetrics;
 use crate::status::AppWriter;
+use crate::status::trees::GrpcView;
 use crate::transport::grpc::assign::HubRef;
 use crate::watch::caches::{self, Caches};
 use crate::watch::watches::{Consumer, Event};
@@ -415,7 +416,8 @@ impl Hub {
 
     /// Makes `trees` write the trees agents report (capability `trees`).
     pub fn set_trees(self: &Arc<Self>, trees: Arc<crate::status::trees::Trees>) {
-        trees.set_grpc(self);
+        let view: std::sync::Weak<dyn GrpcView> = Arc::downgrade(self) as std::sync::Weak<Hub>;
+        trees.set_grpc(view);
         let _ = self.trees.set(trees);
     }
 
@@ -488,6 +490,25 @@ impl Hub {
     /// See [`Holding::keep_holders`].
     pub async fn keep_holders(self: Arc<Self>) {
         self.holding.clone().keep_holders().await;
+    }
+}
+
+/// What the tree writer asks of the transport.
+impl GrpcView for Hub {
+    fn grpc_cluster(&self, r: &HubRef) -> Option<String> {
+        Hub::grpc_cluster(self, r)
+    }
+
+    fn acts_for(&self, cluster: &str) -> bool {
+        Hub::acts_for(self, cluster)
+    }
+
+    fn granted_to(&self, cluster: &str, key: &ObjectKey, hub_uid: Option<&str>) -> bool {
+        Hub::granted_to(self, cluster, key, hub_uid)
+    }
+
+    fn live_url(&self) -> Option<&str> {
+        Hub::live_url(self)
     }
 }
 
