@@ -91,6 +91,7 @@ mod tests {
     use super::super::super::claims::{Claims, ClaimsConfig};
     use super::super::super::cluster::{Agent, Item};
     use super::super::super::metrics::GrpcMetrics;
+    use super::super::HubParts;
     use super::*;
     use crate::watch::watches::{Scope, Watches};
 
@@ -99,6 +100,16 @@ mod tests {
     /// A transport nobody connects to, its metrics in `registry`, its
     /// serving certificate `cert`.
     fn hub(registry: &mut Registry, per_cluster: bool, cert: &Path) -> Arc<Hub> {
+        hub_with(registry, per_cluster, cert, None)
+    }
+
+    /// [`hub`] with `claims` (several replicas).
+    fn hub_with(
+        registry: &mut Registry,
+        per_cluster: bool,
+        cert: &Path,
+        claims: Option<Arc<Claims>>,
+    ) -> Arc<Hub> {
         let args = crate::Args::parse_from([
             "hub-controller".to_string(),
             "--grpc-addr=127.0.0.1:0".to_string(),
@@ -111,7 +122,10 @@ mod tests {
             grpc: true,
             ..Scope::default()
         });
-        Hub::new(config, client, metrics, watches.caches())
+        Hub::new(HubParts {
+            claims,
+            ..HubParts::new(config, client, metrics, watches.caches())
+        })
     }
 
     /// A client of an API server that is not there (nothing here calls
@@ -331,10 +345,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cert = dir.path().join("tls.crt");
         let mut registry = Registry::default();
-        let hub = hub(&mut registry, false, &cert);
         // Several replicas: this one holds no claim and does not lead yet.
         let claims = Claims::new(nowhere(), ClaimsConfig::new("argocd-pull", "replica-a"));
-        hub.set_claims(claims.clone());
+        let hub = hub_with(&mut registry, false, &cert, Some(claims.clone()));
 
         connect(&hub, 1);
         queue_one(&hub, "cluster-00001");

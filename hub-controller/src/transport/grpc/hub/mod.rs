@@ -92,25 +92,76 @@ pub struct Hub {
     projects_epoch: watch::Sender<u64>,
     /// The writer of the hub copies' trees for argocd-server, when the hub
     /// writes them (`--argocd-redis`): agents are then offered `trees`.
-    trees: std::sync::OnceLock<Arc<crate::status::trees::Trees>>,
+    trees: Option<Arc<crate::status::trees::Trees>>,
     /// The live endpoint's URL when it serves argocd-server
     /// (`--live-addr`): agents are then offered `live-views`.
-    live_url: std::sync::OnceLock<String>,
+    live_url: Option<String>,
     /// The record of what the hub authorized, as the leader keeps it
     /// ([`crate::authorized`]), with what this replica delivered.
     granted: Arc<Granted>,
 }
 
-impl Hub {
-    /// A transport reading `caches`, which must be fed by
+/// What a [`Hub`] is built from: everything it works with is known before
+/// it starts, so nothing is wired into it afterwards.
+pub struct HubParts {
+    pub config: GrpcConfig,
+    pub client: kube::Client,
+    pub metrics: GrpcMetrics,
+    /// The hub's one set of caches; they must be fed by
     /// [`crate::watch::watches`] with [`Scope::grpc`](crate::watch::watches::Scope)
     /// and this hub among the consumers.
+    pub caches: Caches,
+    /// With several replicas: who writes for a cluster.
+    pub claims: Option<Arc<Claims>>,
+    /// The record of what each agent holds (decides keys with it).
+    pub holders: Option<Arc<Holders>>,
+    /// The record of what the hub authorized; its changes make the
+    /// sessions send their project sets again.
+    pub authorized: Option<Arc<crate::authorized::Records>>,
+    /// The writer of the trees agents report (capability `trees`).
+    pub trees: Option<Arc<crate::status::trees::Trees>>,
+    /// The live endpoint's URL when it serves argocd-server: agents are
+    /// offered `live-views`.
+    pub live_url: Option<String>,
+}
+
+impl HubParts {
+    /// The parts of a transport with one replica, no record of holders or
+    /// grants, no trees and no live endpoint.
     pub fn new(
         config: GrpcConfig,
         client: kube::Client,
         metrics: GrpcMetrics,
         caches: Caches,
-    ) -> Arc<Self> {
+    ) -> Self {
+        Self {
+            config,
+            client,
+            metrics,
+            caches,
+            claims: None,
+            holders: None,
+            authorized: None,
+            trees: None,
+            live_url: None,
+        }
+    }
+}
+
+impl Hub {
+    /// The transport of `parts`.
+    pub fn new(parts: HubParts) -> Arc<Self> {
+        let HubParts {
+            config,
+            client,
+            metrics,
+            caches,
+            claims,
+            holders,
+            authorized,
+            trees,
+            live_url,
+        } = parts;
         let queue = WorkQueue::new();
         let writer = AppWriter::new(client.clone());
         let clusters = Arc::new(Clusters::new(metrics.delivery.clone()));
@@ -134,14 +185,20 @@ impl Hub {
             routes.clone(),
             mirrors.clone(),
             queue.clone(),
+            claims,
         ));
         let holding = Arc::new(Holding::new(
             routes.clone(),
             clusters.clone(),
             caches.clone(),
             acting.clone(),
+            holders,
         ));
-        let granted = Arc::new(Granted::new(routes.clone(), clusters.clone()));
+        let granted = Arc::new(Granted::new(
+            routes.clone(),
+            clusters.clone(),
+            authorized.clone(),
+        ));
         let workers = Arc::new(Workers {
             granted: granted.clone(),
             routes: routes.clone(),
@@ -154,24 +211,38 @@ impl Hub {
             relay,
             mirrors,
         });
-        Arc::new_cyclic(|me| Self {
-            me: me.clone(),
-            writer,
-            caches,
-            config,
-            client,
-            metrics,
-            queue,
-            next_session: AtomicU64::new(1),
-            routes,
-            clusters,
-            workers,
-            acting,
-            holding,
-            projects_epoch: watch::channel(0).0,
-            trees: std::sync::OnceLock::new(),
-            live_url: std::sync::OnceLock::new(),
-            granted,
+        Arc::new_cyclic(|me: &std::sync::Weak<Hub>| {
+            if let Some(records) = &authorized {
+                let me = me.clone();
+                records.on_change(move |_, _, _| {
+                    if let Some(hub) = me.upgrade() {
+                        hub.project_or_credential_changed();
+                    }
+                });
+            }
+            if let Some(trees) = &trees {
+                let view: std::sync::Weak<dyn GrpcView> = me.clone();
+                trees.set_grpc(view);
+            }
+            Self {
+                me: me.clone(),
+                writer,
+                caches,
+                config,
+                client,
+                metrics,
+                queue,
+                next_session: AtomicU64::new(1),
+                routes,
+                clusters,
+                workers,
+                acting,
+                holding,
+                projects_epoch: watch::channel(0).0,
+                trees,
+                live_url: live_url.map(|u| u.trim_end_matches('/').to_string()),
+                granted,
+            }
         })
     }
 
@@ -380,11 +451,6 @@ impl Hub {
     // -----------------------------------------------------------------------
     // Several replicas: see [`Acting`] and [`Holding`]
 
-    /// See [`Acting::set_claims`].
-    pub fn set_claims(&self, claims: Arc<Claims>) {
-        self.acting.set_claims(claims);
-    }
-
     pub fn claims(&self) -> Option<&Arc<Claims>> {
         self.acting.claims()
     }
@@ -414,25 +480,13 @@ impl Hub {
         self.acting.requeue_all();
     }
 
-    /// Makes `trees` write the trees agents report (capability `trees`).
-    pub fn set_trees(self: &Arc<Self>, trees: Arc<crate::status::trees::Trees>) {
-        let view: std::sync::Weak<dyn GrpcView> = Arc::downgrade(self) as std::sync::Weak<Hub>;
-        trees.set_grpc(view);
-        let _ = self.trees.set(trees);
-    }
-
     pub fn trees(&self) -> Option<&Arc<crate::status::trees::Trees>> {
-        self.trees.get()
-    }
-
-    /// Agents are offered `live-views`: the live endpoint serves at `url`.
-    pub fn set_live_views(&self, url: &str) {
-        let _ = self.live_url.set(url.trim_end_matches('/').to_string());
+        self.trees.as_ref()
     }
 
     /// The live endpoint's URL, when it serves.
     pub fn live_url(&self) -> Option<&str> {
-        self.live_url.get().map(String::as_str)
+        self.live_url.as_deref()
     }
 
     /// What this hub offers agents: every capability of the release,
@@ -460,26 +514,9 @@ impl Hub {
         offer
     }
 
-    /// Reads the record of what the hub authorized from `records`; its
-    /// changes make the sessions send their project sets again.
-    pub fn set_authorized(self: &Arc<Self>, records: Arc<crate::authorized::Records>) {
-        let me = Arc::downgrade(self);
-        records.on_change(move |_, _, _| {
-            if let Some(hub) = me.upgrade() {
-                hub.project_or_credential_changed();
-            }
-        });
-        self.granted.set_records(records);
-    }
-
     /// See [`Granted::owned_by`].
     pub fn granted_to(&self, cluster: &str, key: &ObjectKey, hub_uid: Option<&str>) -> bool {
         self.granted.owned_by(cluster, key, hub_uid)
-    }
-
-    /// See [`Holding::set_holders`].
-    pub fn set_holders(&self, holders: Arc<Holders>) {
-        self.holding.set_holders(holders);
     }
 
     /// See [`Holding::held_by`].
