@@ -22,6 +22,7 @@ pub mod assign;
 pub mod claims;
 pub mod cluster;
 pub mod commands;
+mod config;
 pub mod holders;
 pub mod hub;
 pub mod identity;
@@ -48,6 +49,7 @@ use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::route::authz::Authorization;
+pub use config::{GrpcConfig, Limits};
 pub use hub::Hub;
 use identity::{IdentityError, IdentityMap, Pattern, Peer, cert_info, fingerprint};
 use metrics::UNVERIFIED;
@@ -245,18 +247,6 @@ pub struct LimitArgs {
     pub max_mirror_bytes_per_cluster: u64,
 }
 
-/// The limits, as the server uses them.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    pub handshakes: tls::HandshakeLimits,
-    pub max_streams_per_connection: u32,
-    pub max_connection_age: Duration,
-    pub max_connection_age_grace: Duration,
-    pub max_header_list_bytes: u32,
-    pub control_queue: usize,
-    pub mirrors: cluster::held::MirrorLimits,
-}
-
 impl LimitArgs {
     pub fn limits(&self) -> Limits {
         Limits {
@@ -329,25 +319,6 @@ impl GrpcArgs {
             ),
         })
     }
-}
-
-#[derive(Clone, Debug)]
-pub struct GrpcConfig {
-    pub addr: SocketAddr,
-    pub tls: tls::TlsFiles,
-    pub identities: IdentityMap,
-    pub heartbeat: Duration,
-    pub heartbeat_min: Duration,
-    pub digest_interval: Duration,
-    pub workers: usize,
-    pub authorization: Authorization,
-    pub limits: Limits,
-    /// Shared by every holder of the configuration: the deny list in force,
-    /// kept by [`hub::run_deny_list`].
-    pub deny_list: Arc<DenyList>,
-    /// Shared likewise: the certificates issued on each cluster's own
-    /// request, kept by [`issued::run`] and [`issued::lead`].
-    pub issued: Arc<issued::Issued>,
 }
 
 struct Service {

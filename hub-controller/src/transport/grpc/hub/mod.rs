@@ -53,9 +53,9 @@ pub use workers::Workers;
 
 use mirror::mirror_work;
 
-use super::GrpcConfig;
 use super::claims::Claims;
 use super::cluster::{ClusterState, Item, Work};
+use super::config::GrpcConfig;
 use super::holders::Holders;
 use super::metrics::GrpcMetrics;
 use crate::status::AppWriter;
