@@ -53,11 +53,7 @@ impl Hub {
                 f.agent_not_after = Some(f.agent_not_after.map_or(not_after, |t| t.min(not_after)));
                 continue;
             }
-            let last_seen = self
-                .metrics
-                .last_seen
-                .get(&self.metrics.cluster(&cs.name))
-                .map(|g| g.get());
+            let last_seen = s.last_seen;
             // A cluster whose agent is elsewhere is that replica's to count.
             if (s.wanted || last_seen.is_some()) && counted_here {
                 f.disconnected += 1;
@@ -155,6 +151,7 @@ mod tests {
             ..Agent::default()
         };
         cs.attach_as(i as u64, AgentMode::Managed, agent).unwrap();
+        cs.seen(now());
         let m = &hub.metrics;
         let l = m.cluster(&name);
         m.connected.get_or_create(&l).set(1);
@@ -289,10 +286,7 @@ mod tests {
         connect(&hub, 3);
         let gone = hub.cluster("cluster-00003");
         gone.detach(3);
-        hub.metrics
-            .last_seen
-            .get_or_create(&hub.metrics.cluster("cluster-00003"))
-            .set(now() - 100.0);
+        gone.seen(now() - 100.0);
         // A cluster this replica only heard of (no Applications, no agent).
         hub.cluster("bystander");
         let f = hub.fleet();

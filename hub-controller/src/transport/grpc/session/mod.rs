@@ -87,7 +87,7 @@ pub async fn run(
         .connected
         .get_or_create(&metrics.cluster(cluster))
         .set(1);
-    seen(&hub, cluster);
+    seen(&hub, &cs);
     // Both sides compare right away: whatever a broken stream lost is
     // repaired now, not at the next periodic digest.
     if negotiated.mode == AgentMode::Managed {
@@ -362,14 +362,16 @@ fn inbound_error(status: Status) -> Status {
     }
 }
 
-fn seen(hub: &Hub, cluster: &str) {
+/// A message from `cs`'s agent: its state keeps the time, the gauge shows it.
+fn seen(hub: &Hub, cs: &ClusterState) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64();
+    cs.seen(now);
     hub.metrics
         .last_seen
-        .get_or_create(&hub.metrics.cluster(cluster))
+        .get_or_create(&hub.metrics.cluster(&cs.name))
         .set(now);
 }
 
@@ -687,7 +689,7 @@ async fn take_in(
     m: AgentMessage,
     refusals: &mut Bucket,
 ) -> Result<(), End> {
-    seen(hub, &cs.name);
+    seen(hub, cs);
     hub.metrics.message(&cs.name, "in", m.kind_name());
     if let Err(e) = validate::agent_message(&m) {
         return Err(End::Error("malformed", e.into()));
