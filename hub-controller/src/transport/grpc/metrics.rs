@@ -310,6 +310,12 @@ impl GrpcMetrics {
         self.fleet.lock().expect("never poisoned").serving_not_after = not_after;
     }
 
+    /// What the serving certificate's gauge shows.
+    #[cfg(test)]
+    pub(crate) fn serving_not_after(&self) -> Option<i64> {
+        self.fleet.lock().expect("never poisoned").serving_not_after
+    }
+
     pub fn message(&self, cluster: &str, direction: &'static str, kind: &'static str) {
         if self.per_cluster {
             self.cluster_messages
