@@ -248,12 +248,17 @@ async fn run_controllers(
         projects: authorization.projects.clone(),
         credentials: args.project_credentials,
     });
-    let trees = tree_redis.map(|redis| {
+    let make_trees = tree_redis.map(|redis| {
         tracing::info!(
             redis = redis.addr(),
             "writing the hub copies' resource trees for the hub's argocd-server"
         );
-        status::trees::Trees::new(redis, watches.caches(), &args.argocd_namespace, &args.trees)
+        let (caches, namespace, tree_args) = (
+            watches.caches(),
+            args.argocd_namespace.clone(),
+            args.trees.clone(),
+        );
+        move |grpc| status::trees::Trees::new(redis, caches, &namespace, &tree_args, grpc)
     });
     // The record of what each agent holds, given to the hub before its
     // index is built and before the ManifestWork transport decides
@@ -267,19 +272,27 @@ async fn run_controllers(
     // the project it was delivered with, and only that.
     let records = authorized::Records::new(client.clone(), &args.leader.namespace);
     let live = args.live.enabled()?;
-    let grpc = grpc_config.map(|config| {
-        grpc::Hub::new(grpc::hub::HubParts {
-            config,
-            client: client.clone(),
-            metrics: grpc_metrics,
-            caches: watches.caches(),
-            claims: claims.clone(),
-            holders: holders.clone(),
-            authorized: Some(records.clone()),
-            trees: trees.clone(),
-            live_url: live.then(|| args.live.live_url.clone()).flatten(),
-        })
-    });
+    // The tree writer asks the gRPC transport which copies it delivers, so
+    // with one the transport builds it.
+    let (grpc, trees) = match grpc_config {
+        Some(config) => {
+            let hub = grpc::Hub::new(grpc::hub::HubParts {
+                config,
+                client: client.clone(),
+                metrics: grpc_metrics,
+                caches: watches.caches(),
+                claims: claims.clone(),
+                holders: holders.clone(),
+                authorized: Some(records.clone()),
+                trees: make_trees
+                    .map(|make| -> grpc::hub::MakeTrees { Box::new(move |view| make(Some(view))) }),
+                live_url: live.then(|| args.live.live_url.clone()).flatten(),
+            });
+            let trees = hub.trees().cloned();
+            (Some(hub), trees)
+        }
+        None => (None, make_trees.map(|make| make(None))),
+    };
     let publishing_fleet = grpc
         .as_ref()
         .map(|hub| tokio::spawn(hub.clone().publish_fleet()));

@@ -32,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write as _;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use argocd_pull_core::status::tree;
@@ -144,11 +144,19 @@ pub struct Trees {
     reported: Mutex<HashMap<ObjectRef<CachedApp>, Reported>>,
     /// The gRPC transport: which copies it delivers, to which cluster, and
     /// whether this replica writes for that cluster.
-    grpc: OnceLock<Weak<dyn GrpcView>>,
+    grpc: Option<Weak<dyn GrpcView>>,
 }
 
 impl Trees {
-    pub fn new(redis: Redis, caches: Caches, argocd_namespace: &str, args: &TreeArgs) -> Arc<Self> {
+    /// The writer into `redis`; with the gRPC transport, `grpc` tells it
+    /// which copies that transport delivers.
+    pub fn new(
+        redis: Redis,
+        caches: Caches,
+        argocd_namespace: &str,
+        args: &TreeArgs,
+        grpc: Option<Weak<dyn GrpcView>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             redis,
             caches,
@@ -159,14 +167,8 @@ impl Trees {
             wake: Notify::new(),
             last: Mutex::default(),
             reported: Mutex::default(),
-            grpc: OnceLock::new(),
+            grpc,
         })
-    }
-
-    /// Tells the writer which copies the gRPC transport delivers (set
-    /// once, by the transport as it is built).
-    pub fn set_grpc(&self, view: Weak<dyn GrpcView>) {
-        let _ = self.grpc.set(view);
     }
 
     /// The tree and managed resources the agent of `cluster` reported for
@@ -241,7 +243,7 @@ impl Trees {
     /// cluster's Secret on the live endpoint.
     fn opens_live_views(&self, app: &CachedApp, cluster: &str) -> bool {
         self.grpc
-            .get()
+            .as_ref()
             .and_then(std::sync::Weak::upgrade)
             .is_some_and(|hub| {
                 hub.live_url().is_some_and(|url| {
@@ -322,7 +324,7 @@ impl Trees {
         let namespace = key.namespace.as_deref().unwrap_or_default();
         let instance = tree::instance_name(namespace, &key.name, &self.argocd_namespace);
         let app = self.caches.apps.get(key);
-        let hub = self.grpc.get().and_then(Weak::upgrade);
+        let hub = self.grpc.as_ref().and_then(Weak::upgrade);
         let hub_ref = HubRef {
             namespace: namespace.to_string(),
             name: key.name.clone(),

@@ -101,6 +101,10 @@ pub struct Hub {
     granted: Arc<Granted>,
 }
 
+/// Builds the tree writer once the transport it asks exists.
+pub type MakeTrees =
+    Box<dyn FnOnce(std::sync::Weak<dyn GrpcView>) -> Arc<crate::status::trees::Trees> + Send>;
+
 /// What a [`Hub`] is built from: everything it works with is known before
 /// it starts, so nothing is wired into it afterwards.
 pub struct HubParts {
@@ -118,8 +122,9 @@ pub struct HubParts {
     /// The record of what the hub authorized; its changes make the
     /// sessions send their project sets again.
     pub authorized: Option<Arc<crate::authorized::Records>>,
-    /// The writer of the trees agents report (capability `trees`).
-    pub trees: Option<Arc<crate::status::trees::Trees>>,
+    /// Builds the writer of the trees agents report (capability
+    /// `trees`), given what it asks of this transport.
+    pub trees: Option<MakeTrees>,
     /// The live endpoint's URL when it serves argocd-server: agents are
     /// offered `live-views`.
     pub live_url: Option<String>,
@@ -220,10 +225,7 @@ impl Hub {
                     }
                 });
             }
-            if let Some(trees) = &trees {
-                let view: std::sync::Weak<dyn GrpcView> = me.clone();
-                trees.set_grpc(view);
-            }
+            let trees = trees.map(|make| make(me.clone()));
             Self {
                 me: me.clone(),
                 writer,
