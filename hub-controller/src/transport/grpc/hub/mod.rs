@@ -35,6 +35,7 @@ mod granted;
 mod holding;
 mod index;
 mod mirror;
+mod parts;
 mod projects;
 mod relay;
 mod routes;
@@ -47,6 +48,7 @@ pub use granted::Granted;
 pub use holding::Holding;
 pub use index::{Decision, Index};
 pub use mirror::Mirrors;
+pub use parts::{HubParts, MakeTrees};
 pub use relay::CommandRelay;
 pub use routes::Routes;
 pub use workers::Workers;
@@ -56,10 +58,8 @@ use mirror::mirror_work;
 use super::claims::Claims;
 use super::cluster::{ClusterState, Item, Work};
 use super::config::GrpcConfig;
-use super::holders::Holders;
 use super::metrics::GrpcMetrics;
 use crate::status::AppWriter;
-use crate::status::trees::GrpcView;
 use crate::transport::grpc::assign::HubRef;
 use crate::watch::caches::{self, Caches};
 use crate::watch::watches::{Consumer, Event};
@@ -101,153 +101,7 @@ pub struct Hub {
     granted: Arc<Granted>,
 }
 
-/// Builds the tree writer once the transport it asks exists.
-pub type MakeTrees =
-    Box<dyn FnOnce(std::sync::Weak<dyn GrpcView>) -> Arc<crate::status::trees::Trees> + Send>;
-
-/// What a [`Hub`] is built from: everything it works with is known before
-/// it starts, so nothing is wired into it afterwards.
-pub struct HubParts {
-    pub config: GrpcConfig,
-    pub client: kube::Client,
-    pub metrics: GrpcMetrics,
-    /// The hub's one set of caches; they must be fed by
-    /// [`crate::watch::watches`] with [`Scope::grpc`](crate::watch::watches::Scope)
-    /// and this hub among the consumers.
-    pub caches: Caches,
-    /// With several replicas: who writes for a cluster.
-    pub claims: Option<Arc<Claims>>,
-    /// The record of what each agent holds (decides keys with it).
-    pub holders: Option<Arc<Holders>>,
-    /// The record of what the hub authorized; its changes make the
-    /// sessions send their project sets again.
-    pub authorized: Option<Arc<crate::authorized::Records>>,
-    /// Builds the writer of the trees agents report (capability
-    /// `trees`), given what it asks of this transport.
-    pub trees: Option<MakeTrees>,
-    /// The live endpoint's URL when it serves argocd-server: agents are
-    /// offered `live-views`.
-    pub live_url: Option<String>,
-}
-
-impl HubParts {
-    /// The parts of a transport with one replica, no record of holders or
-    /// grants, no trees and no live endpoint.
-    pub fn new(
-        config: GrpcConfig,
-        client: kube::Client,
-        metrics: GrpcMetrics,
-        caches: Caches,
-    ) -> Self {
-        Self {
-            config,
-            client,
-            metrics,
-            caches,
-            claims: None,
-            holders: None,
-            authorized: None,
-            trees: None,
-            live_url: None,
-        }
-    }
-}
-
 impl Hub {
-    /// The transport of `parts`.
-    pub fn new(parts: HubParts) -> Arc<Self> {
-        let HubParts {
-            config,
-            client,
-            metrics,
-            caches,
-            claims,
-            holders,
-            authorized,
-            trees,
-            live_url,
-        } = parts;
-        let queue = WorkQueue::new();
-        let writer = AppWriter::new(client.clone());
-        let clusters = Arc::new(Clusters::new(metrics.delivery.clone()));
-        let routes = Arc::new(Routes::new(
-            caches.clone(),
-            config.authorization.clone(),
-            clusters.clone(),
-            queue.clone(),
-        ));
-        let relay = Arc::new(CommandRelay::new(writer.clone()));
-        let mirrors = Arc::new(Mirrors {
-            client: client.clone(),
-            caches: caches.clone(),
-            writer: writer.clone(),
-            metrics: metrics.clone(),
-            clusters: clusters.clone(),
-            relay: relay.clone(),
-        });
-        let acting = Arc::new(Acting::new(
-            clusters.clone(),
-            routes.clone(),
-            mirrors.clone(),
-            queue.clone(),
-            claims,
-        ));
-        let holding = Arc::new(Holding::new(
-            routes.clone(),
-            clusters.clone(),
-            caches.clone(),
-            acting.clone(),
-            holders,
-        ));
-        let granted = Arc::new(Granted::new(
-            routes.clone(),
-            clusters.clone(),
-            authorized.clone(),
-        ));
-        let workers = Arc::new(Workers {
-            granted: granted.clone(),
-            routes: routes.clone(),
-            clusters: clusters.clone(),
-            caches: caches.clone(),
-            writer: writer.clone(),
-            metrics: metrics.clone(),
-            queue: queue.clone(),
-            acting: acting.clone(),
-            relay,
-            mirrors,
-        });
-        Arc::new_cyclic(|me: &std::sync::Weak<Hub>| {
-            if let Some(records) = &authorized {
-                let me = me.clone();
-                records.on_change(move |_, _, _| {
-                    if let Some(hub) = me.upgrade() {
-                        hub.project_or_credential_changed();
-                    }
-                });
-            }
-            let trees = trees.map(|make| make(me.clone()));
-            Self {
-                me: me.clone(),
-                writer,
-                caches,
-                config,
-                client,
-                metrics,
-                queue,
-                next_session: AtomicU64::new(1),
-                routes,
-                clusters,
-                workers,
-                acting,
-                holding,
-                projects_epoch: watch::channel(0).0,
-                trees,
-                live_url: live_url.map(|u| u.trim_end_matches('/').to_string()),
-                granted,
-            }
-        })
-    }
-
     /// Queues `work` for the writers (a hub Application to look at again,
     /// or a mirror).
     pub fn enqueue(&self, work: Work) {
@@ -529,25 +383,6 @@ impl Hub {
     /// See [`Holding::keep_holders`].
     pub async fn keep_holders(self: Arc<Self>) {
         self.holding.clone().keep_holders().await;
-    }
-}
-
-/// What the tree writer asks of the transport.
-impl GrpcView for Hub {
-    fn grpc_cluster(&self, r: &HubRef) -> Option<String> {
-        Hub::grpc_cluster(self, r)
-    }
-
-    fn acts_for(&self, cluster: &str) -> bool {
-        Hub::acts_for(self, cluster)
-    }
-
-    fn granted_to(&self, cluster: &str, key: &ObjectKey, hub_uid: Option<&str>) -> bool {
-        Hub::granted_to(self, cluster, key, hub_uid)
-    }
-
-    fn live_url(&self) -> Option<&str> {
-        Hub::live_url(self)
     }
 }
 
