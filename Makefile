@@ -23,11 +23,12 @@ build:
 fmt:
 	$(CARGO) fmt --all
 
-## lint: formatting, the crates' layers (test/tools/check-layers.sh), clippy and rustdoc with warnings as errors
+## lint: formatting, the crates' layers (test/tools/check-layers.sh), the hub-controller's module layers and import circles (test/tools/check-modules.sh), clippy and rustdoc with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
 	@for f in test/tools/*.sh; do bash -n "$$f" || exit 1; done
 	@bash test/tools/check-layers.sh
+	@bash test/tools/check-modules.sh hub-controller
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 

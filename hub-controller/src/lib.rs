@@ -249,32 +249,58 @@ async fn run_controllers(
         projects: authorization.projects.clone(),
         credentials: args.project_credentials,
     });
-    let grpc = grpc_config
-        .map(|config| grpc::Hub::new(config, client.clone(), grpc_metrics, watches.caches()));
-    let trees = tree_redis.map(|redis| {
+    let make_trees = tree_redis.map(|redis| {
         tracing::info!(
             redis = redis.addr(),
             "writing the hub copies' resource trees for the hub's argocd-server"
         );
-        status::trees::Trees::new(redis, watches.caches(), &args.argocd_namespace, &args.trees)
+        let (caches, namespace, tree_args) = (
+            watches.caches(),
+            args.argocd_namespace.clone(),
+            args.trees.clone(),
+        );
+        move |grpc| status::trees::Trees::new(redis, caches, &namespace, &tree_args, grpc)
     });
-    if let (Some(hub), Some(trees)) = (&grpc, &trees) {
-        hub.set_trees(trees.clone());
-    }
-    let mut holding = None;
-    if let Some(hub) = &grpc {
-        // Before the index is built and before the ManifestWork transport
-        // decides anything: a key an agent holds is not handed to an older
-        // claimant while the record is still on its way.
-        let holders = grpc::holders::Holders::new(client.clone(), &args.leader.namespace);
-        hub.set_holders(holders.clone());
-        let watching = tokio::spawn(holders.clone().watch());
-        holding = Some((holders, watching));
-    }
+    // The record of what each agent holds, given to the hub before its
+    // index is built and before the ManifestWork transport decides
+    // anything: a key an agent holds is not handed to an older claimant
+    // while the record is still on its way.
+    let holders = grpc_config
+        .is_some()
+        .then(|| grpc::holders::Holders::new(client.clone(), &args.leader.namespace));
     // The record of what the hub authorized, read before the index is
     // built and any project is sent: a copy kept after a refusal keeps
     // the project it was delivered with, and only that.
     let records = authorized::Records::new(client.clone(), &args.leader.namespace);
+    let live = args.live.enabled()?;
+    // The tree writer asks the gRPC transport which copies it delivers, so
+    // with one the transport builds it.
+    let (grpc, trees) = match grpc_config {
+        Some(config) => {
+            let hub = grpc::Hub::new(grpc::hub::HubParts {
+                config,
+                client: client.clone(),
+                metrics: grpc_metrics,
+                caches: watches.caches(),
+                claims: claims.clone(),
+                holders: holders.clone(),
+                authorized: Some(records.clone()),
+                trees: make_trees
+                    .map(|make| -> grpc::hub::MakeTrees { Box::new(move |view| make(Some(view))) }),
+                live_url: live.then(|| args.live.live_url.clone()).flatten(),
+            });
+            let trees = hub.trees().cloned();
+            (Some(hub), trees)
+        }
+        None => (None, make_trees.map(|make| make(None))),
+    };
+    let publishing_fleet = grpc
+        .as_ref()
+        .map(|hub| tokio::spawn(hub.clone().publish_fleet()));
+    let holding = holders.map(|holders| {
+        let watching = tokio::spawn(holders.clone().watch());
+        (holders, watching)
+    });
     let recording = tokio::spawn(records.clone().watch());
     // Both first lists at once.
     let holders_listed = async {
@@ -289,12 +315,8 @@ async fn run_controllers(
         }
         _ => None,
     };
-    if let Some(hub) = &grpc {
-        hub.set_authorized(records.clone());
-    }
     let mut claiming = None;
     if let (Some(hub), Some(claims)) = (&grpc, &claims) {
-        hub.set_claims(claims.clone());
         claiming = Some((
             tokio::spawn(claims.clone().run(shutdown.clone().wait())),
             tokio::spawn(hub.clone().follow_claims()),
@@ -335,24 +357,21 @@ async fn run_controllers(
         }
         None => None,
     };
-    let live_server = match (&grpc, args.live.enabled()?) {
+    let live_server = match (&grpc, live) {
         (_, false) => None,
         (None, true) => {
             anyhow::bail!("the live endpoint (--live-addr) needs the gRPC transport (--grpc-addr)")
         }
-        (Some(hub), true) => {
-            hub.set_live_views(args.live.live_url.as_deref().expect("enabled"));
-            Some(
-                grpc::live::serve(
-                    hub.clone(),
-                    &args.live,
-                    hub.config.tls.cert.clone(),
-                    hub.config.tls.key.clone(),
-                    shutdown.clone().wait(),
-                )
-                .await?,
+        (Some(hub), true) => Some(
+            grpc::live::serve(
+                hub.clone(),
+                &args.live,
+                hub.config.tls.cert.clone(),
+                hub.config.tls.key.clone(),
+                shutdown.clone().wait(),
             )
-        }
+            .await?,
+        ),
     };
     let ctx = manifestwork::Context::new(
         client.clone(),
@@ -428,6 +447,9 @@ async fn run_controllers(
         following.abort();
     }
     recording.abort();
+    if let Some(p) = publishing_fleet {
+        p.abort();
+    }
     if let Some((watching, keeping)) = holding {
         watching.abort();
         keeping.abort();

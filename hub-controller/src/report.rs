@@ -74,9 +74,8 @@ impl StatusPage {
                 let Some((mode, agent)) = cs.agent() else {
                     continue;
                 };
-                let label = hub.metrics.cluster(&cs.name);
-                let last_seen = hub.metrics.last_seen.get(&label).map(|g| g.get());
-                let lag_seconds = hub.metrics.lag.get(&label).map_or(0.0, |g| g.get());
+                let last_seen = cs.last_seen();
+                let lag_seconds = cs.lag().0;
                 report.agents.push(AgentReport {
                     cluster: cs.name.clone(),
                     mode: mode_name(mode).into(),

@@ -96,12 +96,12 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
         grpc: true,
         ..Scope::default()
     });
-    let hub = grpc::Hub::new(
+    let hub = grpc::Hub::new(grpc::hub::HubParts::new(
         config,
         slow.clone(),
         GrpcMetrics::default(),
         watches.caches(),
-    );
+    ));
     let (stop, shutdown) = argocd_pull_runtime::shutdown::channel();
     let caches = watches.caches();
     tokio::spawn(watches.run(slow.clone(), vec![hub.clone()], shutdown.clone().wait()));

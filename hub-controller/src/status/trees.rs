@@ -32,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write as _;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use argocd_pull_core::status::tree;
@@ -41,11 +41,30 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
-use crate::transport::grpc;
+use crate::route::HubRef;
 use crate::watch::cached::CachedApp;
 use crate::watch::caches::Caches;
 use crate::watch::watches::{Consumer, Event};
 use argocd_pull_runtime::redis::{self, Redis};
+
+/// What the tree writer asks of the gRPC transport, which implements it:
+/// the writer depends on this and not on the transport.
+pub trait GrpcView: Send + Sync {
+    /// The cluster the hub copy `r` is delivered to over gRPC, if it is.
+    fn grpc_cluster(&self, r: &HubRef) -> Option<String>;
+    /// Whether this replica writes for `cluster`.
+    fn acts_for(&self, cluster: &str) -> bool;
+    /// Whether the hub's record grants `key` on `cluster` to the hub copy
+    /// of uid `hub_uid`.
+    fn granted_to(
+        &self,
+        cluster: &str,
+        key: &argocd_pull_proto::v1::ObjectKey,
+        hub_uid: Option<&str>,
+    ) -> bool;
+    /// The live endpoint's URL, when it serves argocd-server.
+    fn live_url(&self) -> Option<&str>;
+}
 
 /// How the trees reach argocd-server's Redis.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -125,11 +144,19 @@ pub struct Trees {
     reported: Mutex<HashMap<ObjectRef<CachedApp>, Reported>>,
     /// The gRPC transport: which copies it delivers, to which cluster, and
     /// whether this replica writes for that cluster.
-    grpc: OnceLock<Weak<grpc::Hub>>,
+    grpc: Option<Weak<dyn GrpcView>>,
 }
 
 impl Trees {
-    pub fn new(redis: Redis, caches: Caches, argocd_namespace: &str, args: &TreeArgs) -> Arc<Self> {
+    /// The writer into `redis`; with the gRPC transport, `grpc` tells it
+    /// which copies that transport delivers.
+    pub fn new(
+        redis: Redis,
+        caches: Caches,
+        argocd_namespace: &str,
+        args: &TreeArgs,
+        grpc: Option<Weak<dyn GrpcView>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             redis,
             caches,
@@ -140,13 +167,8 @@ impl Trees {
             wake: Notify::new(),
             last: Mutex::default(),
             reported: Mutex::default(),
-            grpc: OnceLock::new(),
+            grpc,
         })
-    }
-
-    /// Tells the writer which copies the gRPC transport delivers.
-    pub fn set_grpc(&self, hub: &Arc<grpc::Hub>) {
-        let _ = self.grpc.set(Arc::downgrade(hub));
     }
 
     /// The tree and managed resources the agent of `cluster` reported for
@@ -221,7 +243,7 @@ impl Trees {
     /// cluster's Secret on the live endpoint.
     fn opens_live_views(&self, app: &CachedApp, cluster: &str) -> bool {
         self.grpc
-            .get()
+            .as_ref()
             .and_then(std::sync::Weak::upgrade)
             .is_some_and(|hub| {
                 hub.live_url().is_some_and(|url| {
@@ -302,8 +324,8 @@ impl Trees {
         let namespace = key.namespace.as_deref().unwrap_or_default();
         let instance = tree::instance_name(namespace, &key.name, &self.argocd_namespace);
         let app = self.caches.apps.get(key);
-        let hub = self.grpc.get().and_then(Weak::upgrade);
-        let hub_ref = crate::route::HubRef {
+        let hub = self.grpc.as_ref().and_then(Weak::upgrade);
+        let hub_ref = HubRef {
             namespace: namespace.to_string(),
             name: key.name.clone(),
         };

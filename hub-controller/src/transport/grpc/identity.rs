@@ -222,6 +222,13 @@ pub fn cert_info(der: &[u8]) -> Result<CertInfo, IdentityError> {
     })
 }
 
+/// When the certificate `der` expires (Unix time), whatever its subject.
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    X509Certificate::from_der(der)
+        .ok()
+        .map(|(_, cert)| cert.validity().not_after.timestamp())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,8 +35,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 
-use super::Hub;
 use super::cluster::live::{ShareLimits, Unavailable};
+use super::hub::Hub;
 use files::{Reloaded, load_tls, load_tokens};
 
 mod args;

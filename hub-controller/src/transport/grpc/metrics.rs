@@ -7,11 +7,13 @@
 //! five gauges per cluster are exported (docs/operations.md, Metrics).
 //!
 //! The per-cluster gauges are kept either way: the status page
-//! ([`crate::report`]) reads them, and the fleet figures are summed from
-//! the clusters' state at each scrape (`Fleet`).
+//! ([`crate::report`]) reads them. The fleet figures are plain values that
+//! the transport sets ([`GrpcMetrics::set_fleet`], and the serving
+//! certificate's expiry when the TLS layer loads it); a scrape reads them
+//! and nothing else.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -23,8 +25,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use super::hub::Hub;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabel {
@@ -111,8 +111,8 @@ pub struct GrpcMetrics {
     pub denied_certificates: Gauge,
     /// Reads of the live endpoint, by who answered.
     pub live_reads: Family<AnswerLabel, Counter>,
-    /// The transport whose clusters the fleet figures are taken from.
-    hub: Arc<OnceLock<Weak<Hub>>>,
+    /// The fleet figures as last set, read by the scrape.
+    fleet: Arc<Mutex<Figures>>,
 }
 
 impl Default for GrpcMetrics {
@@ -141,7 +141,7 @@ impl Default for GrpcMetrics {
             connections_dropped: Counter::default(),
             denied_certificates: Gauge::default(),
             live_reads: Family::default(),
-            hub: Arc::default(),
+            fleet: Arc::default(),
         }
     }
 }
@@ -162,7 +162,9 @@ impl GrpcMetrics {
         }
         m.register_delivery(r);
         m.register_connections(r);
-        r.register_collector(Box::new(Fleet { hub: m.hub.clone() }));
+        r.register_collector(Box::new(Fleet {
+            figures: m.fleet.clone(),
+        }));
         m
     }
 
@@ -296,9 +298,22 @@ impl GrpcMetrics {
         }
     }
 
-    /// The fleet figures come from `hub`'s clusters from now on.
-    pub(crate) fn bind(&self, hub: Weak<Hub>) {
-        let _ = self.hub.set(hub);
+    /// The fleet figures as they stand now (the serving certificate's
+    /// expiry aside: [`GrpcMetrics::serving_certificate`] sets it).
+    pub fn set_fleet(&self, figures: FleetFigures) {
+        self.fleet.lock().expect("never poisoned").fleet = figures;
+    }
+
+    /// The serving certificate in use expires at `not_after` (Unix time;
+    /// `None`: unreadable).
+    pub fn serving_certificate(&self, not_after: Option<i64>) {
+        self.fleet.lock().expect("never poisoned").serving_not_after = not_after;
+    }
+
+    /// What the serving certificate's gauge shows.
+    #[cfg(test)]
+    pub(crate) fn serving_not_after(&self) -> Option<i64> {
+        self.fleet.lock().expect("never poisoned").serving_not_after
     }
 
     pub fn message(&self, cluster: &str, direction: &'static str, kind: &'static str) {
@@ -356,7 +371,7 @@ impl GrpcMetrics {
 }
 
 /// What the fleet-level gauges say, summed over one replica's clusters
-/// when scraped (`Hub::fleet`).
+/// by the transport.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FleetFigures {
     pub connected: i64,
@@ -366,15 +381,22 @@ pub struct FleetFigures {
     pub pending: i64,
     pub control_queue: i64,
     pub queue_depth: i64,
-    /// Unix times; `None` when there is nothing to say.
-    pub serving_not_after: Option<i64>,
+    /// Unix time; `None` when no agent is connected.
     pub agent_not_after: Option<i64>,
 }
 
-/// The fleet-level gauges, computed at each scrape.
+/// The values the fleet-level gauges show.
+#[derive(Debug, Default)]
+struct Figures {
+    fleet: FleetFigures,
+    /// Unix time; `None` before a serving certificate is loaded.
+    serving_not_after: Option<i64>,
+}
+
+/// The fleet-level gauges: the figures as last set.
 #[derive(Debug)]
 struct Fleet {
-    hub: Arc<OnceLock<Weak<Hub>>>,
+    figures: Arc<Mutex<Figures>>,
 }
 
 /// A gauge of one value, or with no sample when `v` is `None`.
@@ -393,12 +415,10 @@ fn gauge<N: EncodeGaugeValue>(
 
 impl Collector for Fleet {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let f = self
-            .hub
-            .get()
-            .and_then(Weak::upgrade)
-            .map(|hub| hub.fleet())
-            .unwrap_or_default();
+        let (f, serving_not_after) = {
+            let figures = self.figures.lock().expect("never poisoned");
+            (figures.fleet.clone(), figures.serving_not_after)
+        };
         let e = &mut encoder;
         gauge(
             e,
@@ -446,7 +466,7 @@ impl Collector for Fleet {
             e,
             "serving_certificate_expiry_timestamp_seconds",
             "Unix time at which the gRPC serving certificate expires",
-            f.serving_not_after,
+            serving_not_after,
         )?;
         gauge(
             e,

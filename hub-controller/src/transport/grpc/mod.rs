@@ -22,6 +22,7 @@ pub mod assign;
 pub mod claims;
 pub mod cluster;
 pub mod commands;
+mod config;
 pub mod holders;
 pub mod hub;
 pub mod identity;
@@ -48,10 +49,11 @@ use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::route::authz::Authorization;
+pub use config::{GrpcConfig, Limits};
 pub use hub::Hub;
 use identity::{IdentityError, IdentityMap, Pattern, Peer, cert_info, fingerprint};
 use metrics::UNVERIFIED;
-use revoke::DenyList;
+use revoke::{DenyList, Refusal, RefusalCode};
 
 /// Flags of the gRPC transport (documented in docs/grpc.md).
 #[derive(Args, Clone, Debug)]
@@ -245,18 +247,6 @@ pub struct LimitArgs {
     pub max_mirror_bytes_per_cluster: u64,
 }
 
-/// The limits, as the server uses them.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    pub handshakes: tls::HandshakeLimits,
-    pub max_streams_per_connection: u32,
-    pub max_connection_age: Duration,
-    pub max_connection_age_grace: Duration,
-    pub max_header_list_bytes: u32,
-    pub control_queue: usize,
-    pub mirrors: cluster::held::MirrorLimits,
-}
-
 impl LimitArgs {
     pub fn limits(&self) -> Limits {
         Limits {
@@ -331,25 +321,6 @@ impl GrpcArgs {
     }
 }
 
-#[derive(Clone, Debug)]
-pub struct GrpcConfig {
-    pub addr: SocketAddr,
-    pub tls: tls::TlsFiles,
-    pub identities: IdentityMap,
-    pub heartbeat: Duration,
-    pub heartbeat_min: Duration,
-    pub digest_interval: Duration,
-    pub workers: usize,
-    pub authorization: Authorization,
-    pub limits: Limits,
-    /// Shared by every holder of the configuration: the deny list in force,
-    /// kept by [`revoke::run_deny_list`].
-    pub deny_list: Arc<DenyList>,
-    /// Shared likewise: the certificates issued on each cluster's own
-    /// request, kept by [`issued::run`] and [`issued::lead`].
-    pub issued: Arc<issued::Issued>,
-}
-
 struct Service {
     hub: Arc<Hub>,
     shutdown: watch::Receiver<bool>,
@@ -357,6 +328,19 @@ struct Service {
 
 type ConnectStream =
     Pin<Box<dyn futures::Stream<Item = Result<HubMessage, Status>> + Send + 'static>>;
+
+/// A refusal as the agent reads it: the server's edge is where a decision
+/// becomes a gRPC status.
+impl From<Refusal> for Status {
+    fn from(r: Refusal) -> Self {
+        let code = match r.code {
+            RefusalCode::Unauthenticated => tonic::Code::Unauthenticated,
+            RefusalCode::PermissionDenied => tonic::Code::PermissionDenied,
+            RefusalCode::Unavailable => tonic::Code::Unavailable,
+        };
+        Status::new(code, r.message)
+    }
+}
 
 #[tonic::async_trait]
 impl Transport for Service {
@@ -386,17 +370,17 @@ impl Transport for Service {
         // can have any name signed).
         if let Err(d) = self.bound(&peer).await {
             let r = d.refusal;
-            tracing::warn!(cluster = %peer.cluster, certificate = %peer.fingerprint, requester = %d.requester, csr = %d.csr, reason = r.reason, message = %r.status.message(), "refused an agent: its certificate was not issued on the cluster's own request");
+            tracing::warn!(cluster = %peer.cluster, certificate = %peer.fingerprint, requester = %d.requester, csr = %d.csr, reason = r.reason, message = %r.message, "refused an agent: its certificate was not issued on the cluster's own request");
             self.hub.metrics.refuse(UNVERIFIED, r.reason);
-            return Err(r.status);
+            return Err(r.into());
         }
         // Every stream, not only the first of its connection: the
         // certificate may have expired, been denied, or its cluster
         // revoked since the handshake.
         if let Err(r) = self.hub.admit(&peer) {
-            tracing::warn!(cluster = %peer.cluster, certificate = %peer.fingerprint, reason = r.reason, message = %r.status.message(), "refused an agent's stream");
+            tracing::warn!(cluster = %peer.cluster, certificate = %peer.fingerprint, reason = r.reason, message = %r.message, "refused an agent's stream");
             self.hub.metrics.refuse(&peer.cluster, r.reason);
-            return Err(r.status);
+            return Err(r.into());
         }
         let (tx, rx) = tokio::sync::mpsc::channel(128);
         let hub = self.hub.clone();
@@ -458,10 +442,7 @@ pub async fn start(
     tracing::info!(addr = %listener.local_addr()?, "gRPC transport listening");
 
     let (stop, stopped) = watch::channel(false);
-    let deny_list = tokio::spawn(revoke::run_deny_list(
-        hub.clone(),
-        wait_for(stopped.clone()),
-    ));
+    let deny_list = tokio::spawn(hub::run_deny_list(hub.clone(), wait_for(stopped.clone())));
     let issued = tokio::spawn(issued::run(
         config.issued.clone(),
         hub.client.clone(),

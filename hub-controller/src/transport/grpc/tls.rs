@@ -31,7 +31,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
-use super::identity::{IdentityMap, cert_info};
+use super::identity::{self, IdentityMap, cert_info};
 use super::metrics::{GrpcMetrics, UNVERIFIED};
 
 /// Where the hub's TLS material is.
@@ -83,6 +83,7 @@ fn server_config(
         .map_err(|e| anyhow::anyhow!("{}: {e}", files.cert.display()))?;
     let key = PrivateKeyDer::from_pem_slice(&key)
         .map_err(|e| anyhow::anyhow!("{}: {e}", files.key.display()))?;
+    let not_after = chain.first().and_then(|c| identity::not_after(c));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     // A renewal replaces two files: read between the two, the certificate
     // is new and the key old (or the reverse). Never serve such a pair.
@@ -122,6 +123,8 @@ fn server_config(
         .with_single_cert(chain, key)
         .map_err(|e| anyhow::anyhow!("serving certificate {}: {e}", files.cert.display()))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
+    // The gauge tells of the certificate served, so only of a usable pair.
+    metrics.serving_certificate(not_after);
     Ok((Arc::new(config), fingerprint))
 }
 

@@ -313,6 +313,9 @@ pub struct ClusterState {
     /// A report changed what the agent holds under some key since the
     /// hub's record of it was last written ([`super::holders`]).
     holders_dirty: AtomicBool,
+    /// Unix time (the bits of an f64) of the last message from its agent
+    /// here; 0: none yet.
+    last_seen: AtomicU64,
 }
 
 /// One cluster as the fleet-level metrics see it ([`ClusterState::sample`]).
@@ -327,6 +330,8 @@ pub struct Sample {
     /// The hub wants Applications on the cluster (managed mode).
     pub wanted: bool,
     pub created: SystemTime,
+    /// Unix time of the last message from its agent here.
+    pub last_seen: Option<f64>,
 }
 
 impl ClusterState {
@@ -345,6 +350,7 @@ impl ClusterState {
             created: SystemTime::now(),
             delivery,
             holders_dirty: AtomicBool::new(false),
+            last_seen: AtomicU64::new(0),
         }
     }
 
@@ -365,6 +371,7 @@ impl ClusterState {
             control: inner.control.len(),
             wanted: !inner.desired.is_empty(),
             created: self.created,
+            last_seen: self.last_seen(),
         }
     }
 

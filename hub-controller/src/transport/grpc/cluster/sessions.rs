@@ -5,6 +5,7 @@
 //! and the ways the hub ends a session from outside: revoking the cluster,
 //! denying its certificate.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use argocd_pull_proto::v1::{
@@ -17,6 +18,17 @@ use super::{
 };
 
 impl ClusterState {
+    /// Its agent was heard from at `unix` (seconds).
+    pub fn seen(&self, unix: f64) {
+        self.last_seen.store(unix.to_bits(), Ordering::Relaxed);
+    }
+
+    /// When its agent was last heard from here (Unix seconds).
+    pub fn last_seen(&self) -> Option<f64> {
+        let bits = self.last_seen.load(Ordering::Relaxed);
+        (bits != 0).then(|| f64::from_bits(bits))
+    }
+
     /// Attaches a new session; a previous one is told to stop. What was in
     /// flight on the old stream goes back to the outbox.
     pub fn attach(&self, id: u64, mode: AgentMode) -> watch::Receiver<Option<Stop>> {

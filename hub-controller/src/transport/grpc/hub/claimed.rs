@@ -4,7 +4,7 @@
 //! writes depend on is looked at again whenever who acts for it changes.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use argocd_pull_runtime::telemetry::{self, SpanName};
 use argocd_pull_runtime::workqueue::WorkQueue;
@@ -19,8 +19,8 @@ use super::routes::Routes;
 /// Which clusters this replica acts for, and what follows when that
 /// changes.
 pub struct Acting {
-    /// Set with several replicas: who writes for a cluster.
-    claims: OnceLock<Arc<Claims>>,
+    /// With several replicas: who writes for a cluster.
+    claims: Option<Arc<Claims>>,
     clusters: Arc<Clusters>,
     routes: Arc<Routes>,
     mirrors: Arc<Mirrors>,
@@ -28,14 +28,17 @@ pub struct Acting {
 }
 
 impl Acting {
+    /// With `claims` (several replicas serve gRPC) this replica writes for
+    /// a cluster only while [`Claims::acts_for`] says so; without, always.
     pub fn new(
         clusters: Arc<Clusters>,
         routes: Arc<Routes>,
         mirrors: Arc<Mirrors>,
         queue: WorkQueue<Work>,
+        claims: Option<Arc<Claims>>,
     ) -> Self {
         Self {
-            claims: OnceLock::new(),
+            claims,
             clusters,
             routes,
             mirrors,
@@ -43,25 +46,19 @@ impl Acting {
         }
     }
 
-    /// From now on this replica writes for a cluster only while
-    /// [`Claims::acts_for`] says so (several replicas serve gRPC).
-    pub fn set_claims(&self, claims: Arc<Claims>) {
-        let _ = self.claims.set(claims);
-    }
-
     pub fn claims(&self) -> Option<&Arc<Claims>> {
-        self.claims.get()
+        self.claims.as_ref()
     }
 
     /// Whether this replica writes for `cluster` (always, with one replica).
     pub fn acts_for(&self, cluster: &str) -> bool {
-        self.claims.get().is_none_or(|c| c.acts_for(cluster))
+        self.claims.as_ref().is_none_or(|c| c.acts_for(cluster))
     }
 
     /// Session `id` of `cluster` attached here: claims the cluster in the
     /// background, for as long as that session is the current one.
     pub fn claim_for(&self, cluster: &str, cs: &Arc<ClusterState>, id: u64) {
-        let Some(claims) = self.claims.get().cloned() else {
+        let Some(claims) = self.claims.as_ref().cloned() else {
             return;
         };
         let (cluster, cs) = (cluster.to_string(), cs.clone());
@@ -82,7 +79,7 @@ impl Acting {
     /// A session of `cluster` ended here: unless another one attached
     /// meanwhile, forget what its agent reported and let go of the claim.
     pub fn session_ended(&self, cluster: &str, cs: &Arc<ClusterState>) {
-        let Some(claims) = self.claims.get().cloned() else {
+        let Some(claims) = self.claims.as_ref().cloned() else {
             return;
         };
         let (cluster, cs) = (cluster.to_string(), cs.clone());
@@ -103,7 +100,7 @@ impl Acting {
     /// a holder asked to let go ends its (stale) session; a replica that no
     /// longer acts forgets; the cluster's work is looked at again.
     pub async fn follow_claims(self: Arc<Self>) {
-        let Some(claims) = self.claims.get().cloned() else {
+        let Some(claims) = self.claims.as_ref().cloned() else {
             return;
         };
         let Some(mut changes) = claims.changes() else {

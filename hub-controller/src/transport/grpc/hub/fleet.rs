@@ -1,24 +1,37 @@
 //! The fleet-level figures of one replica's gRPC transport, summed over
-//! its clusters when `/metrics` is scraped ([`super::super::metrics`]):
-//! a scrape costs one short lock per cluster, and the series do not grow
-//! with the fleet.
+//! its clusters every [`FLEET_EVERY`] and set on the gauges of
+//! [`super::super::metrics`]: a pass costs one short lock per cluster, a
+//! scrape reads the figures alone, and the series do not grow with the
+//! fleet.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::super::metrics::FleetFigures;
 use super::Hub;
-use crate::certs::pki;
+
+/// How often the fleet figures are summed: ages (lag, time without an
+/// agent) move with the clock, so they are taken at a pace well under a
+/// scrape interval rather than on each change.
+pub const FLEET_EVERY: Duration = Duration::from_secs(1);
 
 impl Hub {
+    /// Sets the fleet gauges every `FLEET_EVERY` (a second), for as long as
+    /// it runs.
+    pub async fn publish_fleet(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(FLEET_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.metrics.set_fleet(self.fleet());
+        }
+    }
+
     /// The figures as they stand.
     pub(crate) fn fleet(&self) -> FleetFigures {
         let now = unix(SystemTime::now());
         let mut f = FleetFigures {
             queue_depth: self.queue.len() as i64,
-            serving_not_after: std::fs::read_to_string(&self.config.tls.cert)
-                .ok()
-                .and_then(|pem| pki::validity(&pem))
-                .map(|v| unix(v.not_after) as i64),
             ..FleetFigures::default()
         };
         for cs in self.clusters() {
@@ -40,11 +53,7 @@ impl Hub {
                 f.agent_not_after = Some(f.agent_not_after.map_or(not_after, |t| t.min(not_after)));
                 continue;
             }
-            let last_seen = self
-                .metrics
-                .last_seen
-                .get(&self.metrics.cluster(&cs.name))
-                .map(|g| g.get());
+            let last_seen = s.last_seen;
             // A cluster whose agent is elsewhere is that replica's to count.
             if (s.wanted || last_seen.is_some()) && counted_here {
                 f.disconnected += 1;
@@ -78,6 +87,7 @@ mod tests {
     use super::super::super::claims::{Claims, ClaimsConfig};
     use super::super::super::cluster::{Agent, Item};
     use super::super::super::metrics::GrpcMetrics;
+    use super::super::HubParts;
     use super::*;
     use crate::watch::watches::{Scope, Watches};
 
@@ -86,6 +96,16 @@ mod tests {
     /// A transport nobody connects to, its metrics in `registry`, its
     /// serving certificate `cert`.
     fn hub(registry: &mut Registry, per_cluster: bool, cert: &Path) -> Arc<Hub> {
+        hub_with(registry, per_cluster, cert, None)
+    }
+
+    /// [`hub`] with `claims` (several replicas).
+    fn hub_with(
+        registry: &mut Registry,
+        per_cluster: bool,
+        cert: &Path,
+        claims: Option<Arc<Claims>>,
+    ) -> Arc<Hub> {
         let args = crate::Args::parse_from([
             "hub-controller".to_string(),
             "--grpc-addr=127.0.0.1:0".to_string(),
@@ -98,7 +118,10 @@ mod tests {
             grpc: true,
             ..Scope::default()
         });
-        Hub::new(config, client, metrics, watches.caches())
+        Hub::new(HubParts {
+            claims,
+            ..HubParts::new(config, client, metrics, watches.caches())
+        })
     }
 
     /// A client of an API server that is not there (nothing here calls
@@ -128,6 +151,7 @@ mod tests {
             ..Agent::default()
         };
         cs.attach_as(i as u64, AgentMode::Managed, agent).unwrap();
+        cs.seen(now());
         let m = &hub.metrics;
         let l = m.cluster(&name);
         m.connected.get_or_create(&l).set(1);
@@ -182,6 +206,7 @@ mod tests {
         for i in 0..CLUSTERS {
             connect(&hub, i);
         }
+        hub.metrics.set_fleet(hub.fleet());
         let mut encode = Duration::MAX;
         for _ in 0..5 {
             let mut text = String::new();
@@ -261,13 +286,9 @@ mod tests {
         connect(&hub, 3);
         let gone = hub.cluster("cluster-00003");
         gone.detach(3);
-        hub.metrics
-            .last_seen
-            .get_or_create(&hub.metrics.cluster("cluster-00003"))
-            .set(now() - 100.0);
+        gone.seen(now() - 100.0);
         // A cluster this replica only heard of (no Applications, no agent).
         hub.cluster("bystander");
-        write_serving_cert(&cert);
         let f = hub.fleet();
         assert_eq!(f.connected, 2);
         assert_eq!(f.disconnected, 1);
@@ -277,14 +298,19 @@ mod tests {
             f.disconnected_longest
         );
         assert_eq!(f.agent_not_after, Some(1_900_000_001));
-        assert!(f.serving_not_after.is_some_and(|t| t as f64 > now()));
-        // The gauges, as scraped.
+        // The gauges, as scraped: the figures as last set.
+        hub.metrics.set_fleet(f);
+        hub.metrics.serving_certificate(Some(2_000_000_000));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("grpc_agents_connected 2\n"), "{text}");
         assert!(text.contains("grpc_agents_disconnected 1\n"), "{text}");
         assert!(
             text.contains("grpc_agent_certificate_expiry_earliest_timestamp_seconds 1900000001"),
+            "{text}"
+        );
+        assert!(
+            text.contains("grpc_serving_certificate_expiry_timestamp_seconds 2000000000"),
             "{text}"
         );
     }
@@ -313,10 +339,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cert = dir.path().join("tls.crt");
         let mut registry = Registry::default();
-        let hub = hub(&mut registry, false, &cert);
         // Several replicas: this one holds no claim and does not lead yet.
         let claims = Claims::new(nowhere(), ClaimsConfig::new("argocd-pull", "replica-a"));
-        hub.set_claims(claims.clone());
+        let hub = hub_with(&mut registry, false, &cert, Some(claims.clone()));
 
         connect(&hub, 1);
         queue_one(&hub, "cluster-00001");

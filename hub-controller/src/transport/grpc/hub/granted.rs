@@ -4,7 +4,7 @@
 //! and credentials a cluster keeps, the commands sent to it, the resource
 //! trees that open live views of it).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use argocd_pull_proto::v1::ObjectKey;
 
@@ -16,23 +16,23 @@ use crate::route::transport::Transport;
 /// The record as the leader keeps it, the copies this replica delivered,
 /// and the decisions every replica makes alike.
 pub struct Granted {
-    records: OnceLock<Arc<Records>>,
+    records: Option<Arc<Records>>,
     routes: Arc<Routes>,
     clusters: Arc<Clusters>,
 }
 
 impl Granted {
-    pub fn new(routes: Arc<Routes>, clusters: Arc<Clusters>) -> Self {
+    /// Reads the leader's record from `records`, when given.
+    pub fn new(
+        routes: Arc<Routes>,
+        clusters: Arc<Clusters>,
+        records: Option<Arc<Records>>,
+    ) -> Self {
         Self {
-            records: OnceLock::new(),
+            records,
             routes,
             clusters,
         }
-    }
-
-    /// Reads the leader's record from `records` (set once).
-    pub fn set_records(&self, records: Arc<Records>) {
-        let _ = self.records.set(records);
     }
 
     /// `cluster`'s record as this replica has it now: the recorded grants
@@ -59,7 +59,7 @@ impl Granted {
     /// The record of `cluster`, of `only` that key when given.
     fn of(&self, cluster: &str, only: Option<&ObjectKey>) -> ClusterRecord {
         let spoke_key = |k: &ObjectKey| (k.namespace.clone(), k.name.clone());
-        let leased = self.records.get().map(|r| r.record(cluster).0);
+        let leased = self.records.as_ref().map(|r| r.record(cluster).0);
         let mut recorded: ClusterRecord = match (&leased, only) {
             (None, _) => ClusterRecord::new(),
             (Some(r), None) => (**r).clone(),

@@ -4,7 +4,7 @@
 //! keep it; a change of the record decides the key again.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use argocd_pull_proto::v1::ObjectKey;
@@ -26,7 +26,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// The record of what each agent holds, kept and followed.
 pub struct Holding {
-    holders: OnceLock<Arc<Holders>>,
+    holders: Option<Arc<Holders>>,
     routes: Arc<Routes>,
     clusters: Arc<Clusters>,
     caches: Caches,
@@ -34,14 +34,27 @@ pub struct Holding {
 }
 
 impl Holding {
+    /// With `holders`, keys are decided with the record, and a change of
+    /// it decides them again.
     pub fn new(
         routes: Arc<Routes>,
         clusters: Arc<Clusters>,
         caches: Caches,
         acting: Arc<Acting>,
+        holders: Option<Arc<Holders>>,
     ) -> Self {
+        if let Some(holders) = &holders {
+            let lookup = holders.clone();
+            routes.set_held_by(Arc::new(move |c, k| lookup.held_by(c, k)));
+            let routes = Arc::downgrade(&routes);
+            holders.on_holders_change(move |cluster, keys| {
+                if let Some(routes) = routes.upgrade() {
+                    holders_changed(&routes, cluster, keys);
+                }
+            });
+        }
         Self {
-            holders: OnceLock::new(),
+            holders,
             routes,
             clusters,
             caches,
@@ -49,34 +62,17 @@ impl Holding {
         }
     }
 
-    /// From now on keys are decided with `holders` (set once), and a change
-    /// of it decides them again.
-    pub fn set_holders(&self, holders: Arc<Holders>) {
-        if self.holders.set(holders.clone()).is_err() {
-            return;
-        }
-        let lookup = holders.clone();
-        self.routes
-            .set_held_by(Arc::new(move |c, k| lookup.held_by(c, k)));
-        let routes = Arc::downgrade(&self.routes);
-        holders.on_holders_change(move |cluster, keys| {
-            if let Some(routes) = routes.upgrade() {
-                holders_changed(&routes, cluster, keys);
-            }
-        });
-    }
-
     /// The uid of the hub Application `cluster`'s agent holds `key` for,
     /// as recorded.
     pub fn held_by(&self, cluster: &str, key: &ObjectKey) -> Option<String> {
-        self.holders.get()?.held_by(cluster, key)
+        self.holders.as_ref()?.held_by(cluster, key)
     }
 
     /// `cluster` left OCM: its record goes (a cluster joined again under
     /// the same name starts from its agent's reports). Every replica asks;
     /// the first delete wins, the others find nothing.
     pub fn forget_holders(&self, cluster: &str) {
-        let Some(holders) = self.holders.get().cloned() else {
+        let Some(holders) = self.holders.clone() else {
             return;
         };
         let cluster = cluster.to_string();
@@ -90,7 +86,7 @@ impl Holding {
     /// Writes the record of every cluster this replica acts for whose
     /// agent's holdings changed, until the process ends.
     pub async fn keep_holders(self: Arc<Self>) {
-        let Some(holders) = self.holders.get().cloned() else {
+        let Some(holders) = self.holders.clone() else {
             return;
         };
         self.routes.wait_built().await;

@@ -27,6 +27,7 @@ use kube::ResourceExt;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
+mod admission;
 mod claimed;
 mod clusters;
 mod fleet;
@@ -34,27 +35,29 @@ mod granted;
 mod holding;
 mod index;
 mod mirror;
+mod parts;
 mod projects;
 mod relay;
 mod routes;
 mod workers;
 
+pub use admission::run_deny_list;
 pub use claimed::Acting;
 pub use clusters::Clusters;
 pub use granted::Granted;
 pub use holding::Holding;
 pub use index::{Decision, Index};
 pub use mirror::Mirrors;
+pub use parts::{HubParts, MakeTrees};
 pub use relay::CommandRelay;
 pub use routes::Routes;
 pub use workers::Workers;
 
 use mirror::mirror_work;
 
-use super::GrpcConfig;
 use super::claims::Claims;
 use super::cluster::{ClusterState, Item, Work};
-use super::holders::Holders;
+use super::config::GrpcConfig;
 use super::metrics::GrpcMetrics;
 use crate::status::AppWriter;
 use crate::transport::grpc::assign::HubRef;
@@ -89,92 +92,16 @@ pub struct Hub {
     projects_epoch: watch::Sender<u64>,
     /// The writer of the hub copies' trees for argocd-server, when the hub
     /// writes them (`--argocd-redis`): agents are then offered `trees`.
-    trees: std::sync::OnceLock<Arc<crate::status::trees::Trees>>,
+    trees: Option<Arc<crate::status::trees::Trees>>,
     /// The live endpoint's URL when it serves argocd-server
     /// (`--live-addr`): agents are then offered `live-views`.
-    live_url: std::sync::OnceLock<String>,
+    live_url: Option<String>,
     /// The record of what the hub authorized, as the leader keeps it
     /// ([`crate::authorized`]), with what this replica delivered.
     granted: Arc<Granted>,
 }
 
 impl Hub {
-    /// A transport reading `caches`, which must be fed by
-    /// [`crate::watch::watches`] with [`Scope::grpc`](crate::watch::watches::Scope)
-    /// and this hub among the consumers.
-    pub fn new(
-        config: GrpcConfig,
-        client: kube::Client,
-        metrics: GrpcMetrics,
-        caches: Caches,
-    ) -> Arc<Self> {
-        let queue = WorkQueue::new();
-        let writer = AppWriter::new(client.clone());
-        let clusters = Arc::new(Clusters::new(metrics.delivery.clone()));
-        let routes = Arc::new(Routes::new(
-            caches.clone(),
-            config.authorization.clone(),
-            clusters.clone(),
-            queue.clone(),
-        ));
-        let relay = Arc::new(CommandRelay::new(writer.clone()));
-        let mirrors = Arc::new(Mirrors {
-            client: client.clone(),
-            caches: caches.clone(),
-            writer: writer.clone(),
-            metrics: metrics.clone(),
-            clusters: clusters.clone(),
-            relay: relay.clone(),
-        });
-        let acting = Arc::new(Acting::new(
-            clusters.clone(),
-            routes.clone(),
-            mirrors.clone(),
-            queue.clone(),
-        ));
-        let holding = Arc::new(Holding::new(
-            routes.clone(),
-            clusters.clone(),
-            caches.clone(),
-            acting.clone(),
-        ));
-        let granted = Arc::new(Granted::new(routes.clone(), clusters.clone()));
-        let workers = Arc::new(Workers {
-            granted: granted.clone(),
-            routes: routes.clone(),
-            clusters: clusters.clone(),
-            caches: caches.clone(),
-            writer: writer.clone(),
-            metrics: metrics.clone(),
-            queue: queue.clone(),
-            acting: acting.clone(),
-            relay,
-            mirrors,
-        });
-        Arc::new_cyclic(|me| {
-            metrics.bind(me.clone());
-            Self {
-                me: me.clone(),
-                writer,
-                caches,
-                config,
-                client,
-                metrics,
-                queue,
-                next_session: AtomicU64::new(1),
-                routes,
-                clusters,
-                workers,
-                acting,
-                holding,
-                projects_epoch: watch::channel(0).0,
-                trees: std::sync::OnceLock::new(),
-                live_url: std::sync::OnceLock::new(),
-                granted,
-            }
-        })
-    }
-
     /// Queues `work` for the writers (a hub Application to look at again,
     /// or a mirror).
     pub fn enqueue(&self, work: Work) {
@@ -266,7 +193,7 @@ impl Hub {
                 }
                 self.routes.app_event(e);
             }
-            // Revocation (see `super::super::revoke`): a cluster that left
+            // Revocation (see `admission`): a cluster that left
             // OCM is cut off at once; one whose addon was disabled once its
             // agent has let go of the Applications moving to ManifestWork.
             Event::Cluster(E::Delete(mc)) => {
@@ -380,11 +307,6 @@ impl Hub {
     // -----------------------------------------------------------------------
     // Several replicas: see [`Acting`] and [`Holding`]
 
-    /// See [`Acting::set_claims`].
-    pub fn set_claims(&self, claims: Arc<Claims>) {
-        self.acting.set_claims(claims);
-    }
-
     pub fn claims(&self) -> Option<&Arc<Claims>> {
         self.acting.claims()
     }
@@ -414,24 +336,13 @@ impl Hub {
         self.acting.requeue_all();
     }
 
-    /// Makes `trees` write the trees agents report (capability `trees`).
-    pub fn set_trees(self: &Arc<Self>, trees: Arc<crate::status::trees::Trees>) {
-        trees.set_grpc(self);
-        let _ = self.trees.set(trees);
-    }
-
     pub fn trees(&self) -> Option<&Arc<crate::status::trees::Trees>> {
-        self.trees.get()
-    }
-
-    /// Agents are offered `live-views`: the live endpoint serves at `url`.
-    pub fn set_live_views(&self, url: &str) {
-        let _ = self.live_url.set(url.trim_end_matches('/').to_string());
+        self.trees.as_ref()
     }
 
     /// The live endpoint's URL, when it serves.
     pub fn live_url(&self) -> Option<&str> {
-        self.live_url.get().map(String::as_str)
+        self.live_url.as_deref()
     }
 
     /// What this hub offers agents: every capability of the release,
@@ -459,26 +370,9 @@ impl Hub {
         offer
     }
 
-    /// Reads the record of what the hub authorized from `records`; its
-    /// changes make the sessions send their project sets again.
-    pub fn set_authorized(self: &Arc<Self>, records: Arc<crate::authorized::Records>) {
-        let me = Arc::downgrade(self);
-        records.on_change(move |_, _, _| {
-            if let Some(hub) = me.upgrade() {
-                hub.project_or_credential_changed();
-            }
-        });
-        self.granted.set_records(records);
-    }
-
     /// See [`Granted::owned_by`].
     pub fn granted_to(&self, cluster: &str, key: &ObjectKey, hub_uid: Option<&str>) -> bool {
         self.granted.owned_by(cluster, key, hub_uid)
-    }
-
-    /// See [`Holding::set_holders`].
-    pub fn set_holders(&self, holders: Arc<Holders>) {
-        self.holding.set_holders(holders);
     }
 
     /// See [`Holding::held_by`].

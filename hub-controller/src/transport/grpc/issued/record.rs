@@ -12,9 +12,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use tonic::Status;
 
-use super::super::revoke::Refusal;
+use super::super::revoke::{Refusal, RefusalCode};
 use super::requester::Issue;
 
 /// Number of record ConfigMaps. Never change it: the hash of a cluster
@@ -204,13 +203,14 @@ pub fn decide(cert: &Presented<'_>, known: &Known<'_>, now: i64) -> Result<Accep
     let fp = cert.fingerprint;
     if let Some((issue, why)) = known.refused {
         return Err(Denied {
-            refusal: Refusal {
-                reason: "certificate-not-requested-by-cluster",
-                status: Status::permission_denied(format!(
+            refusal: Refusal::new(
+                "certificate-not-requested-by-cluster",
+                RefusalCode::PermissionDenied,
+                format!(
                     "the client certificate (SHA-256 {fp}) names cluster {cluster}, but it was issued on CSR {} and {why}: a certificate counts only when the cluster's own OCM identity asked for it",
                     issue.csr
-                )),
-            },
+                ),
+            ),
             requester: issue.requester.clone(),
             csr: issue.csr.clone(),
         });
@@ -232,12 +232,11 @@ pub fn decide(cert: &Presented<'_>, known: &Known<'_>, now: i64) -> Result<Accep
     }
     let Some(since) = known.since else {
         return Err(Denied {
-            refusal: Refusal {
-                reason: "records-not-loaded",
-                status: Status::unavailable(
-                    "the hub has not read its record of issued certificates yet; try again",
-                ),
-            },
+            refusal: Refusal::new(
+                "records-not-loaded",
+                RefusalCode::Unavailable,
+                "the hub has not read its record of issued certificates yet; try again".into(),
+            ),
             requester: String::new(),
             csr: String::new(),
         });
@@ -246,20 +245,22 @@ pub fn decide(cert: &Presented<'_>, known: &Known<'_>, now: i64) -> Result<Accep
         return Ok(Accepted::Grace { since });
     }
     let refusal = if now - cert.not_before < FRESH {
-        Refusal {
-            reason: "certificate-not-recorded-yet",
-            status: Status::unavailable(format!(
+        Refusal::new(
+            "certificate-not-recorded-yet",
+            RefusalCode::Unavailable,
+            format!(
                 "the client certificate (SHA-256 {fp}) for cluster {cluster} was issued {}s ago and the hub has not seen its CSR yet; try again",
                 (now - cert.not_before).max(0)
-            )),
-        }
+            ),
+        )
     } else {
-        Refusal {
-            reason: "certificate-not-recorded",
-            status: Status::permission_denied(format!(
+        Refusal::new(
+            "certificate-not-recorded",
+            RefusalCode::PermissionDenied,
+            format!(
                 "the client certificate (SHA-256 {fp}) for cluster {cluster} was not issued on a request by cluster {cluster}'s own OCM identity that this hub saw: only certificates OCM issues on the klusterlet's own CSR are accepted (delete the agent's certificate Secret on the cluster to have one issued now)"
-            )),
-        }
+            ),
+        )
     };
     Err(Denied {
         refusal,
@@ -393,7 +394,7 @@ mod tests {
         };
         let d = decide(&cert, &known, now).unwrap_err();
         assert_eq!(d.refusal.reason, "certificate-not-recorded");
-        assert_eq!(d.refusal.status.code(), tonic::Code::PermissionDenied);
+        assert_eq!(d.refusal.code, RefusalCode::PermissionDenied);
         // Seen issued on its own request, before the leader recorded it.
         let own = issue(
             Some("cluster1"),
@@ -418,9 +419,9 @@ mod tests {
         };
         let d = decide(&cert, &known, now).unwrap_err();
         assert_eq!(d.refusal.reason, "certificate-not-requested-by-cluster");
-        assert_eq!(d.refusal.status.code(), tonic::Code::PermissionDenied);
+        assert_eq!(d.refusal.code, RefusalCode::PermissionDenied);
         assert_eq!(d.requester, "system:open-cluster-management:cluster2:b");
-        let msg = d.refusal.status.message();
+        let msg = &d.refusal.message;
         assert!(
             msg.contains("cluster2's klusterlet") && msg.contains(&forged.csr),
             "{msg}"
@@ -439,14 +440,14 @@ mod tests {
         );
         let d = decide(&cert, &unknown(5_000 + SKEW), now).unwrap_err();
         assert_eq!(d.refusal.reason, "certificate-not-recorded");
-        assert!(d.refusal.status.message().contains("own OCM identity"));
+        assert!(&d.refusal.message.contains("own OCM identity"));
         // Young and unknown: retriable.
         let d = decide(&cert, &unknown(1_000), 5_000 + FRESH - 1).unwrap_err();
         assert_eq!(d.refusal.reason, "certificate-not-recorded-yet");
-        assert_eq!(d.refusal.status.code(), tonic::Code::Unavailable);
+        assert_eq!(d.refusal.code, RefusalCode::Unavailable);
         // The record not read yet: retriable.
         let d = decide(&cert, &Known::default(), now).unwrap_err();
         assert_eq!(d.refusal.reason, "records-not-loaded");
-        assert_eq!(d.refusal.status.code(), tonic::Code::Unavailable);
+        assert_eq!(d.refusal.code, RefusalCode::Unavailable);
     }
 }

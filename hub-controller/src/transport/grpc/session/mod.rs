@@ -87,7 +87,7 @@ pub async fn run(
         .connected
         .get_or_create(&metrics.cluster(cluster))
         .set(1);
-    seen(&hub, cluster);
+    seen(&hub, &cs);
     // Both sides compare right away: whatever a broken stream lost is
     // repaired now, not at the next periodic digest.
     if negotiated.mode == AgentMode::Managed {
@@ -168,7 +168,7 @@ async fn handshake(
     hub.config.deny_list.wait_loaded().await;
     // Again: time passed, the deny list or the cluster may have changed.
     if let Err(r) = hub.admit(peer) {
-        refuse(hub, cluster, r.reason, out, r.status).await;
+        refuse(hub, cluster, r.reason, out, r.into()).await;
         return None;
     }
     if let Err(status) = configured_mode(hub, cluster, negotiated.mode) {
@@ -245,7 +245,7 @@ async fn attach(
         Ok(stop) => stop,
         Err(why) => {
             let r = Refusal::revoked(cluster, &why);
-            refuse(hub, cluster, r.reason, out, r.status).await;
+            refuse(hub, cluster, r.reason, out, r.into()).await;
             return None;
         }
     };
@@ -254,7 +254,7 @@ async fn attach(
     if let Some(note) = hub.config.deny_list.denied(&peer.fingerprint) {
         cs.detach(id);
         let r = Refusal::denied(&hub.config.deny_list, &peer.fingerprint, &note);
-        refuse(hub, cluster, r.reason, out, r.status).await;
+        refuse(hub, cluster, r.reason, out, r.into()).await;
         return None;
     }
     // With several replicas, this one now writes for the cluster (once
@@ -362,14 +362,16 @@ fn inbound_error(status: Status) -> Status {
     }
 }
 
-fn seen(hub: &Hub, cluster: &str) {
+/// A message from `cs`'s agent: its state keeps the time, the gauge shows it.
+fn seen(hub: &Hub, cs: &ClusterState) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64();
+    cs.seen(now);
     hub.metrics
         .last_seen
-        .get_or_create(&hub.metrics.cluster(cluster))
+        .get_or_create(&hub.metrics.cluster(&cs.name))
         .set(now);
 }
 
@@ -637,11 +639,11 @@ fn stopped(hub: &Hub, cs: &ClusterState, fingerprint: &str, why: Stop) -> End {
         Stop::Replaced => End::Replaced,
         Stop::Revoked(why) => {
             let r = Refusal::revoked(&cs.name, &why);
-            End::Error(r.reason, r.status)
+            End::Error(r.reason, r.into())
         }
         Stop::Denied(note) => {
             let r = Refusal::denied(&hub.config.deny_list, fingerprint, &note);
-            End::Error(r.reason, r.status)
+            End::Error(r.reason, r.into())
         }
     }
 }
@@ -687,7 +689,7 @@ async fn take_in(
     m: AgentMessage,
     refusals: &mut Bucket,
 ) -> Result<(), End> {
-    seen(hub, &cs.name);
+    seen(hub, cs);
     hub.metrics.message(&cs.name, "in", m.kind_name());
     if let Err(e) = validate::agent_message(&m) {
         return Err(End::Error("malformed", e.into()));

@@ -4,6 +4,17 @@ fn served(acceptor: &Acceptor) -> Vec<u8> {
     acceptor.current.lock().unwrap().1.clone()
 }
 
+/// The files of a server in `dir`, the client CA `ca`'s written.
+fn files_in(dir: &Path, ca: &testenv::pki::Ca) -> TlsFiles {
+    let files = TlsFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+        client_ca: dir.join("ca.crt"),
+    };
+    std::fs::write(&files.client_ca, &ca.pem.cert_pem).unwrap();
+    files
+}
+
 #[test]
 fn a_certificate_is_only_ever_used_with_its_own_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -12,12 +23,7 @@ fn a_certificate_is_only_ever_used_with_its_own_key() {
         ca.serving(&["a"], &[]).unwrap(),
         ca.serving(&["b"], &[]).unwrap(),
     );
-    let files = TlsFiles {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-        client_ca: dir.path().join("ca.crt"),
-    };
-    std::fs::write(&files.client_ca, &ca.pem.cert_pem).unwrap();
+    let files = files_in(dir.path(), &ca);
     std::fs::write(&files.cert, &b.cert_pem).unwrap();
     std::fs::write(&files.key, &a.key_pem).unwrap();
     let metrics = GrpcMetrics::default();
@@ -52,4 +58,31 @@ fn a_certificate_is_only_ever_used_with_its_own_key() {
         ]
         .concat()
     );
+}
+
+/// The expiry of the first certificate in `pem`.
+fn not_after_of(pem: &str) -> Option<i64> {
+    let der = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()?
+        .ok()?;
+    identity::not_after(&der)
+}
+
+#[test]
+fn the_expiry_gauge_shows_the_certificate_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = testenv::pki::Ca::new("ca").unwrap();
+    let a = ca.serving(&["a"], &[]).unwrap();
+    let files = files_in(dir.path(), &ca);
+    std::fs::write(&files.cert, &a.cert_pem).unwrap();
+    std::fs::write(&files.key, "not a key").unwrap();
+    let metrics = GrpcMetrics::default();
+    assert!(Acceptor::new(files.clone(), IdentityMap::default(), metrics.clone()).is_err());
+    assert_eq!(metrics.serving_not_after(), None, "nothing served yet");
+
+    std::fs::write(&files.key, &a.key_pem).unwrap();
+    Acceptor::new(files, IdentityMap::default(), metrics.clone()).unwrap();
+    let expected = not_after_of(&a.cert_pem);
+    assert!(expected.is_some());
+    assert_eq!(metrics.serving_not_after(), expected);
 }
