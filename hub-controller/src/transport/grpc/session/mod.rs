@@ -32,8 +32,12 @@ use super::identity::Peer;
 use super::metrics::ClusterLabel;
 use super::revoke::Refusal;
 
+mod handshake;
 mod inbound;
+mod outbound;
+use handshake::{Attached, attach, handshake, welcome};
 use inbound::handle;
+use outbound::{Projects, send_loop};
 
 /// Refused status reports per second one stream may go on sending, and in
 /// a burst (a restarted hub may refuse a reconnecting agent's reports of
@@ -43,11 +47,6 @@ use inbound::handle;
 /// cost to the hub; an agent whose reports are accepted is never slowed.
 const REFUSED_PER_SECOND: f64 = 50.0;
 const REFUSED_BURST: u32 = 1000;
-
-/// How long an agent has to send its Hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
-/// Messages per batch the sender takes from the cluster state.
-const BATCH: usize = 64;
 
 /// The stream to the agent. Boxed: the channel allocates its slots in
 /// blocks of 32, and a `Result<HubMessage, Status>` is a few hundred
@@ -130,162 +129,6 @@ pub async fn run(
     report_end(&hub, cluster, id, end, &out).await;
 }
 
-/// The handshake up to the point where the agent may be attached: its
-/// Hello read and negotiated, the hub's view synced, the cluster admitted
-/// and the agent's mode the configured one. Returns what was negotiated
-/// and the agent's version; `None` when the stream was refused (the
-/// refusal already sent) or ended before its Hello.
-async fn handshake(
-    hub: &Hub,
-    peer: &Peer,
-    inbound: &mut Streaming<AgentMessage>,
-    out: &Out,
-) -> Option<(Negotiated, String)> {
-    let cluster = &peer.cluster;
-    let hello = read_hello(hub, cluster, inbound, out).await?;
-    let negotiated = validate::first_agent_message(&hello)
-        .map_err(Status::from)
-        .and_then(|h| version::negotiate(&hub.offer(), h).map_err(Status::from));
-    let negotiated = match negotiated {
-        Ok(n) => n,
-        Err(status) => {
-            let reason = if status.code() == tonic::Code::FailedPrecondition {
-                "protocol-version"
-            } else {
-                "malformed"
-            };
-            refuse(hub, cluster, reason, out, status).await;
-            return None;
-        }
-    };
-    let agent_version = match &hello.kind {
-        Some(agent_message::Kind::Hello(h)) => h.agent_version.clone(),
-        _ => String::new(),
-    };
-    // Digests and decisions need the whole view of the hub, and nobody is
-    // welcomed before the deny list is known.
-    hub.wait_synced().await;
-    hub.config.deny_list.wait_loaded().await;
-    // Again: time passed, the deny list or the cluster may have changed.
-    if let Err(r) = hub.admit(peer) {
-        refuse(hub, cluster, r.reason, out, r.into()).await;
-        return None;
-    }
-    if let Err(status) = configured_mode(hub, cluster, negotiated.mode) {
-        refuse(hub, cluster, "mode", out, status).await;
-        return None;
-    }
-    Some((negotiated, agent_version))
-}
-
-/// The stream's first message, which must come within [`HELLO_TIMEOUT`];
-/// `None` when the stream was refused (the refusal already sent) or the
-/// agent closed it without a word.
-async fn read_hello(
-    hub: &Hub,
-    cluster: &str,
-    inbound: &mut Streaming<AgentMessage>,
-    out: &Out,
-) -> Option<AgentMessage> {
-    match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
-        Err(_) => {
-            refuse(
-                hub,
-                cluster,
-                "handshake-timeout",
-                out,
-                Status::deadline_exceeded("no Hello within 30s"),
-            )
-            .await;
-            None
-        }
-        Ok(Err(status)) => {
-            let status = inbound_error(status);
-            refuse(hub, cluster, "malformed", out, status).await;
-            None
-        }
-        Ok(Ok(None)) => None,
-        Ok(Ok(Some(m))) => Some(m),
-    }
-}
-
-/// A session attached to its cluster's state.
-struct Attached {
-    cs: Arc<ClusterState>,
-    id: u64,
-    /// Tells the session why it must end: replaced, revoked or denied.
-    stop: watch::Receiver<Option<Stop>>,
-}
-
-/// Makes the admitted agent its cluster's session, then this replica the
-/// one that writes for the cluster. `None` when the stream was refused
-/// (the refusal already sent): the cluster was revoked, or the
-/// certificate denied, meanwhile.
-async fn attach(
-    hub: &Arc<Hub>,
-    peer: &Peer,
-    negotiated: &Negotiated,
-    agent_version: &str,
-    out: &Out,
-) -> Option<Attached> {
-    let cluster = &peer.cluster;
-    let cs = hub.cluster(cluster);
-    let id = hub.session_id();
-    let agent = Agent {
-        fingerprint: peer.fingerprint.clone(),
-        version: agent_version.to_owned(),
-        certificate_not_after: peer.not_after,
-        since: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs() as i64,
-        capabilities: negotiated.capabilities.iter().cloned().collect(),
-    };
-    let stop = match cs.attach_as(id, negotiated.mode, agent) {
-        Ok(stop) => stop,
-        Err(why) => {
-            let r = Refusal::revoked(cluster, &why);
-            refuse(hub, cluster, r.reason, out, r.into()).await;
-            return None;
-        }
-    };
-    // Denied between the check and the attach: the deny list's sweep may
-    // have missed this session.
-    if let Some(note) = hub.config.deny_list.denied(&peer.fingerprint) {
-        cs.detach(id);
-        let r = Refusal::denied(&hub.config.deny_list, &peer.fingerprint, &note);
-        refuse(hub, cluster, r.reason, out, r.into()).await;
-        return None;
-    }
-    // With several replicas, this one now writes for the cluster (once
-    // the one its agent was on before lets go).
-    hub.claim_for(cluster, &cs, id);
-    let metrics = &hub.metrics;
-    cs.set_control_gauge(
-        metrics
-            .control_queue
-            .get_or_create(&metrics.cluster(cluster))
-            .clone(),
-    );
-    Some(Attached { cs, id, stop })
-}
-
-/// The hub's answer to a Hello: what was negotiated, and the intervals
-/// and the message size limit the agent must keep to.
-fn welcome(hub: &Hub, negotiated: &Negotiated) -> HubMessage {
-    let welcome = Welcome {
-        protocol_version: negotiated.version,
-        capabilities: negotiated.capabilities.iter().cloned().collect(),
-        hub_version: env!("CARGO_PKG_VERSION").into(),
-        heartbeat_interval_seconds: negotiated.heartbeat.as_secs().max(1) as u32,
-        digest_interval_seconds: hub.config.digest_interval.as_secs().max(1) as u32,
-        max_message_bytes: MAX_MESSAGE_BYTES as u32,
-    };
-    HubMessage {
-        kind: Some(hub_message::Kind::Welcome(welcome)),
-    }
-}
-
 /// Logs how a session ended and tells the agent why, when it is still
 /// there to read it.
 async fn report_end(hub: &Hub, cluster: &str, id: u64, end: End, out: &Out) {
@@ -313,26 +156,6 @@ enum End {
     Replaced,
     Shutdown,
     Error(&'static str, Status),
-}
-
-/// The hub, not the agent, decides the mode: the one the cluster's addon
-/// configuration deploys the agent with (`watch::mode`).
-fn configured_mode(hub: &Hub, cluster: &str, claimed: AgentMode) -> Result<(), Status> {
-    let claimed = version::mode_name(claimed);
-    match hub.configured_mode(cluster) {
-        // Not enabled: `admit` refused it already, or it was disabled
-        // since; the revocation ends it.
-        None => Ok(()),
-        Some(Err(why)) => Err(Status::failed_precondition(format!(
-            "cluster {cluster}: cannot tell which mode its agent may run in: {why}"
-        ))),
-        Some(Ok(c)) if version::mode_name(c.mode) == claimed => Ok(()),
-        Some(Ok(c)) => Err(Status::permission_denied(format!(
-            "cluster {cluster} is configured for {} mode ({}), and this agent runs in {claimed} mode; set AGENT_MODE on the cluster's AddOnDeploymentConfig to change the mode",
-            version::mode_name(c.mode),
-            c.source
-        ))),
-    }
 }
 
 /// Ends the stream with `status`, logged with the cluster.
@@ -373,166 +196,6 @@ fn seen(hub: &Hub, cs: &ClusterState) {
         .last_seen
         .get_or_create(&hub.metrics.cluster(&cs.name))
         .set(now);
-}
-
-async fn send_loop(
-    hub: Arc<Hub>,
-    cs: Arc<ClusterState>,
-    id: u64,
-    (mode, heartbeat): (AgentMode, Duration),
-    out: super::session::Out,
-    mut projects: Option<Projects>,
-) {
-    let mut digest = tokio::time::interval(hub.config.digest_interval);
-    digest.tick().await;
-    let mut last_sent = tokio::time::Instant::now();
-    let label = hub.metrics.cluster(&cs.name);
-    loop {
-        let notified = cs.wake.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let batch = cs.next_messages(id, BATCH);
-        if let Some(p) = projects.as_mut() {
-            p.note(&batch);
-        }
-        if batch.is_empty() {
-            if let Some(m) = projects.as_mut().and_then(|p| p.message(&hub, &cs)) {
-                if !send(&hub, &cs, &out, m).await {
-                    return;
-                }
-                last_sent = tokio::time::Instant::now();
-                continue;
-            }
-            record_lag(&hub, &cs, &label);
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = digest.tick() => {
-                    if mode == AgentMode::Managed {
-                        cs.send_digest();
-                    }
-                    if let Some(p) = projects.as_mut() {
-                        p.resend_unless_acked(&cs);
-                    }
-                }
-                _ = async { projects.as_mut().expect("guarded").changed.changed().await }, if projects.is_some() => {
-                    if let Some(p) = projects.as_mut() {
-                        p.due = true;
-                    }
-                }
-                _ = tokio::time::sleep_until(last_sent + heartbeat) => {
-                    if out.send(Box::new(Ok(heartbeat_message()))).await.is_err() {
-                        return;
-                    }
-                    last_sent = tokio::time::Instant::now();
-                }
-                // Commands waiting out a retry pause.
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            }
-            continue;
-        }
-        for m in batch {
-            if !send(&hub, &cs, &out, m).await {
-                return;
-            }
-        }
-        last_sent = tokio::time::Instant::now();
-    }
-}
-
-/// Sends `m` to the agent, counted; false when the stream is gone.
-async fn send(hub: &Hub, cs: &ClusterState, out: &Out, m: HubMessage) -> bool {
-    hub.metrics.message(&cs.name, "out", m.kind_name());
-    out.send(Box::new(Ok(m))).await.is_ok()
-}
-
-/// With nothing to send: how far behind the cluster's agent is, as gauges.
-fn record_lag(hub: &Hub, cs: &ClusterState, label: &ClusterLabel) {
-    let (lag, pending) = cs.lag();
-    hub.metrics.lag.get_or_create(label).set(lag);
-    hub.metrics.pending.get_or_create(label).set(pending as i64);
-}
-
-/// A heartbeat stamped with the time it is sent.
-fn heartbeat_message() -> HubMessage {
-    HubMessage {
-        kind: Some(hub_message::Kind::Heartbeat(Heartbeat {
-            sent_at_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as i64,
-        })),
-    }
-}
-
-/// Capability `projects`: what the sender knows of the cluster's
-/// ProjectSet ([`Hub::project_set`]).
-struct Projects {
-    /// Ticks with every change of an AppProject or credential.
-    changed: watch::Receiver<u64>,
-    /// The set may have changed since it was last built.
-    due: bool,
-    /// The version last sent on this stream.
-    sent: Option<String>,
-}
-
-impl Projects {
-    fn new(changed: watch::Receiver<u64>) -> Self {
-        Self {
-            changed,
-            due: true,
-            sent: None,
-        }
-    }
-
-    /// A batch about to be sent: an upsert or delete may change which
-    /// projects are used.
-    fn note(&mut self, batch: &[HubMessage]) {
-        if batch.iter().any(|m| {
-            matches!(
-                m.kind,
-                Some(hub_message::Kind::Upsert(_) | hub_message::Kind::Delete(_))
-            )
-        }) {
-            self.due = true;
-        }
-    }
-
-    /// The ProjectSet to send, when it is due and differs from the last.
-    fn message(&mut self, hub: &Hub, cs: &ClusterState) -> Option<HubMessage> {
-        if !std::mem::take(&mut self.due) {
-            return None;
-        }
-        let set = match hub.project_set(cs) {
-            Ok(set) => set,
-            Err(why) => {
-                tracing::warn!(cluster = %cs.name, %why, "AppProjects not sent; the agent keeps the ones it has");
-                return None;
-            }
-        };
-        if self.sent.as_deref() == Some(set.version.as_str()) {
-            return None;
-        }
-        tracing::debug!(cluster = %cs.name, version = %set.version, objects = set.objects_json.len(), "sending the cluster's AppProjects");
-        self.sent = Some(set.version.clone());
-        Some(HubMessage {
-            kind: Some(hub_message::Kind::ProjectSet(set)),
-        })
-    }
-
-    /// At a digest interval: the last set again, unless the agent applied
-    /// it (an answer lost with a broken stream, or the cluster's API
-    /// server failing).
-    fn resend_unless_acked(&mut self, cs: &ClusterState) {
-        let acked = cs.lock().projects_acked.clone();
-        let applied = matches!(
-            (&acked, &self.sent),
-            (Some((v, AckOutcome::Applied | AckOutcome::Rejected)), Some(s)) if v == s
-        );
-        if !applied {
-            self.sent = None;
-            self.due = true;
-        }
-    }
 }
 
 /// What ends a session other than its stream.
