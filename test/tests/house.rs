@@ -56,11 +56,6 @@ const KNOWN: &[(&str, &str, usize)] = &[
     ("struct", "spoke-agent/src/lib.rs::Args", 21),
     (
         "struct",
-        "hub-controller/src/transport/grpc/hub/mod.rs::Hub",
-        17,
-    ),
-    (
-        "struct",
         "hub-controller/src/transport/grpc/mod.rs::GrpcArgs",
         14,
     ),

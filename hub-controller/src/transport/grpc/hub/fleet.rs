@@ -31,7 +31,7 @@ impl Hub {
     pub(crate) fn fleet(&self) -> FleetFigures {
         let now = unix(SystemTime::now());
         let mut f = FleetFigures {
-            queue_depth: self.queue.len() as i64,
+            queue_depth: self.writing.queue.len() as i64,
             ..FleetFigures::default()
         };
         for cs in self.clusters() {

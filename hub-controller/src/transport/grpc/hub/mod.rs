@@ -76,17 +76,32 @@ pub struct Hub {
     pub metrics: GrpcMetrics,
     /// The hub's one set of caches, shared with the ManifestWork transport.
     caches: Caches,
-    /// What the workers write; sessions add to it with [`Hub::enqueue`].
-    queue: WorkQueue<Work>,
     /// The one writer of hub Applications, shared with the ManifestWork
     /// transport.
     pub writer: Arc<AppWriter>,
     next_session: AtomicU64,
     routes: Arc<Routes>,
     clusters: Arc<Clusters>,
+    writing: Writing,
+    offers: Offers,
+}
+
+/// The parts that write to the hub API server, and what decides what they
+/// may write: built together ([`HubParts`]), each consulting the others.
+struct Writing {
+    /// What the workers write; sessions add to it with [`Hub::enqueue`].
+    queue: WorkQueue<Work>,
     workers: Arc<Workers>,
     acting: Arc<Acting>,
     holding: Arc<Holding>,
+    /// The record of what the hub authorized, as the leader keeps it
+    /// ([`crate::authorized`]), with what this replica delivered.
+    granted: Arc<Granted>,
+}
+
+/// What sessions are offered beyond Applications: the cluster's
+/// AppProjects, the trees and the live views.
+struct Offers {
     /// Counts the changes of AppProjects and credential Secrets, for the
     /// sessions that keep them on their clusters ([`Hub::project_set`]).
     projects_epoch: watch::Sender<u64>,
@@ -96,26 +111,23 @@ pub struct Hub {
     /// The live endpoint's URL when it serves argocd-server
     /// (`--live-addr`): agents are then offered `live-views`.
     live_url: Option<String>,
-    /// The record of what the hub authorized, as the leader keeps it
-    /// ([`crate::authorized`]), with what this replica delivered.
-    granted: Arc<Granted>,
 }
 
 impl Hub {
     /// Queues `work` for the writers (a hub Application to look at again,
     /// or a mirror).
     pub fn enqueue(&self, work: Work) {
-        self.queue.add(work);
+        self.writing.queue.add(work);
     }
 
     /// How much work waits for the writers.
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.writing.queue.len()
     }
 
     /// Stops the writers once what is queued is done (the server's end).
     pub fn close_queue(&self) {
-        self.queue.close();
+        self.writing.queue.close();
     }
 
     /// The agent mode `cluster` is configured for (its
@@ -173,7 +185,7 @@ impl Hub {
 
     /// Runs `n` workers until the queue is closed.
     pub async fn run_workers(self: Arc<Self>, n: usize) {
-        self.workers.clone().run(n).await;
+        self.writing.workers.clone().run(n).await;
     }
 
     // -----------------------------------------------------------------------
@@ -198,7 +210,7 @@ impl Hub {
             // agent has let go of the Applications moving to ManifestWork.
             Event::Cluster(E::Delete(mc)) => {
                 self.revoke(&mc.name_any(), "its ManagedCluster was deleted");
-                self.holding.forget_holders(&mc.name_any());
+                self.writing.holding.forget_holders(&mc.name_any());
             }
             Event::Cluster(E::Apply(mc) | E::InitApply(mc))
                 if self.caches.addon_enabled(&mc.name_any()) =>
@@ -209,9 +221,9 @@ impl Hub {
             Event::Mirror(E::Apply(m) | E::InitApply(m) | E::Delete(m)) => {
                 if let Some(work) = mirror_work(m) {
                     if let Work::Mirror { cluster, key } = &work {
-                        self.workers.mirrors.seed(cluster, key, m);
+                        self.writing.workers.mirrors.seed(cluster, key, m);
                     }
-                    self.queue.add(work);
+                    self.writing.queue.add(work);
                 }
             }
             // Until then the index is not built at all.
@@ -301,48 +313,48 @@ impl Hub {
 
     /// See [`Mirrors::taken`].
     pub fn mirror_taken(&self, cluster: &str, key: &ObjectKey) -> bool {
-        self.workers.mirrors.taken(cluster, key)
+        self.writing.workers.mirrors.taken(cluster, key)
     }
 
     // -----------------------------------------------------------------------
     // Several replicas: see [`Acting`] and [`Holding`]
 
     pub fn claims(&self) -> Option<&Arc<Claims>> {
-        self.acting.claims()
+        self.writing.acting.claims()
     }
 
     /// Whether this replica writes for `cluster` (always, with one replica).
     pub fn acts_for(&self, cluster: &str) -> bool {
-        self.acting.acts_for(cluster)
+        self.writing.acting.acts_for(cluster)
     }
 
     /// See [`Acting::claim_for`].
     pub fn claim_for(&self, cluster: &str, cs: &Arc<ClusterState>, id: u64) {
-        self.acting.claim_for(cluster, cs, id);
+        self.writing.acting.claim_for(cluster, cs, id);
     }
 
     /// See [`Acting::session_ended`].
     pub fn session_ended(&self, cluster: &str, cs: &Arc<ClusterState>) {
-        self.acting.session_ended(cluster, cs);
+        self.writing.acting.session_ended(cluster, cs);
     }
 
     /// See [`Acting::follow_claims`].
     pub async fn follow_claims(self: Arc<Self>) {
-        self.acting.clone().follow_claims().await;
+        self.writing.acting.clone().follow_claims().await;
     }
 
     /// See [`Acting::requeue_all`].
     pub fn requeue_all(&self) {
-        self.acting.requeue_all();
+        self.writing.acting.requeue_all();
     }
 
     pub fn trees(&self) -> Option<&Arc<crate::status::trees::Trees>> {
-        self.trees.as_ref()
+        self.offers.trees.as_ref()
     }
 
     /// The live endpoint's URL, when it serves.
     pub fn live_url(&self) -> Option<&str> {
-        self.live_url.as_deref()
+        self.offers.live_url.as_deref()
     }
 
     /// What this hub offers agents: every capability of the release,
@@ -372,17 +384,17 @@ impl Hub {
 
     /// See [`Granted::owned_by`].
     pub fn granted_to(&self, cluster: &str, key: &ObjectKey, hub_uid: Option<&str>) -> bool {
-        self.granted.owned_by(cluster, key, hub_uid)
+        self.writing.granted.owned_by(cluster, key, hub_uid)
     }
 
     /// See [`Holding::held_by`].
     pub fn held_by(&self, cluster: &str, key: &ObjectKey) -> Option<String> {
-        self.holding.held_by(cluster, key)
+        self.writing.holding.held_by(cluster, key)
     }
 
     /// See [`Holding::keep_holders`].
     pub async fn keep_holders(self: Arc<Self>) {
-        self.holding.clone().keep_holders().await;
+        self.writing.holding.clone().keep_holders().await;
     }
 }
 

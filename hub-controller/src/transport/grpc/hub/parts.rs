@@ -14,7 +14,10 @@ use super::super::cluster::Work;
 use super::super::config::GrpcConfig;
 use super::super::holders::Holders;
 use super::super::metrics::GrpcMetrics;
-use super::{Acting, Clusters, CommandRelay, Granted, Holding, Hub, Mirrors, Routes, Workers};
+use super::{
+    Acting, Clusters, CommandRelay, Granted, Holding, Hub, Mirrors, Offers, Routes, Workers,
+    Writing,
+};
 use crate::authorized::Records;
 use crate::route::HubRef;
 use crate::status::AppWriter;
@@ -104,8 +107,7 @@ impl Hub {
             clusters: &clusters,
             routes: &routes,
         };
-        let (workers, acting, holding, granted) =
-            shared.writers(claims, holders, authorized.clone());
+        let writing = shared.writers(claims, holders, authorized.clone());
         Arc::new_cyclic(|me: &Weak<Hub>| {
             if let Some(records) = &authorized {
                 let me = me.clone();
@@ -123,17 +125,15 @@ impl Hub {
                 config,
                 client,
                 metrics,
-                queue,
                 next_session: AtomicU64::new(1),
                 routes,
                 clusters,
-                workers,
-                acting,
-                holding,
-                projects_epoch: watch::channel(0).0,
-                trees,
-                live_url: live_url.map(|u| u.trim_end_matches('/').to_string()),
-                granted,
+                writing,
+                offers: Offers {
+                    projects_epoch: watch::channel(0).0,
+                    trees,
+                    live_url: live_url.map(|u| u.trim_end_matches('/').to_string()),
+                },
             }
         })
     }
@@ -158,7 +158,7 @@ impl Shared<'_> {
         claims: Option<Arc<Claims>>,
         holders: Option<Arc<Holders>>,
         authorized: Option<Arc<Records>>,
-    ) -> (Arc<Workers>, Arc<Acting>, Arc<Holding>, Arc<Granted>) {
+    ) -> Writing {
         let relay = Arc::new(CommandRelay::new(self.writer.clone()));
         let mirrors = Arc::new(Mirrors {
             client: self.client.clone(),
@@ -199,7 +199,13 @@ impl Shared<'_> {
             relay,
             mirrors,
         });
-        (workers, acting, holding, granted)
+        Writing {
+            queue: self.queue.clone(),
+            workers,
+            acting,
+            holding,
+            granted,
+        }
     }
 }
 

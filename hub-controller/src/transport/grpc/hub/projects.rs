@@ -31,17 +31,17 @@ const MARGIN: usize = 64 * 1024;
 impl Hub {
     /// Told of every change of an AppProject or a credential Secret.
     pub fn projects_changed(&self) -> watch::Receiver<u64> {
-        self.projects_epoch.subscribe()
+        self.offers.projects_epoch.subscribe()
     }
 
     pub(super) fn project_or_credential_changed(&self) {
-        self.projects_epoch.send_modify(|n| *n += 1);
+        self.offers.projects_epoch.send_modify(|n| *n += 1);
     }
 
     /// `cluster`'s record as this replica has it now
     /// ([`super::granted::Granted::record`]).
     pub fn authorized_record(&self, cluster: &str) -> ClusterRecord {
-        self.granted.record(cluster)
+        self.writing.granted.record(cluster)
     }
 
     /// What `cs`'s agent must keep, or why it cannot be sent.
