@@ -43,16 +43,6 @@ const KNOWN: &[(&str, &str, usize)] = &[
     ("fn", "addon/src/lib.rs::add_on_template", 103),
     ("fn", "hub-controller/src/status/trees.rs::write", 96),
     ("fn", "spoke-agent/src/session.rs::open_through", 85),
-    (
-        "struct",
-        "hub-controller/src/transport/grpc/metrics.rs::GrpcMetrics",
-        23,
-    ),
-    (
-        "struct",
-        "hub-controller/src/transport/grpc/cluster/mod.rs::Inner",
-        22,
-    ),
     ("struct", "spoke-agent/src/lib.rs::Args", 21),
     (
         "struct",

@@ -77,28 +77,16 @@ pub const UNVERIFIED: &str = "unverified";
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct GrpcMetrics {
     /// Whether the per-cluster series are exported.
     per_cluster: bool,
-    pub connected: Family<ClusterLabel, Gauge>,
-    pub last_seen: Family<ClusterLabel, FloatGauge>,
-    pub lag: Family<ClusterLabel, FloatGauge>,
-    pub pending: Family<ClusterLabel, Gauge>,
-    /// Acknowledgements waiting to be sent, per cluster (bounded by
-    /// `--grpc-control-queue`).
-    pub control_queue: Family<ClusterLabel, Gauge>,
-    messages: Family<KindLabel, Counter>,
-    cluster_messages: Family<MessageLabel, Counter>,
-    refused: Family<ReasonLabel, Counter>,
-    cluster_refused: Family<RefusalLabel, Counter>,
-    resyncs: Counter,
-    cluster_resyncs: Family<ClusterLabel, Counter>,
-    /// From an object message sent to its acknowledgement.
-    pub delivery: Histogram,
-    pub status_writes: Counter,
-    /// Status and mirror writes that failed (retried).
-    pub write_errors: Counter,
+    /// Each cluster's agent: its stream and its backlog.
+    pub agents: AgentGauges,
+    /// What passes on the streams: messages, refusals, repairs.
+    traffic: Traffic,
+    /// What reaches agents and the hub API server.
+    pub writes: Writes,
     pub handshakes_in_flight: Gauge,
     /// Connections closed before their TLS handshake because
     /// `--grpc-max-handshakes` were already in flight.
@@ -115,33 +103,48 @@ pub struct GrpcMetrics {
     fleet: Arc<Mutex<Figures>>,
 }
 
-impl Default for GrpcMetrics {
+/// The gauges of each cluster's agent, kept with or without
+/// `--metrics-per-cluster` (the status page reads them).
+#[derive(Clone, Default)]
+pub struct AgentGauges {
+    pub connected: Family<ClusterLabel, Gauge>,
+    pub last_seen: Family<ClusterLabel, FloatGauge>,
+    pub lag: Family<ClusterLabel, FloatGauge>,
+    pub pending: Family<ClusterLabel, Gauge>,
+    /// Acknowledgements waiting to be sent, per cluster (bounded by
+    /// `--grpc-control-queue`).
+    pub control_queue: Family<ClusterLabel, Gauge>,
+}
+
+/// The counters of the streams, for the whole fleet or by cluster
+/// (`--metrics-per-cluster`): only one of each pair is registered.
+#[derive(Clone, Default)]
+struct Traffic {
+    messages: Family<KindLabel, Counter>,
+    cluster_messages: Family<MessageLabel, Counter>,
+    refused: Family<ReasonLabel, Counter>,
+    cluster_refused: Family<RefusalLabel, Counter>,
+    resyncs: Counter,
+    cluster_resyncs: Family<ClusterLabel, Counter>,
+}
+
+/// Deliveries to agents and writes to the hub API server.
+#[derive(Clone)]
+pub struct Writes {
+    /// From an object message sent to its acknowledgement.
+    pub delivery: Histogram,
+    pub status_writes: Counter,
+    /// Status and mirror writes that failed (retried).
+    pub write_errors: Counter,
+}
+
+impl Default for Writes {
     fn default() -> Self {
         Self {
-            per_cluster: false,
-            connected: Family::default(),
-            last_seen: Family::default(),
-            lag: Family::default(),
-            pending: Family::default(),
-            control_queue: Family::default(),
-            messages: Family::default(),
-            cluster_messages: Family::default(),
-            refused: Family::default(),
-            cluster_refused: Family::default(),
-            resyncs: Counter::default(),
-            cluster_resyncs: Family::default(),
             // 10 ms to about 160 s.
             delivery: Histogram::new(exponential_buckets(0.01, 2.0, 15)),
             status_writes: Counter::default(),
             write_errors: Counter::default(),
-            handshakes_in_flight: Gauge::default(),
-            handshakes_dropped: Counter::default(),
-            handshakes_paced: Counter::default(),
-            connections_open: Gauge::default(),
-            connections_dropped: Counter::default(),
-            denied_certificates: Gauge::default(),
-            live_reads: Family::default(),
-            fleet: Arc::default(),
         }
     }
 }
@@ -175,42 +178,42 @@ impl GrpcMetrics {
         r.register(
             "agent_connected",
             "1 while the cluster's agent has a stream open",
-            self.connected.clone(),
+            self.agents.connected.clone(),
         );
         r.register(
             "agent_last_seen_seconds",
             "Unix time of the last message from the cluster's agent",
-            self.last_seen.clone(),
+            self.agents.last_seen.clone(),
         );
         r.register(
             "agent_lag_seconds",
             "Age of the oldest message to the agent not yet acknowledged",
-            self.lag.clone(),
+            self.agents.lag.clone(),
         );
         r.register(
             "agent_pending_objects",
             "Applications with a change for the agent not yet acknowledged",
-            self.pending.clone(),
+            self.agents.pending.clone(),
         );
         r.register(
             "agent_control_queue",
             "Acknowledgements waiting to be sent to the cluster's agent",
-            self.control_queue.clone(),
+            self.agents.control_queue.clone(),
         );
         r.register(
             "messages",
             "Messages exchanged with agents, by cluster, direction and kind",
-            self.cluster_messages.clone(),
+            self.traffic.cluster_messages.clone(),
         );
         r.register(
             "resyncs",
             "Digest mismatches that started a repair, by cluster",
-            self.cluster_resyncs.clone(),
+            self.traffic.cluster_resyncs.clone(),
         );
         r.register(
             "refused",
             "Streams, messages and objects refused, by cluster and reason",
-            self.cluster_refused.clone(),
+            self.traffic.cluster_refused.clone(),
         );
     }
 
@@ -220,17 +223,17 @@ impl GrpcMetrics {
         r.register(
             "messages",
             "Messages exchanged with agents, by direction and kind",
-            self.messages.clone(),
+            self.traffic.messages.clone(),
         );
         r.register(
             "resyncs",
             "Digest mismatches that started a repair",
-            self.resyncs.clone(),
+            self.traffic.resyncs.clone(),
         );
         r.register(
             "refused",
             "Streams, messages and objects refused, by reason",
-            self.refused.clone(),
+            self.traffic.refused.clone(),
         );
     }
 
@@ -240,17 +243,17 @@ impl GrpcMetrics {
         r.register(
             "delivery_seconds",
             "Time from an object message sent to an agent until the agent acknowledged it",
-            self.delivery.clone(),
+            self.writes.delivery.clone(),
         );
         r.register(
             "status_writes",
             "Writes of reported status onto hub Applications and mirrors",
-            self.status_writes.clone(),
+            self.writes.status_writes.clone(),
         );
         r.register(
             "write_errors",
             "Writes of status and mirrors to the hub API server that failed and are retried",
-            self.write_errors.clone(),
+            self.writes.write_errors.clone(),
         );
     }
 
@@ -318,7 +321,8 @@ impl GrpcMetrics {
 
     pub fn message(&self, cluster: &str, direction: &'static str, kind: &'static str) {
         if self.per_cluster {
-            self.cluster_messages
+            self.traffic
+                .cluster_messages
                 .get_or_create(&MessageLabel {
                     cluster: cluster.into(),
                     direction,
@@ -326,7 +330,8 @@ impl GrpcMetrics {
                 })
                 .inc();
         } else {
-            self.messages
+            self.traffic
+                .messages
                 .get_or_create(&KindLabel { direction, kind })
                 .inc();
         }
@@ -341,25 +346,30 @@ impl GrpcMetrics {
     /// (else pass [`UNVERIFIED`]).
     pub fn refuse(&self, cluster: &str, reason: &'static str) {
         if self.per_cluster {
-            self.cluster_refused
+            self.traffic
+                .cluster_refused
                 .get_or_create(&RefusalLabel {
                     cluster: cluster.into(),
                     reason,
                 })
                 .inc();
         } else {
-            self.refused.get_or_create(&ReasonLabel { reason }).inc();
+            self.traffic
+                .refused
+                .get_or_create(&ReasonLabel { reason })
+                .inc();
         }
     }
 
     /// Counts a repair started for `cluster`.
     pub fn resync(&self, cluster: &str) {
         if self.per_cluster {
-            self.cluster_resyncs
+            self.traffic
+                .cluster_resyncs
                 .get_or_create(&self.cluster(cluster))
                 .inc();
         } else {
-            self.resyncs.inc();
+            self.traffic.resyncs.inc();
         }
     }
 

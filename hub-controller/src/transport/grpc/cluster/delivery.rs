@@ -3,9 +3,11 @@
 //! acknowledged, and what the agent reported. [`ClusterState`] holds it
 //! under its lock and wakes the session's sender when a method says so.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::v1::{AckOutcome, ObjectKey};
 
 use super::{ClusterState, Inner, Item, MAX_REPAIR_REMOVALS, Observation, traces};
@@ -16,8 +18,8 @@ impl Inner {
     /// whether it did (the sender is to be woken).
     fn enqueue(&mut self, key: &ObjectKey, item: Item) -> bool {
         // The hub's own decision from now on, not the agent's request.
-        self.removals.remove(key);
-        if self.enqueued.get(key) == Some(&item) {
+        self.deletes.removals.remove(key);
+        if self.sending.enqueued.get(key) == Some(&item) {
             return false;
         }
         self.resend(key, item);
@@ -26,7 +28,7 @@ impl Inner {
 
     /// Queues `item` for `key` whatever was queued before.
     pub(super) fn resend(&mut self, key: &ObjectKey, item: Item) {
-        self.enqueued.insert(key.clone(), item.clone());
+        self.sending.enqueued.insert(key.clone(), item.clone());
         self.outbox().upsert(key.clone(), item);
     }
 
@@ -37,9 +39,9 @@ impl Inner {
         key: &ObjectKey,
         desired: Arc<Desired>,
     ) -> bool {
-        self.gone.remove(key);
-        self.delete_acked.remove(key);
-        self.gone_before_ack.remove(key);
+        self.deletes.gone.remove(key);
+        self.deletes.delete_acked.remove(key);
+        self.deletes.gone_before_ack.remove(key);
         let changed = self
             .desired
             .get(key)
@@ -47,7 +49,7 @@ impl Inner {
         if changed {
             self.rejected.remove(key);
             if let Some(t) = traces::Trace::queued(cluster, key) {
-                self.traces.insert(key.clone(), t);
+                self.sending.traces.insert(key.clone(), t);
             }
         }
         self.desired.insert(key.clone(), desired.clone());
@@ -57,7 +59,7 @@ impl Inner {
     /// See [`ClusterState::set_deleting`].
     pub(super) fn set_deleting(&mut self, key: &ObjectKey, hub_uid: &str) -> bool {
         self.desired.remove(key);
-        self.traces.remove(key);
+        self.sending.traces.remove(key);
         let item = Item::Delete {
             hub_uid: hub_uid.into(),
         };
@@ -76,17 +78,17 @@ impl Inner {
     /// See [`ClusterState::forget_if_idle`].
     pub(super) fn forget_if_idle(&mut self, key: &ObjectKey) {
         if self.desired.contains_key(key)
-            || self.enqueued.contains_key(key)
-            || self.in_flight.contains_key(key)
+            || self.sending.enqueued.contains_key(key)
+            || self.sending.in_flight.contains_key(key)
         {
             return;
         }
-        self.gone.remove(key);
-        self.delete_acked.remove(key);
-        self.gone_before_ack.remove(key);
+        self.deletes.gone.remove(key);
+        self.deletes.delete_acked.remove(key);
+        self.deletes.gone_before_ack.remove(key);
         self.rejected.remove(key);
-        self.removals.remove(key);
-        self.traces.remove(key);
+        self.deletes.removals.remove(key);
+        self.sending.traces.remove(key);
         self.report_traces.remove(key);
         if matches!(self.observed.get(key), Some(Observation::Gone)) {
             self.observed.remove(key);
@@ -97,23 +99,23 @@ impl Inner {
     /// `key` changed.
     pub(super) fn observe(&mut self, key: &ObjectKey, observation: Observation) -> (bool, bool) {
         let completes = matches!(observation, Observation::Gone)
-            && match self.delete_acked.get(key).cloned() {
+            && match self.deletes.delete_acked.get(key).cloned() {
                 Some(uid) => {
-                    self.gone.insert(key.clone(), uid);
-                    self.enqueued.remove(key);
+                    self.deletes.gone.insert(key.clone(), uid);
+                    self.sending.enqueued.remove(key);
                     true
                 }
                 None => false,
             };
         match &observation {
             Observation::Gone if !completes => {
-                if let Some((_, Item::Delete { hub_uid }, _)) = self.in_flight.get(key) {
+                if let Some((_, Item::Delete { hub_uid }, _)) = self.sending.in_flight.get(key) {
                     let hub_uid = hub_uid.clone();
-                    self.gone_before_ack.insert(key.clone(), hub_uid);
+                    self.deletes.gone_before_ack.insert(key.clone(), hub_uid);
                 }
             }
             Observation::Observed { .. } => {
-                self.gone_before_ack.remove(key);
+                self.deletes.gone_before_ack.remove(key);
             }
             _ => {}
         }
@@ -133,7 +135,7 @@ impl Inner {
         outcome: AckOutcome,
         message: &str,
     ) -> Option<(Item, Duration)> {
-        let (s, item, sent) = self.in_flight.get(key).cloned()?;
+        let (s, item, sent) = self.sending.in_flight.get(key).cloned()?;
         if s != seq {
             return None;
         }
@@ -148,11 +150,11 @@ impl Inner {
             }
             _ => {}
         }
-        self.in_flight.remove(key);
+        self.sending.in_flight.remove(key);
         self.outbox().ack(key, seq);
         if matches!(item, Item::Upsert(_)) {
             // Ends the delivery's `send` and `deliver` spans.
-            self.traces.remove(key);
+            self.sending.traces.remove(key);
         }
         self.completed(key, &item, outcome);
         Some((item, sent.elapsed()))
@@ -162,16 +164,18 @@ impl Inner {
     fn completed(&mut self, key: &ObjectKey, item: &Item, outcome: AckOutcome) {
         match item {
             Item::Delete { hub_uid } if outcome == AckOutcome::Applied => {
-                self.delete_acked.insert(key.clone(), hub_uid.clone());
-                if self.gone_before_ack.remove(key).as_ref() == Some(hub_uid) {
-                    self.gone.insert(key.clone(), hub_uid.clone());
-                    if self.enqueued.get(key) == Some(item) {
-                        self.enqueued.remove(key);
+                self.deletes
+                    .delete_acked
+                    .insert(key.clone(), hub_uid.clone());
+                if self.deletes.gone_before_ack.remove(key).as_ref() == Some(hub_uid) {
+                    self.deletes.gone.insert(key.clone(), hub_uid.clone());
+                    if self.sending.enqueued.get(key) == Some(item) {
+                        self.sending.enqueued.remove(key);
                     }
                 }
             }
-            Item::Release { .. } if self.enqueued.get(key) == Some(item) => {
-                self.enqueued.remove(key);
+            Item::Release { .. } if self.sending.enqueued.get(key) == Some(item) => {
+                self.sending.enqueued.remove(key);
             }
             _ => {}
         }
@@ -179,9 +183,14 @@ impl Inner {
 
     /// See [`ClusterState::retry`]; returns whether it is sent again.
     pub(super) fn retry(&mut self, key: &ObjectKey, seq: u64) -> bool {
-        self.retrying.remove(key);
-        if self.in_flight.get(key).is_some_and(|(s, _, _)| *s == seq) {
-            self.in_flight.remove(key);
+        self.sending.retrying.remove(key);
+        if self
+            .sending
+            .in_flight
+            .get(key)
+            .is_some_and(|(s, _, _)| *s == seq)
+        {
+            self.sending.in_flight.remove(key);
             self.outbox().nack(key, seq);
             return true;
         }
@@ -191,7 +200,7 @@ impl Inner {
     /// Whether a removal of `key` the agent asked for must wait for a
     /// later round ([`MAX_REPAIR_REMOVALS`] are queued).
     pub(super) fn removals_full(&self, key: &ObjectKey) -> bool {
-        self.removals.len() >= MAX_REPAIR_REMOVALS && !self.removals.contains(key)
+        self.deletes.removals.len() >= MAX_REPAIR_REMOVALS && !self.deletes.removals.contains(key)
     }
 
     /// Queues the removal `item` of `key` the agent's resync asked for.
@@ -199,7 +208,7 @@ impl Inner {
         let unknown = !self.desired.contains_key(&key);
         self.resend(&key, item);
         if unknown {
-            self.removals.insert(key);
+            self.deletes.removals.insert(key);
         }
     }
 }
@@ -284,4 +293,38 @@ impl ClusterState {
             self.wake.notify_one();
         }
     }
+}
+
+/// Object messages from the decision to their acknowledgement.
+#[derive(Default)]
+pub(super) struct Sending {
+    pub(super) outbox: Option<Outbox<ObjectKey, Item>>,
+    /// The last item put in the outbox per key, so that an unchanged
+    /// decision is not sent again.
+    pub(super) enqueued: HashMap<ObjectKey, Item>,
+    /// Handed out and not yet acknowledged, by key.
+    pub(super) in_flight: HashMap<ObjectKey, (u64, Item, Instant)>,
+    /// Keys whose object message waits to be sent again (one timer each).
+    pub(super) retrying: HashSet<ObjectKey>,
+    /// With `--otlp-endpoint`: the trace of each delivery on its way.
+    pub(super) traces: HashMap<ObjectKey, traces::Trace>,
+}
+
+/// Deletes and releases: what the agent answered and reported.
+#[derive(Default)]
+pub struct Deletes {
+    /// Keys whose delete the agent has requested, with the hub uid.
+    pub(super) delete_acked: HashMap<ObjectKey, String>,
+    /// Keys the agent reported gone after their delete, with the hub uid.
+    pub gone: HashMap<ObjectKey, String>,
+    /// Keys reported gone while their delete was on its way, with the hub
+    /// uid of the delete: its acknowledgement completes it. (An agent that
+    /// finds nothing to delete may say `gone` before it answers the delete;
+    /// waiting for another `gone` would wait for ever.)
+    pub(super) gone_before_ack: HashMap<ObjectKey, String>,
+    /// Keys the hub knows nothing of that the agent's resync requests
+    /// made it delete or release (what the agent says it has, not what the
+    /// hub wants): at most [`MAX_REPAIR_REMOVALS`] at a time, dropped when
+    /// the session ends (the next session's digest finds them again).
+    pub(super) removals: HashSet<ObjectKey>,
 }

@@ -15,17 +15,14 @@
 //! under one lock and wakes the session's sender and receiver when it
 //! changes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use argocd_pull_proto::coalesce::Outbox;
 use argocd_pull_proto::digest::{Entries, Repair, SetDigest, resync_requests};
-use argocd_pull_proto::v1::{
-    AckOutcome, AgentMode, DigestSet, HubMessage, ObjectKey, ObservedApplication,
-};
-use prometheus_client::metrics::gauge::Gauge;
+use argocd_pull_proto::v1::{AckOutcome, AgentMode, DigestSet, ObjectKey, ObservedApplication};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, watch};
 
@@ -40,6 +37,10 @@ mod ops;
 pub use ops::{Ops, PendingOp};
 mod sessions;
 mod traces;
+
+use control::Control;
+pub use delivery::Deletes;
+use delivery::Sending;
 
 /// At most this many object messages in flight to one agent.
 pub const WINDOW: usize = 512;
@@ -163,52 +164,25 @@ pub struct Inner {
     /// Managed mode: what the hub wants on the cluster, live objects only
     /// (the set its digest covers).
     pub desired: BTreeMap<ObjectKey, Arc<Desired>>,
-    outbox: Option<Outbox<ObjectKey, Item>>,
-    /// The last item put in the outbox per key, so that an unchanged
-    /// decision is not sent again.
-    enqueued: HashMap<ObjectKey, Item>,
-    /// Handed out and not yet acknowledged, by key.
-    in_flight: HashMap<ObjectKey, (u64, Item, Instant)>,
+    /// Object messages on their way to the agent.
+    sending: Sending,
     /// The latest report per key: the hub's replica of the observed set.
     pub observed: HashMap<ObjectKey, Observation>,
     pub ops: Ops,
     session: Option<Session>,
     /// Capability `live-views`: the reads under way on the session.
     live: live::LiveReads,
-    /// Acknowledgements, sent ahead of object messages; the session bounds
-    /// it (`--grpc-control-queue`).
-    control: VecDeque<HubMessage>,
-    /// The digest of the desired set is to be sent (computed when sent).
-    digest_due: bool,
-    /// Buckets of the observed set to ask the agent for again (the
-    /// requests are built from the replica when sent).
-    resync_buckets: BTreeSet<u32>,
-    /// Keys whose object message waits to be sent again (one timer each).
-    retrying: HashSet<ObjectKey>,
+    /// What is sent ahead of object messages.
+    control: Control,
     /// Why the cluster may not connect, while it may not.
     revoked: Option<String>,
-    control_gauge: Option<Gauge>,
     /// Why the agent refused the latest value of a key.
     pub rejected: HashMap<ObjectKey, String>,
-    /// Keys whose delete the agent has requested, with the hub uid.
-    delete_acked: HashMap<ObjectKey, String>,
-    /// Keys the agent reported gone after their delete, with the hub uid.
-    pub gone: HashMap<ObjectKey, String>,
-    /// Keys reported gone while their delete was on its way, with the hub
-    /// uid of the delete: its acknowledgement completes it. (An agent that
-    /// finds nothing to delete may say `gone` before it answers the delete;
-    /// waiting for another `gone` would wait for ever.)
-    gone_before_ack: HashMap<ObjectKey, String>,
-    /// Keys the hub knows nothing of that the agent's resync requests
-    /// made it delete or release (what the agent says it has, not what the
-    /// hub wants): at most [`MAX_REPAIR_REMOVALS`] at a time, dropped when
-    /// the session ends (the next session's digest finds them again).
-    removals: HashSet<ObjectKey>,
+    /// Where each delete and release of a key stands.
+    pub deletes: Deletes,
     /// Capability `projects`: the version of the last ProjectSet the agent
     /// answered, with its answer.
     pub projects_acked: Option<(String, AckOutcome)>,
-    /// With `--otlp-endpoint`: the trace of each delivery on its way.
-    traces: HashMap<ObjectKey, traces::Trace>,
     /// With `--otlp-endpoint`: the trace each key's last report continues,
     /// until its status is written.
     report_traces: HashMap<ObjectKey, String>,
@@ -221,7 +195,9 @@ pub const MAX_REPAIR_REMOVALS: usize = 1024;
 
 impl Inner {
     fn outbox(&mut self) -> &mut Outbox<ObjectKey, Item> {
-        self.outbox.get_or_insert_with(|| Outbox::new(WINDOW))
+        self.sending
+            .outbox
+            .get_or_insert_with(|| Outbox::new(WINDOW))
     }
 
     fn observed_entries(&self) -> Entries {
@@ -244,8 +220,8 @@ impl Inner {
     }
 
     fn count_control(&self) {
-        if let Some(g) = &self.control_gauge {
-            g.set(self.control.len() as i64);
+        if let Some(g) = &self.control.gauge {
+            g.set(self.control.messages.len() as i64);
         }
     }
 
@@ -255,24 +231,24 @@ impl Inner {
         self.live.clear();
         self.outbox().requeue_in_flight();
         // What the agent's own requests queued goes with it.
-        let removals = std::mem::take(&mut self.removals);
+        let removals = std::mem::take(&mut self.deletes.removals);
         if !removals.is_empty() {
             for k in &removals {
-                self.enqueued.remove(k);
-                self.delete_acked.remove(k);
-                self.gone.remove(k);
+                self.sending.enqueued.remove(k);
+                self.deletes.delete_acked.remove(k);
+                self.deletes.gone.remove(k);
                 if matches!(self.observed.get(k), Some(Observation::Gone)) {
                     self.observed.remove(k);
                 }
             }
             self.outbox().retain(|k| !removals.contains(k));
         }
-        self.in_flight.clear();
-        self.gone_before_ack.clear();
-        self.control.clear();
-        self.digest_due = false;
-        self.resync_buckets.clear();
-        self.retrying.clear();
+        self.sending.in_flight.clear();
+        self.deletes.gone_before_ack.clear();
+        self.control.messages.clear();
+        self.control.digest_due = false;
+        self.control.resync_buckets.clear();
+        self.sending.retrying.clear();
         self.count_control();
     }
 }
@@ -363,12 +339,13 @@ impl ClusterState {
                 .as_ref()
                 .map(|s| s.agent.certificate_not_after),
             lag: inner
+                .sending
                 .in_flight
                 .values()
                 .map(|(_, _, t)| t.elapsed().as_secs_f64())
                 .fold(0.0, f64::max),
             pending: inner.outbox().len(),
-            control: inner.control.len(),
+            control: inner.control.messages.len(),
             wanted: !inner.desired.is_empty(),
             created: self.created,
             last_seen: self.last_seen(),
@@ -411,7 +388,7 @@ impl ClusterState {
     /// Whether the hub has anything to do with `key` in managed mode.
     pub fn knows(&self, key: &ObjectKey) -> bool {
         let inner = self.lock();
-        inner.desired.contains_key(key) || inner.enqueued.contains_key(key)
+        inner.desired.contains_key(key) || inner.sending.enqueued.contains_key(key)
     }
 
     /// The desired set, for digests and repairs.
@@ -449,6 +426,7 @@ impl ClusterState {
     pub fn lag(&self) -> (f64, usize) {
         let mut inner = self.lock();
         let oldest = inner
+            .sending
             .in_flight
             .values()
             .map(|(_, _, t)| t.elapsed().as_secs_f64())

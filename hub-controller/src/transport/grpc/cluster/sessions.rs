@@ -178,13 +178,13 @@ impl Inner {
             .retain(|_, o| matches!(o, super::Observation::Mirrored { .. }));
         let forgot = self.observed.len() != observed
             || !self.rejected.is_empty()
-            || !self.gone.is_empty()
-            || !self.delete_acked.is_empty()
+            || !self.deletes.gone.is_empty()
+            || !self.deletes.delete_acked.is_empty()
             || !self.ops.is_empty();
         self.rejected.clear();
-        self.gone.clear();
-        self.delete_acked.clear();
-        self.gone_before_ack.clear();
+        self.deletes.gone.clear();
+        self.deletes.delete_acked.clear();
+        self.deletes.gone_before_ack.clear();
         self.ops.clear();
         forgot
     }
@@ -200,14 +200,14 @@ impl Inner {
         }
         let managed = session.mode == AgentMode::Managed;
         let mut out = Vec::new();
-        if std::mem::take(&mut self.digest_due) {
+        if std::mem::take(&mut self.control.digest_due) {
             let digest = SetDigest::of(&self.desired_entries()).to_proto(DigestSet::Desired);
             out.push(HubMessage {
                 kind: Some(hub_message::Kind::Digest(digest)),
             });
         }
-        if !self.resync_buckets.is_empty() {
-            let buckets: Vec<u32> = std::mem::take(&mut self.resync_buckets)
+        if !self.control.resync_buckets.is_empty() {
+            let buckets: Vec<u32> = std::mem::take(&mut self.control.resync_buckets)
                 .into_iter()
                 .collect();
             let replica = self.observed_entries();
@@ -217,14 +217,14 @@ impl Inner {
                 });
             }
         }
-        let before = self.control.len();
+        let before = self.control.messages.len();
         while out.len() < max {
-            match self.control.pop_front() {
+            match self.control.messages.pop_front() {
                 Some(m) => out.push(m),
                 None => break,
             }
         }
-        let drained = self.control.len() != before;
+        let drained = self.control.messages.len() != before;
         if drained {
             self.count_control();
         }
@@ -238,11 +238,12 @@ impl Inner {
             let Some(m) = self.outbox().next_ready() else {
                 break;
             };
-            self.in_flight
+            self.sending
+                .in_flight
                 .insert(m.key.clone(), (m.seq, m.value.clone(), now));
             let mut message = object_message(m.key.clone(), m.seq, &m.value);
             if let (Some(hub_message::Kind::Upsert(u)), Some(t)) =
-                (&mut message.kind, self.traces.get_mut(&m.key))
+                (&mut message.kind, self.sending.traces.get_mut(&m.key))
             {
                 u.trace_parent = t.sent(cluster, &m.key);
             }
@@ -259,9 +260,9 @@ impl Inner {
             return false;
         }
         let managed = session.mode == AgentMode::Managed;
-        self.digest_due
-            || !self.resync_buckets.is_empty()
-            || !self.control.is_empty()
+        self.control.digest_due
+            || !self.control.resync_buckets.is_empty()
+            || !self.control.messages.is_empty()
             || self.ops.any_ready(id)
             || (managed && self.outbox().has_ready())
     }

@@ -1,6 +1,7 @@
 //! Unit tests of the per-cluster state.
 use super::*;
-use argocd_pull_proto::v1::{ObjectMeta, OperationRequest, hub_message};
+use argocd_pull_proto::v1::{HubMessage, ObjectMeta, OperationRequest, hub_message};
+use prometheus_client::metrics::gauge::Gauge;
 
 fn key(name: &str) -> ObjectKey {
     ObjectKey {
@@ -126,7 +127,7 @@ fn a_delete_is_confirmed_by_gone_after_its_acknowledgement() {
     applied(&c, delete_seq(&del[0]));
     assert!(c.observe(&key("a"), Observation::Gone));
     assert_eq!(
-        c.lock().gone.get(&key("a")).map(String::as_str),
+        c.lock().deletes.gone.get(&key("a")).map(String::as_str),
         Some("uid-a")
     );
 }
@@ -141,18 +142,21 @@ fn a_gone_before_the_delete_is_acknowledged_completes_it_with_the_ack() {
     c.set_deleting(&key("a"), "uid-a");
     let del = delete_seq(&c.next_messages(1, 10)[0]);
     assert!(!c.observe(&key("a"), Observation::Gone));
-    assert!(c.lock().gone.is_empty(), "not before the acknowledgement");
+    assert!(
+        c.lock().deletes.gone.is_empty(),
+        "not before the acknowledgement"
+    );
     applied(&c, del);
     assert_eq!(
-        c.lock().gone.get(&key("a")).map(String::as_str),
+        c.lock().deletes.gone.get(&key("a")).map(String::as_str),
         Some("uid-a")
     );
     c.forget_if_idle(&key("a"));
     let inner = c.lock();
     assert!(
-        inner.gone.is_empty()
-            && inner.delete_acked.is_empty()
-            && inner.enqueued.is_empty()
+        inner.deletes.gone.is_empty()
+            && inner.deletes.delete_acked.is_empty()
+            && inner.sending.enqueued.is_empty()
             && inner.observed.is_empty(),
         "nothing is left of a key gone on both sides"
     );
@@ -167,7 +171,10 @@ fn a_gone_before_the_delete_was_sent_does_not_complete_it() {
     applied(&c, seq);
     c.set_deleting(&key("a"), "uid-a");
     applied(&c, delete_seq(&c.next_messages(1, 10)[0]));
-    assert!(c.lock().gone.is_empty(), "the spoke copy may still exist");
+    assert!(
+        c.lock().deletes.gone.is_empty(),
+        "the spoke copy may still exist"
+    );
     assert!(c.observe(&key("a"), Observation::Gone));
 }
 

@@ -154,11 +154,11 @@ mod tests {
         cs.seen(now());
         let m = &hub.metrics;
         let l = m.cluster(&name);
-        m.connected.get_or_create(&l).set(1);
-        m.last_seen.get_or_create(&l).set(now());
-        m.lag.get_or_create(&l).set(0.25);
-        m.pending.get_or_create(&l).set(2);
-        m.control_queue.get_or_create(&l).set(0);
+        m.agents.connected.get_or_create(&l).set(1);
+        m.agents.last_seen.get_or_create(&l).set(now());
+        m.agents.lag.get_or_create(&l).set(0.25);
+        m.agents.pending.get_or_create(&l).set(2);
+        m.agents.control_queue.get_or_create(&l).set(0);
         m.resync(&name);
         for k in ["upsert", "delete", "object_ack", "digest"] {
             m.message(&name, "out", k);
@@ -166,7 +166,7 @@ mod tests {
         for k in ["status", "object_ack", "heartbeat", "digest"] {
             m.message(&name, "in", k);
         }
-        m.delivery.observe(0.05 + (i % 100) as f64 / 100.0);
+        m.writes.delivery.observe(0.05 + (i % 100) as f64 / 100.0);
         if i.is_multiple_of(100) {
             m.refuse(&name, "stalled");
         }

@@ -186,7 +186,7 @@ impl Mirrors {
             )
             .await?;
         self.writer.written().record(&applied.metadata);
-        self.metrics.status_writes.inc();
+        self.metrics.writes.status_writes.inc();
         // Fields someone else added to the spec are not the
         // mirror's: take them out (server-side apply keeps them).
         let have = serde_json::to_value(&applied).unwrap_or_default();

@@ -91,7 +91,7 @@ impl Hub {
         } = parts;
         let queue = WorkQueue::new();
         let writer = AppWriter::new(client.clone());
-        let clusters = Arc::new(Clusters::new(metrics.delivery.clone()));
+        let clusters = Arc::new(Clusters::new(metrics.writes.delivery.clone()));
         let routes = Arc::new(Routes::new(
             caches.clone(),
             config.authorization.clone(),

@@ -56,7 +56,7 @@ impl Workers {
                     while let Some(work) = hub.queue.next().await {
                         if let Err(e) = hub.reconcile(&work).await {
                             tracing::warn!(?work, error = %e, "gRPC transport: write failed; retrying");
-                            hub.metrics.write_errors.inc();
+                            hub.metrics.writes.write_errors.inc();
                             hub.queue.add_after(work.clone(), Duration::from_secs(2));
                         }
                         hub.queue.done(&work);
@@ -252,7 +252,7 @@ impl Workers {
         {
             return Ok(());
         }
-        self.metrics.status_writes.inc();
+        self.metrics.writes.status_writes.inc();
         if hub_status(&status, observed.as_ref(), condition.clone()) != status {
             // A first step: its echo brings the second ([`Routes::follow_up`]).
             self.routes.follow_up(r);
@@ -357,7 +357,7 @@ impl Workers {
         if !holds_argocd_finalizer(app) {
             return Ok(());
         }
-        let gone_for = cs.lock().gone.get(key).cloned();
+        let gone_for = cs.lock().deletes.gone.get(key).cloned();
         if gone_for.as_deref() != app.metadata.uid.as_deref() {
             return Ok(());
         }

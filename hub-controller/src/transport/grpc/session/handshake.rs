@@ -140,6 +140,7 @@ pub(super) async fn attach(
     let metrics = &hub.metrics;
     cs.set_control_gauge(
         metrics
+            .agents
             .control_queue
             .get_or_create(&metrics.cluster(cluster))
             .clone(),

@@ -83,6 +83,7 @@ pub async fn run(
     let mode = version::mode_name(negotiated.mode);
     tracing::info!(%cluster, session = id, mode, protocol = negotiated.version, %agent_version, certificate = %peer.fingerprint, "agent connected");
     metrics
+        .agents
         .connected
         .get_or_create(&metrics.cluster(cluster))
         .set(1);
@@ -123,6 +124,7 @@ pub async fn run(
     cs.detach(id);
     hub.session_ended(cluster, &cs);
     metrics
+        .agents
         .connected
         .get_or_create(&metrics.cluster(cluster))
         .set(0);
@@ -193,6 +195,7 @@ fn seen(hub: &Hub, cs: &ClusterState) {
         .as_secs_f64();
     cs.seen(now);
     hub.metrics
+        .agents
         .last_seen
         .get_or_create(&hub.metrics.cluster(&cs.name))
         .set(now);

@@ -80,8 +80,12 @@ async fn send(hub: &Hub, cs: &ClusterState, out: &Out, m: HubMessage) -> bool {
 /// With nothing to send: how far behind the cluster's agent is, as gauges.
 fn record_lag(hub: &Hub, cs: &ClusterState, label: &ClusterLabel) {
     let (lag, pending) = cs.lag();
-    hub.metrics.lag.get_or_create(label).set(lag);
-    hub.metrics.pending.get_or_create(label).set(pending as i64);
+    hub.metrics.agents.lag.get_or_create(label).set(lag);
+    hub.metrics
+        .agents
+        .pending
+        .get_or_create(label)
+        .set(pending as i64);
 }
 
 /// A heartbeat stamped with the time it is sent.
