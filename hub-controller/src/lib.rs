@@ -275,6 +275,9 @@ async fn run_controllers(
     let live = args.live.enabled()?;
     // The tree writer asks the gRPC transport which copies it delivers, so
     // with one the transport builds it.
+    // The ManifestWork side hears of Applications that move to or from the
+    // gRPC transport on this channel (its gate is built after the hub).
+    let (switches, switched) = tokio::sync::mpsc::unbounded_channel();
     let (grpc, trees) = match grpc_config {
         Some(config) => {
             let hub = grpc::Hub::new(grpc::hub::HubParts {
@@ -288,6 +291,7 @@ async fn run_controllers(
                 trees: make_trees
                     .map(|make| -> grpc::hub::MakeTrees { Box::new(move |view| make(Some(view))) }),
                 live_url: live.then(|| args.live.live_url.clone()).flatten(),
+                switches: Some(switches),
             });
             let trees = hub.trees().cloned();
             (Some(hub), trees)
@@ -406,13 +410,11 @@ async fn run_controllers(
         });
     }
 
-    if let Some(hub) = &grpc {
-        let gate = std::sync::Arc::downgrade(&gate);
-        hub.on_transport_switch(move |r, trigger| {
-            if let Some(g) = gate.upgrade() {
-                g.transport_switched(r, trigger);
-            }
-        });
+    if grpc.is_some() {
+        tokio::spawn(manifestwork::triggers::Gate::hear_switches(
+            std::sync::Arc::downgrade(&gate),
+            switched,
+        ));
     }
     let leadership = leading::run(
         leading::Share {

@@ -111,10 +111,6 @@ impl Context {
     fn end_term(&self) {
         *self.triggers.lock().expect("lock") = None;
     }
-
-    pub fn reconcile_count(&self) -> u64 {
-        self.metrics.reconciles.get()
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -214,6 +214,18 @@ impl Gate {
             self.ctx.trigger(r, trigger);
         }
     }
+
+    /// Hears the gRPC side's switches ([`crate::transport::grpc::hub::Switches`])
+    /// until the hub or the gate is gone.
+    pub async fn hear_switches(
+        gate: std::sync::Weak<Gate>,
+        mut switched: tokio::sync::mpsc::UnboundedReceiver<(HubRef, &'static str)>,
+    ) {
+        while let Some((app, trigger)) = switched.recv().await {
+            let Some(gate) = gate.upgrade() else { return };
+            gate.transport_switched(&app, trigger);
+        }
+    }
 }
 
 impl Consumer for Gate {

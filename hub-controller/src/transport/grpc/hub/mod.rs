@@ -50,7 +50,7 @@ pub use index::{Decision, Index};
 pub use mirror::Mirrors;
 pub use parts::{HubParts, MakeTrees};
 pub use relay::CommandRelay;
-pub use routes::Routes;
+pub use routes::{Routes, Switches};
 pub use workers::Workers;
 
 use mirror::mirror_work;
@@ -283,13 +283,6 @@ impl Hub {
 
     // -----------------------------------------------------------------------
     // What the sessions and the ManifestWork transport ask
-
-    /// Calls `f` with every Application that moves to or from the gRPC
-    /// transport (set once), and the trigger its ManifestWork reconcile is
-    /// counted under.
-    pub fn on_transport_switch(&self, f: impl Fn(&HubRef, &'static str) + Send + Sync + 'static) {
-        self.routes.on_transport_switch(f);
-    }
 
     /// See [`Routes::grpc_cluster`].
     pub fn grpc_cluster(&self, r: &HubRef) -> Option<String> {

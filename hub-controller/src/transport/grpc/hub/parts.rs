@@ -15,8 +15,8 @@ use super::super::config::GrpcConfig;
 use super::super::holders::Holders;
 use super::super::metrics::GrpcMetrics;
 use super::{
-    Acting, Clusters, CommandRelay, Granted, Holding, Hub, Mirrors, Offers, Routes, Workers,
-    Writing,
+    Acting, Clusters, CommandRelay, Granted, Holding, Hub, Mirrors, Offers, Routes, Switches,
+    Workers, Writing,
 };
 use crate::authorized::Records;
 use crate::route::HubRef;
@@ -50,6 +50,9 @@ pub struct HubParts {
     /// The live endpoint's URL when it serves argocd-server: agents are
     /// offered `live-views`.
     pub live_url: Option<String>,
+    /// Told of each Application that moves to or from this transport, for
+    /// the ManifestWork side to look at again.
+    pub switches: Option<Switches>,
 }
 
 impl HubParts {
@@ -71,6 +74,7 @@ impl HubParts {
             authorized: None,
             trees: None,
             live_url: None,
+            switches: None,
         }
     }
 }
@@ -88,6 +92,7 @@ impl Hub {
             authorized,
             trees,
             live_url,
+            switches,
         } = parts;
         let queue = WorkQueue::new();
         let writer = AppWriter::new(client.clone());
@@ -97,6 +102,7 @@ impl Hub {
             config.authorization.clone(),
             clusters.clone(),
             queue.clone(),
+            switches,
         ));
         let shared = Shared {
             client: &client,

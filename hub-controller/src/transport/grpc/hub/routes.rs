@@ -4,7 +4,7 @@
 //! agent. What needs a write is queued for the [workers](super::workers).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use argocd_pull_apis::argocd::Application;
 use argocd_pull_proto::v1::ObjectKey;
@@ -22,9 +22,10 @@ use crate::transport::grpc::cluster::{Item, Work};
 use crate::watch::cached::CachedApp;
 use crate::watch::caches::{self, Caches};
 
-/// What [`Routes::on_transport_switch`] calls: the Application, and the
-/// trigger its ManifestWork reconcile is counted under.
-type OnSwitch = Box<dyn Fn(&HubRef, &'static str) + Send + Sync>;
+/// Where the hub tells of each Application that moves to or from the gRPC
+/// transport: the Application, and the trigger its ManifestWork reconcile
+/// is counted under.
+pub type Switches = tokio::sync::mpsc::UnboundedSender<(HubRef, &'static str)>;
 
 /// The index and what keeps it: the only part of the hub that changes it.
 pub struct Routes {
@@ -35,7 +36,7 @@ pub struct Routes {
     follow_ups: Mutex<HashSet<HubRef>>,
     /// Told of Applications that move to or from this transport, for the
     /// ManifestWork controller to look at again (while it runs).
-    on_switch: OnceLock<OnSwitch>,
+    switches: Option<Switches>,
     /// Whether the index is built (every watch had its first full list).
     built: watch::Sender<bool>,
     caches: Caches,
@@ -50,11 +51,12 @@ impl Routes {
         authorization: Authorization,
         clusters: Arc<Clusters>,
         queue: WorkQueue<Work>,
+        switches: Option<Switches>,
     ) -> Self {
         Self {
             index: Mutex::default(),
             follow_ups: Mutex::default(),
-            on_switch: OnceLock::new(),
+            switches,
             built: watch::channel(false).0,
             caches,
             authorization,
@@ -86,15 +88,11 @@ impl Routes {
         let _ = rx.wait_for(|s| *s).await;
     }
 
-    /// Calls `f` with every Application that moves to or from the gRPC
-    /// transport (set once).
-    pub fn on_transport_switch(&self, f: impl Fn(&HubRef, &'static str) + Send + Sync + 'static) {
-        let _ = self.on_switch.set(Box::new(f));
-    }
-
+    /// Tells of `r` on [`Switches`]; nobody listening is no error (the
+    /// ManifestWork side has ended).
     fn switched(&self, r: &HubRef, trigger: &'static str) {
-        if let Some(f) = self.on_switch.get() {
-            f(r, trigger);
+        if let Some(s) = &self.switches {
+            let _ = s.send((r.clone(), trigger));
         }
     }
 
@@ -308,7 +306,7 @@ impl Routes {
     /// The cluster the gRPC transport delivers `r` to, or refuses it for;
     /// `None` when `r` is not this transport's (as far as the index knows:
     /// a change of transport is told through
-    /// [`Routes::on_transport_switch`] once the index shows it).
+    /// [`Switches`] once the index shows it).
     pub fn grpc_cluster(&self, r: &HubRef) -> Option<String> {
         match self.index().assignment(r) {
             Some(Assignment::Deliver { cluster, .. } | Assignment::Refused { cluster, .. }) => {
