@@ -33,15 +33,9 @@ const ROOTS: &[&str] = &[
 /// `file`, `file::name` for `fn` and `struct`.
 const KNOWN: &[(&str, &str, usize)] = &[
     ("file", "spoke-agent/src/session.rs", 624),
-    (
-        "file",
-        "hub-controller/src/transport/grpc/issued/mod.rs",
-        609,
-    ),
     ("file", "addon/src/lib.rs", 590),
     ("file", "hub-controller/src/transport/grpc/tls.rs", 515),
     ("fn", "addon/src/lib.rs::add_on_template", 103),
-    ("fn", "hub-controller/src/status/trees.rs::write", 96),
     ("fn", "spoke-agent/src/session.rs::open_through", 85),
     ("struct", "spoke-agent/src/lib.rs::Args", 21),
     (

@@ -337,71 +337,16 @@ impl Trees {
             self.last.lock().unwrap().remove(key);
             return Ok(());
         }
-        let reported = {
-            let mut reported = self.reported.lock().unwrap();
-            // The record decides, now: the tree of a spoke key whose grant
-            // names this hub copy, and uids only while its destination
-            // still opens live views of that cluster alone.
-            let current = reported.get(key).is_some_and(|r| {
-                let uid = app.as_ref().and_then(|a| a.identity().uid.as_deref());
-                Some(&r.cluster) == cluster.as_ref()
-                    && uid == Some(r.hub_uid.as_str())
-                    && hub
-                        .as_ref()
-                        .is_some_and(|h| h.granted_to(&r.cluster, &r.key, uid))
-                    && (!r.uids
-                        || app
-                            .as_ref()
-                            .is_some_and(|a| self.opens_live_views(a, &r.cluster)))
-            });
-            if current {
-                reported
-                    .get(key)
-                    .map(|r| (r.tree.clone(), r.managed.clone()))
-            } else {
-                // Moved to another cluster or transport, deleted and
-                // created again, its grant gone or made for another hub
-                // copy, or aimed elsewhere since: the tree from the status
-                // (no uid: it opens no live view) until its agent reports.
-                reported.remove(key);
-                None
-            }
-        };
-        let (tree, managed) = match reported {
-            Some((tree, managed)) => (Some(tree), managed),
-            None => {
-                let json = app
-                    .as_ref()
-                    .and_then(|app| tree::tree(app.status().as_ref()))
-                    .map(|t| serde_json::to_vec(&t).expect("a Value always serializes"));
-                (json.map(|j| if self.gzip { gzip(&j) } else { j }), None)
-            }
-        };
+        let (tree, managed) = self.tree_of(key, app.as_deref(), hub.as_deref(), cluster.as_deref());
         let now: Last = tree
             .as_deref()
             .map(|t| digest(t) ^ managed.as_deref().map_or(0, |m| digest(m).rotate_left(1)));
         if self.last.lock().unwrap().get(key) == Some(&now) {
             return Ok(());
         }
-        let tree_key = tree::tree_key(&instance, self.gzip);
-        let managed_key = tree::managed_resources_key(&instance, self.gzip);
-        let changed = match &tree {
-            Some(value) => {
-                self.redis.set(&tree_key, value, self.expiry).await?;
-                match &managed {
-                    Some(value) => self.redis.set(&managed_key, value, self.expiry).await?,
-                    None => {
-                        self.redis.del(&managed_key).await?;
-                    }
-                }
-                true
-            }
-            // Open trees hear of a key that went, not of one never there.
-            None => {
-                let managed_went = self.redis.del(&managed_key).await?;
-                self.redis.del(&tree_key).await? || managed_went
-            }
-        };
+        let changed = self
+            .store(&instance, tree.as_deref(), managed.as_deref())
+            .await?;
         if changed {
             self.redis
                 .publish(&tree::tree_channel(&instance), b"")
@@ -415,6 +360,81 @@ impl Trees {
             self.reported.lock().unwrap().remove(key);
         }
         Ok(())
+    }
+
+    /// The tree and managed resources `key` shows now: the ones its agent
+    /// reported while the record still decides for them, else the tree
+    /// from its status (no uid: it opens no live view) until its agent
+    /// reports.
+    fn tree_of(
+        &self,
+        key: &ObjectRef<CachedApp>,
+        app: Option<&CachedApp>,
+        hub: Option<&dyn GrpcView>,
+        cluster: Option<&str>,
+    ) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        let reported = {
+            let mut reported = self.reported.lock().unwrap();
+            // The record decides, now: the tree of a spoke key whose grant
+            // names this hub copy, and uids only while its destination
+            // still opens live views of that cluster alone.
+            let current = reported.get(key).is_some_and(|r| {
+                let uid = app.and_then(|a| a.identity().uid.as_deref());
+                Some(r.cluster.as_str()) == cluster
+                    && uid == Some(r.hub_uid.as_str())
+                    && hub.is_some_and(|h| h.granted_to(&r.cluster, &r.key, uid))
+                    && (!r.uids || app.is_some_and(|a| self.opens_live_views(a, &r.cluster)))
+            });
+            if current {
+                reported
+                    .get(key)
+                    .map(|r| (r.tree.clone(), r.managed.clone()))
+            } else {
+                // Moved to another cluster or transport, deleted and
+                // created again, its grant gone or made for another hub
+                // copy, or aimed elsewhere since.
+                reported.remove(key);
+                None
+            }
+        };
+        match reported {
+            Some((tree, managed)) => (Some(tree), managed),
+            None => {
+                let json = app
+                    .and_then(|app| tree::tree(app.status().as_ref()))
+                    .map(|t| serde_json::to_vec(&t).expect("a Value always serializes"));
+                (json.map(|j| if self.gzip { gzip(&j) } else { j }), None)
+            }
+        }
+    }
+
+    /// Writes `tree` and `managed` under `instance`'s keys, or deletes
+    /// them; whether anything changed there.
+    async fn store(
+        &self,
+        instance: &str,
+        tree: Option<&[u8]>,
+        managed: Option<&[u8]>,
+    ) -> Result<bool, redis::Error> {
+        let tree_key = tree::tree_key(instance, self.gzip);
+        let managed_key = tree::managed_resources_key(instance, self.gzip);
+        match tree {
+            Some(value) => {
+                self.redis.set(&tree_key, value, self.expiry).await?;
+                match managed {
+                    Some(value) => self.redis.set(&managed_key, value, self.expiry).await?,
+                    None => {
+                        self.redis.del(&managed_key).await?;
+                    }
+                }
+                Ok(true)
+            }
+            // Open trees hear of a key that went, not of one never there.
+            None => {
+                let managed_went = self.redis.del(&managed_key).await?;
+                Ok(self.redis.del(&tree_key).await? || managed_went)
+            }
+        }
     }
 }
 
