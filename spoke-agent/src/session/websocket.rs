@@ -29,7 +29,9 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 /// Why a dial on the WebSocket wire failed, as an operator reads it.
 #[derive(Debug, thiserror::Error)]
 pub enum WsError {
-    #[error(transparent)]
+    /// Not transparent: the choice of wire reads the `ProxyError` in the
+    /// error's sources.
+    #[error("{0}")]
     Proxy(#[from] ProxyError),
     #[error("cannot reach {address} for the WebSocket wire: {source}")]
     Tcp {
@@ -225,6 +227,21 @@ mod tests {
         assert_eq!(
             server.await.unwrap(),
             format!("GET {} HTTP/1.1", websocket::PATH)
+        );
+    }
+
+    #[test]
+    fn a_proxy_refusing_connect_to_the_websocket_url_is_no_reason_to_change_wires() {
+        use super::super::wire::{Failure, classify};
+        let e = WsError::from(ProxyError::Refused {
+            proxy: "proxy:3128".into(),
+            target: "hub:443".into(),
+            answer: "403 Forbidden".into(),
+        });
+        assert_eq!(classify(&e), Failure::Unreachable);
+        assert_eq!(
+            e.to_string(),
+            "the proxy proxy:3128 refused CONNECT to hub:443: 403 Forbidden"
         );
     }
 
