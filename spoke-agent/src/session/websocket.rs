@@ -174,46 +174,49 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;
 
-    /// A WebSocket server on loopback that echoes binary messages, and the
-    /// request line it was asked with.
-    async fn echo_server() -> (u16, tokio::task::JoinHandle<String>) {
+    /// Answers one WebSocket upgrade on `stream` and echoes five bytes;
+    /// the request line it was asked with.
+    async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) -> String {
+        let head = argocd_pull_runtime::net::read_head(&mut stream, 8192)
+            .await
+            .unwrap();
+        let head = String::from_utf8(head).unwrap();
+        let key = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+            .expect("a key");
+        let answer = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
+            websocket::derive_accept_key(key.as_bytes())
+        );
+        stream.write_all(answer.as_bytes()).await.unwrap();
+        let mut ws = ByteStream::server(stream).await;
+        let mut buf = [0u8; 5];
+        ws.read_exact(&mut buf).await.unwrap();
+        ws.write_all(&buf).await.unwrap();
+        ws.flush().await.unwrap();
+        head.lines().next().unwrap_or_default().to_string()
+    }
+
+    /// A WebSocket server on loopback that echoes, with TLS when `tls`
+    /// is given; its port and the request line it was asked with.
+    async fn echo_server(
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> (u16, tokio::task::JoinHandle<String>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let task = tokio::spawn(async move {
-            let (mut tcp, _) = listener.accept().await.unwrap();
-            let head = argocd_pull_runtime::net::read_head(&mut tcp, 8192)
-                .await
-                .unwrap();
-            let head = String::from_utf8(head).unwrap();
-            let key = head
-                .lines()
-                .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
-                .expect("a key");
-            let answer = format!(
-                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
-                websocket::derive_accept_key(key.as_bytes())
-            );
-            tcp.write_all(answer.as_bytes()).await.unwrap();
-            let mut stream = ByteStream::server(tcp).await;
-            let mut buf = [0u8; 5];
-            stream.read_exact(&mut buf).await.unwrap();
-            stream.write_all(&buf).await.unwrap();
-            stream.flush().await.unwrap();
-            head.lines().next().unwrap_or_default().to_string()
+            let (tcp, _) = listener.accept().await.unwrap();
+            match tls {
+                Some(tls) => echo(tls.accept(tcp).await.unwrap()).await,
+                None => echo(tcp).await,
+            }
         });
         (port, task)
     }
 
-    #[tokio::test]
-    async fn the_connector_upgrades_to_the_path_and_carries_bytes_both_ways() {
-        let (port, server) = echo_server().await;
-        let url =
-            super::super::wire::websocket_url(&format!("https://127.0.0.1:{port}"), None).unwrap();
-        let connector = Connector {
-            url,
-            tunnel: None,
-            ca_file: None,
-        };
+    /// Sends five bytes through `connector` and reads them back.
+    async fn round_trip(connector: Connector) {
         let io = connector
             .oneshot(Uri::from_static("https://hub:443"))
             .await
@@ -224,6 +227,78 @@ mod tests {
         let mut back = [0u8; 5];
         stream.read_exact(&mut back).await.unwrap();
         assert_eq!(&back, b"hello");
+    }
+
+    #[tokio::test]
+    async fn a_wss_url_is_dialled_with_tls_to_its_host_trusting_the_ca_file() {
+        let ca = testenv::pki::Ca::new("ingress-ca").unwrap();
+        let serving = ca
+            .serving(&["localhost"], &[std::net::Ipv4Addr::LOCALHOST.into()])
+            .unwrap();
+        let chain = CertificateDer::pem_slice_iter(serving.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let (port, server) = echo_server(Some(acceptor.clone())).await;
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.crt");
+        std::fs::write(&ca_file, &ca.pem.cert_pem).unwrap();
+        let url = super::super::wire::websocket_url(
+            "https://hub:8443",
+            Some(&format!("wss://localhost:{port}/hub")),
+        )
+        .unwrap();
+        round_trip(Connector {
+            url: url.clone(),
+            tunnel: None,
+            ca_file: Some(ca_file),
+        })
+        .await;
+        assert_eq!(server.await.unwrap(), "GET /hub HTTP/1.1");
+
+        // The system's roots do not know that CA: refused, and said so.
+        let (port, _server) = echo_server(Some(acceptor)).await;
+        let url = super::super::wire::websocket_url(
+            "https://hub:8443",
+            Some(&format!("wss://localhost:{port}/hub")),
+        )
+        .unwrap();
+        let connector = Connector {
+            url,
+            tunnel: None,
+            ca_file: None,
+        };
+        let Err(e) = connector.oneshot(Uri::from_static("https://hub:443")).await else {
+            panic!("TLS to a plain server");
+        };
+        assert!(
+            e.to_string()
+                .starts_with(&format!("TLS to localhost:{port} (wss://): ")),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_connector_upgrades_to_the_path_and_carries_bytes_both_ways() {
+        let (port, server) = echo_server(None).await;
+        let url =
+            super::super::wire::websocket_url(&format!("https://127.0.0.1:{port}"), None).unwrap();
+        round_trip(Connector {
+            url,
+            tunnel: None,
+            ca_file: None,
+        })
+        .await;
         assert_eq!(
             server.await.unwrap(),
             format!("GET {} HTTP/1.1", websocket::PATH)
