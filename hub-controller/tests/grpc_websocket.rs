@@ -6,8 +6,9 @@
 //! it (delivery, status, commands and live views), `--transport auto`
 //! falls back to it and says so, heartbeats keep it open past the proxy's
 //! read timeout, the client certificate is checked inside it as on the
-//! gRPC wire, and stray HTTP requests to the hub's port are answered
-//! without disturbing anyone.
+//! gRPC wire, stray HTTP requests to the hub's port are answered without
+//! disturbing anyone, and behind an egress proxy the WebSocket runs
+//! inside its `CONNECT` tunnel.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use grpc_env::replicas::request_sync;
 use grpc_env::{AgentProcess, Env, TIMEOUT, write_pair};
 use serde_json::json;
 use testenv::nginx::{Nginx, NginxOptions};
+use testenv::tinyproxy::{ProxyOptions, TinyProxy};
 use testenv::{paths, wait};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -381,4 +383,37 @@ async fn the_client_certificate_is_checked_inside_the_websocket_and_stray_reques
         "{log}"
     );
     assert_eq!(grpc.metric(RECONNECTS).await, Some(reconnects));
+}
+
+#[tokio::test]
+async fn the_websocket_wire_runs_inside_the_egress_proxys_tunnel() {
+    let mut env = Env::new(&["cluster1"]).await;
+    env.start_hub(&[]).await;
+    let proxy = TinyProxy::start(ProxyOptions {
+        basic_auth: None,
+        idle_timeout: Duration::from_secs(600),
+        connect_ports: vec![env.grpc_addr.port()],
+    })
+    .await
+    .expect("tinyproxy starts (make tools builds it)");
+    let hub = env.hub_address();
+    let agent = env.spawn_agent_process(
+        &agent_binary(),
+        0,
+        &hub,
+        &[("HTTPS_PROXY", &proxy.url())],
+        &["--transport", "websocket"],
+    );
+    agent.wait_connected(TIMEOUT).await;
+    assert_eq!(
+        proxy.connects_to(&env.grpc_addr.to_string()),
+        1,
+        "the WebSocket's host asked of the proxy:\n{}",
+        proxy.log_text()
+    );
+    assert_eq!(hub_metric(&env, HUB_WEBSOCKETS).await, 1.0);
+    assert_eq!(agent.metric(ON_WEBSOCKET).await, Some(1.0));
+    let expected = BTreeMap::from([("through-the-tunnel".to_string(), 0)]);
+    env.create("through-the-tunnel", 0, json!({})).await;
+    delivered(&env, &expected, "delivery over a WebSocket in a tunnel").await;
 }
