@@ -165,6 +165,26 @@ pub struct Args {
     /// sends none (or the URL's own).
     #[arg(long, env = "ARGOCD_PULL_PROXY_CREDENTIALS_FILE")]
     pub proxy_credentials_file: Option<PathBuf>,
+    /// The wire to the hub: `grpc` (TLS and HTTP/2 over TCP), `websocket`
+    /// (the same TLS inside a WebSocket, through HTTP/1.1-only proxies),
+    /// or `auto`: gRPC, and the WebSocket once HTTP/2 is refused on the
+    /// way (back to gRPC when the WebSocket is).
+    #[arg(
+        long,
+        env = "ARGOCD_PULL_TRANSPORT",
+        default_value = "auto",
+        value_parser = parse_transport
+    )]
+    pub transport: session::wire::Transport,
+    /// The WebSocket wire's URL (`ws://` or `wss://host[:port][/path]`);
+    /// unset or `hub`, `ws://<the hub address's host:port>/argocd-pull/v1/ws`.
+    /// With `wss://` the agent does TLS to whatever terminates it (an
+    /// ingress), then the hub's mutual TLS inside the WebSocket.
+    #[arg(long, env = "ARGOCD_PULL_WEBSOCKET_URL")]
+    pub websocket_url: Option<String>,
+    /// The CA of a `wss://` URL's TLS; unset, the system's roots.
+    #[arg(long, env = "ARGOCD_PULL_WEBSOCKET_CA_FILE")]
+    pub websocket_ca_file: Option<PathBuf>,
 }
 
 /// A switch's value: `true`, `false`, or empty (`false`), as an
@@ -214,8 +234,9 @@ pub struct AgentConfig {
     pub argocd_redis: Option<trees::RedisConfig>,
     /// `--live-views`.
     pub live_views: bool,
-    /// `--proxy`, `--proxy-credentials-file` and the proxy variables.
-    pub proxy: session::proxy::ProxyConfig,
+    /// `--proxy`, `--proxy-credentials-file` and the proxy variables;
+    /// `--transport`, `--websocket-url` and `--websocket-ca-file`.
+    pub route: session::wire::Route,
 }
 
 impl Args {
@@ -254,13 +275,35 @@ impl Args {
                     },
                 }),
             live_views: self.live_views,
-            proxy: session::proxy::ProxyConfig::resolve(
-                self.proxy.as_deref(),
-                self.proxy_credentials_file.clone(),
-                !self.hub_address.starts_with("http://"),
-                env,
-            ),
+            route: session::wire::Route {
+                proxy: session::proxy::ProxyConfig::resolve(
+                    self.proxy.as_deref(),
+                    self.proxy_credentials_file.clone(),
+                    !self.hub_address.starts_with("http://"),
+                    env,
+                ),
+                wire: session::wire::WireConfig {
+                    transport: self.transport,
+                    url: self
+                        .websocket_url
+                        .clone()
+                        .filter(|u| !u.trim().is_empty() && u.trim() != "hub"),
+                    ca_file: self.websocket_ca_file.clone(),
+                },
+            },
         }
+    }
+}
+
+/// `--transport`: `auto`, `grpc` or `websocket`; empty (an addon variable
+/// set to nothing) is `auto`.
+fn parse_transport(s: &str) -> Result<session::wire::Transport, String> {
+    use session::wire::Transport;
+    match s.trim().to_ascii_lowercase().as_str() {
+        "" | "auto" => Ok(Transport::Auto),
+        "grpc" => Ok(Transport::Grpc),
+        "websocket" => Ok(Transport::Websocket),
+        _ => Err(format!("{s:?} is none of auto, grpc, websocket")),
     }
 }
 
@@ -335,7 +378,7 @@ pub async fn run_agent(
     readiness.set(session::HUB_CONNECTED, false);
     let ar = application_resource();
     let (api, watch_config, watched) = watched_applications(&config, &client, &ar);
-    tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, proxy = ?config.proxy, "starting");
+    tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, proxy = ?config.route.proxy, transport = ?config.route.wire.transport, "starting");
     let writer = reflector::store::Writer::new(ar);
     let store = writer.as_reader();
     let state = Arc::new(state::AgentState::default());
@@ -484,7 +527,7 @@ mod tests {
             workers: 16,
             argocd_redis: None,
             live_views: false,
-            proxy: Default::default(),
+            route: Default::default(),
         }
     }
 
@@ -551,6 +594,12 @@ mod tests {
             "/p",
             "--heartbeat",
             "5s",
+            "--transport",
+            "websocket",
+            "--websocket-url",
+            "wss://ingress.example.com/hub",
+            "--websocket-ca-file",
+            "/ingress-ca",
         ]);
         let overridden = AgentConfig {
             tls: tls::TlsFiles {
@@ -566,15 +615,32 @@ mod tests {
             tls_reload_interval: Duration::from_secs(3600),
             workers: 4,
             live_views: true,
-            proxy: session::proxy::ProxyConfig {
-                url: Some("http://proxy:3128".into()),
-                source: "--proxy",
-                no_proxy: String::new(),
-                credentials_file: Some("/p".into()),
+            route: session::wire::Route {
+                proxy: session::proxy::ProxyConfig {
+                    url: Some("http://proxy:3128".into()),
+                    source: "--proxy",
+                    no_proxy: String::new(),
+                    credentials_file: Some("/p".into()),
+                },
+                wire: session::wire::WireConfig {
+                    transport: session::wire::Transport::Websocket,
+                    url: Some("wss://ingress.example.com/hub".into()),
+                    ca_file: Some("/ingress-ca".into()),
+                },
             },
             ..defaults()
         };
         assert_eq!(config, overridden);
+    }
+
+    #[test]
+    fn a_transport_is_auto_grpc_or_websocket_and_empty_is_auto() {
+        use session::wire::Transport;
+        assert_eq!(parse_transport(""), Ok(Transport::Auto));
+        assert_eq!(parse_transport("auto"), Ok(Transport::Auto));
+        assert_eq!(parse_transport("gRPC"), Ok(Transport::Grpc));
+        assert_eq!(parse_transport("websocket"), Ok(Transport::Websocket));
+        assert!(parse_transport("http").is_err());
     }
 
     #[test]
