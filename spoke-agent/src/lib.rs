@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+pub mod args;
 pub mod cache;
 pub mod live;
 pub mod metrics;
@@ -152,39 +153,9 @@ pub struct Args {
         value_parser = parse_switch
     )]
     pub live_views: bool,
-    /// An HTTP proxy to reach the hub through with `CONNECT`
-    /// (`http://[user:password@]host:port`): TLS to the hub runs inside
-    /// the tunnel. Unset, `HTTPS_PROXY` (or `https_proxy`; `HTTP_PROXY`
-    /// for an `http://` hub) is read, as OCM's AddOnDeploymentConfig
-    /// `proxyConfig` sets it; either way `NO_PROXY` (or `no_proxy`) naming
-    /// the hub dials it directly.
-    #[arg(long, env = "ARGOCD_PULL_PROXY")]
-    pub proxy: Option<String>,
-    /// A file holding `user:password` for the proxy's Basic
-    /// authentication (a Secret's key), read at every dial; a missing file
-    /// sends none (or the URL's own).
-    #[arg(long, env = "ARGOCD_PULL_PROXY_CREDENTIALS_FILE")]
-    pub proxy_credentials_file: Option<PathBuf>,
-    /// The wire to the hub: `grpc` (TLS and HTTP/2 over TCP), `websocket`
-    /// (the same TLS inside a WebSocket, through HTTP/1.1-only proxies),
-    /// or `auto`: gRPC, and the WebSocket once HTTP/2 is refused on the
-    /// way (back to gRPC when the WebSocket is).
-    #[arg(
-        long,
-        env = "ARGOCD_PULL_TRANSPORT",
-        default_value = "auto",
-        value_parser = parse_transport
-    )]
-    pub transport: session::wire::Transport,
-    /// The WebSocket wire's URL (`ws://` or `wss://host[:port][/path]`);
-    /// unset or `hub`, `ws://<the hub address's host:port>/argocd-pull/v1/ws`.
-    /// With `wss://` the agent does TLS to whatever terminates it (an
-    /// ingress), then the hub's mutual TLS inside the WebSocket.
-    #[arg(long, env = "ARGOCD_PULL_WEBSOCKET_URL")]
-    pub websocket_url: Option<String>,
-    /// The CA of a `wss://` URL's TLS; unset, the system's roots.
-    #[arg(long, env = "ARGOCD_PULL_WEBSOCKET_CA_FILE")]
-    pub websocket_ca_file: Option<PathBuf>,
+    /// How the agent reaches the hub: the egress proxy and the wire.
+    #[command(flatten)]
+    pub route: args::RouteArgs,
 }
 
 /// A switch's value: `true`, `false`, or empty (`false`), as an
@@ -275,35 +246,8 @@ impl Args {
                     },
                 }),
             live_views: self.live_views,
-            route: session::wire::Route {
-                proxy: session::proxy::ProxyConfig::resolve(
-                    self.proxy.as_deref(),
-                    self.proxy_credentials_file.clone(),
-                    !self.hub_address.starts_with("http://"),
-                    env,
-                ),
-                wire: session::wire::WireConfig {
-                    transport: self.transport,
-                    url: self
-                        .websocket_url
-                        .clone()
-                        .filter(|u| !u.trim().is_empty() && u.trim() != "hub"),
-                    ca_file: self.websocket_ca_file.clone(),
-                },
-            },
+            route: self.route.resolve(&self.hub_address, env),
         }
-    }
-}
-
-/// `--transport`: `auto`, `grpc` or `websocket`; empty (an addon variable
-/// set to nothing) is `auto`.
-fn parse_transport(s: &str) -> Result<session::wire::Transport, String> {
-    use session::wire::Transport;
-    match s.trim().to_ascii_lowercase().as_str() {
-        "" | "auto" => Ok(Transport::Auto),
-        "grpc" => Ok(Transport::Grpc),
-        "websocket" => Ok(Transport::Websocket),
-        _ => Err(format!("{s:?} is none of auto, grpc, websocket")),
     }
 }
 
@@ -631,16 +575,6 @@ mod tests {
             ..defaults()
         };
         assert_eq!(config, overridden);
-    }
-
-    #[test]
-    fn a_transport_is_auto_grpc_or_websocket_and_empty_is_auto() {
-        use session::wire::Transport;
-        assert_eq!(parse_transport(""), Ok(Transport::Auto));
-        assert_eq!(parse_transport("auto"), Ok(Transport::Auto));
-        assert_eq!(parse_transport("gRPC"), Ok(Transport::Grpc));
-        assert_eq!(parse_transport("websocket"), Ok(Transport::Websocket));
-        assert!(parse_transport("http").is_err());
     }
 
     #[test]

@@ -37,17 +37,13 @@ const KNOWN: &[(&str, &str, usize)] = &[
         "hub-controller/src/transport/grpc/session/mod.rs",
         708,
     ),
-    ("file", "spoke-agent/src/session.rs", 624),
     (
         "file",
         "hub-controller/src/transport/grpc/issued/mod.rs",
         609,
     ),
-    ("file", "addon/src/lib.rs", 590),
-    ("file", "hub-controller/src/transport/grpc/tls.rs", 515),
-    ("fn", "addon/src/lib.rs::add_on_template", 103),
+    ("fn", "addon/src/agent.rs::add_on_template", 103),
     ("fn", "hub-controller/src/status/trees.rs::write", 96),
-    ("fn", "spoke-agent/src/session.rs::open_through", 85),
     (
         "struct",
         "hub-controller/src/transport/grpc/metrics.rs::GrpcMetrics",
@@ -58,7 +54,7 @@ const KNOWN: &[(&str, &str, usize)] = &[
         "hub-controller/src/transport/grpc/cluster/mod.rs::Inner",
         22,
     ),
-    ("struct", "spoke-agent/src/lib.rs::Args", 21),
+    ("struct", "spoke-agent/src/lib.rs::Args", 20),
     (
         "struct",
         "hub-controller/src/transport/grpc/hub/mod.rs::Hub",

@@ -149,28 +149,7 @@ pub async fn open_on(
             failure: std::error::Error::source(&status).map(classify),
         })?
         .into_inner();
-    let welcome = match tokio::time::timeout(WELCOME_TIMEOUT, inbound.message()).await {
-        Err(_) => {
-            return Err(format!(
-                "no Welcome from the hub within {}s",
-                WELCOME_TIMEOUT.as_secs()
-            )
-            .into());
-        }
-        Ok(Err(status)) => return Err(status_text(&status).into()),
-        Ok(Ok(None)) => {
-            return Err(String::from("the hub closed the stream during the handshake").into());
-        }
-        Ok(Ok(Some(HubMessage {
-            kind: Some(hub_message::Kind::Welcome(w)),
-        }))) => w,
-        Ok(Ok(Some(_))) => {
-            return Err(String::from(
-                "the hub's first message is not a Welcome: it does not follow the protocol",
-            )
-            .into());
-        }
-    };
+    let welcome = welcome(&mut inbound).await?;
     let negotiated =
         version::accept_welcome(&hello, &welcome).map_err(|e| OpenError::from(e.to_string()))?;
     Ok(Opened {
@@ -179,6 +158,26 @@ pub async fn open_on(
         welcome,
         negotiated,
     })
+}
+
+/// The hub's first message on `inbound`, which must be its Welcome.
+async fn welcome(inbound: &mut tonic::Streaming<HubMessage>) -> Result<Welcome, OpenError> {
+    match tokio::time::timeout(WELCOME_TIMEOUT, inbound.message()).await {
+        Err(_) => Err(format!(
+            "no Welcome from the hub within {}s",
+            WELCOME_TIMEOUT.as_secs()
+        )
+        .into()),
+        Ok(Err(status)) => Err(status_text(&status).into()),
+        Ok(Ok(None)) => Err(String::from("the hub closed the stream during the handshake").into()),
+        Ok(Ok(Some(HubMessage {
+            kind: Some(hub_message::Kind::Welcome(w)),
+        }))) => Ok(w),
+        Ok(Ok(Some(_))) => Err(String::from(
+            "the hub's first message is not a Welcome: it does not follow the protocol",
+        )
+        .into()),
+    }
 }
 
 /// The channel to the hub on `wire`: gRPC dials the hub's address (or
