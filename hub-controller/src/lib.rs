@@ -141,6 +141,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::register(&mut registry);
     let grpc_metrics =
         grpc::metrics::GrpcMetrics::register(&mut registry, args.metrics_per_cluster);
+    let wire_metrics = grpc::tls::WireMetrics::register(&mut registry);
     let api_metrics = argocd_pull_runtime::client::ApiMetrics::register(&mut registry);
     let page = report::StatusPage::default();
     let admin = Admin::new(readiness.clone(), registry).with_routes(page.routes());
@@ -195,7 +196,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         &args,
         client,
         metrics,
-        grpc_metrics,
+        (grpc_metrics, wire_metrics),
         readiness,
         &page,
         shutdown,
@@ -222,7 +223,7 @@ async fn run_controllers(
     args: &Args,
     client: kube::Client,
     metrics: metrics::Metrics,
-    grpc_metrics: grpc::metrics::GrpcMetrics,
+    (grpc_metrics, wires): (grpc::metrics::GrpcMetrics, grpc::tls::WireMetrics),
     readiness: Readiness,
     page: &report::StatusPage,
     shutdown: shutdown::Shutdown,
@@ -238,7 +239,8 @@ async fn run_controllers(
     };
     let grpc_config = args
         .grpc
-        .config_managed(authorization.clone(), args.certs.manage);
+        .config_managed(authorization.clone(), args.certs.manage)
+        .map(|config| grpc::GrpcConfig { wires, ..config });
     page.set_authorization(&authorization);
     let watches = watch::watches::Watches::new(watch::watches::Scope {
         grpc: grpc_config.is_some(),

@@ -428,6 +428,8 @@ async fn the_docs_the_dashboard_and_the_alerts_name_what_a_running_hub_exports()
     // A labelled family is exported from its first sample: one each.
     let (registry, agent, api) = argocd_pull_spoke_agent::registry();
     agent.message("in", "upsert");
+    agent.use_wire("websocket");
+    agent.dial_failed("grpc");
     agent
         .applies
         .get_or_create(&argocd_pull_spoke_agent::metrics::OutcomeLabel { outcome: "applied" })

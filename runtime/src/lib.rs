@@ -14,6 +14,7 @@ pub mod redis;
 pub mod shutdown;
 pub mod task;
 pub mod telemetry;
+pub mod websocket;
 pub mod workqueue;
 
 pub use admin::{Admin, Readiness};

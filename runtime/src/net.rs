@@ -46,6 +46,27 @@ pub fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
+/// An HTTP head, up to its blank line and not a byte further (what
+/// follows belongs to the next layer), at most `max` bytes.
+pub async fn read_head<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    max: usize,
+) -> io::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(256);
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() >= max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("an HTTP head longer than {max} bytes"),
+            ));
+        }
+        tokio::io::AsyncReadExt::read_exact(stream, &mut byte).await?;
+        head.push(byte[0]);
+    }
+    Ok(head)
+}
+
 fn bind(addr: SocketAddr, backlog: u32) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     if addr.is_ipv6() && addr.ip().is_unspecified() {
@@ -69,6 +90,23 @@ fn no_ipv6(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_head_ends_at_its_blank_line_and_an_endless_one_is_cut() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        b.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nrest")
+            .await
+            .unwrap();
+        let head = read_head(&mut a, 100).await.unwrap();
+        assert_eq!(head, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut rest = [0u8; 4];
+        a.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"rest");
+        b.write_all(&[b'x'; 200]).await.unwrap();
+        let e = read_head(&mut a, 100).await.unwrap_err();
+        assert!(e.to_string().contains("longer than 100 bytes"), "{e}");
+    }
 
     async fn reaches(addr: SocketAddr) -> bool {
         tokio::net::TcpStream::connect(addr).await.is_ok()

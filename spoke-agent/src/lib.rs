@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+pub mod args;
 pub mod cache;
 pub mod live;
 pub mod metrics;
@@ -152,19 +153,9 @@ pub struct Args {
         value_parser = parse_switch
     )]
     pub live_views: bool,
-    /// An HTTP proxy to reach the hub through with `CONNECT`
-    /// (`http://[user:password@]host:port`): TLS to the hub runs inside
-    /// the tunnel. Unset, `HTTPS_PROXY` (or `https_proxy`; `HTTP_PROXY`
-    /// for an `http://` hub) is read, as OCM's AddOnDeploymentConfig
-    /// `proxyConfig` sets it; either way `NO_PROXY` (or `no_proxy`) naming
-    /// the hub dials it directly.
-    #[arg(long, env = "ARGOCD_PULL_PROXY")]
-    pub proxy: Option<String>,
-    /// A file holding `user:password` for the proxy's Basic
-    /// authentication (a Secret's key), read at every dial; a missing file
-    /// sends none (or the URL's own).
-    #[arg(long, env = "ARGOCD_PULL_PROXY_CREDENTIALS_FILE")]
-    pub proxy_credentials_file: Option<PathBuf>,
+    /// How the agent reaches the hub: the egress proxy and the wire.
+    #[command(flatten)]
+    pub route: args::RouteArgs,
 }
 
 /// A switch's value: `true`, `false`, or empty (`false`), as an
@@ -214,8 +205,9 @@ pub struct AgentConfig {
     pub argocd_redis: Option<trees::RedisConfig>,
     /// `--live-views`.
     pub live_views: bool,
-    /// `--proxy`, `--proxy-credentials-file` and the proxy variables.
-    pub proxy: session::proxy::ProxyConfig,
+    /// `--proxy`, `--proxy-credentials-file` and the proxy variables;
+    /// `--transport`, `--websocket-url` and `--websocket-ca-file`.
+    pub route: session::wire::Route,
 }
 
 impl Args {
@@ -254,12 +246,7 @@ impl Args {
                     },
                 }),
             live_views: self.live_views,
-            proxy: session::proxy::ProxyConfig::resolve(
-                self.proxy.as_deref(),
-                self.proxy_credentials_file.clone(),
-                !self.hub_address.starts_with("http://"),
-                env,
-            ),
+            route: self.route.resolve(&self.hub_address, env),
         }
     }
 }
@@ -335,7 +322,7 @@ pub async fn run_agent(
     readiness.set(session::HUB_CONNECTED, false);
     let ar = application_resource();
     let (api, watch_config, watched) = watched_applications(&config, &client, &ar);
-    tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, proxy = ?config.proxy, "starting");
+    tracing::info!(cluster = %config.cluster_name, mode = ?config.mode, watched = ?watched, proxy = ?config.route.proxy, transport = ?config.route.wire.transport, "starting");
     let writer = reflector::store::Writer::new(ar);
     let store = writer.as_reader();
     let state = Arc::new(state::AgentState::default());
@@ -484,7 +471,7 @@ mod tests {
             workers: 16,
             argocd_redis: None,
             live_views: false,
-            proxy: Default::default(),
+            route: Default::default(),
         }
     }
 
@@ -551,6 +538,12 @@ mod tests {
             "/p",
             "--heartbeat",
             "5s",
+            "--transport",
+            "websocket",
+            "--websocket-url",
+            "wss://ingress.example.com/hub",
+            "--websocket-ca-file",
+            "/ingress-ca",
         ]);
         let overridden = AgentConfig {
             tls: tls::TlsFiles {
@@ -566,11 +559,18 @@ mod tests {
             tls_reload_interval: Duration::from_secs(3600),
             workers: 4,
             live_views: true,
-            proxy: session::proxy::ProxyConfig {
-                url: Some("http://proxy:3128".into()),
-                source: "--proxy",
-                no_proxy: String::new(),
-                credentials_file: Some("/p".into()),
+            route: session::wire::Route {
+                proxy: session::proxy::ProxyConfig {
+                    url: Some("http://proxy:3128".into()),
+                    source: "--proxy",
+                    no_proxy: String::new(),
+                    credentials_file: Some("/p".into()),
+                },
+                wire: session::wire::WireConfig {
+                    transport: session::wire::Transport::Websocket,
+                    url: Some("wss://ingress.example.com/hub".into()),
+                    ca_file: Some("/ingress-ca".into()),
+                },
             },
             ..defaults()
         };

@@ -20,6 +20,15 @@ pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireLabel {
+    /// `grpc` or `websocket`.
+    pub wire: &'static str,
+}
+
+/// The wires the agent dials on.
+const WIRES: [&str; 2] = ["grpc", "websocket"];
+
 #[derive(Clone, Default)]
 pub struct AgentMetrics {
     pub connected: Gauge,
@@ -31,6 +40,8 @@ pub struct AgentMetrics {
     pub reconnects: Counter,
     pub certificate_reloads: Counter,
     pub applies: Family<OutcomeLabel, Counter>,
+    wire: Family<WireLabel, Gauge>,
+    dial_failures: Family<WireLabel, Counter>,
 }
 
 impl AgentMetrics {
@@ -81,7 +92,31 @@ impl AgentMetrics {
             "Applications applied for the hub, by outcome",
             m.applies.clone(),
         );
+        registry.register(
+            "wire",
+            "1 for the wire the last stream to the hub was opened on (grpc or websocket)",
+            m.wire.clone(),
+        );
+        registry.register(
+            "dial_failures",
+            "Dials of the hub that failed before the handshake, by wire",
+            m.dial_failures.clone(),
+        );
         m
+    }
+
+    /// A stream was opened on `wire`.
+    pub fn use_wire(&self, wire: &'static str) {
+        for w in WIRES {
+            self.wire
+                .get_or_create(&WireLabel { wire: w })
+                .set(i64::from(w == wire));
+        }
+    }
+
+    /// A dial on `wire` failed.
+    pub fn dial_failed(&self, wire: &'static str) {
+        self.dial_failures.get_or_create(&WireLabel { wire }).inc();
     }
 
     pub fn message(&self, direction: &'static str, kind: &'static str) {

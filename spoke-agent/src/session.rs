@@ -9,19 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use argocd_pull_proto::digest::{Repair, SetDigest, repairs_for, resync_requests};
-use argocd_pull_proto::limits::{self, MAX_MESSAGE_BYTES};
-use argocd_pull_proto::v1::transport_client::TransportClient;
+use argocd_pull_proto::limits;
 use argocd_pull_proto::v1::{
     AckOutcome, AgentMessage, AgentMode, ApplicationDelete, ApplicationUpsert, Digest, DigestSet,
-    Heartbeat, Hello, HubMessage, ObjectAck, ObjectKey, ResyncRequest, Welcome, agent_message,
-    hub_message,
+    Heartbeat, Hello, HubMessage, ObjectAck, ObjectKey, ResyncRequest, agent_message, hub_message,
 };
 use argocd_pull_proto::{validate, version};
 use argocd_pull_runtime::Readiness;
 use argocd_pull_runtime::shutdown::Shutdown;
 use argocd_pull_runtime::task::AbortOnDrop;
 use tokio::sync::mpsc;
-use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::metrics::AgentMetrics;
 use crate::reports::Reports;
@@ -30,26 +27,18 @@ use crate::worker::Worker;
 use crate::{AgentConfig, Mode};
 use argocd_pull_runtime::backoff::Backoff;
 
+mod open;
 pub mod proxy;
 mod tunnel;
+mod websocket;
+pub mod wire;
 
-use proxy::ProxyConfig;
+use open::status_text;
+pub use open::{OpenError, Opened, open, open_on, open_through, open_with};
+use wire::{Wire, next_wire};
 
 /// Readiness check that is true while a stream to the hub is open.
 pub const HUB_CONNECTED: &str = "hub-connected";
-/// How long the agent waits for its connection (TCP, TLS, HTTP/2). A hub
-/// takes its TLS handshakes at a rate (`--grpc-max-handshake-rate`, 500 a
-/// second): when a whole fleet dials at once, a connection waits up to
-/// about 8 s in the hub's accept queue before its turn.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the agent waits for the hub's Welcome. A hub welcomes agents
-/// only once it has read all of its Applications, which takes a hub with
-/// 100,000 of them 20 to 40 s after a start (docs/benchmarks.md): an agent
-/// that gave up sooner would go back to the end of the queue of TLS
-/// handshakes, and the fleet would spend the hub's start handshaking
-/// again and again. The connection's HTTP/2 keepalive still ends a wait on
-/// a hub that is gone.
-const WELCOME_TIMEOUT: Duration = Duration::from_secs(120);
 /// A connection that lasted this long was healthy: back off from the start.
 const HEALTHY: Duration = Duration::from_secs(30);
 const BATCH: usize = 64;
@@ -60,6 +49,8 @@ enum End {
     Shutdown,
     CertificateChanged,
     Lost(String),
+    /// No stream was opened; the failure may tell against the wire.
+    NotOpened(OpenError),
 }
 
 pub struct Connection {
@@ -117,6 +108,7 @@ impl Connection {
         let mut backoff = Backoff::new(self.config.backoff_min, self.config.backoff_max);
         let metrics = &self.metrics;
         let mut attempts = 0u64;
+        let mut wire = Wire::first(self.config.route.wire.transport);
         loop {
             if attempts > 0 {
                 metrics.reconnects.inc();
@@ -125,7 +117,7 @@ impl Connection {
             let started = Instant::now();
             let end = tokio::select! {
                 _ = shutdown.clone().wait() => End::Shutdown,
-                end = self.session(&shutdown) => end,
+                end = self.session(&shutdown, wire) => end,
             };
             self.readiness.set(HUB_CONNECTED, false);
             metrics.connected.set(0);
@@ -138,7 +130,11 @@ impl Connection {
                     continue;
                 }
                 End::Lost(reason) => {
-                    tracing::warn!(cluster = %self.config.cluster_name, hub = %self.config.hub_address, %reason, "no connection to the hub; the cluster keeps running, changes are sent on reconnect");
+                    tracing::warn!(cluster = %self.config.cluster_name, hub = %self.config.hub_address, wire = wire.name(), %reason, "no connection to the hub; the cluster keeps running, changes are sent on reconnect");
+                }
+                End::NotOpened(e) => {
+                    tracing::warn!(cluster = %self.config.cluster_name, hub = %self.config.hub_address, wire = wire.name(), reason = %e.reason, "no connection to the hub; the cluster keeps running, changes are sent on reconnect");
+                    wire = self.wire_after(wire, &e);
                 }
             }
             if started.elapsed() > HEALTHY {
@@ -164,7 +160,20 @@ impl Connection {
         }
     }
 
-    async fn session(&self, shutdown: &Shutdown) -> End {
+    /// The wire of the next dial after `e` on `wire`, the change logged.
+    fn wire_after(&self, wire: Wire, e: &OpenError) -> Wire {
+        if e.failure.is_some() {
+            self.metrics.dial_failed(wire.name());
+        }
+        let next = next_wire(self.config.route.wire.transport, wire, e.failure);
+        if next != wire {
+            tracing::info!(cluster = %self.config.cluster_name, from = wire.name(), to = next.name(), reason = %e.reason,
+                "the way to the hub does not speak this wire (an HTTP/1.1-only proxy refuses HTTP/2); dialling the other wire (--transport auto)");
+        }
+        next
+    }
+
+    async fn session(&self, shutdown: &Shutdown, wire: Wire) -> End {
         let loaded = match self.config.tls.load() {
             Ok(l) => l,
             Err(e) => return End::Lost(format!("{e:#}")),
@@ -174,17 +183,19 @@ impl Connection {
             mut inbound,
             welcome,
             negotiated,
-        } = match open_through(
+        } = match open_on(
             &self.config.hub_address,
             loaded.config,
             self.hello(),
-            &self.config.proxy,
+            &self.config.route,
+            wire,
         )
         .await
         {
             Ok(o) => o,
-            Err(reason) => return End::Lost(reason),
+            Err(e) => return End::NotOpened(e),
         };
+        self.metrics.use_wire(wire.name());
         let heartbeat = negotiated.heartbeat;
         let asked = self.config.heartbeat;
         if !asked.is_zero() && asked != heartbeat {
@@ -198,7 +209,7 @@ impl Connection {
         let metrics = &self.metrics;
         metrics.connected.set(1);
         tracing::info!(cluster = %self.config.cluster_name, hub = %self.config.hub_address, protocol = negotiated.version,
-            subject = %loaded.subject, "connected to the hub");
+            wire = wire.name(), subject = %loaded.subject, "connected to the hub");
         // Compare right away: whatever a broken stream lost is repaired now.
         self.state().control(self.worker.reports().digest());
         if let Some(p) = &self.projects {
@@ -431,126 +442,6 @@ impl Connection {
     }
 }
 
-/// A stream to the hub after a successful handshake.
-pub struct Opened {
-    /// What the agent sends; the stream ends when it is dropped.
-    pub tx: mpsc::Sender<AgentMessage>,
-    pub inbound: tonic::Streaming<HubMessage>,
-    pub welcome: Welcome,
-    pub negotiated: version::Negotiated,
-}
-
-/// Dials the hub at `address` with `tls` and does the handshake (this
-/// release's Hello, the hub's Welcome, checked). Also used by the fleet
-/// load generator of `make bench-grpc`, so that its simulated agents open
-/// their streams exactly as an agent does.
-pub async fn open(address: &str, tls: ClientTlsConfig, mode: AgentMode) -> Result<Opened, String> {
-    open_with(
-        address,
-        tls,
-        version::hello(mode, env!("CARGO_PKG_VERSION")),
-    )
-    .await
-}
-
-/// [`open`] with `hello` (this release's, with the optional capabilities
-/// the agent's configuration adds).
-pub async fn open_with(
-    address: &str,
-    tls: ClientTlsConfig,
-    hello: Hello,
-) -> Result<Opened, String> {
-    open_through(address, tls, hello, &ProxyConfig::default()).await
-}
-
-/// [`open_with`] through the proxy `proxy` names for the hub, if any: a
-/// `CONNECT` tunnel with TLS inside it.
-pub async fn open_through(
-    address: &str,
-    tls: ClientTlsConfig,
-    hello: Hello,
-    proxy: &ProxyConfig,
-) -> Result<Opened, String> {
-    let endpoint = Endpoint::from_shared(address.to_string())
-        .and_then(|e| e.tls_config(tls))
-        .map_err(|e| format!("hub address {address}: {e}"))?
-        .connect_timeout(Duration::from_secs(10))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true);
-    let uri = endpoint.uri();
-    let route = proxy
-        .route(
-            uri.host().unwrap_or_default(),
-            uri.port_u16().unwrap_or(443),
-        )
-        .map_err(|e| e.to_string())?;
-    let connect = async {
-        match route {
-            Some(proxy_url) => {
-                let tunnel = tunnel::Tunnel {
-                    proxy: proxy_url,
-                    credentials_file: proxy.credentials_file.clone(),
-                };
-                endpoint.connect_with_connector(tunnel).await
-            }
-            None => endpoint.connect().await,
-        }
-    };
-    // `connect_timeout` bounds the TCP connect only (through a proxy: the
-    // connect and the `CONNECT`); a hub that paces its TLS handshakes
-    // leaves the connection in its accept queue meanwhile.
-    let channel = tokio::time::timeout(CONNECT_TIMEOUT, connect)
-        .await
-        .map_err(|_| {
-            format!(
-                "no TLS handshake with the hub within {}s",
-                CONNECT_TIMEOUT.as_secs()
-            )
-        })?
-        .map_err(|e| error_chain(&e))?;
-    let mut client = TransportClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let (tx, rx) = mpsc::channel::<AgentMessage>(128);
-    let _ = tx
-        .send(AgentMessage {
-            kind: Some(agent_message::Kind::Hello(hello.clone())),
-        })
-        .await;
-    let mut inbound = client
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .map_err(|status| status_text(&status))?
-        .into_inner();
-    let welcome = match tokio::time::timeout(WELCOME_TIMEOUT, inbound.message()).await {
-        Err(_) => {
-            return Err(format!(
-                "no Welcome from the hub within {}s",
-                WELCOME_TIMEOUT.as_secs()
-            ));
-        }
-        Ok(Err(status)) => return Err(status_text(&status)),
-        Ok(Ok(None)) => return Err("the hub closed the stream during the handshake".into()),
-        Ok(Ok(Some(HubMessage {
-            kind: Some(hub_message::Kind::Welcome(w)),
-        }))) => w,
-        Ok(Ok(Some(_))) => {
-            return Err(
-                "the hub's first message is not a Welcome: it does not follow the protocol".into(),
-            );
-        }
-    };
-    let negotiated = version::accept_welcome(&hello, &welcome).map_err(|e| e.to_string())?;
-    Ok(Opened {
-        tx,
-        inbound,
-        welcome,
-        negotiated,
-    })
-}
-
 fn reject(state: &AgentState, key: ObjectKey, seq: u64, message: String) {
     tracing::warn!(namespace = %key.namespace, name = %key.name, %message, "refused the hub's message");
     state.object_ack(key, seq, AckOutcome::Rejected, message);
@@ -600,25 +491,4 @@ async fn send_loop(
         }
         last_sent = tokio::time::Instant::now();
     }
-}
-
-/// A status as an operator reads it.
-fn status_text(status: &tonic::Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
-}
-
-/// Connection errors hide the useful part (a TLS alert) in their sources.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        // Some layers repeat their source's words in their own.
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }

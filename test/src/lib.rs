@@ -21,6 +21,7 @@ pub mod freeze;
 pub mod images;
 pub mod kubelet;
 pub mod net;
+pub mod nginx;
 pub mod node;
 pub mod ocm;
 pub mod paths;

@@ -16,6 +16,8 @@
 #   $CACHE/bin/runc          (Debian's runc, unpacked into $CACHE/runc)
 #   $CACHE/bin/tinyproxy     (Debian's, unpacked into $CACHE/tinyproxy: the
 #                             agent's egress proxy in hub-controller/tests/grpc_proxy.rs)
+#   $CACHE/bin/nginx         (Debian's nginx, unpacked into $CACHE/nginx: the
+#                             HTTP/1.1-only proxy in hub-controller/tests/grpc_websocket.rs)
 #   $CACHE/bin/iptables{,-restore,-save} (Debian's, unpacked into $CACHE/iptables)
 #   $CACHE/bin/helm
 #   $CACHE/bin/promtool
@@ -293,6 +295,51 @@ build_tinyproxy() {
   ln -sf "$out/usr/bin/tinyproxy" "$bin/tinyproxy"
   mark tinyproxy <(declare -f build_tinyproxy fetch_debs)
   log "$("$bin/tinyproxy" -v) ready in $((SECONDS - t0))s"
+}
+
+# nginx, the HTTP/1.1-only reverse proxy the WebSocket wire is tested
+# through (hub-controller/tests/grpc_websocket.rs), from Debian's
+# nginx (bookworm's nginx-light is a transitional package that only
+# depends on it), with whatever libraries of its the machine lacks unpacked
+# beside it. The wrapper points the loader at them and starts nginx with
+# its error log on stderr: the compiled-in path (/var/log/nginx) is not
+# writable by the tests.
+build_nginx() {
+  local out=$cache/nginx
+  if fresh nginx <(declare -f build_nginx fetch_debs) && "$bin/nginx" -v >/dev/null 2>&1; then
+    return
+  fi
+  command -v apt-get >/dev/null || { log "nginx: apt-get is needed to fetch Debian's nginx"; exit 1; }
+  local t0=$SECONDS
+  fetch_debs "$out" nginx
+  local missing
+  missing=$(ldd "$out/usr/sbin/nginx" | awk '/not found/ { print $1 }')
+  if [ -n "$missing" ]; then
+    local more=() lib
+    for lib in $missing; do
+      case $lib in
+        libpcre2-8.so.*) more+=(libpcre2-8-0) ;;
+        libssl.so.*|libcrypto.so.*) more+=(libssl3) ;;
+        libz.so.*) more+=(zlib1g) ;;
+        libcrypt.so.*) more+=(libcrypt1) ;;
+        *) log "nginx: $lib is missing and no package for it is known here"; exit 1 ;;
+      esac
+    done
+    fetch_debs "$out.libs" $(printf '%s\n' "${more[@]}" | sort -u)
+    cp -a "$out.libs"/. "$out"/ && rm -rf "$out.libs"
+  fi
+  local libs="$out/usr/lib/x86_64-linux-gnu:$out/lib/x86_64-linux-gnu"
+  if LD_LIBRARY_PATH=$libs ldd "$out/usr/sbin/nginx" | grep 'not found'; then
+    log "nginx: the libraries above are missing"
+    exit 1
+  fi
+  cat >"$bin/nginx" <<WRAPPER
+#!/bin/sh
+LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec "$out/usr/sbin/nginx" -e stderr "\$@"
+WRAPPER
+  chmod +x "$bin/nginx"
+  mark nginx <(declare -f build_nginx fetch_debs)
+  log "$("$bin/nginx" -v 2>&1) ready in $((SECONDS - t0))s"
 }
 
 # iptables, which the nodes' network namespaces need (Service addresses,
@@ -644,6 +691,7 @@ build_projectrule
 build_redis
 build_runc
 build_tinyproxy
+build_nginx
 build_iptables
 build_helm
 build_node

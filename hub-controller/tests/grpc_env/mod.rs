@@ -458,7 +458,7 @@ impl Env {
             workers: 8,
             argocd_redis: None,
             live_views: false,
-            proxy: Default::default(),
+            route: Default::default(),
         }
     }
 

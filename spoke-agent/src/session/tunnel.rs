@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tonic::transport::Uri;
 
@@ -39,7 +39,9 @@ impl tower::Service<Uri> for Tunnel {
 }
 
 impl Tunnel {
-    async fn dial(&self, uri: &Uri) -> Result<TcpStream, ProxyError> {
+    /// A stream to `uri`'s host and port through the proxy, once it said
+    /// yes to `CONNECT`.
+    pub(super) async fn dial(&self, uri: &Uri) -> Result<TcpStream, ProxyError> {
         let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
             Some("http") => 80,
             _ => 443,
@@ -65,7 +67,9 @@ impl Tunnel {
         };
         let request = proxy::connect_request(&target, credentials.as_ref());
         stream.write_all(request.as_bytes()).await.map_err(closed)?;
-        let head = read_head(&mut stream).await.map_err(closed)?;
+        let head = argocd_pull_runtime::net::read_head(&mut stream, proxy::MAX_HEAD)
+            .await
+            .map_err(closed)?;
         proxy::connect_answer(&head, credentials.is_some()).map_err(|answer| {
             ProxyError::Refused {
                 proxy: address.clone(),
@@ -91,27 +95,10 @@ fn read_credentials(file: &Path) -> Result<Option<Credentials>, ProxyError> {
     }
 }
 
-/// The answer's head, up to its blank line and not a byte further (what
-/// follows belongs to TLS), at most [`proxy::MAX_HEAD`] bytes.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut head = Vec::with_capacity(256);
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if head.len() >= proxy::MAX_HEAD {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("an answer head longer than {} bytes", proxy::MAX_HEAD),
-            ));
-        }
-        stream.read_exact(&mut byte).await?;
-        head.push(byte[0]);
-    }
-    Ok(head)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
     use tower::ServiceExt;
 

@@ -366,7 +366,7 @@ pub fn agent_config(
         workers: 16,
         argocd_redis,
         live_views: false,
-        proxy: Default::default(),
+        route: Default::default(),
     }
 }
 

@@ -28,6 +28,9 @@ pub struct GrpcConfig {
     /// Shared likewise: the certificates issued on each cluster's own
     /// request, kept by [`super::issued::run`] and [`super::issued::lead`].
     pub issued: Arc<issued::Issued>,
+    /// Connections by wire; registered by the binary (unregistered,
+    /// they count unseen).
+    pub wires: tls::WireMetrics,
 }
 
 /// The limits, as the server uses them.

@@ -317,6 +317,7 @@ impl GrpcArgs {
                 &self.grpc_denied_certificates_namespace,
                 &self.grpc_denied_certificates,
             ),
+            wires: tls::WireMetrics::default(),
         })
     }
 }
@@ -456,7 +457,13 @@ pub async fn start(
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let limits = &config.limits;
-    let incoming = tls::incoming(listener, acceptor, limits.handshakes, hub.metrics.clone());
+    let incoming = tls::incoming(
+        listener,
+        acceptor,
+        limits.handshakes,
+        hub.metrics.clone(),
+        config.wires.clone(),
+    );
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.heartbeat))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))

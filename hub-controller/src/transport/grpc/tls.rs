@@ -8,13 +8,12 @@
 //! `--grpc-max-handshakes` handshakes run at once, at most
 //! `--grpc-max-handshake-rate` start per second and at most
 //! `--grpc-max-connections` connections are open; a connection beyond
-//! any is closed at once and counted.
+//! any is closed at once and counted. The limits hold for both wires
+//! ([`wire`]): TLS on TCP, and TLS inside a WebSocket.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use argocd_pull_runtime::client::limit::Bucket;
@@ -24,15 +23,19 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-use tonic::transport::server::Connected;
 
 use super::identity::{self, IdentityMap, cert_info};
 use super::metrics::{GrpcMetrics, UNVERIFIED};
+
+mod held;
+pub mod websocket;
+pub mod wire;
+
+pub use held::Held;
+pub use wire::WireMetrics;
 
 /// Where the hub's TLS material is.
 #[derive(Clone, Debug)]
@@ -273,7 +276,8 @@ impl Acceptor {
     }
 }
 
-/// Accepts TCP connections and completes their TLS handshakes in parallel,
+/// Accepts TCP connections and completes their TLS handshakes (after the
+/// WebSocket upgrade on that wire) in parallel,
 /// at most `limits.max_in_flight` at once, yielding only the streams that
 /// finished one; failures are logged (by the verifier when the certificate
 /// is the problem). A connection beyond that limit is closed at once: it
@@ -291,6 +295,7 @@ pub fn incoming(
     acceptor: Arc<Acceptor>,
     limits: HandshakeLimits,
     metrics: GrpcMetrics,
+    wires: WireMetrics,
 ) -> impl futures::Stream<Item = Result<Held, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let mut gate = Gate::new(limits, metrics);
@@ -323,18 +328,16 @@ pub fn incoming(
             let timeout = limits.timeout;
             let in_flight = gate.metrics.handshakes_in_flight.clone();
             in_flight.inc();
+            let wires = wires.clone();
             tokio::spawn(async move {
-                let accepted = tokio::time::timeout(timeout, tls.accept(tcp)).await;
+                let accepted =
+                    tokio::time::timeout(timeout, wire::handshake(tcp, tls, &wires)).await;
                 in_flight.dec();
                 drop(permit);
                 match accepted {
-                    Ok(Ok(stream)) => {
-                        let _ = tx
-                            .send(Ok(Held {
-                                stream,
-                                _place: place,
-                            }))
-                            .await;
+                    Ok(Ok(None)) => {}
+                    Ok(Ok(Some(stream))) => {
+                        let _ = tx.send(Ok(Held::new(stream, place))).await;
                     }
                     Ok(Err(e)) => log_handshake_failure(peer, &e),
                     Err(_) => {
@@ -434,7 +437,7 @@ fn due(last: &mut Option<Instant>) -> bool {
 
 /// One of the `--grpc-max-connections` places, taken until the connection
 /// closes.
-struct Place {
+pub struct Place {
     _permit: OwnedSemaphorePermit,
     open: Gauge,
 }
@@ -452,60 +455,6 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         self.open.dec();
-    }
-}
-
-/// A TLS connection holding its place; otherwise the stream itself.
-pub struct Held {
-    stream: TlsStream<TcpStream>,
-    _place: Place,
-}
-
-impl Connected for Held {
-    type ConnectInfo = <TlsStream<TcpStream> as Connected>::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl AsyncRead for Held {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Held {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
