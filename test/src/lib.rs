@@ -17,6 +17,7 @@ pub mod balancer;
 pub mod browser;
 mod cluster;
 mod crds;
+mod daemon;
 pub mod freeze;
 pub mod images;
 pub mod kubelet;

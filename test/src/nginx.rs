@@ -8,12 +8,10 @@
 //! test process dies.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use crate::process::{Group, wait_listening};
-use crate::{Error, Result, net, paths};
+use crate::Result;
+use crate::daemon::Daemon;
 
 /// What the proxy is configured with.
 #[derive(Clone, Debug)]
@@ -28,28 +26,32 @@ pub struct NginxOptions {
 pub struct Nginx {
     pub addr: SocketAddr,
     options: NginxOptions,
-    dir: tempfile::TempDir,
-    group: Group,
+    daemon: Daemon,
 }
-
-const NAME: &str = "nginx";
 
 impl Nginx {
     /// Starts nginx on a free loopback port, once it accepts connections.
     pub async fn start(options: NginxOptions) -> Result<Self> {
-        std::fs::create_dir_all(paths::run_dir())?;
-        let dir = tempfile::Builder::new()
-            .prefix("nginx-")
-            .tempdir_in(paths::run_dir())?;
-        let keep = std::env::var_os("ARGOCD_PULL_KEEP_DATA").is_some();
-        let group = Group::new(dir.path().to_path_buf(), keep)?;
+        let daemon = Daemon::new("nginx")?;
         let mut nginx = Self {
-            addr: net::free_addr()?,
+            addr: daemon.addr,
             options,
-            dir,
-            group,
+            daemon,
         };
-        nginx.spawn().await?;
+        let config = nginx.config();
+        nginx
+            .daemon
+            .spawn(
+                "nginx.conf",
+                &config,
+                // Its prefix (`-p`) is the run folder, where the file is.
+                |file| {
+                    let dir = file.parent().unwrap_or(file);
+                    vec!["-p".into(), dir.into(), "-c".into(), file.into()]
+                },
+                None,
+            )
+            .await?;
         Ok(nginx)
     }
 
@@ -62,7 +64,7 @@ impl Nginx {
     /// Its access log: one line per request, with the request line and
     /// the status it answered.
     pub fn access_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+        std::fs::read_to_string(self.daemon.dir().join("access.log")).unwrap_or_default()
     }
 
     /// How many requests with `path` were answered `status`.
@@ -86,35 +88,13 @@ impl Nginx {
 
     /// Kills it with SIGKILL.
     pub fn kill(&mut self) {
-        self.group.stop(NAME);
-    }
-
-    async fn spawn(&mut self) -> Result<()> {
-        let binary = paths::bin_dir().join(NAME);
-        if !binary.exists() {
-            return Err(Error::MissingTool(binary));
-        }
-        let config = self.dir.path().join("nginx.conf");
-        std::fs::write(&config, self.config())?;
-        let mut cmd = Command::new(binary);
-        cmd.arg("-p").arg(self.dir.path()).arg("-c").arg(&config);
-        self.group.spawn(NAME, cmd)?;
-        let group = std::sync::Mutex::new(&mut self.group);
-        wait_listening(
-            NAME,
-            self.addr,
-            Duration::from_secs(20),
-            || group.lock().unwrap().exited(Some(NAME)),
-            || group.lock().unwrap().log_tail(NAME, 20),
-        )
-        .await
+        self.daemon.kill();
     }
 
     /// One process in the foreground, every path in its own folder, this
     /// port on loopback only, HTTP/1.1 to the upstream with `Upgrade`.
     fn config(&self) -> String {
-        let dir: PathBuf = self.dir.path().to_path_buf();
-        let d = dir.display();
+        let d = self.daemon.dir().display();
         format!(
             r#"daemon off;
 master_process off;

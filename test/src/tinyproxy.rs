@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::process::{Group, wait_listening};
-use crate::{Error, Result, net, paths};
+use crate::daemon::Daemon;
+use crate::{Error, Result};
 
 /// What the proxy is configured with.
 #[derive(Clone, Debug)]
@@ -28,27 +28,18 @@ pub struct ProxyOptions {
 pub struct TinyProxy {
     pub addr: SocketAddr,
     options: ProxyOptions,
-    dir: tempfile::TempDir,
-    group: Group,
+    daemon: Daemon,
 }
-
-const NAME: &str = "tinyproxy";
 
 impl TinyProxy {
     /// Starts the proxy on a free loopback port, once it accepts
     /// connections.
     pub async fn start(options: ProxyOptions) -> Result<Self> {
-        std::fs::create_dir_all(paths::run_dir())?;
-        let dir = tempfile::Builder::new()
-            .prefix("tinyproxy-")
-            .tempdir_in(paths::run_dir())?;
-        let keep = std::env::var_os("ARGOCD_PULL_KEEP_DATA").is_some();
-        let group = Group::new(dir.path().to_path_buf(), keep)?;
+        let daemon = Daemon::new("tinyproxy")?;
         let mut proxy = Self {
-            addr: net::free_addr()?,
+            addr: daemon.addr,
             options,
-            dir,
-            group,
+            daemon,
         };
         proxy.spawn().await?;
         Ok(proxy)
@@ -76,7 +67,7 @@ impl TinyProxy {
     /// Kills it with SIGKILL: no goodbye on any connection it carried
     /// beyond what the kernel says for a dead process.
     pub fn kill(&mut self) {
-        self.group.stop(NAME);
+        self.daemon.kill();
     }
 
     /// Stops it with SIGSTOP: its connections stay open and nothing moves
@@ -84,8 +75,8 @@ impl TinyProxy {
     /// network. [`TinyProxy::kill`] still ends it.
     pub fn freeze(&mut self) -> Result<()> {
         let pid = self
-            .group
-            .pid(NAME)
+            .daemon
+            .pid()
             .ok_or_else(|| Error::Command {
                 command: "kill -STOP".into(),
                 output: "tinyproxy is not running".into(),
@@ -103,34 +94,24 @@ impl TinyProxy {
 
     /// Starts it again on the same port (after [`TinyProxy::kill`]).
     pub async fn restart(&mut self) -> Result<()> {
-        self.group.stop(NAME);
+        self.daemon.kill();
         self.spawn().await
     }
 
     fn log(&self) -> PathBuf {
-        self.dir.path().join("proxy.log")
+        self.daemon.dir().join("proxy.log")
     }
 
     async fn spawn(&mut self) -> Result<()> {
-        let binary = paths::bin_dir().join(NAME);
-        if !binary.exists() {
-            return Err(Error::MissingTool(binary));
-        }
-        let config = self.dir.path().join("tinyproxy.conf");
-        std::fs::write(&config, self.config())?;
-        let mut cmd = Command::new(binary);
-        cmd.arg("-d").arg("-c").arg(&config);
-        self.group.spawn(NAME, cmd)?;
-        let log = self.log();
-        let group = std::sync::Mutex::new(&mut self.group);
-        wait_listening(
-            NAME,
-            self.addr,
-            Duration::from_secs(20),
-            || group.lock().unwrap().exited(Some(NAME)),
-            || std::fs::read_to_string(&log).unwrap_or_default(),
-        )
-        .await
+        let config = self.config();
+        self.daemon
+            .spawn(
+                "tinyproxy.conf",
+                &config,
+                |file| vec!["-d".into(), "-c".into(), file.into()],
+                Some("proxy.log"),
+            )
+            .await
     }
 
     /// The configuration file: this port on loopback only, clients from
