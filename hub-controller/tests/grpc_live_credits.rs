@@ -49,12 +49,7 @@ async fn hub_and_agent(
     kube::Client,
 ) {
     let token = "live-token-of-the-credits-test";
-    std::fs::write(env.dir.path().join("live-tokens"), format!("{token}\n")).unwrap();
-    let addr = testenv::net::free_addr().unwrap();
-    let url = format!("https://{addr}");
-    let flags = grpc_env::live::flags(env, addr, &url, &addr.to_string());
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    env.start_hub(&flags).await;
+    let (addr, ca_pem) = grpc_env::live::start_hub(env, token, &[]).await;
     let identity = testenv::pki::CertKey {
         cert_pem: std::fs::read_to_string(&env.spokes[0].certs.cert).unwrap(),
         key_pem: std::fs::read_to_string(&env.spokes[0].certs.key).unwrap(),
@@ -83,8 +78,8 @@ async fn hub_and_agent(
         "{:?}",
         welcome.capabilities
     );
-    let ca_pem = std::fs::read_to_string(env.dir.path().join("ca.crt")).unwrap();
-    let reader = grpc_env::live::client(&format!("{url}/clusters/cluster1"), &ca_pem, token);
+    let reader =
+        grpc_env::live::client(&format!("https://{addr}/clusters/cluster1"), &ca_pem, token);
     (tx, inbound, reader)
 }
 

@@ -104,15 +104,7 @@ async fn delivered(env: &Env, expected: &BTreeMap<String, usize>, what: &str) {
 
 /// The hub with its live endpoint: the endpoint's address and CA.
 async fn hub_with_live(env: &mut Env, extra: &[&str]) -> (std::net::SocketAddr, String) {
-    std::fs::write(env.dir.path().join("live-tokens"), format!("{TOKEN}\n")).unwrap();
-    let addr = testenv::net::free_addr().unwrap();
-    let url = format!("https://{addr}");
-    let mut flags = grpc_env::live::flags(env, addr, &url, &addr.to_string());
-    flags.extend(extra.iter().map(|f| f.to_string()));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    env.start_hub(&flags).await;
-    let ca_pem = std::fs::read_to_string(env.dir.path().join("ca.crt")).unwrap();
-    (addr, ca_pem)
+    grpc_env::live::start_hub(env, TOKEN, extra).await
 }
 
 /// An agent with `--transport grpc` dialling `via` (nginx): every dial

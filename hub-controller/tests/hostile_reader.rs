@@ -32,18 +32,9 @@ use testenv::wait;
 
 const TOKEN: &str = "live-token-of-the-hostile-reader";
 
-/// Starts the hub with its live endpoint (and `extra` flags): the URL of
-/// the endpoint and the CA that serves it.
+/// The hub with its live endpoint: the endpoint's address and CA.
 async fn hub_with_live(env: &mut Env, extra: &[&str]) -> (std::net::SocketAddr, String) {
-    std::fs::write(env.dir.path().join("live-tokens"), format!("{TOKEN}\n")).unwrap();
-    let addr = testenv::net::free_addr().unwrap();
-    let url = format!("https://{addr}");
-    let mut flags = grpc_env::live::flags(env, addr, &url, &addr.to_string());
-    flags.extend(extra.iter().map(|f| f.to_string()));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    env.start_hub(&flags).await;
-    let ca_pem = std::fs::read_to_string(env.dir.path().join("ca.crt")).unwrap();
-    (addr, ca_pem)
+    grpc_env::live::start_hub(env, TOKEN, extra).await
 }
 
 /// A client of cluster1's path on the endpoint, as argocd-server is one.

@@ -42,3 +42,22 @@ pub fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, Stri
         other => panic!("not refused by the API: {other:?}"),
     }
 }
+
+/// Starts `env`'s hub with its live endpoint on a free loopback port,
+/// taking `token`, and `extra` flags: the endpoint's address and the CA
+/// that serves it.
+pub async fn start_hub(
+    env: &mut Env,
+    token: &str,
+    extra: &[&str],
+) -> (std::net::SocketAddr, String) {
+    std::fs::write(env.dir.path().join("live-tokens"), format!("{token}\n")).unwrap();
+    let addr = testenv::net::free_addr().unwrap();
+    let url = format!("https://{addr}");
+    let mut flags = flags(env, addr, &url, &addr.to_string());
+    flags.extend(extra.iter().map(|f| f.to_string()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    env.start_hub(&flags).await;
+    let ca_pem = std::fs::read_to_string(env.dir.path().join("ca.crt")).unwrap();
+    (addr, ca_pem)
+}
