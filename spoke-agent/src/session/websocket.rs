@@ -273,17 +273,9 @@ mod tests {
             Some(&format!("wss://localhost:{port}/hub")),
         )
         .unwrap();
-        let connector = Connector {
-            url,
-            tunnel: None,
-            ca_file: None,
-        };
-        let Err(e) = connector.oneshot(Uri::from_static("https://hub:443")).await else {
-            panic!("TLS to a plain server");
-        };
+        let e = dial_error(url, "TLS with the system's roots to a server of another CA").await;
         assert!(
-            e.to_string()
-                .starts_with(&format!("TLS to localhost:{port} (wss://): ")),
+            e.starts_with(&format!("TLS to localhost:{port} (wss://): ")),
             "{e}"
         );
     }
@@ -336,15 +328,7 @@ mod tests {
             Some(&format!("ws://127.0.0.1:{port}/x")),
         )
         .unwrap();
-        let connector = Connector {
-            url,
-            tunnel: None,
-            ca_file: None,
-        };
-        let Err(e) = connector.oneshot(Uri::from_static("https://hub:443")).await else {
-            panic!("a 404 is no upgrade");
-        };
-        let e = e.to_string();
+        let e = dial_error(url, "a 404 is no upgrade").await;
         assert!(
             e.starts_with(&format!(
                 "WebSocket handshake with ws://127.0.0.1:{port}/x: "
@@ -352,5 +336,19 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("404"), "{e}");
+    }
+
+    /// The error of a dial to `url`, straight (no tunnel, the system's
+    /// roots); `what` says why it must fail.
+    async fn dial_error(url: WsUrl, what: &str) -> String {
+        let connector = Connector {
+            url,
+            tunnel: None,
+            ca_file: None,
+        };
+        match connector.oneshot(Uri::from_static("https://hub:443")).await {
+            Ok(_) => panic!("dialled: {what}"),
+            Err(e) => e.to_string(),
+        }
     }
 }
