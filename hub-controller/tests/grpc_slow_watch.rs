@@ -5,8 +5,9 @@
 //! 200 Applications to a real managed cluster, and the test plays the
 //! spoke's Argo CD running a sync: each spoke status goes Progressing
 //! (operation Running), then Healthy (Succeeded). The hub must not decide
-//! from a cached copy older than its own last write: at most two status
-//! PATCHes per Application, and every hub copy ends exactly as the spoke.
+//! from a cached copy older than its own last write: one status PATCH per
+//! spoke status (two per Application), and every hub copy ends exactly as
+//! the spoke.
 //! The ManifestWork half is `slow_watch.rs`.
 
 use std::collections::BTreeMap;
@@ -179,12 +180,12 @@ async fn a_late_watch_costs_no_extra_status_writes_over_grpc() {
     for (name, n) in &per_app {
         assert!(
             *n >= 2,
-            "{name}: {n} PATCHes; Progressing then Healthy takes two"
+            "{name}: {n} PATCHes; the spoke's Progressing, then its Healthy, take two"
         );
     }
     assert!(
         most <= 2,
-        "{most} PATCHes for {worst} (at most 2: Progressing, then Healthy once the echo shows it); \
+        "{most} PATCHes for {worst} (at most 2: one per spoke status); \
          {total} in all for {APPS} Applications; the watch came {WATCH_DELAY:?} late"
     );
     // Exact: the hub copy shows what the spoke has, nothing more.

@@ -6,11 +6,6 @@
 //! it is processed again afterwards); different keys are processed in
 //! parallel by as many workers as the caller runs. Memory is bounded by the
 //! number of distinct keys: nothing is ever dropped.
-//!
-//! A key added with [`WorkQueue::add_urgent`] waits in a second lane, served
-//! in turn with the first: work that finishes something under way (the
-//! second step of a two-step status write) does not wait behind every new
-//! key, and cannot starve them either.
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::Hash;
@@ -21,17 +16,9 @@ use tokio::sync::Notify;
 
 struct State<K> {
     queue: VecDeque<K>,
-    /// The second lane ([`WorkQueue::add_urgent`]).
-    urgent: VecDeque<K>,
-    /// Whether the next key comes from `urgent` when both lanes wait.
-    urgent_turn: bool,
-    /// Keys waiting in `queue` or `urgent`, or added again while being
-    /// processed.
+    /// Keys waiting in `queue`, or added again while being processed.
     dirty: HashSet<K>,
     processing: HashSet<K>,
-    /// Keys added with `add_urgent` while being processed: `done` puts them
-    /// in `urgent`.
-    urgent_after_done: HashSet<K>,
     closed: bool,
 }
 
@@ -61,11 +48,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         Self {
             state: Arc::new(Mutex::new(State {
                 queue: VecDeque::new(),
-                urgent: VecDeque::new(),
-                urgent_turn: true,
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
-                urgent_after_done: HashSet::new(),
                 closed: false,
             })),
             notify: Arc::new(Notify::new()),
@@ -80,16 +64,6 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Marks `key` as needing work.
     pub fn add(&self, key: K) {
-        self.push(key, false);
-    }
-
-    /// Marks `key` as needing work, in the second lane, served in turn with
-    /// the first. A key already waiting stays where it waits.
-    pub fn add_urgent(&self, key: K) {
-        self.push(key, true);
-    }
-
-    fn push(&self, key: K, urgent: bool) {
         let mut s = self.lock();
         if s.closed {
             return;
@@ -97,19 +71,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         let new = s.dirty.insert(key.clone());
         if s.processing.contains(&key) {
             // Queued again by `done`.
-            if urgent {
-                s.urgent_after_done.insert(key);
-            }
             return;
         }
         if !new {
             return;
         }
-        if urgent {
-            s.urgent.push_back(key);
-        } else {
-            s.queue.push_back(key);
-        }
+        s.queue.push_back(key);
         drop(s);
         self.notify.notify_one();
     }
@@ -138,17 +105,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                     self.notify.notify_waiters();
                     return None;
                 }
-                let urgent = !s.urgent.is_empty() && (s.urgent_turn || s.queue.is_empty());
-                let key = if urgent {
-                    s.urgent.pop_front()
-                } else {
-                    s.queue.pop_front()
-                };
-                if let Some(key) = key {
-                    s.urgent_turn = !urgent;
+                if let Some(key) = s.queue.pop_front() {
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
-                    let more = !s.queue.is_empty() || !s.urgent.is_empty();
+                    let more = !s.queue.is_empty();
                     drop(s);
                     if more {
                         self.notify.notify_one();
@@ -164,13 +124,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
-        let urgent = s.urgent_after_done.remove(key);
         if s.dirty.contains(key) && !s.closed {
-            if urgent {
-                s.urgent.push_back(key.clone());
-            } else {
-                s.queue.push_back(key.clone());
-            }
+            s.queue.push_back(key.clone());
             drop(s);
             self.notify.notify_one();
         }
@@ -178,8 +133,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Keys waiting for a worker (not counting those being processed).
     pub fn len(&self) -> usize {
-        let s = self.lock();
-        s.queue.len() + s.urgent.len()
+        self.lock().queue.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -224,46 +178,6 @@ mod tests {
         let again = q.next().await.unwrap();
         q.done(&again);
         assert!(q.is_empty());
-    }
-
-    #[tokio::test]
-    async fn the_second_lane_is_served_in_turn_with_the_first() {
-        let q = WorkQueue::new();
-        for k in [1, 2, 3, 4] {
-            q.add(k);
-        }
-        q.add_urgent(10);
-        q.add_urgent(11);
-        q.add_urgent(3);
-        let mut order = Vec::new();
-        while !q.is_empty() {
-            let k = q.next().await.unwrap();
-            q.done(&k);
-            order.push(k);
-        }
-        assert_eq!(
-            order,
-            [10, 1, 11, 2, 3, 4],
-            "in turn; 3 waited already and keeps its place"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_key_added_urgent_while_processing_comes_back_in_the_second_lane() {
-        let q = WorkQueue::new();
-        q.add("a");
-        let a = q.next().await.unwrap();
-        for k in ["b", "c", "d"] {
-            q.add(k);
-        }
-        q.add_urgent("a");
-        assert_eq!(q.len(), 3, "never handed out twice at once");
-        q.done(&a);
-        // The first lane served last ("a"): the second lane's turn.
-        let again = q.next().await.unwrap();
-        assert_eq!(again, "a", "ahead of b, c and d");
-        q.done(&again);
-        assert_eq!(q.next().await, Some("b"));
     }
 
     #[tokio::test]

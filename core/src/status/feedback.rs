@@ -170,10 +170,9 @@ fn apply_problem(work: &ManifestWork, namespace: &str, name: &str) -> Option<Spo
 }
 
 /// The status fields argocd-pull owns, to write onto the hub Application
-/// given its current `.status` and fresh feedback; a new sync the spoke
-/// already finished is shown `Progressing` first (see
-/// [`crate::status::progress`]).
-pub fn status_update(hub_status: &Value, fb: &Feedback) -> Value {
+/// from fresh feedback: exactly what the work agent fed back, so one
+/// change on the spoke is one write on the hub.
+pub fn status_update(fb: &Feedback) -> Value {
     let mut status = Map::new();
     if let Some(h) = &fb.health {
         let mut health = json!({ "status": h });
@@ -203,9 +202,7 @@ pub fn status_update(hub_status: &Value, fb: &Feedback) -> Value {
     if let Some(r) = &fb.resources {
         status.insert("resources".into(), r.clone());
     }
-    let mut status = Value::Object(status);
-    crate::status::progress::show_progressing_first(hub_status, &mut status);
-    status
+    Value::Object(status)
 }
 
 #[cfg(test)]
@@ -277,7 +274,7 @@ mod tests {
         let resources = json!([{ "kind": "Service", "name": "ui", "status": "Synced" }]);
         assert_eq!(fb.resources, Some(resources.clone()));
         // The hub's Argo CD UI draws its tree from them.
-        assert_eq!(status_update(&json!({}), &fb)["resources"], resources);
+        assert_eq!(status_update(&fb)["resources"], resources);
     }
 
     #[test]
@@ -292,7 +289,7 @@ mod tests {
         let fb = feedback(&w, "argocd", "a").unwrap();
         assert_eq!((fb.resources, fb.conditions), (None, None));
         assert!(
-            status_update(&json!({}), &Feedback::default())
+            status_update(&Feedback::default())
                 .get("resources")
                 .is_none()
         );
@@ -388,26 +385,17 @@ mod tests {
     }
 
     #[test]
-    fn a_new_sync_shows_progressing_before_healthy() {
-        let hub = json!({ "health": { "status": "Healthy" },
-                          "operationState": { "startedAt": "T1", "phase": "Succeeded", "operation": {} } });
-        // The spoke already finished a new sync (T2) between two scrapes.
-        let first = status_update(&hub, &fb("Healthy", "T2"));
-        assert_eq!(first["health"]["status"], "Progressing");
-        assert_eq!(first["operationState"]["startedAt"], "T2");
-        // Once the hub shows Progressing for T2, the real health follows.
-        let hub = json!({ "health": { "status": "Progressing" },
-                          "operationState": { "startedAt": "T2", "phase": "Succeeded", "operation": {} } });
-        let second = status_update(&hub, &fb("Healthy", "T2"));
-        assert_eq!(second["health"]["status"], "Healthy");
-        // No new sync: nothing synthetic.
-        let third = status_update(&second, &fb("Healthy", "T2"));
-        assert_eq!(third["health"]["status"], "Healthy");
+    fn a_new_sync_that_ended_healthy_is_written_as_it_was_fed_back() {
+        // ApplicationSet RollingSync moves on from the sync's startedAt,
+        // not from a health transition: nothing synthetic is shown.
+        let u = status_update(&fb("Healthy", "T2"));
+        assert_eq!(u["health"]["status"], "Healthy");
+        assert_eq!(u["operationState"]["startedAt"], "T2");
     }
 
     #[test]
     fn writes_the_schema_required_operation_fields_together() {
-        let u = status_update(&Value::Null, &fb("Progressing", "T1"));
+        let u = status_update(&fb("Progressing", "T1"));
         assert_eq!(
             u,
             json!({
@@ -421,7 +409,7 @@ mod tests {
             phase: Some("Running".into()),
             ..Default::default()
         };
-        let u = status_update(&Value::Null, &partial);
+        let u = status_update(&partial);
         assert_eq!(u, json!({ "health": { "status": "Missing" } }));
     }
 }

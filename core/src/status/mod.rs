@@ -1,8 +1,7 @@
 //! What argocd-pull writes onto the dormant hub copy, for both transports,
 //! as far as it is pure: its condition and refusal reasons
 //! ([`condition`]), work feedback turned into status ([`feedback`]), the
-//! status observed on the spoke ([`observed`]), the rule that shows a
-//! finished sync as `Progressing` once ([`progress`]) and the rule that
+//! status observed on the spoke ([`observed`]), the rule that
 //! keeps a hub copy's `terminate-op` until the spoke acts on it
 //! ([`terminating`]), and the resource tree argocd-server reads from its
 //! Redis, built from the status ([`tree`]). The hub-controller's `status`
@@ -12,7 +11,6 @@
 pub mod condition;
 pub mod feedback;
 pub mod observed;
-pub mod progress;
 pub mod terminating;
 pub mod tree;
 

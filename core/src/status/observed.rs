@@ -10,11 +10,10 @@ use super::condition::{owned_status, set_condition};
 /// status (when there is one) and argocd-pull's condition (when something
 /// is wrong). `None` when nothing is to be written.
 ///
-/// Like the ManifestWork transport, a new sync that the spoke already
-/// finished is shown as `Progressing` once before its real health, so that
-/// ApplicationSet RollingSync sees the transition even when coalescing
-/// skipped the spoke's own `Progressing`; the write of the real health
-/// follows when the hub copy shows the `Progressing`.
+/// The spoke's status is written as it is, apart from a `Terminating` the
+/// hub copy asked for ([`crate::status::terminating`]): one report, one
+/// write. ApplicationSet RollingSync needs no synthetic `Progressing`: it
+/// moves a step from `Pending` on the sync's `operationState.startedAt`.
 pub fn hub_status(current: &Value, observed: Option<&Value>, condition: Option<String>) -> Value {
     let mut status = match observed {
         Some(Value::Object(o)) => Value::Object(o.clone()),
@@ -22,7 +21,6 @@ pub fn hub_status(current: &Value, observed: Option<&Value>, condition: Option<S
         None => owned_status(current),
     };
     if observed.is_some() {
-        crate::status::progress::show_progressing_first(current, &mut status);
         crate::status::terminating::keep_requested(current, &mut status);
     }
     set_condition(&mut status, condition);
@@ -69,16 +67,14 @@ mod tests {
     }
 
     #[test]
-    fn a_finished_new_sync_shows_progressing_first() {
+    fn a_finished_new_sync_is_written_once_as_reported() {
         let current = json!({ "health": { "status": "Healthy" },
                               "operationState": { "startedAt": "T1" } });
         let observed = json!({ "health": { "status": "Healthy" },
                                "operationState": { "startedAt": "T2", "phase": "Succeeded" } });
         let first = hub_status(&current, Some(&observed), None);
-        assert_eq!(first["health"]["status"], "Progressing");
-        assert_eq!(first["operationState"]["startedAt"], "T2");
-        let second = hub_status(&first, Some(&observed), None);
-        assert_eq!(second["health"]["status"], "Healthy");
-        assert_eq!(hub_status(&second, Some(&observed), None), second);
+        assert_eq!(first, observed);
+        // Its echo asks for nothing more.
+        assert_eq!(hub_status(&first, Some(&observed), None), first);
     }
 }

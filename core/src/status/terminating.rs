@@ -13,9 +13,14 @@
 
 use serde_json::{Value, json};
 
-use super::progress::started;
-
 const TERMINATING: &str = "Terminating";
+
+/// When the sync a status shows started, if it shows one.
+fn started(status: &Value) -> Option<&str> {
+    status
+        .pointer("/operationState/startedAt")
+        .and_then(Value::as_str)
+}
 
 fn phase(status: &Value) -> Option<&str> {
     status

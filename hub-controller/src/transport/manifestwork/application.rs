@@ -324,9 +324,8 @@ async fn write_feedback(
     ctx: &Context,
 ) -> Result<Action, Error> {
     let name = app.name_any();
-    let current = app.data.get("status").cloned().unwrap_or(Value::Null);
     let mut status = feedback(applied, &target.app_namespace, &name)
-        .map(|fb| status_update(&current, &fb))
+        .map(|fb| status_update(&fb))
         .unwrap_or_else(|| json!({}));
     let waited = unapplied_for(ctx, &target.cluster, work_name, applied);
     let overdue = waited.filter(|w| *w >= ctx.options.apply_timeout);
@@ -338,8 +337,6 @@ async fn write_feedback(
             .as_ref()
             .map(|p| format!("{}: {}", p.reason, p.message)),
     );
-    // A `Progressing` shown first (see `status::progress`) is followed by
-    // the real health when its echo brings the Application back here.
     write_status(app, ctx, status).await?;
     match waited {
         // Looked at again when the apply is overdue, unless the work

@@ -3,7 +3,6 @@
 //! as the events arrive (no API call), and what each key must be on its
 //! agent. What needs a write is queued for the [workers](super::workers).
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use argocd_pull_apis::argocd::Application;
@@ -30,10 +29,6 @@ pub type Switches = tokio::sync::mpsc::UnboundedSender<(HubRef, &'static str)>;
 /// The index and what keeps it: the only part of the hub that changes it.
 pub struct Routes {
     index: Mutex<Index>,
-    /// Applications whose last status write was the first of two steps
-    /// (`Progressing` before the reported health): the echo of that write
-    /// goes in the queue's second lane ([`WorkQueue::add_urgent`]).
-    follow_ups: Mutex<HashSet<HubRef>>,
     /// Told of Applications that move to or from this transport, for the
     /// ManifestWork controller to look at again (while it runs).
     switches: Option<Switches>,
@@ -55,7 +50,6 @@ impl Routes {
     ) -> Self {
         Self {
             index: Mutex::default(),
-            follow_ups: Mutex::default(),
             switches,
             built: watch::channel(false).0,
             caches,
@@ -117,29 +111,11 @@ impl Routes {
                 }
             }
             E::Apply(a) | E::InitApply(a) if self.is_built() => {
-                // The echo of the first step of a two-step status write
-                // (`Progressing`, then what was reported) brings the second
-                // step: in the queue's second lane, in turn with new work,
-                // instead of behind every Application waiting for its first
-                // write (at a fleet's first start every copy showed
-                // `Progressing` before any showed more). The next event of
-                // the Application after that write is its echo, or a newer
-                // change that needs a decision as much.
                 let (r, assignment) = self.route(a);
-                let urgent = self.follow_ups.lock().expect("never poisoned").remove(&r);
-                self.apply(r, assignment, urgent);
+                self.apply(r, assignment);
             }
             _ => {}
         }
-    }
-
-    /// The status write of `r` was a first step: its echo brings the
-    /// second, in the urgent lane.
-    pub fn follow_up(&self, r: &HubRef) {
-        self.follow_ups
-            .lock()
-            .expect("never poisoned")
-            .insert(r.clone());
     }
 
     pub fn reassign_all(&self) {
@@ -162,7 +138,7 @@ impl Routes {
         // start (100,000 Applications: several seconds before any agent is
         // welcomed): on every core. The index takes the results in turn.
         for (r, a) in parallel_map(&apps, |app| self.route(app)) {
-            self.apply(r, a, false);
+            self.apply(r, a);
         }
     }
 
@@ -183,9 +159,8 @@ impl Routes {
         (HubRef::of(&app), self.assign(&app))
     }
 
-    /// Puts `a` in the index, settles the keys it touches and queues `r`
-    /// (in the urgent lane when `urgent`).
-    fn apply(&self, r: HubRef, a: Assignment, urgent: bool) {
+    /// Puts `a` in the index, settles the keys it touches and queues `r`.
+    fn apply(&self, r: HubRef, a: Assignment) {
         let ours = |a: Option<&Assignment>| !matches!(a, None | Some(Assignment::NotOurs { .. }));
         let was = ours(self.index().assignment(&r));
         let switched = was != ours(Some(&a));
@@ -198,15 +173,10 @@ impl Routes {
         for (cluster, key) in slots {
             self.settle(&cluster, &key);
         }
-        if urgent {
-            self.queue.add_urgent(Work::App(r));
-        } else {
-            self.queue.add(Work::App(r));
-        }
+        self.queue.add(Work::App(r));
     }
 
     fn unassign(&self, r: &HubRef) {
-        self.follow_ups.lock().expect("never poisoned").remove(r);
         let slots = self.index().set(r, None);
         for (cluster, key) in slots {
             self.settle(&cluster, &key);

@@ -253,10 +253,6 @@ impl Workers {
             return Ok(());
         }
         self.metrics.writes.status_writes.inc();
-        if hub_status(&status, observed.as_ref(), condition.clone()) != status {
-            // A first step: its echo brings the second ([`Routes::follow_up`]).
-            self.routes.follow_up(r);
-        }
         if let (true, Some(reason)) = (newly_refused, reason) {
             tracing::warn!(%cluster, namespace = %r.namespace, name = %r.name, %reason, %message, "not delivered");
             self.metrics.refuse(cluster, reason.as_str());
