@@ -158,6 +158,12 @@ BENCH_GRPC_FLEET_HA_ARGS ?= --agents 3000 --apps-per-agent 10 --replicas 3
 bench-grpc-fleet-ha: bench-grpc-build
 	$(BENCH_GRPC) fleet-ha $(BENCH_GRPC_FLEET_HA_ARGS)
 
+## bench-grpc-rollout: one ApplicationSet (Argo CD's applicationset-controller) over 1,000 simulated agents x 10 Applications, one template edit; time to every hub copy at the new revision next to the API server's write ceiling measured in the same run, writes per Application (docs/benchmarks.md)
+.PHONY: bench-grpc-rollout
+BENCH_GRPC_ROLLOUT_ARGS ?= $(BENCH_GRPC_FLEET_ARGS)
+bench-grpc-rollout: bench-grpc-build
+	$(BENCH_GRPC) rollout $(BENCH_GRPC_ROLLOUT_ARGS)
+
 ## bench-abuse: 100 good agents' latency (p50/p99) quiet and while 10,000 handshakes with bad certificates and one valid agent that floods and never reads abuse the hub; the hub's peak RSS (loopback only)
 .PHONY: bench-abuse
 BENCH_ABUSE_ARGS ?= --good-agents 100 --bad-handshakes 10000

@@ -22,7 +22,8 @@ use testenv::Cluster;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::run::{REVISION, REVISION_2, STARTED_AT};
+/// The sync's start in the statuses written, as a controller would write it.
+const STARTED_AT: &str = "2026-01-01T00:00:00Z";
 
 /// Watches open in the second measurement: the controller's and the
 /// benchmark's.
@@ -72,9 +73,9 @@ pub async fn measure(
         .try_collect::<()>()
         .await?;
 
-    let bare = write_statuses(&api, n, concurrency, REVISION).await?;
+    let bare = write_statuses(&api, n, concurrency, 1).await?;
     let watching = open_watches(&api, WATCHES).await;
-    let watched = write_statuses(&api, n, concurrency, REVISION_2).await?;
+    let watched = write_statuses(&api, n, concurrency, 2).await?;
     for w in watching {
         w.abort();
     }
@@ -86,14 +87,16 @@ pub async fn measure(
     Ok(Ceiling { bare, watched })
 }
 
-/// Writes a status with `revision` onto each of the `n` Applications;
-/// returns the writes per second.
+/// Writes a status onto each of the `n` Applications, its revision (a
+/// commit hash's 40 hex digits) telling `pass` from the others; returns
+/// the writes per second.
 async fn write_statuses(
     api: &Api<DynamicObject>,
     n: usize,
     concurrency: usize,
-    revision: &str,
+    pass: u32,
 ) -> Result<f64> {
+    let revision = &format!("{pass:040x}");
     let pp = PatchParams::default();
     let t0 = Instant::now();
     stream::iter(0..n)

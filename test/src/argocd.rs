@@ -67,6 +67,11 @@ pub struct HubOptions {
     pub applicationset_namespaces: Vec<String>,
     /// `--enable-progressive-syncs` (RollingSync strategies).
     pub progressive_syncs: bool,
+    /// Further flags (a benchmark's `--concurrent-application-updates`).
+    pub args: Vec<String>,
+    /// Further environment variables (a benchmark's
+    /// `ARGOCD_K8S_CLIENT_QPS`).
+    pub env: Vec<(String, String)>,
 }
 
 /// A managed cluster's Argo CD: Redis, repo-server and application-controller.
@@ -183,6 +188,8 @@ impl Hub {
                 if options.progressive_syncs {
                     cmd.arg("--enable-progressive-syncs");
                 }
+                cmd.args(&options.args);
+                cmd.envs(options.env.iter().map(|(k, v)| (k, v)));
                 cmd
             })
             .await?;

@@ -41,7 +41,7 @@ use testenv::pki::{Ca, CertKey};
 use testenv::{Cluster, ClusterConfig, CrdSet};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::fleet_load_generator::{LoadGenerator, simulated_status};
+use crate::fleet_load_generator::{LoadGenerator, carries_its_status};
 use crate::hub::{self, HubOptions, HubProcess, agent_subject};
 use crate::report::{self, Row, print_runs};
 
@@ -88,13 +88,9 @@ fn watch_status(client: kube::Client) -> Seen {
             .applied_objects()
             .boxed();
         while let Some(Ok(app)) = events.next().await {
-            let cluster = app.annotations().get(keys::MANAGED_CLUSTER).cloned();
-            let name = app.name_any();
-            if app.data.get("status")
-                == Some(&simulated_status(&cluster.unwrap_or_default(), &name))
-            {
+            if carries_its_status(&app) {
                 let mut s = shared.lock().expect("never poisoned");
-                s.entry(name).or_insert_with(Instant::now);
+                s.entry(app.name_any()).or_insert_with(Instant::now);
             }
         }
     });

@@ -33,7 +33,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use testenv::{Cluster, ClusterConfig, CrdSet};
 use tokio::time::Instant;
 
-use crate::fleet_load_generator::{LoadGenerator, simulated_status};
+use crate::fleet_load_generator::{LoadGenerator, carries_its_status};
 use crate::hub::{self, HubOptions, HubProcess};
 use crate::report::{self, Row, print_runs};
 
@@ -123,14 +123,7 @@ pub fn watch_copies(client: kube::Client, total: usize) -> Arc<Mutex<Copies>> {
         api,
         watcher::Config::default().labels(keys::PULL_LABEL),
         total,
-        |app| {
-            let cluster = app
-                .annotations()
-                .get(keys::MANAGED_CLUSTER)
-                .cloned()
-                .unwrap_or_default();
-            app.data.get("status") == Some(&simulated_status(&cluster, &app.name_any()))
-        },
+        carries_its_status,
     )
 }
 

@@ -59,17 +59,18 @@ static SESSIONS: AtomicU64 = AtomicU64::new(1);
 static EPOCH_FIRST_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// The status the simulated Argo CD of `cluster` gives the Application
-/// `name` once it has synced it: what a small, healthy Application's status
-/// looks like (sync and health, the last operation, three resources, one
-/// history entry), about 1.5 KiB of JSON. The benchmark checks that the hub
-/// copy ends up with exactly this.
-pub fn simulated_status(cluster: &str, name: &str) -> Value {
+/// `name` once it has synced it at `target` (its spec's `targetRevision`):
+/// what a small, healthy Application's status looks like (sync and health,
+/// the last operation, three resources, one history entry), about 1.5 KiB
+/// of JSON. The benchmark checks that the hub copy ends up with exactly
+/// this.
+pub fn simulated_status(cluster: &str, name: &str, target: &str) -> Value {
     // A commit hash: 40 hex digits.
     let revision: String = (0..3)
-        .map(|i| content::hash_bytes(format!("{cluster}/{name}/{i}").as_bytes()))
+        .map(|i| content::hash_bytes(format!("{cluster}/{name}/{target}/{i}").as_bytes()))
         .collect::<String>()[..40]
         .to_string();
-    let source = json!({ "repoURL": "https://git.example/bench.git", "path": "app", "targetRevision": "v0" });
+    let source = json!({ "repoURL": "https://git.example/bench.git", "path": "app", "targetRevision": target });
     let resource = |group: &str, version: &str, kind: &str| {
         json!({ "group": group, "version": version, "kind": kind, "namespace": name, "name": name,
                 "status": "Synced", "health": { "status": "Healthy" } })
@@ -103,6 +104,30 @@ pub fn simulated_status(cluster: &str, name: &str) -> Value {
         "reconciledAt": "2026-01-01T00:00:06Z",
         "controllerNamespace": "argocd"
     })
+}
+
+/// The `targetRevision` of an Application's spec (`""` when it names none).
+pub fn target_revision(app: &Application) -> &str {
+    app.data
+        .pointer("/spec/source/targetRevision")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// Whether a hub copy carries the status its agent sent for the spec it
+/// has ([`simulated_status`]).
+pub fn carries_its_status(app: &Application) -> bool {
+    let cluster = app
+        .annotations()
+        .get(keys::MANAGED_CLUSTER)
+        .map(String::as_str)
+        .unwrap_or_default();
+    app.data.get("status")
+        == Some(&simulated_status(
+            cluster,
+            &app.name_any(),
+            target_revision(app),
+        ))
 }
 
 /// The simulated agents, and when the current hub process started (a
@@ -667,7 +692,7 @@ impl SimulatedAgent {
         app.metadata.uid = uid;
         app.metadata.resource_version = Some(local.next_uid.to_string());
         app.metadata.generation = Some(1);
-        app.data["status"] = simulated_status(&self.cluster, &key.name);
+        app.data["status"] = simulated_status(&self.cluster, &key.name, target_revision(&app));
         let (_, observed) = apply::observed(&app, false);
         local.apps.insert(
             key,

@@ -31,6 +31,10 @@
 //! `bench-grpc live-compare`: the live views next to argocd-agent's
 //! resource proxy (see `live_compare.rs`).
 //!
+//! `bench-grpc rollout`: one ApplicationSet over the fleet and one edit of
+//! its template, timed against the API server's write ceiling (see
+//! `rollout.rs`).
+//!
 //! `--repeat N` (any part) runs it N times and prints every figure as its
 //! median (min–max) over the runs and its spread (max / min), flagged over
 //! 1.5×; side by side, also where ours stands (ahead, equal, behind) on
@@ -54,6 +58,7 @@ mod latency;
 mod live_compare;
 mod logs;
 mod report;
+mod rollout;
 mod trees;
 
 use std::path::PathBuf;
@@ -114,6 +119,12 @@ enum Part {
     /// reads (a ConfigMap, a pod's log followed) of the same cluster, with
     /// the cluster's own API server as the floor.
     LiveCompare(live_compare::LiveCompareArgs),
+    /// A fleet-wide change as users make it: one ApplicationSet (Argo
+    /// CD's applicationset-controller) over the fleet, one template edit;
+    /// the time until every hub copy shows the new revision, next to what
+    /// the API server's write ceiling, measured in the same run, allows;
+    /// writes per Application.
+    Rollout(rollout::RolloutArgs),
 }
 
 #[tokio::main]
@@ -146,5 +157,6 @@ async fn main() -> Result<()> {
         Part::Trees(a) => trees::run(a, args.repeat, &hub_bin).await,
         Part::Logs(a) => logs::run(a, args.repeat, &hub_bin).await,
         Part::LiveCompare(a) => live_compare::run(a, args.repeat, &hub_bin).await,
+        Part::Rollout(a) => rollout::run(a, args.repeat, &hub_bin).await,
     }
 }

@@ -13,7 +13,7 @@
 //! and clean up before the next run. With `--repeat N` every implementation
 //! runs N times, in alternating order, and every figure is printed as its
 //! median with min and max. Before each round, with no controller running,
-//! the API server's own write ceiling is measured (ceiling.rs). Both
+//! the API server's own write ceiling is measured (the library's `ceiling`). Both
 //! controllers are only ever seen from the outside: their binary, flags,
 //! metrics and the objects they write.
 //!
@@ -23,7 +23,6 @@
 #![forbid(unsafe_code)]
 
 mod cases;
-mod ceiling;
 mod controller;
 mod hub;
 mod render;
@@ -35,6 +34,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use argocd_pull_bench::ceiling;
 use argocd_pull_bench::order::abba;
 use clap::{Parser, ValueEnum};
 use testenv::{Cluster, ClusterConfig, CrdSet, paths};
