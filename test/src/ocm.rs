@@ -41,6 +41,8 @@ const FEATURE_RAW_FEEDBACK: &str = "RawFeedbackJsonString";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 const PORT_ATTEMPTS: usize = 3;
+/// Restarts of a registration agent that exits while joining.
+const AGENT_RESTARTS: usize = 2;
 
 /// How a managed cluster's klusterlet runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,7 +127,7 @@ impl Hub {
         std::fs::copy(&self.bootstrap_kubeconfig, &bootstrap)?;
         let spoke_kubeconfig = managed.kubeconfig().display().to_string();
 
-        start_component(managed, "registration-agent", |listen| {
+        let registration = |listen: SocketAddr| {
             let mut cmd = Command::new(paths::ocm_bin_dir().join("registration"));
             cmd.arg("agent")
                 .arg(format!("--cluster-name={name}"))
@@ -139,10 +141,26 @@ impl Hub {
                 .arg(format!("--listen={listen}"))
                 .arg("--disable-leader-election");
             cmd
-        })
-        .await?;
+        };
+        start_component(managed, "registration-agent", registration).await?;
         self.accept(managed).await?;
-        self.wait_available(managed).await?;
+        let mut restarts = 0;
+        loop {
+            match self.wait_available(managed).await {
+                // As a kubelet restarts a container that exits: OCM's agent
+                // exits when it reads the hub kubeconfig its own controller
+                // is still writing ("kubeconfig does not contains
+                // context"), and comes up joined once restarted.
+                Err(Error::Exited { log, .. }) if restarts < AGENT_RESTARTS => {
+                    restarts += 1;
+                    let last = log.lines().last().unwrap_or_default().to_string();
+                    eprintln!("testenv: {name}'s registration agent exited, restarting it: {last}");
+                    managed.stop("registration-agent");
+                    start_component(managed, "registration-agent", registration).await?;
+                }
+                joined => break joined?,
+            }
+        }
 
         let hub_kubeconfig = hub_dir.join("kubeconfig").display().to_string();
         start_component(managed, "work-agent", |listen| {
