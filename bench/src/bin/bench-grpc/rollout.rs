@@ -216,7 +216,8 @@ fn watch(client: kube::Client) -> Arc<Mutex<Seen>> {
     seen
 }
 
-/// `apiserver_request_total` of Applications, every verb that writes.
+/// `apiserver_request_total` of Applications, every verb that writes (as
+/// the API server names them: `POST` creates, `PUT` updates).
 async fn api_server_writes(client: &kube::Client) -> Result<f64> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(request).await?;
@@ -225,7 +226,7 @@ async fn api_server_writes(client: &kube::Client) -> Result<f64> {
         .filter(|l| l.starts_with("apiserver_request_total{"))
         .filter(|l| l.contains("resource=\"applications\""))
         .filter(|l| {
-            ["CREATE", "UPDATE", "PATCH", "APPLY"]
+            ["POST", "PUT", "PATCH", "APPLY"]
                 .iter()
                 .any(|v| l.contains(&format!("verb=\"{v}\"")))
         })
