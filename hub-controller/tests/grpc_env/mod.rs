@@ -458,6 +458,7 @@ impl Env {
             workers: 8,
             argocd_redis: None,
             live_views: false,
+            terminal: false,
             route: Default::default(),
         }
     }

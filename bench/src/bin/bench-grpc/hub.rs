@@ -366,6 +366,7 @@ pub fn agent_config(
         workers: 16,
         argocd_redis,
         live_views: false,
+        terminal: false,
         route: Default::default(),
     }
 }
