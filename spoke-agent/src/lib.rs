@@ -153,6 +153,21 @@ pub struct Args {
         value_parser = parse_switch
     )]
     pub live_views: bool,
+    /// With `--live-views`: open the hub's web terminals (capability
+    /// `terminal`, docs/ui.md): an exec, with this agent's own identity,
+    /// into a pod of an Application it applied for the hub. Needs `create`
+    /// on `pods/exec`, which the addon grants only with the variable
+    /// `TERMINAL=true`. `--terminal` alone is `true`.
+    #[arg(
+        long,
+        env = "ARGOCD_PULL_TERMINAL",
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_switch
+    )]
+    pub terminal: bool,
     /// How the agent reaches the hub: the egress proxy and the wire.
     #[command(flatten)]
     pub route: args::RouteArgs,
@@ -205,6 +220,8 @@ pub struct AgentConfig {
     pub argocd_redis: Option<trees::RedisConfig>,
     /// `--live-views`.
     pub live_views: bool,
+    /// `--terminal`.
+    pub terminal: bool,
     /// `--proxy`, `--proxy-credentials-file` and the proxy variables;
     /// `--transport`, `--websocket-url` and `--websocket-ca-file`.
     pub route: session::wire::Route,
@@ -246,6 +263,7 @@ impl Args {
                     },
                 }),
             live_views: self.live_views,
+            terminal: self.terminal,
             route: self.route.resolve(&self.hub_address, env),
         }
     }
@@ -370,6 +388,10 @@ pub async fn run_agent(
             &config.argocd_namespace,
         )
     });
+    let terminal = live
+        .as_ref()
+        .filter(|_| config.terminal)
+        .map(|reader| live::Terminals::new(reader.clone()));
     let connection = Arc::new(session::Connection {
         config,
         state,
@@ -378,6 +400,7 @@ pub async fn run_agent(
         readiness,
         projects,
         live,
+        terminal,
     });
     tasks.spawn(connection.run(shutdown.clone()));
     shutdown.wait().await;
@@ -471,6 +494,7 @@ mod tests {
             workers: 16,
             argocd_redis: None,
             live_views: false,
+            terminal: false,
             route: Default::default(),
         }
     }
@@ -532,6 +556,7 @@ mod tests {
             "--hub-ca",
             "/ca",
             "--live-views",
+            "--terminal",
             "--proxy",
             "http://proxy:3128",
             "--proxy-credentials-file",
@@ -559,6 +584,7 @@ mod tests {
             tls_reload_interval: Duration::from_secs(3600),
             workers: 4,
             live_views: true,
+            terminal: true,
             route: session::wire::Route {
                 proxy: session::proxy::ProxyConfig {
                     url: Some("http://proxy:3128".into()),
@@ -590,6 +616,8 @@ mod tests {
         assert!(parse_switch("maybe").is_err());
         assert!(!parse(&["--live-views=false"]).live_views);
         assert!(parse(&["--live-views"]).live_views);
+        assert!(!parse(&[]).terminal);
+        assert!(parse(&["--terminal"]).terminal);
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct Connection {
     /// Managed mode with `--live-views`: the reader of the hub's live
     /// views.
     pub live: Option<Arc<crate::live::Reader>>,
+    /// With `--live-views` and `--terminal`: the web terminals of the hub.
+    pub terminal: Option<Arc<crate::live::Terminals>>,
 }
 
 impl Connection {
@@ -77,6 +79,14 @@ impl Connection {
         match self.config.mode {
             Mode::Managed => AgentMode::Managed,
             Mode::Autonomous => AgentMode::Autonomous,
+        }
+    }
+
+    /// Hands a terminal message to the terminals, when this agent opens
+    /// them (a hub sends none otherwise).
+    fn terminal_do(&self, f: impl FnOnce(&crate::live::Terminals)) {
+        if let Some(terminal) = &self.terminal {
+            f(terminal);
         }
     }
 
@@ -99,6 +109,11 @@ impl Connection {
             hello
                 .capabilities
                 .push(version::CAPABILITY_LIVE_CREDITS.to_string());
+            if self.terminal.is_some() {
+                hello
+                    .capabilities
+                    .push(version::CAPABILITY_TERMINAL.to_string());
+            }
         }
         hello
     }
@@ -235,6 +250,9 @@ impl Connection {
         if let Some(live) = &self.live {
             live.cancel_all();
         }
+        if let Some(terminal) = &self.terminal {
+            terminal.cancel_all();
+        }
         end
     }
 
@@ -320,6 +338,17 @@ impl Connection {
                     live.credit(c.id, c.chunks);
                 }
             }
+            Kind::TerminalOpen(o) => match &self.terminal {
+                Some(terminal) if self.state().live_session().is_some() => terminal.open(o),
+                _ => {
+                    return Err(
+                        "the hub sent a terminal, which this stream did not negotiate".into(),
+                    );
+                }
+            },
+            Kind::TerminalData(d) => self.terminal_do(|t| t.data(d.id, d.frame)),
+            Kind::TerminalCredit(c) => self.terminal_do(|t| t.credit(c.id, c.frames)),
+            Kind::TerminalClose(c) => self.terminal_do(|t| t.close(c.id, c.reason)),
         }
         Ok(())
     }
