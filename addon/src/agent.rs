@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use super::{
     ADDON_NAME, AGENT_NAME, AGENT_NAMESPACE, AddonConfig, HEARTBEAT_VARIABLE, HUB_CA_CONFIGMAP,
     HUB_CA_DIR, HUB_CA_VARIABLE, HUB_NAMESPACE, LIVE_VIEWS_VARIABLE, PROXY_CREDENTIALS_DIR,
-    PROXY_CREDENTIALS_SECRET, SIGNER_NAME, SIGNING_CA_SECRET, TRANSPORT_VARIABLE,
-    WEBSOCKET_URL_VARIABLE, client_cert_dir,
+    PROXY_CREDENTIALS_SECRET, SIGNER_NAME, SIGNING_CA_SECRET, TERMINAL_VARIABLE,
+    TRANSPORT_VARIABLE, WEBSOCKET_URL_VARIABLE, client_cert_dir,
 };
 
 /// The AddOnTemplate: what each managed cluster gets, and how its agent
@@ -93,6 +93,28 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{AGENT_NAME}-live-{{{{{LIVE_VIEWS_VARIABLE}}}}}") },
             "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
         }),
+        // The web terminals exec with the agent's identity: `create` (and
+        // `get`, the verb of a WebSocket's GET where the API server does not
+        // authorize it as `create`) on `pods/exec`. Bound only while
+        // TERMINAL is `true`, as the live views' role is.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-terminal-true"), "labels": labels },
+            "rules": [
+                { "apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"] },
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-terminal-false"), "labels": labels },
+            "rules": [],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": format!("{AGENT_NAME}-terminal-{{{{{TERMINAL_VARIABLE}}}}}"), "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{AGENT_NAME}-terminal-{{{{{TERMINAL_VARIABLE}}}}}") },
+            "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
+        }),
         json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": { "name": HUB_CA_CONFIGMAP, "namespace": AGENT_NAMESPACE, "labels": labels },
@@ -147,7 +169,8 @@ fn agent_role(config: &AddonConfig, mode: &str, verbs: &[&str], labels: &Value) 
 /// The agent's RBAC as OCM renders it for a cluster whose agent runs in
 /// `mode` (`managed` or `autonomous`): the template's ServiceAccount,
 /// ClusterRole(Binding), Roles and RoleBinding with `{{AGENT_MODE}}`
-/// substituted (and `{{LIVE_VIEWS}}` with the config's), in apply order.
+/// substituted (and `{{LIVE_VIEWS}}`, `{{TERMINAL}}` with the config's),
+/// in apply order.
 /// For tests that run as the agent.
 pub fn agent_rbac(config: &AddonConfig, mode: &str) -> Vec<Value> {
     let template = add_on_template(config);
@@ -166,7 +189,8 @@ pub fn agent_rbac(config: &AddonConfig, mode: &str) -> Vec<Value> {
             serde_json::from_str(
                 &m.to_string()
                     .replace("{{AGENT_MODE}}", mode)
-                    .replace("{{LIVE_VIEWS}}", &config.live_views),
+                    .replace("{{LIVE_VIEWS}}", &config.live.views)
+                    .replace("{{TERMINAL}}", &config.live.terminal),
             )
             .expect("substituting a name keeps it JSON")
         })
@@ -211,6 +235,7 @@ fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
                             { "name": "ARGOCD_PULL_OTLP_ENDPOINT", "value": "{{OTLP_ENDPOINT}}" },
                             { "name": "ARGOCD_PULL_ARGOCD_REDIS", "value": "{{ARGOCD_REDIS}}" },
                             { "name": "ARGOCD_PULL_LIVE_VIEWS", "value": "{{LIVE_VIEWS}}" },
+                            { "name": "ARGOCD_PULL_TERMINAL", "value": format!("{{{{{TERMINAL_VARIABLE}}}}}") },
                             { "name": "ARGOCD_PULL_HEARTBEAT", "value": format!("{{{{{HEARTBEAT_VARIABLE}}}}}") },
                             { "name": "ARGOCD_PULL_TRANSPORT", "value": format!("{{{{{TRANSPORT_VARIABLE}}}}}") },
                             { "name": "ARGOCD_PULL_WEBSOCKET_URL", "value": format!("{{{{{WEBSOCKET_URL_VARIABLE}}}}}") },
