@@ -10,7 +10,6 @@
 mod common;
 mod grpc_env;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_pull_proto::v1::{
@@ -19,17 +18,12 @@ use argocd_pull_proto::v1::{
 };
 use argocd_pull_proto::version;
 use common::grpc_client::{self, hello};
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
+use grpc_env::terminal::{Ws, closed_with, next_frame, open};
 use grpc_env::{Env, TIMEOUT};
 use kube::api::ListParams;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::tungstenite::Message;
 
 const TOKEN: &str = "live-token-of-the-terminal-test";
 /// argocd-server's exec, as client-go's WebSocket executor sends it.
@@ -39,7 +33,6 @@ type Agent = (
     tokio::sync::mpsc::Sender<AgentMessage>,
     tonic::Streaming<HubMessage>,
 );
-type Ws = WebSocketStream<TlsStream<TcpStream>>;
 
 /// A raw agent of cluster `i` of `env` offering `live-views`, and
 /// `terminal` when `terminal`.
@@ -91,86 +84,6 @@ async fn next_terminal(inbound: &mut tonic::Streaming<HubMessage>) -> hub_messag
 
 async fn send(tx: &tokio::sync::mpsc::Sender<AgentMessage>, kind: agent_message::Kind) {
     tx.send(AgentMessage { kind: Some(kind) }).await.unwrap();
-}
-
-/// Opens `path` of cluster `cluster` on the endpoint at `addr` as
-/// client-go's WebSocket executor does (`method` GET, the subprotocols it
-/// offers), presenting `token`: the WebSocket, or the refusal's code and
-/// body.
-async fn open(
-    addr: std::net::SocketAddr,
-    ca_pem: &str,
-    token: &str,
-    cluster: &str,
-    path: &str,
-) -> Result<Ws, (u16, String)> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
-        .unwrap();
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
-        .await
-        .unwrap();
-    let mut request = format!("wss://{addr}/clusters/{cluster}{path}")
-        .into_client_request()
-        .unwrap();
-    let h = request.headers_mut();
-    h.insert("authorization", format!("Bearer {token}").parse().unwrap());
-    h.insert(
-        "sec-websocket-protocol",
-        "v5.channel.k8s.io, v4.channel.k8s.io".parse().unwrap(),
-    );
-    match tokio_tungstenite::client_async(request, tls).await {
-        Ok((ws, response)) => {
-            assert_eq!(
-                response.headers()["sec-websocket-protocol"],
-                "v5.channel.k8s.io"
-            );
-            Ok(ws)
-        }
-        Err(tungstenite::Error::Http(response)) => {
-            let body = response.body().clone().unwrap_or_default();
-            Err((
-                response.status().as_u16(),
-                String::from_utf8_lossy(&body).into_owned(),
-            ))
-        }
-        Err(e) => panic!("the handshake failed: {e}"),
-    }
-}
-
-/// The next binary message of the user's WebSocket.
-async fn next_frame(ws: &mut Ws) -> Vec<u8> {
-    loop {
-        match tokio::time::timeout(TIMEOUT, ws.next())
-            .await
-            .expect("a frame in time")
-        {
-            Some(Ok(Message::Binary(b))) => return b.to_vec(),
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            other => panic!("not a frame: {other:?}"),
-        }
-    }
-}
-
-/// The reason of the Close the user's WebSocket ends with.
-async fn closed_with(ws: &mut Ws) -> String {
-    loop {
-        match tokio::time::timeout(TIMEOUT, ws.next())
-            .await
-            .expect("a close in time")
-        {
-            Some(Ok(Message::Close(Some(c)))) => return c.reason.to_string(),
-            Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => continue,
-            other => panic!("not a Close: {other:?}"),
-        }
-    }
 }
 
 /// The agent opens the session of `open` as the delivered copy `key` of

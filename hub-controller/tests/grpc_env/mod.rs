@@ -11,6 +11,7 @@ pub mod live;
 pub mod mode;
 pub mod replicas;
 pub mod series;
+pub mod terminal;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

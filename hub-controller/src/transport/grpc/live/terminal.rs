@@ -322,7 +322,10 @@ where
         },
         reason: reason.chars().take(120).collect::<String>().into(),
     };
+    // A user's Close is answered by tungstenite itself; either way the
+    // closing handshake is flushed before the connection goes.
     let _ = sink.send(Message::Close(Some(close))).await;
+    let _ = sink.close().await;
     (code, reason)
 }
 
