@@ -17,7 +17,7 @@ use super::{
 pub fn add_on_template(config: &AddonConfig) -> Value {
     let labels =
         json!({ "app.kubernetes.io/name": AGENT_NAME, "app.kubernetes.io/part-of": "argocd-pull" });
-    let manifests = vec![
+    let mut manifests = vec![
         json!({
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": { "name": AGENT_NAMESPACE, "labels": labels },
@@ -68,6 +68,67 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{AGENT_NAME}-{{{{AGENT_MODE}}}}") },
             "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
         }),
+    ];
+    manifests.extend(live_rbac(&labels));
+    manifests.extend([
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": HUB_CA_CONFIGMAP, "namespace": AGENT_NAMESPACE, "labels": labels },
+            "data": { "ca.crt": format!("{{{{{HUB_CA_VARIABLE}}}}}") },
+        }),
+        agent_deployment(config, &labels),
+    ]);
+    json!({
+        "apiVersion": "addon.open-cluster-management.io/v1alpha1",
+        "kind": "AddOnTemplate",
+        "metadata": { "name": ADDON_NAME },
+        "spec": {
+            "addonName": ADDON_NAME,
+            "agentSpec": { "workload": { "manifests": manifests } },
+            "registration": [{
+                "type": "CustomSigner",
+                "customSigner": {
+                    "signerName": SIGNER_NAME,
+                    "signingCA": { "name": SIGNING_CA_SECRET, "namespace": HUB_NAMESPACE },
+                },
+            }],
+        },
+    })
+}
+
+/// The agent's Role in the Argo CD namespace for one mode
+/// (`argocd-pull-agent-<mode>`). In managed mode it also keeps the
+/// AppProjects and project-scoped credentials the hub sends (capability
+/// `projects`): it deletes only credentials, never a project.
+fn agent_role(config: &AddonConfig, mode: &str, verbs: &[&str], labels: &Value) -> Value {
+    let mut rules = vec![json!({
+        "apiGroups": ["argoproj.io"], "resources": ["applications"],
+        "verbs": verbs,
+    })];
+    if mode == "managed" {
+        rules.push(json!({
+            "apiGroups": ["argoproj.io"], "resources": ["appprojects"],
+            "verbs": ["get", "list", "watch", "create", "patch"],
+        }));
+        rules.push(json!({
+            "apiGroups": [""], "resources": ["secrets"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        }));
+    }
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": { "name": format!("{AGENT_NAME}-{mode}"), "namespace": config.argocd_namespace, "labels": labels },
+        "rules": rules,
+    })
+}
+
+/// The RBAC of what the agent serves of the hub's live endpoint, bound
+/// only while its variable allows it: each binding is named after the
+/// variable's value (a roleRef cannot change, so a new value is a new
+/// binding and the work agent deletes the old one), and the `false` role
+/// grants nothing.
+fn live_rbac(labels: &Value) -> Vec<Value> {
+    vec![
         // The live views read what they serve with the agent's identity:
         // `get` on every kind (a Secret leaves without its values), and the
         // events of an object. Bound only while LIVE_VIEWS is `true`: the
@@ -115,55 +176,7 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{AGENT_NAME}-terminal-{{{{{TERMINAL_VARIABLE}}}}}") },
             "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
         }),
-        json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": { "name": HUB_CA_CONFIGMAP, "namespace": AGENT_NAMESPACE, "labels": labels },
-            "data": { "ca.crt": format!("{{{{{HUB_CA_VARIABLE}}}}}") },
-        }),
-        agent_deployment(config, &labels),
-    ];
-    json!({
-        "apiVersion": "addon.open-cluster-management.io/v1alpha1",
-        "kind": "AddOnTemplate",
-        "metadata": { "name": ADDON_NAME },
-        "spec": {
-            "addonName": ADDON_NAME,
-            "agentSpec": { "workload": { "manifests": manifests } },
-            "registration": [{
-                "type": "CustomSigner",
-                "customSigner": {
-                    "signerName": SIGNER_NAME,
-                    "signingCA": { "name": SIGNING_CA_SECRET, "namespace": HUB_NAMESPACE },
-                },
-            }],
-        },
-    })
-}
-
-/// The agent's Role in the Argo CD namespace for one mode
-/// (`argocd-pull-agent-<mode>`). In managed mode it also keeps the
-/// AppProjects and project-scoped credentials the hub sends (capability
-/// `projects`): it deletes only credentials, never a project.
-fn agent_role(config: &AddonConfig, mode: &str, verbs: &[&str], labels: &Value) -> Value {
-    let mut rules = vec![json!({
-        "apiGroups": ["argoproj.io"], "resources": ["applications"],
-        "verbs": verbs,
-    })];
-    if mode == "managed" {
-        rules.push(json!({
-            "apiGroups": ["argoproj.io"], "resources": ["appprojects"],
-            "verbs": ["get", "list", "watch", "create", "patch"],
-        }));
-        rules.push(json!({
-            "apiGroups": [""], "resources": ["secrets"],
-            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-        }));
-    }
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": { "name": format!("{AGENT_NAME}-{mode}"), "namespace": config.argocd_namespace, "labels": labels },
-        "rules": rules,
-    })
+    ]
 }
 
 /// The agent's RBAC as OCM renders it for a cluster whose agent runs in

@@ -112,8 +112,8 @@ async fn an_exec_reaches_a_pod_of_an_application_the_agent_applied_on_a_real_nod
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
-    config.live_views = true;
-    config.terminal = true;
+    config.live.views = true;
+    config.live.terminal = true;
     env.start_agent_with(0, config);
     env.wait_connected().await;
     env.create("web", 0, json!({})).await;

@@ -285,7 +285,7 @@ async fn reading_agent_of(env: &mut Env, address: &str, spoke: &Spoke, live_view
         addr: spoke.redis().to_string(),
         password: Password::None,
     });
-    config.live_views = live_views;
+    config.live.views = live_views;
     env.start_agent_with(0, config);
     env.wait_connected().await;
 }

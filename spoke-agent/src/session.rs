@@ -27,6 +27,7 @@ use crate::worker::Worker;
 use crate::{AgentConfig, Mode};
 use argocd_pull_runtime::backoff::Backoff;
 
+mod live;
 mod open;
 pub mod proxy;
 mod tunnel;
@@ -82,14 +83,6 @@ impl Connection {
         }
     }
 
-    /// Hands a terminal message to the terminals, when this agent opens
-    /// them (a hub sends none otherwise).
-    fn terminal_do(&self, f: impl FnOnce(&crate::live::Terminals)) {
-        if let Some(terminal) = &self.terminal {
-            f(terminal);
-        }
-    }
-
     /// This release's Hello, with `trees` when a managed agent reads its
     /// Argo CD's Redis and `live-views` (with `live-credits`) when it
     /// serves them.
@@ -102,19 +95,7 @@ impl Connection {
                 .capabilities
                 .push(version::CAPABILITY_TREES.to_string());
         }
-        if self.config.mode == Mode::Managed && self.live.is_some() {
-            hello
-                .capabilities
-                .push(version::CAPABILITY_LIVE_VIEWS.to_string());
-            hello
-                .capabilities
-                .push(version::CAPABILITY_LIVE_CREDITS.to_string());
-            if self.terminal.is_some() {
-                hello
-                    .capabilities
-                    .push(version::CAPABILITY_TERMINAL.to_string());
-            }
-        }
+        self.offer_live(&mut hello);
         hello
     }
 
@@ -247,9 +228,7 @@ impl Connection {
             .await;
         drop(sender);
         self.state().detach(id);
-        if let Some(live) = &self.live {
-            live.cancel_all();
-        }
+        self.end_live();
         if let Some(terminal) = &self.terminal {
             terminal.cancel_all();
         }
@@ -320,35 +299,13 @@ impl Connection {
             Kind::ObjectAck(a) => self.object_ack(a),
             Kind::Digest(d) => self.digest(&d)?,
             Kind::ResyncRequest(r) => self.resync_request(&r)?,
-            Kind::LiveRequest(r) => match (&self.live, self.state().live_session()) {
-                (Some(live), Some(session)) => live.request(session, r),
-                _ => {
-                    return Err(
-                        "the hub sent a live read, which this stream did not negotiate".into(),
-                    );
-                }
-            },
-            Kind::LiveCancel(c) => {
-                if let Some(live) = &self.live {
-                    live.cancel(c.id);
-                }
-            }
-            Kind::LiveCredit(c) => {
-                if let Some(live) = &self.live {
-                    live.credit(c.id, c.chunks);
-                }
-            }
-            Kind::TerminalOpen(o) => match &self.terminal {
-                Some(terminal) if self.state().live_session().is_some() => terminal.open(o),
-                _ => {
-                    return Err(
-                        "the hub sent a terminal, which this stream did not negotiate".into(),
-                    );
-                }
-            },
-            Kind::TerminalData(d) => self.terminal_do(|t| t.data(d.id, d.frame)),
-            Kind::TerminalCredit(c) => self.terminal_do(|t| t.credit(c.id, c.frames)),
-            Kind::TerminalClose(c) => self.terminal_do(|t| t.close(c.id, c.reason)),
+            live @ (Kind::LiveRequest(_)
+            | Kind::LiveCancel(_)
+            | Kind::LiveCredit(_)
+            | Kind::TerminalOpen(_)
+            | Kind::TerminalData(_)
+            | Kind::TerminalCredit(_)
+            | Kind::TerminalClose(_)) => self.live_message(live)?,
         }
         Ok(())
     }

@@ -458,8 +458,7 @@ impl Env {
             tls_reload_interval: Duration::from_millis(500),
             workers: 8,
             argocd_redis: None,
-            live_views: false,
-            terminal: false,
+            live: Default::default(),
             route: Default::default(),
         }
     }
