@@ -300,6 +300,23 @@ async fn reading_agent_of(env: &mut Env, address: &str, spoke: &Spoke, live: Liv
     env.wait_connected().await;
 }
 
+/// [`create_guestbook`] aimed at the cluster's own Secret, by name, as
+/// ApplicationSets give it; the team's namespace, and `admin`'s session on
+/// `server`.
+async fn guestbook_by_name(
+    env: &Env,
+    repo: &testenv::argocd::Repo,
+    server: &Server,
+) -> (String, String) {
+    let destination = json!({ "name": "cluster1", "namespace": "guestbook" });
+    create_guestbook(env, repo, destination).await;
+    let session = server
+        .login("admin", server.admin_password())
+        .await
+        .unwrap();
+    (env.team.clone(), session)
+}
+
 /// Starts the hub-controller writing trees into `server`'s Redis, with its
 /// live endpoint on 127.0.0.1: the endpoint's token and address.
 async fn live_hub(env: &mut Env, server: &Server) -> (String, std::net::SocketAddr) {
@@ -497,18 +514,7 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
     let (token, live_url) = (token.as_str(), format!("https://{live_addr}"));
     let ca_file = env.dir.path().join("ca.crt");
     reading_agent(&mut env, &spoke, true).await;
-    // The cluster's own Secret, by name, as ApplicationSets give it.
-    create_guestbook(
-        &env,
-        &repo,
-        json!({ "name": "cluster1", "namespace": "guestbook" }),
-    )
-    .await;
-    let ns = env.team.clone();
-    let session = server
-        .login("admin", server.admin_password())
-        .await
-        .unwrap();
+    let (ns, session) = guestbook_by_name(&env, &repo, &server).await;
     let resource = |kind: &str, name: &str| {
         format!(
             "/api/v1/applications/guestbook/resource?appNamespace={ns}&namespace=guestbook&resourceName={name}&version=v1&kind={kind}&group="
@@ -952,17 +958,7 @@ async fn argocd_servers_web_terminal_opens_in_a_pod_through_the_hub_and_the_agen
     };
     let hub = env.hub_address();
     reading_agent_of(&mut env, &hub, &spoke, live).await;
-    create_guestbook(
-        &env,
-        &repo,
-        json!({ "name": "cluster1", "namespace": "guestbook" }),
-    )
-    .await;
-    let ns = env.team.clone();
-    let session = server
-        .login("admin", server.admin_password())
-        .await
-        .unwrap();
+    let (ns, session) = guestbook_by_name(&env, &repo, &server).await;
     wait::until(
         "the pod in the hub's tree, with its uid",
         TIMEOUT,
