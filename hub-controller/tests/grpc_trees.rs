@@ -1005,5 +1005,42 @@ async fn argocd_servers_web_terminal_opens_in_a_pod_through_the_hub_and_the_agen
     .await;
     println!("argocd-server's terminal through the hub:\n{output}");
     env.assert_logged("a web terminal opened in pod guestbook/ticker container ticker");
+
+    // A user who may read the Application but not exec into it:
+    // argocd-server refuses before it asks the cluster.
+    let policy = "p, viewer, applications, get, *, allow\n";
+    testenv::argocd::add_local_account(&env.hub, "viewer", "viewer-password", policy)
+        .await
+        .unwrap();
+    let refusal = wait::until("argocd-server's refusal of the viewer", TIMEOUT, || async {
+        let viewer = server
+            .login("viewer", "viewer-password")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut request = format!("ws://{}{path}", server.addr())
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("cookie", format!("argocd.token={viewer}").parse().unwrap());
+        let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+        match tokio_tungstenite::client_async(request, tcp).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                let body = r.body().clone().unwrap_or_default();
+                Ok((
+                    r.status().as_u16(),
+                    String::from_utf8_lossy(&body).into_owned(),
+                ))
+            }
+            other => Err(format!("not refused: {:?}", other.map(|_| ()))),
+        }
+    })
+    .await;
+    assert_eq!(refusal.0, 401, "{}", refusal.1);
+    assert!(
+        refusal.1.contains("permission denied: exec, create"),
+        "{}",
+        refusal.1
+    );
     drop(node);
 }

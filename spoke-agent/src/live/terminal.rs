@@ -133,11 +133,15 @@ impl Terminals {
     fn input(&self, id: u64, input: Input) {
         let mut sessions = self.sessions();
         let Some(s) = sessions.get(&id) else { return };
-        if s.input.try_send(input).is_err() {
-            // The hub sent beyond its window, or the session is ending.
-            sessions.remove(&id);
-            drop(sessions);
-            self.send(close(id, 502, "the hub sent more than its window"));
+        match s.input.try_send(input) {
+            Ok(()) => {}
+            // The session is ending: it tells the hub itself.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                sessions.remove(&id);
+                drop(sessions);
+                self.send(close(id, 502, "the hub sent more than its window"));
+            }
         }
     }
 
