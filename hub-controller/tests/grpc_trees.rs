@@ -1042,5 +1042,57 @@ async fn argocd_servers_web_terminal_opens_in_a_pod_through_the_hub_and_the_agen
         "{}",
         refusal.1
     );
+    terminal_in_the_ui(&env, &server, &ns).await;
     drop(node);
+}
+
+/// The pod's TERMINAL tab in argocd-server's UI (headless Chromium, as
+/// `admin`): the hub opens one more session for it; a picture of it in
+/// docs/img with `ARGOCD_PULL_SCREENSHOTS`.
+async fn terminal_in_the_ui(env: &Env, server: &Server, ns: &str) {
+    if let Some(why) = testenv::paths::argocd_ui_not_built() {
+        testenv::paths::not_run("the web terminal in the hub's UI", &why);
+        return;
+    }
+    let opened = "a web terminal opened in pod guestbook/ticker container ticker";
+    let before = env.hub_log().matches(opened).count();
+    let browser = testenv::browser::Browser::start(1440, 900)
+        .await
+        .expect("chromium starts");
+    let mut page = browser.page().await.unwrap();
+    server
+        .ui_login(&mut page, TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let node = "%2FPod%2Fguestbook%2Fticker%2F0";
+    page.navigate(&format!(
+        "{}/applications/{ns}/guestbook?node={node}&tab=exec",
+        server.url()
+    ))
+    .await
+    .unwrap();
+    server
+        .ui_wait_for(
+            &mut page,
+            "the pod's TERMINAL tab",
+            "(() => document.querySelector('.xterm') !== null)()",
+            TIMEOUT,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait::until("the UI's session at the hub", TIMEOUT, || async {
+        let now = env.hub_log().matches(opened).count();
+        if now > before { Ok(()) } else { Err(now) }
+    })
+    .await;
+    // The ticker writes a line a second: let a few show before the picture.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    page.screenshot(&browser.dir().join("hub-ui-terminal.png"))
+        .await
+        .unwrap();
+    if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
+        let docs = testenv::paths::workspace_dir().join("docs/img/hub-ui-terminal.png");
+        page.screenshot(&docs).await.unwrap();
+        eprintln!("screenshot: {}", docs.display());
+    }
 }
