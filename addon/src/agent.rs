@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use super::{
     ADDON_NAME, AGENT_NAME, AGENT_NAMESPACE, AddonConfig, HEARTBEAT_VARIABLE, HUB_CA_CONFIGMAP,
     HUB_CA_DIR, HUB_CA_VARIABLE, HUB_NAMESPACE, LIVE_VIEWS_VARIABLE, PROXY_CREDENTIALS_DIR,
-    PROXY_CREDENTIALS_SECRET, SIGNER_NAME, SIGNING_CA_SECRET, TRANSPORT_VARIABLE,
-    WEBSOCKET_URL_VARIABLE, client_cert_dir,
+    PROXY_CREDENTIALS_SECRET, SIGNER_NAME, SIGNING_CA_SECRET, TERMINAL_VARIABLE,
+    TRANSPORT_VARIABLE, WEBSOCKET_URL_VARIABLE, client_cert_dir,
 };
 
 /// The AddOnTemplate: what each managed cluster gets, and how its agent
@@ -17,7 +17,7 @@ use super::{
 pub fn add_on_template(config: &AddonConfig) -> Value {
     let labels =
         json!({ "app.kubernetes.io/name": AGENT_NAME, "app.kubernetes.io/part-of": "argocd-pull" });
-    let manifests = vec![
+    let mut manifests = vec![
         json!({
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": { "name": AGENT_NAMESPACE, "labels": labels },
@@ -68,38 +68,16 @@ pub fn add_on_template(config: &AddonConfig) -> Value {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{AGENT_NAME}-{{{{AGENT_MODE}}}}") },
             "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
         }),
-        // The live views read what they serve with the agent's identity:
-        // `get` on every kind (a Secret leaves without its values), and the
-        // events of an object. Bound only while LIVE_VIEWS is `true`: the
-        // binding is named after the value (its roleRef cannot change, so a
-        // new value is a new binding and the work agent deletes the old
-        // one), and the `false` role grants nothing.
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": { "name": format!("{AGENT_NAME}-live-true"), "labels": labels },
-            "rules": [
-                { "apiGroups": ["*"], "resources": ["*"], "verbs": ["get"] },
-                { "apiGroups": [""], "resources": ["events"], "verbs": ["list"] },
-            ],
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": { "name": format!("{AGENT_NAME}-live-false"), "labels": labels },
-            "rules": [],
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": { "name": format!("{AGENT_NAME}-live-{{{{{LIVE_VIEWS_VARIABLE}}}}}"), "labels": labels },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{AGENT_NAME}-live-{{{{{LIVE_VIEWS_VARIABLE}}}}}") },
-            "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
-        }),
+    ];
+    manifests.extend(live_rbac(&labels));
+    manifests.extend([
         json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": { "name": HUB_CA_CONFIGMAP, "namespace": AGENT_NAMESPACE, "labels": labels },
             "data": { "ca.crt": format!("{{{{{HUB_CA_VARIABLE}}}}}") },
         }),
         agent_deployment(config, &labels),
-    ];
+    ]);
     json!({
         "apiVersion": "addon.open-cluster-management.io/v1alpha1",
         "kind": "AddOnTemplate",
@@ -144,10 +122,68 @@ fn agent_role(config: &AddonConfig, mode: &str, verbs: &[&str], labels: &Value) 
     })
 }
 
+/// The RBAC of what the agent serves of the hub's live endpoint, bound
+/// only while its variable allows it: each binding is named after the
+/// variable's value (a roleRef cannot change, so a new value is a new
+/// binding and the work agent deletes the old one), and the `false` role
+/// grants nothing.
+fn live_rbac(labels: &Value) -> Vec<Value> {
+    vec![
+        // The live views read what they serve with the agent's identity:
+        // `get` on every kind (a Secret leaves without its values), and the
+        // events of an object. Bound only while LIVE_VIEWS is `true`: the
+        // binding is named after the value (its roleRef cannot change, so a
+        // new value is a new binding and the work agent deletes the old
+        // one), and the `false` role grants nothing.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-live-true"), "labels": labels },
+            "rules": [
+                { "apiGroups": ["*"], "resources": ["*"], "verbs": ["get"] },
+                { "apiGroups": [""], "resources": ["events"], "verbs": ["list"] },
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-live-false"), "labels": labels },
+            "rules": [],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": format!("{AGENT_NAME}-live-{{{{{LIVE_VIEWS_VARIABLE}}}}}"), "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{AGENT_NAME}-live-{{{{{LIVE_VIEWS_VARIABLE}}}}}") },
+            "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
+        }),
+        // The web terminals exec with the agent's identity: `create` (and
+        // `get`, the verb of a WebSocket's GET where the API server does not
+        // authorize it as `create`) on `pods/exec`. Bound only while
+        // TERMINAL is `true`, as the live views' role is.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-terminal-true"), "labels": labels },
+            "rules": [
+                { "apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"] },
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": format!("{AGENT_NAME}-terminal-false"), "labels": labels },
+            "rules": [],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": format!("{AGENT_NAME}-terminal-{{{{{TERMINAL_VARIABLE}}}}}"), "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{AGENT_NAME}-terminal-{{{{{TERMINAL_VARIABLE}}}}}") },
+            "subjects": [{ "kind": "ServiceAccount", "name": AGENT_NAME, "namespace": AGENT_NAMESPACE }],
+        }),
+    ]
+}
+
 /// The agent's RBAC as OCM renders it for a cluster whose agent runs in
 /// `mode` (`managed` or `autonomous`): the template's ServiceAccount,
 /// ClusterRole(Binding), Roles and RoleBinding with `{{AGENT_MODE}}`
-/// substituted (and `{{LIVE_VIEWS}}` with the config's), in apply order.
+/// substituted (and `{{LIVE_VIEWS}}`, `{{TERMINAL}}` with the config's),
+/// in apply order.
 /// For tests that run as the agent.
 pub fn agent_rbac(config: &AddonConfig, mode: &str) -> Vec<Value> {
     let template = add_on_template(config);
@@ -166,7 +202,8 @@ pub fn agent_rbac(config: &AddonConfig, mode: &str) -> Vec<Value> {
             serde_json::from_str(
                 &m.to_string()
                     .replace("{{AGENT_MODE}}", mode)
-                    .replace("{{LIVE_VIEWS}}", &config.live_views),
+                    .replace("{{LIVE_VIEWS}}", &config.live.views)
+                    .replace("{{TERMINAL}}", &config.live.terminal),
             )
             .expect("substituting a name keeps it JSON")
         })
@@ -211,6 +248,7 @@ fn agent_deployment(config: &AddonConfig, labels: &Value) -> Value {
                             { "name": "ARGOCD_PULL_OTLP_ENDPOINT", "value": "{{OTLP_ENDPOINT}}" },
                             { "name": "ARGOCD_PULL_ARGOCD_REDIS", "value": "{{ARGOCD_REDIS}}" },
                             { "name": "ARGOCD_PULL_LIVE_VIEWS", "value": "{{LIVE_VIEWS}}" },
+                            { "name": "ARGOCD_PULL_TERMINAL", "value": format!("{{{{{TERMINAL_VARIABLE}}}}}") },
                             { "name": "ARGOCD_PULL_HEARTBEAT", "value": format!("{{{{{HEARTBEAT_VARIABLE}}}}}") },
                             { "name": "ARGOCD_PULL_TRANSPORT", "value": format!("{{{{{TRANSPORT_VARIABLE}}}}}") },
                             { "name": "ARGOCD_PULL_WEBSOCKET_URL", "value": format!("{{{{{WEBSOCKET_URL_VARIABLE}}}}}") },

@@ -89,9 +89,8 @@ pub struct AddonConfig {
     /// The managed clusters' Argo CD Redis the agents report trees from
     /// (`ARGOCD_REDIS`), `none` for none.
     pub argocd_redis: String,
-    /// Whether the agents serve the hub's live views (`LIVE_VIEWS`):
-    /// `true` or `false`.
-    pub live_views: String,
+    /// What the agents serve of the hub's live endpoint.
+    pub live: LiveVariables,
     /// The default AddOnDeploymentConfig's `proxyConfig.httpsProxy`: the
     /// egress proxy OCM gives every agent as `HTTPS_PROXY`; empty for none.
     pub https_proxy: String,
@@ -118,7 +117,10 @@ impl Default for AddonConfig {
             agent_mode: DEFAULT_MODE.into(),
             otlp_endpoint: "none".into(),
             argocd_redis: "none".into(),
-            live_views: "false".into(),
+            live: LiveVariables {
+                views: "false".into(),
+                terminal: "false".into(),
+            },
             https_proxy: String::new(),
             no_proxy: String::new(),
             heartbeat: "hub".into(),
@@ -147,7 +149,12 @@ pub fn default_variables(config: &AddonConfig) -> Vec<(&'static str, String)> {
         // `true`: the agent serves the hub's live views (a resource's live
         // manifest, its events, its pods' logs) and is bound to the read
         // ClusterRole they need; `false`: neither.
-        (LIVE_VIEWS_VARIABLE, config.live_views.clone()),
+        (LIVE_VIEWS_VARIABLE, config.live.views.clone()),
+        // `true` (with LIVE_VIEWS): the agent opens the hub's web
+        // terminals, an exec into a pod of an Application it applied, and
+        // is bound to the ClusterRole that may exec into pods; `false`:
+        // neither.
+        (TERMINAL_VARIABLE, config.live.terminal.clone()),
         // The heartbeat interval the agent asks the hub for (`10s`, `2s`):
         // three of them must be shorter than the idle timeout of every
         // proxy and NAT between the cluster and the hub. `hub`: the hub's.
@@ -163,6 +170,18 @@ pub fn default_variables(config: &AddonConfig) -> Vec<(&'static str, String)> {
 
 /// The variable that turns the agents' live views on (`true`) or off.
 pub const LIVE_VIEWS_VARIABLE: &str = "LIVE_VIEWS";
+/// The variable that turns the agents' web terminals on (`true`) or off.
+pub const TERMINAL_VARIABLE: &str = "TERMINAL";
+
+/// The defaults of the variables of the hub's live endpoint: `true` or
+/// `false` each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveVariables {
+    /// Whether the agents serve the hub's live views (`LIVE_VIEWS`).
+    pub views: String,
+    /// Whether they open its web terminals (`TERMINAL`).
+    pub terminal: String,
+}
 /// The variable of the heartbeat interval an agent asks for.
 pub const HEARTBEAT_VARIABLE: &str = "HEARTBEAT";
 /// The variable of the wire an agent dials the hub on.
@@ -307,7 +326,7 @@ pub fn render(config: &AddonConfig) -> String {
 /// escaped so that Helm leaves them for OCM. `make generate` writes it; a
 /// test fails when the checked-in file drifts.
 pub fn render_helm_template() -> String {
-    const VALUES: [(&str, &str); 12] = [
+    const VALUES: [(&str, &str); 13] = [
         (
             "ARGOCDPULLHELMAGENTIMAGE",
             r#"{{ include "argocd-pull.agentImage" . }}"#,
@@ -350,6 +369,10 @@ pub fn render_helm_template() -> String {
             "ARGOCDPULLHELMWEBSOCKETURL",
             r#"{{ .Values.agent.websocketUrl | default "hub" | quote }}"#,
         ),
+        (
+            "ARGOCDPULLHELMTERMINAL",
+            r#"{{ .Values.agent.terminal | toString | quote }}"#,
+        ),
     ];
     let config = AddonConfig {
         agent_image: VALUES[0].0.into(),
@@ -358,7 +381,10 @@ pub fn render_helm_template() -> String {
         agent_mode: VALUES[3].0.into(),
         otlp_endpoint: VALUES[4].0.into(),
         argocd_redis: VALUES[5].0.into(),
-        live_views: VALUES[6].0.into(),
+        live: LiveVariables {
+            views: VALUES[6].0.into(),
+            terminal: VALUES[12].0.into(),
+        },
         https_proxy: VALUES[7].0.into(),
         no_proxy: VALUES[8].0.into(),
         heartbeat: VALUES[9].0.into(),
@@ -570,7 +596,10 @@ mod tests {
         // With LIVE_VIEWS `true`, and only then, the agent may also read
         // (get) any object and list events, and nothing more.
         let live = AddonConfig {
-            live_views: "true".into(),
+            live: LiveVariables {
+                views: "true".into(),
+                terminal: "false".into(),
+            },
             ..AddonConfig::default()
         };
         for mode in ["managed", "autonomous"] {
@@ -591,6 +620,27 @@ mod tests {
                         vec!["list".to_string()]
                     ),
                 ],
+                "{mode}"
+            );
+            // With TERMINAL `true` as well, and only then, exec into pods.
+            let terminal = AddonConfig {
+                live: LiveVariables {
+                    views: "true".into(),
+                    terminal: "true".into(),
+                },
+                ..AddonConfig::default()
+            };
+            let more: Vec<_> = verbs(&terminal, mode)
+                .into_iter()
+                .filter(|r| !on.contains(r))
+                .collect();
+            assert_eq!(
+                more,
+                vec![(
+                    "ClusterRole".to_string(),
+                    r#"["pods/exec"]"#.to_string(),
+                    vec!["create".to_string(), "get".to_string()]
+                )],
                 "{mode}"
             );
         }

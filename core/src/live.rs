@@ -12,6 +12,7 @@
 
 use serde_json::{Value, json};
 
+pub mod exec;
 pub mod tracking;
 
 /// How many owner references the agent follows from an object to one an

@@ -21,6 +21,7 @@ use argocd_pull_proto::v1::{AgentMessage, ResourceTreeReport, agent_message, hub
 use argocd_pull_proto::version;
 use argocd_pull_runtime::redis::Redis;
 use argocd_pull_spoke_agent::Mode;
+use argocd_pull_spoke_agent::args::LiveArgs;
 use argocd_pull_spoke_agent::trees::{Password, RedisConfig};
 use common::grpc_client::{self, hello};
 use grpc_env::live::{client as live_client, refused};
@@ -226,11 +227,16 @@ fn argocd_diff(server: &Server, token: &str, app: &str) -> (Option<i32>, String)
 /// a ConfigMap (`settings`, `colour: teal`) and a Secret (`db`, password
 /// `hunter2-on-cluster1`), for namespace `guestbook`.
 async fn with_real_argocd() -> (Env, Spoke, GitServer, Server, testenv::argocd::Repo) {
+    with_real_argocd_options(ServerOptions::default()).await
+}
+
+/// [`with_real_argocd`] with argocd-server started with `options`.
+async fn with_real_argocd_options(
+    options: ServerOptions,
+) -> (Env, Spoke, GitServer, Server, testenv::argocd::Repo) {
     let env = Env::new(&["cluster1"]).await;
-    let (cluster1, server) = tokio::join!(
-        argocd_on_cluster1(&env),
-        Server::start(&env.hub, ServerOptions::default()),
-    );
+    let (cluster1, server) =
+        tokio::join!(argocd_on_cluster1(&env), Server::start(&env.hub, options),);
     let (spoke, git, repo) = cluster1;
     let server = server.expect("argocd-server starts on the hub");
     (env, spoke, git, server, repo)
@@ -275,19 +281,65 @@ async fn argocd_on_cluster1(env: &Env) -> (Spoke, GitServer, testenv::argocd::Re
 /// when `live_views`; once connected.
 async fn reading_agent(env: &mut Env, spoke: &Spoke, live_views: bool) {
     let hub = env.hub_address();
-    reading_agent_of(env, &hub, spoke, live_views).await;
+    let live = LiveArgs {
+        views: live_views,
+        terminal: false,
+    };
+    reading_agent_of(env, &hub, spoke, live).await;
 }
 
 /// [`reading_agent`] dialling the hub at `address`.
-async fn reading_agent_of(env: &mut Env, address: &str, spoke: &Spoke, live_views: bool) {
+async fn reading_agent_of(env: &mut Env, address: &str, spoke: &Spoke, live: LiveArgs) {
     let mut config = env.agent_config(0, address, Mode::Managed);
     config.argocd_redis = Some(RedisConfig {
         addr: spoke.redis().to_string(),
         password: Password::None,
     });
-    config.live_views = live_views;
+    config.live = live;
     env.start_agent_with(0, config);
     env.wait_connected().await;
+}
+
+/// [`create_guestbook`] aimed at the cluster's own Secret, by name, as
+/// ApplicationSets give it; the team's namespace, and `admin`'s session on
+/// `server`.
+async fn guestbook_by_name(
+    env: &Env,
+    repo: &testenv::argocd::Repo,
+    server: &Server,
+) -> (String, String) {
+    let destination = json!({ "name": "cluster1", "namespace": "guestbook" });
+    create_guestbook(env, repo, destination).await;
+    let session = server
+        .login("admin", server.admin_password())
+        .await
+        .unwrap();
+    (env.team.clone(), session)
+}
+
+/// Starts the hub-controller writing trees into `server`'s Redis, with its
+/// live endpoint on 127.0.0.1: the endpoint's token and address.
+async fn live_hub(env: &mut Env, server: &Server) -> (String, std::net::SocketAddr) {
+    let token = "live-token-of-this-test";
+    let tokens = env.dir.path().join("live-tokens");
+    std::fs::write(&tokens, format!("{token}\n")).unwrap();
+    let live_addr = testenv::net::free_addr().unwrap();
+    let live_url = format!("https://127.0.0.1:{}", live_addr.port());
+    let ca_file = env.dir.path().join("ca.crt");
+    env.start_hub(&[
+        "--argocd-redis",
+        &server.redis().to_string(),
+        "--live-addr",
+        &live_addr.to_string(),
+        "--live-url",
+        &live_url,
+        "--live-token-file",
+        tokens.to_str().unwrap(),
+        "--live-ca-file",
+        ca_file.to_str().unwrap(),
+    ])
+    .await;
+    (token.to_string(), live_addr)
 }
 
 /// The pulled Application `guestbook` for cluster1 from `repo`, with the
@@ -458,38 +510,11 @@ async fn argocd_servers_live_views_read_the_cluster_through_its_agent_and_nothin
 
     // The hub-controller with its live endpoint; the cluster Secret it
     // writes points argocd-server there.
-    let token = "live-token-of-this-test";
-    let tokens = env.dir.path().join("live-tokens");
-    std::fs::write(&tokens, format!("{token}\n")).unwrap();
-    let live_addr = testenv::net::free_addr().unwrap();
-    let live_url = format!("https://127.0.0.1:{}", live_addr.port());
+    let (token, live_addr) = live_hub(&mut env, &server).await;
+    let (token, live_url) = (token.as_str(), format!("https://{live_addr}"));
     let ca_file = env.dir.path().join("ca.crt");
-    env.start_hub(&[
-        "--argocd-redis",
-        &server.redis().to_string(),
-        "--live-addr",
-        &live_addr.to_string(),
-        "--live-url",
-        &live_url,
-        "--live-token-file",
-        tokens.to_str().unwrap(),
-        "--live-ca-file",
-        ca_file.to_str().unwrap(),
-    ])
-    .await;
     reading_agent(&mut env, &spoke, true).await;
-    // The cluster's own Secret, by name, as ApplicationSets give it.
-    create_guestbook(
-        &env,
-        &repo,
-        json!({ "name": "cluster1", "namespace": "guestbook" }),
-    )
-    .await;
-    let ns = env.team.clone();
-    let session = server
-        .login("admin", server.admin_password())
-        .await
-        .unwrap();
+    let (ns, session) = guestbook_by_name(&env, &repo, &server).await;
     let resource = |kind: &str, name: &str| {
         format!(
             "/api/v1/applications/guestbook/resource?appNamespace={ns}&namespace=guestbook&resourceName={name}&version=v1&kind={kind}&group="
@@ -759,7 +784,11 @@ async fn a_live_read_reaching_a_replica_the_agent_is_not_on_is_forwarded_to_the_
     std::fs::copy(env.dir.path().join("ca.crt"), &late_ca).unwrap();
     // The agent dials hub-0 only.
     let on = format!("https://{}", replicas[0].0.grpc);
-    reading_agent_of(&mut env, &on, &spoke, true).await;
+    let live = LiveArgs {
+        views: true,
+        terminal: false,
+    };
+    reading_agent_of(&mut env, &on, &spoke, live).await;
     wait::until("cluster1's agent on hub-0", TIMEOUT, || async {
         if replicas[0].0.agents().await == ["cluster1"] {
             Ok(())
@@ -872,4 +901,198 @@ async fn a_live_read_reaching_a_replica_the_agent_is_not_on_is_forwarded_to_the_
     );
     assert_eq!(reads(0, "cluster").await, asked);
     let _ = spoke;
+}
+
+/// A pod of the harness's ticker image, for the web terminal.
+const TICKER_POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: ticker
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: ticker
+      image: argocd-pull-ticker:VERSION
+      imagePullPolicy: Never
+      args: ["guestbook"]
+      securityContext:
+        runAsNonRoot: true
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities: {drop: [ALL]}
+"#;
+
+/// argocd-server's web terminal (`/terminal`, `exec.enabled`, as `admin`)
+/// on a pod Argo CD applied on cluster1, which runs on a real kubelet:
+/// argocd-server finds the pod in the tree the agent reported, reads it
+/// and execs into it through the live endpoint and the agent
+/// (`--terminal`). The harness builds no shell image: the "shell" is the
+/// ticker (`exec.shells`), whose lines come back as the terminal's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argocd_servers_web_terminal_opens_in_a_pod_through_the_hub_and_the_agent() {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let options = ServerOptions {
+        settings: vec![
+            ("exec.enabled".into(), "true".into()),
+            ("exec.shells".into(), "/usr/local/bin/ticker".into()),
+        ],
+        ..Default::default()
+    };
+    let (mut env, spoke, _git, server, repo) = with_real_argocd_options(options).await;
+    let testenv = testenv::paths::own_binary("testenv").expect("the harness's binary");
+    let mut node = testenv::node::Node::start("terminal-argocd")
+        .await
+        .expect("containerd starts");
+    node.join(&env.spokes[0].cluster, &testenv)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pod = TICKER_POD.replace("VERSION", env!("CARGO_PKG_VERSION"));
+    repo.commit("a pod", &[("app/pod.yaml", pod.as_str())])
+        .unwrap();
+    live_hub(&mut env, &server).await;
+    let live = LiveArgs {
+        views: true,
+        terminal: true,
+    };
+    let hub = env.hub_address();
+    reading_agent_of(&mut env, &hub, &spoke, live).await;
+    let (ns, session) = guestbook_by_name(&env, &repo, &server).await;
+    wait::until(
+        "the pod in the hub's tree, with its uid",
+        TIMEOUT,
+        || async {
+            let nodes = server.tree_nodes(&session, &ns, "guestbook").await?;
+            let pod = nodes
+                .iter()
+                .find(|n| n["kind"] == "Pod" && n["name"] == "ticker");
+            match pod {
+                Some(p) if p["uid"].as_str().is_some_and(|u| !u.is_empty()) => Ok(()),
+                _ => Err(format!("{nodes:?}")),
+            }
+        },
+    )
+    .await;
+
+    let path = format!(
+        "/terminal?pod=ticker&container=ticker&appName=guestbook&projectName=default&namespace=guestbook&appNamespace={ns}"
+    );
+    let output = wait::until("the terminal's output", TIMEOUT, || async {
+        let mut request = format!("ws://{}{path}", server.addr())
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("cookie", format!("argocd.token={session}").parse().unwrap());
+        let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp)
+            .await
+            .map_err(|e| format!("the terminal: {e}"))?;
+        let mut output = String::new();
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(TIMEOUT, ws.next()).await {
+            let text = m.into_text().map_err(|e| e.to_string())?;
+            let Ok(m) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            output.push_str(m["data"].as_str().unwrap_or(""));
+            if output.contains("tick 1") {
+                return Ok(output);
+            }
+        }
+        Err(format!("the terminal ended with {output:?}"))
+    })
+    .await;
+    println!("argocd-server's terminal through the hub:\n{output}");
+    env.assert_logged("a web terminal opened in pod guestbook/ticker container ticker");
+
+    // A user who may read the Application but not exec into it:
+    // argocd-server refuses before it asks the cluster.
+    let policy = "p, viewer, applications, get, *, allow\n";
+    testenv::argocd::add_local_account(&env.hub, "viewer", "viewer-password", policy)
+        .await
+        .unwrap();
+    let refusal = wait::until("argocd-server's refusal of the viewer", TIMEOUT, || async {
+        let viewer = server
+            .login("viewer", "viewer-password")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut request = format!("ws://{}{path}", server.addr())
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("cookie", format!("argocd.token={viewer}").parse().unwrap());
+        let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+        match tokio_tungstenite::client_async(request, tcp).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                let body = r.body().clone().unwrap_or_default();
+                Ok((
+                    r.status().as_u16(),
+                    String::from_utf8_lossy(&body).into_owned(),
+                ))
+            }
+            other => Err(format!("not refused: {:?}", other.map(|_| ()))),
+        }
+    })
+    .await;
+    assert_eq!(refusal.0, 401, "{}", refusal.1);
+    assert!(
+        refusal.1.contains("permission denied: exec, create"),
+        "{}",
+        refusal.1
+    );
+    terminal_in_the_ui(&env, &server, &ns).await;
+    drop(node);
+}
+
+/// The pod's TERMINAL tab in argocd-server's UI (headless Chromium, as
+/// `admin`): the hub opens one more session for it; a picture of it in
+/// docs/img with `ARGOCD_PULL_SCREENSHOTS`.
+async fn terminal_in_the_ui(env: &Env, server: &Server, ns: &str) {
+    if let Some(why) = testenv::paths::argocd_ui_not_built() {
+        testenv::paths::not_run("the web terminal in the hub's UI", &why);
+        return;
+    }
+    let opened = "a web terminal opened in pod guestbook/ticker container ticker";
+    let before = env.hub_log().matches(opened).count();
+    let browser = testenv::browser::Browser::start(1440, 900)
+        .await
+        .expect("chromium starts");
+    let mut page = browser.page().await.unwrap();
+    server
+        .ui_login(&mut page, TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let node = "%2FPod%2Fguestbook%2Fticker%2F0";
+    page.navigate(&format!(
+        "{}/applications/{ns}/guestbook?node={node}&tab=exec",
+        server.url()
+    ))
+    .await
+    .unwrap();
+    server
+        .ui_wait_for(
+            &mut page,
+            "the pod's TERMINAL tab",
+            "(() => document.querySelector('.xterm') !== null)()",
+            TIMEOUT,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait::until("the UI's session at the hub", TIMEOUT, || async {
+        let now = env.hub_log().matches(opened).count();
+        if now > before { Ok(()) } else { Err(now) }
+    })
+    .await;
+    // The ticker writes a line a second: let a few show before the picture.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    page.screenshot(&browser.dir().join("hub-ui-terminal.png"))
+        .await
+        .unwrap();
+    if std::env::var_os("ARGOCD_PULL_SCREENSHOTS").is_some() {
+        let docs = testenv::paths::workspace_dir().join("docs/img/hub-ui-terminal.png");
+        page.screenshot(&docs).await.unwrap();
+        eprintln!("screenshot: {}", docs.display());
+    }
 }

@@ -56,7 +56,7 @@ async fn get(client: &kube::Client, path: &str) -> (u16, String) {
 /// cluster1's real agent, serving live views, connected.
 async fn live_agent(env: &mut Env) {
     let mut config = env.agent_config(0, &env.hub_address(), Mode::Managed);
-    config.live_views = true;
+    config.live.views = true;
     env.start_agent_with(0, config);
     env.wait_connected().await;
 }

@@ -19,6 +19,10 @@ impl AgentMessage {
             Some(Kind::ProjectSetAck(_)) => "project_set_ack",
             Some(Kind::Tree(_)) => "tree",
             Some(Kind::LiveResponse(_)) => "live_response",
+            Some(Kind::TerminalOpened(_)) => "terminal_opened",
+            Some(Kind::TerminalData(_)) => "terminal_data",
+            Some(Kind::TerminalCredit(_)) => "terminal_credit",
+            Some(Kind::TerminalClose(_)) => "terminal_close",
         }
     }
 }
@@ -40,6 +44,10 @@ impl HubMessage {
             Some(Kind::LiveRequest(_)) => "live_request",
             Some(Kind::LiveCancel(_)) => "live_cancel",
             Some(Kind::LiveCredit(_)) => "live_credit",
+            Some(Kind::TerminalOpen(_)) => "terminal_open",
+            Some(Kind::TerminalData(_)) => "terminal_data",
+            Some(Kind::TerminalCredit(_)) => "terminal_credit",
+            Some(Kind::TerminalClose(_)) => "terminal_close",
         }
     }
 }

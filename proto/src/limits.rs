@@ -24,6 +24,14 @@ pub const MAX_LIVE_CHUNK_BYTES: usize = 256 * 1024;
 /// The longest path of one live read (`LiveRequest.path`, with its query).
 pub const MAX_LIVE_PATH_LEN: usize = 4096;
 
+/// The largest frame of a terminal session (`TerminalData.frame`): its
+/// channel byte and payload.
+pub const MAX_TERMINAL_FRAME_BYTES: usize = 64 * 1024;
+
+/// Frames of a terminal session one side sends beyond what the other
+/// granted back (`TerminalOpen.window`, `TerminalOpened.window`).
+pub const TERMINAL_WINDOW: u32 = 16;
+
 /// Why the path of a live read cannot be sent as a `LiveRequest`: the one
 /// check the hub makes before it puts a read on the stream and the agent
 /// makes when it takes one, so that whatever the hub sends, the agent

@@ -16,6 +16,8 @@ use crate::{
     },
 };
 
+pub mod terminal;
+
 /// The longest namespace and name Kubernetes allows.
 const MAX_NAMESPACE_LEN: usize = 63;
 const MAX_NAME_LEN: usize = 253;
@@ -81,6 +83,10 @@ pub fn agent_message(m: &AgentMessage) -> Result<(), Malformed> {
         Some(Kind::ProjectSetAck(a)) => project_set_ack(a),
         Some(Kind::Tree(t)) => tree(t),
         Some(Kind::LiveResponse(r)) => live_response(r),
+        Some(Kind::TerminalOpened(o)) => terminal::opened(o),
+        Some(Kind::TerminalData(d)) => terminal::data(d, terminal::FROM_AGENT),
+        Some(Kind::TerminalCredit(c)) => terminal::credit(c),
+        Some(Kind::TerminalClose(c)) => terminal::close(c),
     }
 }
 
@@ -255,6 +261,10 @@ pub fn hub_message(m: &HubMessage) -> Result<(), Malformed> {
         Some(Kind::ProjectSet(p)) => project_set(p),
         Some(Kind::LiveRequest(r)) => live_request(r),
         Some(Kind::LiveCancel(_)) | Some(Kind::LiveCredit(_)) => Ok(()),
+        Some(Kind::TerminalOpen(o)) => terminal::open(o),
+        Some(Kind::TerminalData(d)) => terminal::data(d, terminal::FROM_HUB),
+        Some(Kind::TerminalCredit(c)) => terminal::credit(c),
+        Some(Kind::TerminalClose(c)) => terminal::close(c),
     }
 }
 

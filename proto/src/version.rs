@@ -56,6 +56,14 @@ pub const CAPABILITY_LIVE_VIEWS: &str = "live-views";
 /// the chunks it holds, an agent without it sends without waiting.
 pub const CAPABILITY_LIVE_CREDITS: &str = "live-credits";
 
+/// Managed mode, with `live-views`: the hub relays its argocd-server's web
+/// terminal (an exec into a pod) to the agent (`TerminalOpen`,
+/// `TerminalData`, `TerminalCredit`, `TerminalClose`), which execs only
+/// into pods of Applications it applied. Offered only by a hub with a live
+/// endpoint and an agent started with `--terminal`; so never part of
+/// [`CAPABILITIES`].
+pub const CAPABILITY_TERMINAL: &str = "terminal";
+
 /// Every capability this release implements, offered by default.
 pub const CAPABILITIES: &[&str] = &[
     CAPABILITY_TERMINATE_OPERATION,

@@ -80,6 +80,45 @@ fn parse_transport(s: &str) -> Result<session::wire::Transport, String> {
     }
 }
 
+/// What the agent serves of the hub's live endpoint: its live views, and
+/// with them its web terminals.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveArgs {
+    /// Serve the hub's live views (capability `live-views`, docs/ui.md): a
+    /// resource's live manifest, its events and its pods' logs, read with
+    /// this agent's own identity, only for the objects of Applications it
+    /// applied for the hub and what they own. Needs `get` on those kinds,
+    /// `get` on `pods/log` and `list` on `events`.
+    /// `--live-views` alone is `true`; the addon's variable gives `true`,
+    /// `false`, or nothing (a cluster configuration without it), which is
+    /// `false`.
+    #[arg(
+        long = "live-views",
+        env = "ARGOCD_PULL_LIVE_VIEWS",
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = crate::parse_switch
+    )]
+    pub views: bool,
+    /// With `--live-views`: open the hub's web terminals (capability
+    /// `terminal`, docs/ui.md): an exec, with this agent's own identity,
+    /// into a pod of an Application it applied for the hub. Needs `create`
+    /// on `pods/exec`, which the addon grants only with the variable
+    /// `TERMINAL=true`. `--terminal` alone is `true`.
+    #[arg(
+        long,
+        env = "ARGOCD_PULL_TERMINAL",
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = crate::parse_switch
+    )]
+    pub terminal: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,24 +135,9 @@ pub struct Args {
         default_value = "argocd-redis"
     )]
     pub argocd_redis_secret: String,
-    /// Serve the hub's live views (capability `live-views`, docs/ui.md): a
-    /// resource's live manifest, its events and its pods' logs, read with
-    /// this agent's own identity, only for the objects of Applications it
-    /// applied for the hub and what they own. Needs `get` on those kinds,
-    /// `get` on `pods/log` and `list` on `events`.
-    /// `--live-views` alone is `true`; the addon's variable gives `true`,
-    /// `false`, or nothing (a cluster configuration without it), which is
-    /// `false`.
-    #[arg(
-        long,
-        env = "ARGOCD_PULL_LIVE_VIEWS",
-        action = clap::ArgAction::Set,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = parse_switch
-    )]
-    pub live_views: bool,
+    /// What the agent serves of the hub's live endpoint.
+    #[command(flatten)]
+    pub live: args::LiveArgs,
     /// How the agent reaches the hub: the egress proxy and the wire.
     #[command(flatten)]
     pub route: args::RouteArgs,
@@ -203,8 +188,8 @@ pub struct AgentConfig {
     pub workers: usize,
     /// `--argocd-redis` and its password file.
     pub argocd_redis: Option<trees::RedisConfig>,
-    /// `--live-views`.
-    pub live_views: bool,
+    /// `--live-views` and `--terminal`.
+    pub live: args::LiveArgs,
     /// `--proxy`, `--proxy-credentials-file` and the proxy variables;
     /// `--transport`, `--websocket-url` and `--websocket-ca-file`.
     pub route: session::wire::Route,
@@ -245,7 +230,7 @@ impl Args {
                         None => trees::Password::Secret(self.argocd_redis_secret.clone()),
                     },
                 }),
-            live_views: self.live_views,
+            live: self.live.clone(),
             route: self.route.resolve(&self.hub_address, env),
         }
     }
@@ -361,7 +346,7 @@ pub async fn run_agent(
             Err(e) => tracing::error!(error = %e, "not reporting resource trees"),
         }
     }
-    let live = (config.mode == Mode::Managed && config.live_views).then(|| {
+    let live = (config.mode == Mode::Managed && config.live.views).then(|| {
         live::Reader::new(
             client.clone(),
             store.clone(),
@@ -370,6 +355,10 @@ pub async fn run_agent(
             &config.argocd_namespace,
         )
     });
+    let terminal = live
+        .as_ref()
+        .filter(|_| config.live.terminal)
+        .map(|reader| live::Terminals::new(reader.clone()));
     let connection = Arc::new(session::Connection {
         config,
         state,
@@ -378,6 +367,7 @@ pub async fn run_agent(
         readiness,
         projects,
         live,
+        terminal,
     });
     tasks.spawn(connection.run(shutdown.clone()));
     shutdown.wait().await;
@@ -470,7 +460,7 @@ mod tests {
             tls_reload_interval: Duration::from_secs(10),
             workers: 16,
             argocd_redis: None,
-            live_views: false,
+            live: args::LiveArgs::default(),
             route: Default::default(),
         }
     }
@@ -532,6 +522,7 @@ mod tests {
             "--hub-ca",
             "/ca",
             "--live-views",
+            "--terminal",
             "--proxy",
             "http://proxy:3128",
             "--proxy-credentials-file",
@@ -558,7 +549,10 @@ mod tests {
             heartbeat: Duration::from_secs(5),
             tls_reload_interval: Duration::from_secs(3600),
             workers: 4,
-            live_views: true,
+            live: args::LiveArgs {
+                views: true,
+                terminal: true,
+            },
             route: session::wire::Route {
                 proxy: session::proxy::ProxyConfig {
                     url: Some("http://proxy:3128".into()),
@@ -588,8 +582,10 @@ mod tests {
             assert_eq!(parse_switch(v), Ok(want), "{v:?}");
         }
         assert!(parse_switch("maybe").is_err());
-        assert!(!parse(&["--live-views=false"]).live_views);
-        assert!(parse(&["--live-views"]).live_views);
+        assert!(!parse(&["--live-views=false"]).live.views);
+        assert!(parse(&["--live-views"]).live.views);
+        assert!(!parse(&[]).live.terminal);
+        assert!(parse(&["--terminal"]).live.terminal);
     }
 
     #[test]

@@ -27,8 +27,10 @@ use crate::state::AgentState;
 
 mod admit;
 mod owners;
+mod terminal;
 
 pub use admit::{MAX_FOLLOWS_PER_SHARE, MAX_READS_PER_SHARE, MAX_RUNNING};
+pub use terminal::Terminals;
 
 /// The largest answer that is not a log: an object, or one object's
 /// events.

@@ -27,6 +27,7 @@ use crate::worker::Worker;
 use crate::{AgentConfig, Mode};
 use argocd_pull_runtime::backoff::Backoff;
 
+mod live;
 mod open;
 pub mod proxy;
 mod tunnel;
@@ -66,6 +67,8 @@ pub struct Connection {
     /// Managed mode with `--live-views`: the reader of the hub's live
     /// views.
     pub live: Option<Arc<crate::live::Reader>>,
+    /// With `--live-views` and `--terminal`: the web terminals of the hub.
+    pub terminal: Option<Arc<crate::live::Terminals>>,
 }
 
 impl Connection {
@@ -92,14 +95,7 @@ impl Connection {
                 .capabilities
                 .push(version::CAPABILITY_TREES.to_string());
         }
-        if self.config.mode == Mode::Managed && self.live.is_some() {
-            hello
-                .capabilities
-                .push(version::CAPABILITY_LIVE_VIEWS.to_string());
-            hello
-                .capabilities
-                .push(version::CAPABILITY_LIVE_CREDITS.to_string());
-        }
+        self.offer_live(&mut hello);
         hello
     }
 
@@ -232,8 +228,9 @@ impl Connection {
             .await;
         drop(sender);
         self.state().detach(id);
-        if let Some(live) = &self.live {
-            live.cancel_all();
+        self.end_live();
+        if let Some(terminal) = &self.terminal {
+            terminal.cancel_all();
         }
         end
     }
@@ -302,24 +299,13 @@ impl Connection {
             Kind::ObjectAck(a) => self.object_ack(a),
             Kind::Digest(d) => self.digest(&d)?,
             Kind::ResyncRequest(r) => self.resync_request(&r)?,
-            Kind::LiveRequest(r) => match (&self.live, self.state().live_session()) {
-                (Some(live), Some(session)) => live.request(session, r),
-                _ => {
-                    return Err(
-                        "the hub sent a live read, which this stream did not negotiate".into(),
-                    );
-                }
-            },
-            Kind::LiveCancel(c) => {
-                if let Some(live) = &self.live {
-                    live.cancel(c.id);
-                }
-            }
-            Kind::LiveCredit(c) => {
-                if let Some(live) = &self.live {
-                    live.credit(c.id, c.chunks);
-                }
-            }
+            live @ (Kind::LiveRequest(_)
+            | Kind::LiveCancel(_)
+            | Kind::LiveCredit(_)
+            | Kind::TerminalOpen(_)
+            | Kind::TerminalData(_)
+            | Kind::TerminalCredit(_)
+            | Kind::TerminalClose(_)) => self.live_message(live)?,
         }
         Ok(())
     }

@@ -217,6 +217,9 @@ pub struct ServerOptions {
     pub application_namespaces: Vec<String>,
     /// The port of its API and UI on 127.0.0.1 (`None`: a free one).
     pub port: Option<u16>,
+    /// Keys of `argocd-cm` set before it starts (`exec.enabled`,
+    /// `exec.shells`: argocd-server reads the shells once, at start).
+    pub settings: Vec<(String, String)>,
 }
 
 impl Default for ServerOptions {
@@ -225,6 +228,7 @@ impl Default for ServerOptions {
             admin_password: "argocd-pull-admin".into(),
             application_namespaces: vec!["*".into()],
             port: None,
+            settings: Vec::new(),
         }
     }
 }
@@ -252,6 +256,7 @@ impl Server {
         // Idempotent; the Hub may have done it already.
         install(cluster).await?;
         set_admin_password(cluster, &options.admin_password).await?;
+        settings(cluster, &options.settings).await?;
         let procs = Processes::new(cluster.dir().join("argocd-server"))?;
         let redis = procs.start_redis(&redis_bin).await?;
         // What the UI asks a repo-server for (a commit's author and
@@ -733,6 +738,28 @@ pub fn applicationset_resource() -> ApiResource {
         &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "ApplicationSet"),
         "applicationsets",
     )
+}
+
+/// Sets `keys` in argocd-cm, with a field manager of their own.
+async fn settings(cluster: &Cluster, keys: &[(String, String)]) -> Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let data: serde_json::Map<String, serde_json::Value> = keys
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    let pp = PatchParams::apply("argocd-pull-test-settings").force();
+    apply_in_namespace::<ConfigMap>(
+        &cluster.client().await?,
+        &pp,
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "argocd-cm", "namespace": NAMESPACE },
+            "data": data,
+        }),
+    )
+    .await
 }
 
 /// What Argo CD's install manifests and API server would put in place:

@@ -32,7 +32,7 @@
 set -uo pipefail
 
 jobs=${ARGOCD_PULL_TEST_JOBS:-2}
-alone=${ARGOCD_PULL_TEST_ALONE:-'^test test:(e2e|helm_upgrade|node)$|^hub-controller test:(addon|addon_lifecycle|hostile_identity)$'}
+alone=${ARGOCD_PULL_TEST_ALONE:-'^test test:(e2e|helm_upgrade|node)$|^hub-controller test:(addon|addon_lifecycle|hostile_identity|grpc_terminal_node|grpc_trees)$'}
 only=
 while [ $# -gt 0 ]; do
   case $1 in

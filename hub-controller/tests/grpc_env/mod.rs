@@ -11,6 +11,7 @@ pub mod live;
 pub mod mode;
 pub mod replicas;
 pub mod series;
+pub mod terminal;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -457,7 +458,7 @@ impl Env {
             tls_reload_interval: Duration::from_millis(500),
             workers: 8,
             argocd_redis: None,
-            live_views: false,
+            live: Default::default(),
             route: Default::default(),
         }
     }

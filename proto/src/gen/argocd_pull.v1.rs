@@ -5,7 +5,10 @@
 /// Everything an agent sends on the stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(
+        oneof = "agent_message::Kind",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14"
+    )]
     pub kind: ::core::option::Option<agent_message::Kind>,
 }
 /// Nested message and enum types in `AgentMessage`.
@@ -42,6 +45,16 @@ pub mod agent_message {
         /// Capability `live-views`: a chunk of the answer to one LiveRequest.
         #[prost(message, tag = "10")]
         LiveResponse(super::LiveResponse),
+        /// Capability `terminal`: a terminal session opened, a frame of its
+        /// output, credit for its input, or its end.
+        #[prost(message, tag = "11")]
+        TerminalOpened(super::TerminalOpened),
+        #[prost(message, tag = "12")]
+        TerminalData(super::TerminalData),
+        #[prost(message, tag = "13")]
+        TerminalCredit(super::TerminalCredit),
+        #[prost(message, tag = "14")]
+        TerminalClose(super::TerminalClose),
     }
 }
 /// Everything the hub sends on the stream.
@@ -49,7 +62,7 @@ pub mod agent_message {
 pub struct HubMessage {
     #[prost(
         oneof = "hub_message::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16"
     )]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
@@ -94,6 +107,16 @@ pub mod hub_message {
         /// Capability `live-credits`: more chunks of an answer may come.
         #[prost(message, tag = "12")]
         LiveCredit(super::LiveCredit),
+        /// Capability `terminal`: open a shell in a pod, a frame of its input,
+        /// credit for its output, or its end.
+        #[prost(message, tag = "13")]
+        TerminalOpen(super::TerminalOpen),
+        #[prost(message, tag = "14")]
+        TerminalData(super::TerminalData),
+        #[prost(message, tag = "15")]
+        TerminalCredit(super::TerminalCredit),
+        #[prost(message, tag = "16")]
+        TerminalClose(super::TerminalClose),
     }
 }
 /// The agent's opening message.
@@ -552,6 +575,89 @@ pub struct LiveCredit {
     pub id: u64,
     #[prost(uint32, tag = "2")]
     pub chunks: u32,
+}
+/// Hub -> agent: open a session. The agent execs only into a pod of an
+/// Application it applied for this hub (or owned by one, as for live
+/// views), within its own bounds, and answers TerminalOpened once the
+/// cluster's API server took the exec, or TerminalClose with the refusal.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TerminalOpen {
+    /// Unique per stream; every message of the session carries it.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub namespace: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub pod: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub container: ::prost::alloc::string::String,
+    /// The command, as argocd-server asked it (one of its allowed shells).
+    #[prost(string, repeated, tag = "5")]
+    pub command: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(bool, tag = "6")]
+    pub tty: bool,
+    /// Frames of output the agent may send before the hub's first credit.
+    #[prost(uint32, tag = "7")]
+    pub window: u32,
+    /// The session ends after this long without a frame either way, and
+    /// after `max_seconds` in all (the agent keeps its own ceilings too).
+    #[prost(uint32, tag = "8")]
+    pub idle_seconds: u32,
+    #[prost(uint32, tag = "9")]
+    pub max_seconds: u32,
+    /// The exec's streams, as argocd-server asked them.
+    #[prost(bool, tag = "10")]
+    pub stdin: bool,
+    #[prost(bool, tag = "11")]
+    pub stdout: bool,
+    #[prost(bool, tag = "12")]
+    pub stderr: bool,
+}
+/// Agent -> hub: the exec of TerminalOpen `id` runs.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TerminalOpened {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// The hub Application the pod's Application was delivered for (the
+    /// delivered copy's key and `argocd-pull.io/hub-uid`), for the hub's
+    /// audit Event.
+    #[prost(message, optional, tag = "2")]
+    pub key: ::core::option::Option<ObjectKey>,
+    #[prost(string, tag = "4")]
+    pub hub_uid: ::prost::alloc::string::String,
+    /// Frames of input the hub may send before the agent's first credit.
+    #[prost(uint32, tag = "3")]
+    pub window: u32,
+}
+/// Both directions: one frame of session `id`.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TerminalData {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    pub frame: ::prost::alloc::vec::Vec<u8>,
+}
+/// Both directions: the receiver took `frames` more frames of session `id`;
+/// the sender may send as many more.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TerminalCredit {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint32, tag = "2")]
+    pub frames: u32,
+}
+/// Both directions: session `id` ended (or, from the agent before
+/// TerminalOpened, was refused). `code` is an HTTP status: 200 when the
+/// command ended, 403 for a pod the agent does not exec into, 429 over a
+/// bound, 408 when idle or too long, 502 when the cluster failed.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TerminalClose {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint32, tag = "2")]
+    pub code: u32,
+    #[prost(string, tag = "3")]
+    pub reason: ::prost::alloc::string::String,
 }
 /// How the Applications of a managed cluster are owned. See "Modes" at the
 /// top of transport.proto.

@@ -488,6 +488,11 @@ impl SimulatedAgent {
         match m.kind.expect("validated") {
             Kind::Welcome(_) => unreachable!("validated"),
             Kind::Heartbeat(_) | Kind::LiveCancel(_) | Kind::LiveCredit(_) => {}
+            // The generator offers no `terminal`: a hub sends none.
+            Kind::TerminalOpen(_)
+            | Kind::TerminalData(_)
+            | Kind::TerminalCredit(_)
+            | Kind::TerminalClose(_) => {}
             // Answered whole, in one chunk (the answers are small).
             Kind::LiveRequest(r) => {
                 let path = r.path.split('?').next().unwrap_or_default();

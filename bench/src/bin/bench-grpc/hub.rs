@@ -365,7 +365,7 @@ pub fn agent_config(
         tls_reload_interval: Duration::from_secs(10),
         workers: 16,
         argocd_redis,
-        live_views: false,
+        live: Default::default(),
         route: Default::default(),
     }
 }

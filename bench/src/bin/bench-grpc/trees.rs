@@ -260,7 +260,7 @@ impl Stage {
                 password: Password::None,
             }),
         );
-        config.live_views = true;
+        config.live.views = true;
         let agent = tokio::spawn(argocd_pull_spoke_agent::run_agent(
             config,
             spoke_client.clone(),

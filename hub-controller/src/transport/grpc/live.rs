@@ -46,6 +46,7 @@ mod discovery;
 mod files;
 mod forward;
 mod stream;
+mod terminal;
 
 pub use args::{LiveArgs, LiveBounds, LiveEndpoint};
 
@@ -61,6 +62,8 @@ struct Endpoint {
     peers: Option<Arc<forward::Peers>>,
     shares: ShareLimits,
     follow_timeout: Duration,
+    /// Capability `terminal`: its sessions' bounds and audit.
+    terminal: terminal::Bounds,
 }
 
 /// Serves the live endpoint on `addr` until `shutdown`, with the serving
@@ -91,6 +94,7 @@ pub async fn serve(
         )?)),
         None => None,
     };
+    let endpoint_client = hub.client.clone();
     let endpoint = Endpoint {
         hub,
         tokens,
@@ -99,6 +103,7 @@ pub async fn serve(
         peers,
         shares: args.bounds.shares(),
         follow_timeout: args.bounds.live_follow_timeout,
+        terminal: args.bounds.terminal(endpoint_client),
     };
     let router = Router::new()
         .route("/clusters/{cluster}/{*rest}", any(handle))
@@ -132,7 +137,12 @@ async fn handle(
     axum::extract::Path((cluster, rest)): axum::extract::Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let (by, response) = read(&endpoint, &cluster, &rest, request).await;
+    let path = format!("/{rest}");
+    let (by, response) = if live::exec::exec_path(&path).is_some() {
+        terminal::serve(&endpoint, &cluster, &path, request).await
+    } else {
+        read(&endpoint, &cluster, &rest, request).await
+    };
     endpoint.hub.metrics.live_read(by);
     response
 }

@@ -50,11 +50,14 @@ pub const CREDIT_BATCH: usize = 8;
 pub struct LiveReads {
     next_id: u64,
     pending: HashMap<u64, (mpsc::Sender<LiveResponse>, Share)>,
+    /// Capability `terminal`: the terminal sessions under way.
+    pub(super) terminals: super::terminal::Terminals,
 }
 
 impl LiveReads {
     pub(super) fn clear(&mut self) {
         self.pending.clear();
+        self.terminals.clear();
     }
 }
 

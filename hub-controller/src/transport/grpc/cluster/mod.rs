@@ -36,6 +36,7 @@ pub mod live;
 mod ops;
 pub use ops::{Ops, PendingOp};
 mod sessions;
+pub mod terminal;
 mod traces;
 
 use control::Control;

@@ -351,8 +351,8 @@ impl Hub {
     }
 
     /// What this hub offers agents: every capability of the release,
-    /// `trees` when it writes them and `live-views` when its live endpoint
-    /// serves.
+    /// `trees` when it writes them and `live-views` (with `live-credits`
+    /// and `terminal`) when its live endpoint serves.
     pub fn offer(&self) -> argocd_pull_proto::version::HubOffer {
         let mut offer = argocd_pull_proto::version::HubOffer {
             heartbeat: self.config.heartbeat,
@@ -366,6 +366,9 @@ impl Hub {
             offer
                 .capabilities
                 .insert(argocd_pull_proto::version::CAPABILITY_LIVE_CREDITS.to_string());
+            offer
+                .capabilities
+                .insert(argocd_pull_proto::version::CAPABILITY_TERMINAL.to_string());
         }
         if self.trees().is_some() {
             offer

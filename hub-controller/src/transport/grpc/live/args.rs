@@ -103,6 +103,20 @@ pub struct LiveBounds {
     /// How long a connection may stay open with no request under way.
     #[arg(long = "live-idle-timeout", env = "ARGOCD_PULL_LIVE_IDLE_TIMEOUT", default_value = "60s", value_parser = argocd_pull_runtime::parse_duration)]
     pub live_idle_timeout: Duration,
+    /// Web terminals (capability `terminal`) open at once on one cluster;
+    /// one more is answered 429.
+    #[arg(
+        long = "terminal-sessions-per-cluster",
+        env = "ARGOCD_PULL_TERMINAL_SESSIONS_PER_CLUSTER",
+        default_value_t = 4
+    )]
+    pub terminal_sessions_per_cluster: usize,
+    /// A web terminal with no input or output for this long is closed.
+    #[arg(long = "terminal-idle-timeout", env = "ARGOCD_PULL_TERMINAL_IDLE_TIMEOUT", default_value = "15m", value_parser = argocd_pull_runtime::parse_duration)]
+    pub terminal_idle_timeout: Duration,
+    /// A web terminal is closed after this long, whatever it does.
+    #[arg(long = "terminal-max-duration", env = "ARGOCD_PULL_TERMINAL_MAX_DURATION", default_value = "2h", value_parser = argocd_pull_runtime::parse_duration)]
+    pub terminal_max_duration: Duration,
 }
 
 impl Default for LiveBounds {
@@ -121,6 +135,15 @@ impl LiveBounds {
             reads: self.live_reads_per_namespace,
             follows: self.live_follows_per_namespace,
         }
+    }
+
+    pub(super) fn terminal(&self, client: kube::Client) -> super::terminal::Bounds {
+        super::terminal::Bounds::new(
+            client,
+            self.terminal_sessions_per_cluster,
+            self.terminal_idle_timeout,
+            self.terminal_max_duration,
+        )
     }
 
     pub(super) fn connections(&self) -> conn::Bounds {

@@ -199,7 +199,9 @@ async fn connection(
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(bounds.header_timeout)
-        .serve_connection(TokioIo::new(tls), service);
+        .serve_connection(TokioIo::new(tls), service)
+        // A web terminal's exec takes the connection over.
+        .with_upgrades();
     tokio::pin!(conn);
     let mut tick = tokio::time::interval(
         bounds

@@ -39,6 +39,10 @@ pub(super) fn handle(
         Kind::ResyncRequest(r) => session.resync_request(r)?,
         Kind::Tree(t) => session.tree(t),
         Kind::LiveResponse(r) => cs.live_answer(r),
+        k @ (Kind::TerminalOpened(_)
+        | Kind::TerminalData(_)
+        | Kind::TerminalCredit(_)
+        | Kind::TerminalClose(_)) => cs.terminal_message(k),
     }
     Ok(())
 }
