@@ -139,6 +139,12 @@ bench-grpc-compare: bench-grpc-build
 bench-grpc-fleet: bench-grpc-build
 	$(BENCH_GRPC) fleet $(BENCH_GRPC_FLEET_ARGS)
 
+## bench-grpc-conn-cost: what one more connected agent costs the hub: the fleet's first start and steady state at 2,000 and 4,000 agents x 1 Application, the slope of the hub's RSS between them (docs/benchmarks.md)
+.PHONY: bench-grpc-conn-cost
+BENCH_GRPC_CONN_COST_ARGS ?= --agents 2000 --more-agents 4000 --apps-per-agent 1 --steady-secs 31
+bench-grpc-conn-cost: bench-grpc-build
+	$(BENCH_GRPC) conn-cost $(BENCH_GRPC_CONN_COST_ARGS)
+
 ## bench-grpc-fleet-live: the fleet with the hub's live views on: every cluster read once through the live endpoint (discovery and an object), the hub's memory before and after (docs/benchmarks.md)
 .PHONY: bench-grpc-fleet-live
 bench-grpc-fleet-live: bench-grpc-build

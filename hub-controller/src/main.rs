@@ -8,7 +8,9 @@ use clap::Parser;
 /// jemalloc instead of glibc's malloc: with 10,000 agents x 10 Applications
 /// on one replica the peak was 1,417 MiB against 1,553 MiB, the same
 /// before the status writes began (docs/benchmarks.md, "The fleet"):
-/// glibc kept more of what the writes' parsing freed.
+/// glibc kept more of what the writes' parsing freed. The feature
+/// `system-allocator` keeps glibc's, for heap profilers that hook malloc.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

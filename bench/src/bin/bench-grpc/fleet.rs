@@ -37,7 +37,7 @@ use crate::fleet_load_generator::{LoadGenerator, carries_its_status};
 use crate::hub::{self, HubOptions, HubProcess};
 use crate::report::{self, Row, print_runs};
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct FleetArgs {
     /// Simulated agents, one per managed cluster.
     #[arg(long, default_value_t = 1000)]
@@ -69,6 +69,10 @@ pub struct FleetArgs {
     /// then the object), and the hub's memory measured again.
     #[arg(long)]
     pub live: bool,
+    /// Ends each run after the first steady state (no restarts): what
+    /// `conn-cost` needs of a run.
+    #[arg(skip)]
+    pub first_start_only: bool,
 }
 
 /// The paths of one live read of each cluster, in the order argocd-server
@@ -191,6 +195,7 @@ pub fn count_holder_writes(client: kube::Client) -> Arc<std::sync::atomic::Atomi
 }
 
 /// What one phase measured, from the start of the hub process.
+#[derive(Default)]
 pub struct Phase {
     pub ready: Duration,
     pub connected: Duration,
@@ -739,6 +744,30 @@ pub async fn one_run(
         }
         None => None,
     };
+    if args.first_start_only {
+        let end = crate::conn_cost::stop_after_first_start(
+            &fleet,
+            &mut hub1,
+            &copies,
+            steady_connected,
+            log1,
+        )
+        .await?;
+        return Ok(Figures {
+            joined,
+            created,
+            first,
+            first_writes,
+            first_app_writes,
+            holder_writes: [holders_first, 0, 0],
+            steady_rss,
+            steady_cpu,
+            peak1,
+            steady_connected,
+            live,
+            ..Figures::without_restarts(end, fleet.failed_attempts())
+        });
+    }
 
     // --------------------------------------------------------- SIGKILL + start
     eprintln!("bench-grpc fleet: killing the hub-controller (SIGKILL) and starting it again");

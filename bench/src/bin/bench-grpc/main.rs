@@ -22,6 +22,9 @@
 //! the time until it is again after the hub is killed (SIGKILL) and after
 //! it is stopped (SIGTERM) and started again.
 //!
+//! `bench-grpc conn-cost`: what one more connected agent costs the hub,
+//! the slope of its memory between two fleet sizes (see `conn_cost.rs`).
+//!
 //! `bench-grpc compare`: ours next to argocd-agent on the same API servers
 //! (see `compare.rs`).
 //!
@@ -49,6 +52,7 @@
 mod abuse;
 mod argocd_agent;
 mod compare;
+mod conn_cost;
 mod fleet;
 mod fleet_compare;
 mod fleet_ha;
@@ -89,6 +93,10 @@ enum Part {
     /// A fleet of simulated agents (a load generator) on one hub: peak
     /// memory, time to connect, time to reconnect and resync after restarts.
     Fleet(fleet::FleetArgs),
+    /// What one more connected agent costs the hub: the slope of its
+    /// memory between two fleet sizes (`fleet`'s first start and steady
+    /// state at each).
+    ConnCost(conn_cost::ConnCostArgs),
     /// The fleet on several hub-controller replicas behind one Service:
     /// agents and memory per replica, and how long until every agent is
     /// back and every hub copy exact after a serving replica, then the
@@ -150,6 +158,7 @@ async fn main() -> Result<()> {
     match args.part {
         Part::Latency(a) => latency::run(a, args.repeat, &hub_bin).await,
         Part::Fleet(a) => fleet::run(a, args.repeat, &hub_bin).await,
+        Part::ConnCost(a) => conn_cost::run(a, args.repeat, &hub_bin).await,
         Part::FleetHa(a) => fleet_ha::run(a, args.repeat, &hub_bin).await,
         Part::Compare(a) => compare::run(a, args.repeat, &hub_bin).await,
         Part::Abuse(a) => abuse::run(a, args.repeat, &hub_bin).await,
