@@ -38,21 +38,27 @@ pub struct ClientArgs {
     #[arg(long, env = "ARGOCD_PULL_CONTEXT")]
     pub context: Option<String>,
     /// Requests per second to the API server, on average (watches aside);
-    /// 0 for no limit.
-    #[arg(long = "api-qps", env = "ARGOCD_PULL_API_QPS", default_value_t = 400.0)]
+    /// 0 for no limit. A bound on a runaway loop, not the pace: the
+    /// adaptive cap on writes in flight and the server's own priority and
+    /// fairness set that.
+    #[arg(
+        long = "api-qps",
+        env = "ARGOCD_PULL_API_QPS",
+        default_value_t = 1000.0
+    )]
     pub qps: f64,
     /// Requests that may go at once above `--api-qps` after a quiet spell.
     #[arg(
         long = "api-burst",
         env = "ARGOCD_PULL_API_BURST",
-        default_value_t = 800
+        default_value_t = 2000
     )]
     pub burst: u32,
     /// Writes (create, update, patch, delete) waiting for the API server at
     /// once, at most; 0 for no cap. Reads pass only the `--api-qps` bucket. The cap adapts between this and
     /// `--api-min-in-flight`: it grows while the server answers writes about
-    /// as fast as when idle and shrinks when their latency climbs (other
-    /// clients are loading it).
+    /// as fast as the server's recent average and shrinks when their latency
+    /// jumps above it (a queue is forming).
     #[arg(
         long = "api-max-in-flight",
         env = "ARGOCD_PULL_API_MAX_IN_FLIGHT",
