@@ -1,8 +1,8 @@
 //! What the benchmarks (`bench-grpc`, `bench-manifestwork`) share and what
 //! can be checked without a cluster: the hub API server's own write
 //! ceiling, percentiles of latency samples, the order two sides run in,
-//! and how figures over repeated runs are summarised, compared and
-//! printed.
+//! how figures over repeated runs are summarised, compared and printed,
+//! and the OCM work agent's feedback as the benchmarks play it.
 
 #![forbid(unsafe_code)]
 
@@ -10,3 +10,4 @@ pub mod ceiling;
 pub mod order;
 pub mod stats;
 pub mod table;
+pub mod work_agent;

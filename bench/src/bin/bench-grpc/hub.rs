@@ -308,6 +308,24 @@ impl HubProcess {
             .sum()
     }
 
+    /// The sum of metric `name`'s series whose labels include every one
+    /// of `labels` (`verb="patch"`, ...).
+    pub async fn metric_with(&self, name: &str, labels: &[&str]) -> f64 {
+        let body = net::http_get(self.admin, "/metrics")
+            .await
+            .map(|r| r.1)
+            .unwrap_or_default();
+        body.lines()
+            .filter_map(|l| {
+                let (series, value) = l.strip_prefix(name)?.strip_prefix('{')?.split_once("} ")?;
+                labels
+                    .iter()
+                    .all(|want| series.split(',').any(|have| have == *want))
+                    .then(|| value.parse::<f64>().ok())?
+            })
+            .sum()
+    }
+
     /// A memory figure from `/proc/<pid>/status` in KiB: `VmHWM` is the
     /// peak resident set, `VmRSS` the current one.
     pub fn memory_kib(&self, field: &str) -> Option<u64> {

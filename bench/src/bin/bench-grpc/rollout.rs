@@ -5,7 +5,11 @@
 //! Applications per cluster from one ApplicationSet, the release
 //! hub-controller, and the fleet load generator playing every cluster's
 //! agent (`fleet_load_generator.rs`; its simulated Argo CD reports each
-//! Application synced at the revision its spec names).
+//! Application synced at the revision its spec names). With `--transport
+//! manifestwork` the Applications go to the clusters as ManifestWorks
+//! instead, and the benchmark plays OCM's work agent
+//! (`argocd_pull_bench::work_agent`), writing each work's status feedback
+//! as the work agent does.
 //!
 //! 1. The API server's write ceiling, measured first on the same server
 //!    (`argocd_pull_bench::ceiling`): Application status writes per second
@@ -20,7 +24,7 @@
 //!    every hub copy shows its agent's status at `v1`.
 //!
 //! Writes are counted twice: by the API server (`apiserver_request_total`
-//! for `applications`, every writer) and by a watch of the hub copies,
+//! for `applications`, every writer, and for `manifestworks`) and by a watch of the hub copies,
 //! which tells a write of the spec (the applicationset-controller's) from a
 //! write of the status only (the hub-controller's). With `--repeat N` it
 //! runs N times, each on a fresh hub API server.
@@ -34,6 +38,7 @@ use anyhow::{Context, Result, bail};
 use argocd_pull_apis::argocd::{Application, application_resource};
 use argocd_pull_apis::keys;
 use argocd_pull_bench::ceiling::{self, Ceiling};
+use argocd_pull_bench::work_agent;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -53,8 +58,38 @@ const APPSET: &str = "rollout";
 const FIRST: &str = "v0";
 const NEXT: &str = "v1";
 
+/// How the Applications reach their clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// Over gRPC to the simulated agents.
+    Grpc,
+    /// As ManifestWorks, the benchmark playing OCM's work agent.
+    Manifestwork,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::Manifestwork => "manifestwork",
+        }
+    }
+
+    /// Whether a hub copy carries what its cluster reported for its spec.
+    fn carries(self) -> fn(&Application) -> bool {
+        match self {
+            Transport::Grpc => carries_its_status,
+            Transport::Manifestwork => work_agent::shows_feedback,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct RolloutArgs {
+    /// How the Applications reach their clusters: `grpc` (the addon's
+    /// agents) or `manifestwork` (OCM's work agent).
+    #[arg(long, value_enum, default_value_t = Transport::Grpc)]
+    pub transport: Transport,
     /// Simulated agents, one per managed cluster.
     #[arg(long, default_value_t = 1000)]
     pub agents: usize,
@@ -101,11 +136,14 @@ struct Figures {
 struct Writes {
     /// `apiserver_request_total` of `applications`, every writing verb.
     api_server: f64,
+    /// The same of `manifestworks` (the hub's writes and the work agent's
+    /// feedback).
+    works: f64,
     /// Seen by the watch: writes that changed the spec.
     spec: u64,
     /// Seen by the watch: writes that changed the status only.
     status: u64,
-    /// The hub-controller's own count (`argocd_pull_hub_grpc_status_writes_total`).
+    /// The hub-controller's own count of its writes to Applications.
     hub_metric: f64,
 }
 
@@ -113,6 +151,7 @@ impl Writes {
     fn since(self, before: Writes) -> Writes {
         Writes {
             api_server: self.api_server - before.api_server,
+            works: self.works - before.works,
             spec: self.spec - before.spec,
             status: self.status - before.status,
             hub_metric: self.hub_metric - before.hub_metric,
@@ -122,7 +161,7 @@ impl Writes {
 
 /// The ApplicationSet: every cluster times `per` elements, each Application
 /// pulled to its cluster at `revision`.
-fn application_set(clusters: &[String], per: usize, revision: &str) -> Value {
+fn application_set(clusters: &[String], per: usize, revision: &str, transport: Transport) -> Value {
     let cluster_elements: Vec<Value> = clusters.iter().map(|c| json!({ "cluster": c })).collect();
     let app_elements: Vec<Value> = (0..per)
         .map(|i| json!({ "i": format!("{i:02}") }))
@@ -144,7 +183,8 @@ fn application_set(clusters: &[String], per: usize, revision: &str) -> Value {
                     "labels": { keys::PULL_LABEL: "true" },
                     "annotations": { keys::MANAGED_CLUSTER: "{{.cluster}}",
                                      keys::MANAGED_CLUSTER_APP_NAMESPACE: hub::SPOKE_NS,
-                                     keys::SKIP_RECONCILE: "true" }
+                                     keys::SKIP_RECONCILE: "true",
+                                     keys::TRANSPORT: transport.name() }
                 },
                 "spec": {
                     "project": "default",
@@ -183,7 +223,7 @@ impl Seen {
 
 /// Watches the hub copies: each event after the first list is one write,
 /// of the spec when the spec changed, else of the status.
-fn watch(client: kube::Client) -> Arc<Mutex<Seen>> {
+fn watch(client: kube::Client, carries: fn(&Application) -> bool) -> Arc<Mutex<Seen>> {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let shared = seen.clone();
     let api: Api<Application> = Api::namespaced_with(client, NS, &application_resource());
@@ -201,7 +241,7 @@ fn watch(client: kube::Client) -> Arc<Mutex<Seen>> {
             let spec = app.data.get("spec").cloned().unwrap_or_default();
             let spec_changed = specs.get(&name) != Some(&spec);
             specs.insert(name.clone(), spec);
-            let entry = (target_revision(&app).to_string(), carries_its_status(&app));
+            let entry = (target_revision(&app).to_string(), carries(&app));
             let mut s = shared.lock().expect("never poisoned");
             if !initial {
                 if spec_changed {
@@ -216,15 +256,15 @@ fn watch(client: kube::Client) -> Arc<Mutex<Seen>> {
     seen
 }
 
-/// `apiserver_request_total` of Applications, every verb that writes (as
+/// `apiserver_request_total` of `resource`, every verb that writes (as
 /// the API server names them: `POST` creates, `PUT` updates).
-async fn api_server_writes(client: &kube::Client) -> Result<f64> {
+async fn api_server_writes(client: &kube::Client, resource: &str) -> Result<f64> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(request).await?;
     Ok(text
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| l.contains("resource=\"applications\""))
+        .filter(|l| l.contains(&format!("resource=\"{resource}\"")))
         .filter(|l| {
             ["POST", "PUT", "PATCH", "APPLY"]
                 .iter()
@@ -234,15 +274,33 @@ async fn api_server_writes(client: &kube::Client) -> Result<f64> {
         .sum())
 }
 
-/// Writes so far: the API server's, the watch's, the hub's own count.
-async fn writes(client: &kube::Client, seen: &Mutex<Seen>, hub: &HubProcess) -> Result<Writes> {
-    let api_server = api_server_writes(client).await?;
+/// Writes so far: the API server's, the watch's, the hub's own count
+/// (`None`: before the hub started).
+async fn writes(
+    client: &kube::Client,
+    seen: &Mutex<Seen>,
+    hub: Option<(&HubProcess, Transport)>,
+) -> Result<Writes> {
     let (spec, status) = seen.lock().expect("never poisoned").writes();
+    let hub_metric = match hub {
+        None => 0.0,
+        Some((hub, Transport::Grpc)) => {
+            hub.metric("argocd_pull_hub_grpc_status_writes_total").await
+        }
+        Some((hub, Transport::Manifestwork)) => {
+            hub.metric_with(
+                "argocd_pull_hub_api_requests_total",
+                &["resource=\"applications\"", "verb=\"patch\""],
+            )
+            .await
+        }
+    };
     Ok(Writes {
-        api_server,
+        api_server: api_server_writes(client, "applications").await?,
+        works: api_server_writes(client, "manifestworks").await?,
         spec,
         status,
-        hub_metric: hub.metric("argocd_pull_hub_grpc_status_writes_total").await,
+        hub_metric,
     })
 }
 
@@ -309,7 +367,7 @@ async fn one_run(args: &RolloutArgs, hub_bin: &Path, round: usize) -> Result<Fig
     eprintln!(
         "bench-grpc rollout: {n} ManagedClusters with the addon; starting the applicationset-controller"
     );
-    let seen = watch(client.clone());
+    let seen = watch(client.clone(), args.transport.carries());
     let appset_options = testenv::argocd::HubOptions {
         applicationset_namespaces: vec![NS.into()],
         args: vec![format!(
@@ -329,7 +387,7 @@ async fn one_run(args: &RolloutArgs, hub_bin: &Path, round: usize) -> Result<Fig
     eprintln!("bench-grpc rollout: creating the ApplicationSet ({total} Applications)");
     hub::create(
         &client,
-        application_set(&clusters, per, FIRST),
+        application_set(&clusters, per, FIRST, args.transport),
         "applicationsets",
     )
     .await?;
@@ -364,17 +422,17 @@ async fn one_run(args: &RolloutArgs, hub_bin: &Path, round: usize) -> Result<Fig
         max_connections: fleet_connections(n),
         extra_args: &[],
     };
-    let (spec, status) = seen.lock().expect("never poisoned").writes();
-    let before = Writes {
-        api_server: api_server_writes(&client).await?,
-        spec,
-        status,
-        hub_metric: 0.0,
-    };
+    let before = writes(&client, &seen, None).await?;
     load.new_epoch();
     let mut hub_process = HubProcess::start(&options)?;
     let started = hub_process.started;
-    load.start();
+    let work_agent = match args.transport {
+        Transport::Grpc => {
+            load.start();
+            None
+        }
+        Transport::Manifestwork => Some(work_agent::play(client.clone(), args.concurrency)),
+    };
     hub_process.ready(timeout).await?;
     let first_start = until(
         "first start",
@@ -386,7 +444,8 @@ async fn one_run(args: &RolloutArgs, hub_bin: &Path, round: usize) -> Result<Fig
     .await?;
     // Whatever the last writes' echoes bring is counted with the first start.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let after_first = writes(&client, &seen, &hub_process).await?;
+    let counted = Some((&hub_process, args.transport));
+    let after_first = writes(&client, &seen, counted).await?;
     let first = after_first.since(before);
 
     // --------------------------------------------------------------- rollout
@@ -419,9 +478,7 @@ async fn one_run(args: &RolloutArgs, hub_bin: &Path, round: usize) -> Result<Fig
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let rollout = writes(&client, &seen, &hub_process)
-        .await?
-        .since(after_first);
+    let rollout = writes(&client, &seen, counted).await?.since(after_first);
 
     let connected = hub_process
         .metric("argocd_pull_hub_grpc_agents_connected")
@@ -431,6 +488,9 @@ async fn one_run(args: &RolloutArgs, hub_bin: &Path, round: usize) -> Result<Fig
         .await;
     let (_, matching) = seen.lock().expect("never poisoned").at(NEXT);
     load.stop();
+    if let Some(work_agent) = work_agent {
+        work_agent.abort();
+    }
     hub_process.terminate(Duration::from_secs(60)).await?;
     drop(argocd);
     Ok(Figures {
@@ -458,7 +518,7 @@ pub async fn run(args: RolloutArgs, repeat: usize, hub_bin: &Path) -> Result<()>
         of(&move |f| w(&phase(f)) / total as f64)
     };
     // What the ceiling allows for a phase's writes, every writer's.
-    let allowed = |f: &Figures, w: Writes| w.api_server / f.ceiling.watched;
+    let allowed = |f: &Figures, w: Writes| (w.api_server + w.works) / f.ceiling.watched;
     let rows = vec![
         Row::new(
             "the API server's ceiling: Application status writes/s, bare",
@@ -503,6 +563,11 @@ pub async fn run(args: RolloutArgs, repeat: usize, hub_bin: &Path) -> Result<()>
             two,
         ),
         Row::new(
+            "first start: ManifestWork writes per Application (API server, the hub's and the work agent's)",
+            per_app(|w| w.works, |f| f.first),
+            two,
+        ),
+        Row::new(
             "rollout: the applicationset-controller wrote every new spec",
             of(&|f| f.specs_written.as_secs_f64()),
             report::secs,
@@ -525,7 +590,11 @@ pub async fn run(args: RolloutArgs, repeat: usize, hub_bin: &Path) -> Result<()>
         .target("< 1.5", |v| v < 1.5),
         Row::new(
             "rollout: share of the ceiling the whole rollout used",
-            of(&|f| f.rollout.api_server / f.rolled_out.as_secs_f64() / f.ceiling.watched),
+            of(&|f| {
+                (f.rollout.api_server + f.rollout.works)
+                    / f.rolled_out.as_secs_f64()
+                    / f.ceiling.watched
+            }),
             pct,
         ),
         Row::new(
@@ -549,21 +618,37 @@ pub async fn run(args: RolloutArgs, repeat: usize, hub_bin: &Path) -> Result<()>
             per_app(|w| w.api_server, |f| f.rollout),
             two,
         ),
+        Row::new(
+            "rollout: ManifestWork writes per Application (API server, the hub's and the work agent's)",
+            per_app(|w| w.works, |f| f.rollout),
+            two,
+        ),
     ];
+    // Over ManifestWorks no agent connects.
+    let agents = match args.transport {
+        Transport::Grpc => n,
+        Transport::Manifestwork => 0,
+    };
     let mut rows = rows;
     rows.extend(fleet::end_rows(
         &runs,
         |f| &f.end,
         "the hub counts",
-        n,
+        agents,
         total,
     ));
     print_runs(
         &format!(
-            "gRPC transport, rollout: one ApplicationSet over {n} clusters x {per} Applications = {total}, fleet load generator, applicationset-controller with --concurrent-application-updates={} and client QPS {}; {repeat} run(s), each on a fresh hub API server",
-            args.appset_updates, args.appset_qps
+            "{} transport, rollout: one ApplicationSet over {n} clusters x {per} Applications = {total}, {}, applicationset-controller with --concurrent-application-updates={} and client QPS {}; {repeat} run(s), each on a fresh hub API server",
+            args.transport.name(),
+            match args.transport {
+                Transport::Grpc => "fleet load generator",
+                Transport::Manifestwork => "the benchmark as OCM's work agent",
+            },
+            args.appset_updates,
+            args.appset_qps
         ),
         &rows,
     );
-    fleet::check_runs(&runs, "rollout", |f| &f.end, n, total)
+    fleet::check_runs(&runs, "rollout", |f| &f.end, agents, total)
 }

@@ -23,14 +23,15 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
+use argocd_pull_bench::work_agent::{SeenWork, feed_back, manifestwork_resource};
 use futures::future::join_all;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::GRACE;
-use crate::hub::{SeenWork, application};
-use crate::run::{REVISION, feed_back, manifestwork_resource};
+use crate::hub::application;
+use crate::run::REVISION;
 
 /// Passed / tried, per case.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -11,6 +11,7 @@ use anyhow::{Result, bail};
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_apis::keys;
 use argocd_pull_apis::ocm::{ManagedCluster, ManifestWork, Placement, placement_decision_resource};
+use argocd_pull_bench::work_agent::SeenWork;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, PartialObjectMeta, Patch, PatchParams, PostParams};
@@ -99,16 +100,6 @@ pub fn application(name: &str, ns: &str, cluster: &str, run: usize) -> Result<Dy
             "syncPolicy": { "automated": { "prune": true, "selfHeal": true } }
         }
     }))?)
-}
-
-/// A delivered work as the benchmark's work agent needs it.
-#[derive(Clone, Debug)]
-pub struct SeenWork {
-    pub namespace: String,
-    pub name: String,
-    /// The delivered Application's namespace and name (its resourceMeta).
-    pub app_namespace: String,
-    pub app_name: String,
 }
 
 /// Shared between the watch tasks and the run.

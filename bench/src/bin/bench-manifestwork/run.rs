@@ -10,19 +10,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use argocd_pull_apis::argocd::application_resource;
-use argocd_pull_apis::ocm::ManifestWork;
+use argocd_pull_bench::work_agent::{SeenWork, feed_back, manifestwork_resource};
 use futures::{StreamExt, TryStreamExt, stream};
 use kube::ResourceExt;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::{Cluster, paths};
 
 use crate::controller::{Controller, count_error_lines};
-use crate::hub::{
-    Progress, SeenWork, application, team_namespace, wait_for, watch_apps, watch_works,
-};
+use crate::hub::{Progress, application, team_namespace, wait_for, watch_apps, watch_works};
 use crate::{Args, Impl, cases};
 
 /// Marks every object the benchmark creates, with the run it belongs to.
@@ -67,7 +63,6 @@ pub struct Figures {
 pub const REVISION: &str = "0123456789abcdef0123456789abcdef01234567";
 /// The revision of the second feedback (the catch-up phase).
 pub const REVISION_2: &str = "89abcdef0123456789abcdef0123456789abcdef";
-pub const STARTED_AT: &str = "2026-01-01T00:00:00Z";
 
 #[allow(clippy::too_many_arguments)]
 pub async fn one_run(
@@ -272,44 +267,6 @@ pub async fn one_run(
     }
     cleanup(client, &namespaces, clusters, timeout).await?;
     Ok(figures)
-}
-
-pub fn manifestwork_resource() -> ApiResource {
-    ApiResource::erase::<ManifestWork>(&())
-}
-
-/// What the OCM work agent writes once the spoke's Argo CD has synced the
-/// Application: the Applied condition and the status feedback, through the
-/// status subresource, the manifest matched by its resourceMeta.
-pub async fn feed_back(client: kube::Client, w: SeenWork, revision: &str) -> Result<()> {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client, &w.namespace, &manifestwork_resource());
-    let values: Vec<Value> = [
-        ("healthStatus", "Healthy"),
-        ("syncStatus", "Synced"),
-        ("syncRevision", revision),
-        ("operationStatePhase", "Succeeded"),
-        ("operationStateStartedAt", STARTED_AT),
-    ]
-    .iter()
-    .map(|(n, v)| json!({ "name": n, "fieldValue": { "type": "String", "string": v } }))
-    .collect();
-    let status = json!({ "status": {
-        "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestWorkComplete",
-                         "message": "Apply manifest work complete", "lastTransitionTime": STARTED_AT }],
-        "resourceStatus": { "manifests": [{
-            "resourceMeta": { "group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
-                              "resource": "applications", "namespace": w.app_namespace,
-                              "name": w.app_name, "ordinal": 0 },
-            "conditions": [{ "type": "Applied", "status": "True", "reason": "AppliedManifestComplete",
-                             "message": "Apply manifest complete", "lastTransitionTime": STARTED_AT }],
-            "statusFeedback": { "values": values }
-        }]}
-    }});
-    api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .with_context(|| format!("feedback for ManifestWork {}/{}", w.namespace, w.name))?;
-    Ok(())
 }
 
 /// Removes the run's Applications and every ManifestWork, so that the next
