@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use argocd_pull_apis::argocd::application_resource;
 use argocd_pull_bench::work_agent::{SeenWork, feed_back, manifestwork_resource};
 use futures::{StreamExt, TryStreamExt, stream};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use testenv::{Cluster, paths};
 
 use crate::controller::{Controller, count_error_lines};
