@@ -27,7 +27,7 @@ const STARTED_AT: &str = "2026-01-01T00:00:00Z";
 
 /// Watches open in the second measurement: the controller's and the
 /// benchmark's.
-const WATCHES: usize = 2;
+pub const WATCHES: usize = 2;
 
 /// Status writes per second, bare and with [`WATCHES`] watches open.
 #[derive(Clone, Copy, Debug)]
