@@ -115,12 +115,27 @@ pub fn condition_of(status: &Value) -> Option<&str> {
         .as_str()
 }
 
-/// Whether `status` holds a field argocd-pull writes.
+/// Whether `status` holds a field argocd-pull writes, with anything in it.
+/// Argo CD's applicationset-controller creates each Application with a
+/// status of empty fields (`health: {}`, `sync: {status: ""}`, ...: Go's
+/// zero values); taking those back would cost every generated
+/// Application one more write, and say nothing.
 pub fn shows_any_of_ours(status: &Value) -> bool {
     ["health", "sync", "operationState"]
         .iter()
-        .any(|k| status.get(k).is_some())
+        .any(|k| status.get(k).is_some_and(|v| !blank(v)))
         || condition_of(status).is_some()
+}
+
+/// Whether `v` holds nothing but nulls, empty strings, arrays and objects.
+fn blank(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.iter().all(blank),
+        Value::Object(o) => o.values().all(blank),
+        Value::Bool(_) | Value::Number(_) => false,
+    }
 }
 
 #[cfg(test)]
@@ -158,7 +173,18 @@ mod tests {
         assert!(shows_any_of_ours(
             &json!({ "health": { "status": "Healthy" } })
         ));
-        assert!(shows_any_of_ours(&json!({ "operationState": {} })));
+        assert!(shows_any_of_ours(
+            &json!({ "operationState": { "phase": "Running" } })
+        ));
+        // What the applicationset-controller creates: Go's zero values.
+        assert!(!shows_any_of_ours(
+            &json!({ "health": {}, "sourceHydrator": {}, "summary": {},
+            "sync": { "comparedTo": { "destination": {}, "source": { "repoURL": "" } }, "status": "" },
+            "operationState": {} })
+        ));
+        assert!(shows_any_of_ours(
+            &json!({ "sync": { "comparedTo": { "source": { "repoURL": "" } }, "status": "Synced" } })
+        ));
         assert!(shows_any_of_ours(
             &json!({ "conditions": [{ "type": CONDITION, "message": "x" }] })
         ));
