@@ -292,20 +292,7 @@ impl HubProcess {
 
     /// The sum of every sample of the metric `name` (all label sets).
     pub async fn metric(&self, name: &str) -> f64 {
-        let body = net::http_get(self.admin, "/metrics")
-            .await
-            .map(|r| r.1)
-            .unwrap_or_default();
-        body.lines()
-            .filter_map(|l| {
-                let rest = l.strip_prefix(name)?;
-                let rest = match rest.strip_prefix('{') {
-                    Some(labelled) => labelled.split_once("} ")?.1,
-                    None => rest.strip_prefix(' ')?,
-                };
-                rest.parse::<f64>().ok()
-            })
-            .sum()
+        self.metric_with(name, &[]).await
     }
 
     /// The sum of metric `name`'s series whose labels include every one
@@ -317,7 +304,11 @@ impl HubProcess {
             .unwrap_or_default();
         body.lines()
             .filter_map(|l| {
-                let (series, value) = l.strip_prefix(name)?.strip_prefix('{')?.split_once("} ")?;
+                let rest = l.strip_prefix(name)?;
+                let (series, value) = match rest.strip_prefix('{') {
+                    Some(labelled) => labelled.split_once("} ")?,
+                    None => ("", rest.strip_prefix(' ')?),
+                };
                 labels
                     .iter()
                     .all(|want| series.split(',').any(|have| have == *want))
